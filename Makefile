@@ -1,0 +1,38 @@
+# Every target creates .venv itself when it is missing or older than pyproject.toml.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test test-fast lint proto bench clean browser-deps
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[server,agent,dev]'
+	touch $(STAMP)
+
+demo: install
+	$(BIN)/mwms quickstart
+
+test: install
+	$(BIN)/python -m pytest -ra $(PYTEST_ARGS)
+
+test-fast: install
+	$(BIN)/python -m pytest -ra -m "not e2e and not tf and not browser" $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy server worker_agent mwms_runtime mwms
+
+proto: install
+	$(BIN)/python scripts/gen_proto.py
+
+bench: install
+	$(BIN)/python bench/run.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

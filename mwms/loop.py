@@ -1,0 +1,51 @@
+"""One helper for every periodic or reconnecting loop: interval, jitter, exponential backoff, stop event."""
+
+from __future__ import annotations
+
+import random
+import threading
+from dataclasses import dataclass
+
+
+@dataclass
+class Backoff:
+    """Exponential backoff with full jitter: delays grow from `initial` to `maximum` and reset on success."""
+
+    initial: float = 0.5
+    maximum: float = 30.0
+    factor: float = 2.0
+    jitter: float = 0.5  # fraction of the delay that is randomised
+    _current: float = 0.0
+
+    def next_delay(self) -> float:
+        """The delay before the next try; each call grows the next one."""
+        self._current = self.initial if self._current == 0 else min(self.maximum, self._current * self.factor)
+        spread = self._current * self.jitter
+        return max(0.0, self._current - spread + random.random() * spread * 2)
+
+    def reset(self) -> None:
+        self._current = 0.0
+
+
+def with_jitter(interval: float, fraction: float = 0.1) -> float:
+    """`interval` moved randomly by up to `fraction` of itself, so many loops do not beat in step."""
+    return interval * (1 - fraction + 2 * fraction * random.random())
+
+
+def run_every(interval: float, stop: threading.Event, body, *, backoff: Backoff | None = None) -> None:  # type: ignore[no-untyped-def]
+    """Calls `body()` every `interval` seconds until `stop` is set; on an exception waits with backoff.
+
+    `body` returning normally resets the backoff. Exceptions are handed to `body.on_error` when present.
+    """
+    backoff = backoff or Backoff(initial=interval, maximum=max(interval * 16, 5.0))
+    while not stop.is_set():
+        try:
+            body()
+        except Exception as error:  # noqa: BLE001 - a loop that must survive anything its body raises
+            handler = getattr(body, "on_error", None)
+            if handler is not None:
+                handler(error)
+            stop.wait(backoff.next_delay())
+            continue
+        backoff.reset()
+        stop.wait(with_jitter(interval))

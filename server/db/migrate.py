@@ -1,0 +1,35 @@
+"""Schema migrations through Alembic: the server upgrades to head at start."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+def alembic_config(url: str) -> Config:
+    """An Alembic config pointing at our migrations and the given database."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return config
+
+
+def upgrade_to_head(engine: Engine) -> None:
+    """Brings the schema up to the newest revision."""
+    config = alembic_config(str(engine.url))
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, "head")
+
+
+def downgrade_to(engine: Engine, revision: str) -> None:
+    """Takes the schema down to `revision` ("base" removes every table)."""
+    config = alembic_config(str(engine.url))
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.downgrade(config, revision)

@@ -1,0 +1,219 @@
+"""SQLAlchemy models: the coordinator's whole durable state."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+def utcnow() -> datetime:
+    """Current time, timezone-aware UTC."""
+    return datetime.now(timezone.utc)
+
+
+def new_id() -> str:
+    """A short random id, easy to type on a command line."""
+    return uuid.uuid4().hex[:12]
+
+
+class UTCDateTime(DateTime):
+    """DateTime that always comes back timezone-aware (SQLite stores naive values)."""
+
+    cache_ok = True
+
+    def __init__(self) -> None:
+        super().__init__(timezone=True)
+
+    def result_processor(self, dialect: Any, coltype: Any) -> Any:
+        parent = super().result_processor(dialect, coltype)
+
+        def process(value: Any) -> Any:
+            if parent is not None:
+                value = parent(value)
+            if isinstance(value, datetime) and value.tzinfo is None:
+                value = value.replace(tzinfo=timezone.utc)
+            return value
+
+        return process
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {datetime: UTCDateTime, dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Agent(Base):
+    __tablename__ = "agents"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    hostname: Mapped[str] = mapped_column(String(255))
+    advertise_address: Mapped[str] = mapped_column(String(255))
+    port_low: Mapped[int] = mapped_column(Integer)
+    port_high: Mapped[int] = mapped_column(Integer)
+    version: Mapped[str] = mapped_column(String(50), default="")
+    # [{"kind": "gpu"|"cpu", "index": int, "name": str, "uuid": str, "memory_mib": int}]
+    devices: Mapped[list[Any]] = mapped_column(default=list)
+    registered_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_heartbeat_at: Mapped[datetime | None] = mapped_column(default=None)
+    # Liveness as data: the agent is online while now < online_until.
+    online_until: Mapped[datetime | None] = mapped_column(default=None)
+    # Set when the reconciler has acted on this agent being lost; cleared when it comes back.
+    lost_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class Bundle(Base):
+    __tablename__ = "bundles"
+
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)
+    size: Mapped[int] = mapped_column(Integer)
+    archive_format: Mapped[str] = mapped_column(String(10))  # "tar.gz" or "zip"
+    filename: Mapped[str] = mapped_column(String(255), default="")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (Index("ix_jobs_state_created", "state", "created_at"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    name: Mapped[str] = mapped_column(String(200))
+    state: Mapped[str] = mapped_column(String(20))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    bundle_digest: Mapped[str] = mapped_column(ForeignKey("bundles.digest"))
+    command: Mapped[list[Any]] = mapped_column()
+    env: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    num_workers: Mapped[int] = mapped_column(Integer)
+    gpus_per_worker: Mapped[int] = mapped_column(Integer, default=0)
+    # Everything else the user asked for: communication options, restart policy, timeouts.
+    options: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    restarts: Mapped[int] = mapped_column(Integer, default=0)
+    # When a RESTARTING job may be placed again.
+    not_before: Mapped[datetime | None] = mapped_column(default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(default=None)
+    finished_at: Mapped[datetime | None] = mapped_column(default=None)
+
+    attempts: Mapped[list[Attempt]] = relationship(
+        back_populates="job", order_by="Attempt.number", cascade="all, delete-orphan"
+    )
+    events: Mapped[list[JobEvent]] = relationship(order_by="JobEvent.id", cascade="all, delete-orphan")
+
+
+class JobEvent(Base):
+    """One recorded state change of a job."""
+
+    __tablename__ = "job_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    from_state: Mapped[str | None] = mapped_column(String(20))
+    to_state: Mapped[str] = mapped_column(String(20))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Attempt(Base):
+    __tablename__ = "attempts"
+    __table_args__ = (UniqueConstraint("job_id", "number"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    number: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(20))  # ACTIVE, SUCCEEDED, FAILED, CANCELLED
+    reason: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    ended_at: Mapped[datetime | None] = mapped_column(default=None)
+
+    job: Mapped[Job] = relationship(back_populates="attempts")
+    tasks: Mapped[list[Task]] = relationship(order_by="Task.index", cascade="all, delete-orphan")
+
+
+class Task(Base):
+    __tablename__ = "tasks"
+    __table_args__ = (
+        UniqueConstraint("attempt_id", "index"),
+        Index("ix_tasks_agent_state", "agent_id", "state"),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    attempt_id: Mapped[str] = mapped_column(ForeignKey("attempts.id", ondelete="CASCADE"))
+    attempt_number: Mapped[int] = mapped_column(Integer)
+    index: Mapped[int] = mapped_column(Integer)
+    agent_id: Mapped[str] = mapped_column(ForeignKey("agents.id"))
+    host: Mapped[str] = mapped_column(String(255))
+    port: Mapped[int] = mapped_column(Integer)
+    device_kind: Mapped[str] = mapped_column(String(10))  # "gpu" or "cpu"
+    device_indices: Mapped[list[Any]] = mapped_column(default=list)
+    tf_config: Mapped[str] = mapped_column(Text, default="")
+    state: Mapped[str] = mapped_column(String(20))
+    exit_code: Mapped[int | None] = mapped_column(Integer, default=None)
+    message: Mapped[str] = mapped_column(Text, default="")
+    pid: Mapped[int | None] = mapped_column(Integer, default=None)
+    stop_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    stop_reason: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(default=None)
+    ended_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class LogLine(Base):
+    __tablename__ = "log_lines"
+    __table_args__ = (UniqueConstraint("task_id", "seq"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"))
+    seq: Mapped[int] = mapped_column(Integer)
+    stream: Mapped[str] = mapped_column(String(10))
+    text: Mapped[str] = mapped_column(Text)
+    at: Mapped[datetime] = mapped_column()
+
+
+class MetricPoint(Base):
+    __tablename__ = "metric_points"
+    __table_args__ = (
+        UniqueConstraint("task_id", "seq"),
+        Index("ix_metric_points_job_name_step", "job_id", "name", "step"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    seq: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(200))
+    step: Mapped[int] = mapped_column(Integer)
+    value: Mapped[float] = mapped_column(Float)
+    wall_time: Mapped[datetime] = mapped_column()
+
+
+class StoredFile(Base):
+    """A file the coordinator keeps for a job: an artifact from the chief, or a checkpoint archive."""
+
+    __tablename__ = "stored_files"
+    __table_args__ = (UniqueConstraint("job_id", "kind", "attempt", "path"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    kind: Mapped[str] = mapped_column(String(20))  # "artifact" or "checkpoint"
+    attempt: Mapped[int] = mapped_column(Integer)
+    path: Mapped[str] = mapped_column(String(1000))
+    size: Mapped[int] = mapped_column(Integer)
+    sha256: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

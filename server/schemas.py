@@ -1,0 +1,234 @@
+"""Pydantic request and response models: the REST API's contract (rendered at /docs)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from server.states import JobState
+
+DIGEST_PATTERN = r"^[0-9a-f]{64}$"
+
+
+class CommunicationImplementation(str, Enum):
+    AUTO = "AUTO"
+    RING = "RING"
+    NCCL = "NCCL"
+
+
+class CommunicationOptions(BaseModel):
+    """tf.distribute.experimental.CommunicationOptions for the job's collectives."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    implementation: CommunicationImplementation | None = Field(
+        default=None, description="AUTO, RING or NCCL; default NCCL when tasks have GPUs, else AUTO"
+    )
+    timeout_seconds: float | None = Field(default=None, gt=0)
+    bytes_per_pack: int | None = Field(default=None, ge=0)
+
+
+class RestartOn(str, Enum):
+    RETRYABLE = "retryable"  # exit codes >= 128 (signals, OOM kills) and lost agents
+    ANY = "any"  # any non-zero exit
+
+
+class RestartPolicy(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_restarts: int = Field(default=3, ge=0, le=1000)
+    restart_on: RestartOn = RestartOn.RETRYABLE
+
+
+class JobCreate(BaseModel):
+    """What `POST /api/v1/jobs` takes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(default=None, max_length=200)
+    bundle_digest: str = Field(pattern=DIGEST_PATTERN, description="sha256 of an uploaded bundle")
+    command: list[str] = Field(min_length=1, description="argv run in the bundle's directory")
+    workers: int = Field(ge=1, le=4096, description="number of MWMS workers (tasks)")
+    gpus_per_worker: int = Field(default=0, ge=0, le=64, description="0 runs on CPU slots")
+    env: dict[str, str] = Field(default_factory=dict)
+    communication: CommunicationOptions = Field(default_factory=CommunicationOptions)
+    restart: RestartPolicy = Field(default_factory=RestartPolicy)
+    startup_timeout_seconds: float | None = Field(default=None, gt=0)
+    max_runtime_seconds: float | None = Field(default=None, gt=0)
+
+    @field_validator("command")
+    @classmethod
+    def _command_not_blank(cls, value: list[str]) -> list[str]:
+        if not value[0].strip():
+            raise ValueError("the first word of command must be a program, e.g. ['python', 'train.py']")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not key or "=" in key or "\x00" in key:
+                raise ValueError(f"invalid environment variable name {key!r}")
+            if key == "TF_CONFIG" or key.startswith("MWMS_") or key == "CUDA_VISIBLE_DEVICES":
+                raise ValueError(f"{key} is set by mwms for each task and cannot be overridden")
+        return value
+
+
+class TaskOut(BaseModel):
+    id: str
+    index: int
+    attempt: int
+    agent_id: str
+    agent_name: str
+    address: str
+    state: str
+    exit_code: int | None
+    message: str
+    device_kind: str
+    device_indices: list[int]
+    tf_config: str
+    started_at: datetime | None
+    ended_at: datetime | None
+
+
+class AttemptOut(BaseModel):
+    number: int
+    state: str
+    reason: str
+    created_at: datetime
+    ended_at: datetime | None
+    tasks: list[TaskOut]
+
+
+class JobEventOut(BaseModel):
+    from_state: str | None
+    to_state: str
+    reason: str
+    at: datetime
+
+
+class JobSummary(BaseModel):
+    id: str
+    name: str
+    state: JobState
+    reason: str
+    workers: int
+    gpus_per_worker: int
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    attempts: int
+    restarts: int
+    step: int | None = Field(description="latest reported step of the current attempt")
+    loss: float | None = Field(description="latest reported loss")
+
+
+class JobOut(JobSummary):
+    command: list[str]
+    bundle_digest: str
+    env_names: list[str]
+    communication: CommunicationOptions
+    restart: RestartPolicy
+    startup_timeout_seconds: float | None
+    max_runtime_seconds: float | None
+    tasks: list[TaskOut] = Field(description="tasks of the newest attempt")
+    attempt_history: list[AttemptOut]
+    events: list[JobEventOut]
+
+
+class JobPage(BaseModel):
+    jobs: list[JobSummary]
+    total: int
+    offset: int
+    limit: int
+
+
+class LogLineOut(BaseModel):
+    id: int
+    task: int
+    attempt: int
+    seq: int
+    stream: str
+    text: str
+    at: datetime
+
+
+class LogPage(BaseModel):
+    lines: list[LogLineOut]
+    next_after: int = Field(description="pass as ?after= to get only newer lines")
+
+
+class MetricPointOut(BaseModel):
+    name: str
+    step: int
+    value: float
+    wall_time: datetime
+    attempt: int
+
+
+class MetricSeries(BaseModel):
+    points: list[MetricPointOut]
+
+
+class DeviceOut(BaseModel):
+    kind: str
+    index: int
+    name: str
+    uuid: str = ""
+    memory_mib: int = 0
+
+
+class AgentTaskOut(BaseModel):
+    job_id: str
+    job_name: str
+    task_index: int
+    attempt: int
+    state: str
+    device_indices: list[int]
+
+
+class AgentOut(BaseModel):
+    id: str
+    name: str
+    hostname: str
+    address: str
+    port_range: str
+    version: str
+    online: bool
+    last_heartbeat_at: datetime | None
+    devices: list[DeviceOut]
+    devices_used: int
+    devices_free: int
+    tasks: list[AgentTaskOut]
+
+
+class BundleOut(BaseModel):
+    digest: str
+    size: int
+    format: str
+    created: bool = Field(description="false when this content was already stored")
+
+
+class ArtifactOut(BaseModel):
+    path: str
+    size: int
+    sha256: str
+    attempt: int
+    created_at: datetime
+
+
+class Overview(BaseModel):
+    agents_online: int
+    agents_lost: int
+    devices_busy: int
+    devices_free: int
+    jobs_running: int
+    jobs_pending: int
+
+
+class ErrorOut(BaseModel):
+    detail: str
+    errors: list[dict[str, Any]] | None = None

@@ -1,0 +1,1 @@
+"""The coordinator's logic: plain functions that take a session and flush, never commit."""
