@@ -1,0 +1,43 @@
+"""What an agent is told at start: where the coordinator is, who it is, where it keeps its files."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Settings for one agent process; built by the CLI (or a test) and passed to `run_agent`."""
+
+    server: str  # "host:port" of the coordinator's gRPC endpoint
+    name: str
+    work_dir: Path
+    slots: int = 1
+    advertise_address: str = "127.0.0.1"
+    port_low: int = 20000
+    port_high: int = 20999
+    join_token: str = ""
+    # Seconds between SIGTERM and SIGKILL when the agent itself shuts its tasks down.
+    stop_grace: float = 10.0
+
+    def __repr__(self) -> str:
+        # The join token is a secret: keep it out of logs and tracebacks.
+        return (
+            f"AgentConfig(server={self.server!r}, name={self.name!r}, work_dir={str(self.work_dir)!r}, "
+            f"slots={self.slots}, advertise_address={self.advertise_address!r}, "
+            f"ports={self.port_low}-{self.port_high}, stop_grace={self.stop_grace})"
+        )
+
+
+def local_address_towards(server: str) -> str:
+    """The local IP the OS would use to reach `server` ("host:port"); 127.0.0.1 for a loopback server."""
+    host = server.rsplit(":", 1)[0].strip("[]")
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            # A UDP connect sends nothing; it only asks the kernel which route (and source IP) it would use.
+            probe.connect((host, 9))
+            return str(probe.getsockname()[0])
+    except OSError:
+        return "127.0.0.1"

@@ -1,0 +1,123 @@
+"""The agent's life: register, keep a session with the coordinator until told to stop, then stop its tasks.
+
+Tasks outlive sessions: when the coordinator restarts or the network breaks, the agent registers again
+with backoff and opens a new session that reports every task it still knows.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+
+import grpc
+
+import mwms
+from mwms.loop import Backoff
+from mwms.v1 import agent_pb2, agent_pb2_grpc
+from worker_agent.config import AgentConfig
+from worker_agent.devices import detect_devices
+from worker_agent.session import AgentSession
+from worker_agent.tasks import TaskManager
+
+log = logging.getLogger("mwms.agent")
+
+EXIT_OK = 0
+EXIT_REFUSED = 2
+REGISTER_TIMEOUT_SECONDS = 10.0
+DEFAULT_HEARTBEAT_SECONDS = 5.0
+# A session that lasted this long was healthy: the next reconnect starts with the shortest delay.
+HEALTHY_SESSION_SECONDS = 10.0
+# On shutdown, how long to wait for the coordinator to acknowledge the final reports.
+FINAL_ACK_WAIT_SECONDS = 5.0
+# Codes after which registering again cannot help.
+REFUSAL_CODES = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.INVALID_ARGUMENT})
+
+
+class RegistrationRefused(Exception):
+    """The coordinator refused this agent (bad join token, invalid request)."""
+
+
+def run_agent(config: AgentConfig, stop: threading.Event) -> int:
+    """Runs the agent until `stop` is set; 0 after a clean stop, 2 when the coordinator refuses it."""
+    hostname = socket.gethostname()
+    devices = detect_devices(config.slots)
+    log.info("agent %s starting: %d device(s), coordinator %s", config.name, len(devices), config.server)
+    config.work_dir.mkdir(parents=True, exist_ok=True)
+    channel = grpc.insecure_channel(config.server)
+    stub = agent_pb2_grpc.AgentServiceStub(channel)
+    tasks = TaskManager(config.work_dir, stub, hostname, default_grace_seconds=config.stop_grace)
+    backoff = Backoff(initial=0.5, maximum=10.0)
+    session: AgentSession | None = None
+    exit_code = EXIT_OK
+    try:
+        while not stop.is_set():
+            try:
+                agent_id, heartbeat_interval = _register(stub, config, hostname, devices)
+            except RegistrationRefused as refusal:
+                log.error("the coordinator refused this agent: %s", refusal)
+                exit_code = EXIT_REFUSED
+                break
+            except grpc.RpcError as error:
+                log.warning("cannot register with %s yet: %s", config.server, _describe(error))
+                stop.wait(backoff.next_delay())
+                continue
+            log.info("registered as agent %s", agent_id)
+            session = AgentSession(stub, agent_id, heartbeat_interval, tasks)
+            opened_at = time.monotonic()
+            session.open()
+            while not stop.is_set() and not session.ended.is_set():
+                stop.wait(0.1)
+            if stop.is_set():
+                break
+            if time.monotonic() - opened_at >= HEALTHY_SESSION_SECONDS:
+                backoff.reset()
+            stop.wait(backoff.next_delay())
+    finally:
+        _shut_down(config, tasks, session)
+        channel.close()
+    log.info("agent %s stopped", config.name)
+    return exit_code
+
+
+def _register(
+    stub: agent_pb2_grpc.AgentServiceStub, config: AgentConfig, hostname: str, devices: list[agent_pb2.Device]
+) -> tuple[str, float]:
+    request = agent_pb2.RegisterRequest(
+        name=config.name,
+        hostname=hostname,
+        advertise_address=config.advertise_address,
+        port_range_low=config.port_low,
+        port_range_high=config.port_high,
+        devices=devices,
+        version=mwms.__version__,
+        join_token=config.join_token,
+    )
+    try:
+        response = stub.Register(request, timeout=REGISTER_TIMEOUT_SECONDS)
+    except grpc.RpcError as error:
+        if isinstance(error, grpc.Call) and error.code() in REFUSAL_CODES:
+            raise RegistrationRefused(_describe(error)) from error
+        raise
+    interval_ms = response.heartbeat_interval_ms
+    return response.agent_id, interval_ms / 1000 if interval_ms > 0 else DEFAULT_HEARTBEAT_SECONDS
+
+
+def _shut_down(config: AgentConfig, tasks: TaskManager, session: AgentSession | None) -> None:
+    """Stops every task; while still connected, gives the coordinator a moment to store the final reports."""
+    if tasks.records():
+        log.info("stopping %d task(s)", len(tasks.records()))
+    tasks.stop_all(config.stop_grace)
+    if session is None:
+        return
+    deadline = time.monotonic() + FINAL_ACK_WAIT_SECONDS
+    while tasks.records() and not session.ended.is_set() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    session.close()
+
+
+def _describe(error: grpc.RpcError) -> str:
+    if isinstance(error, grpc.Call):
+        return f"{error.code().name}: {error.details()}"
+    return str(error)

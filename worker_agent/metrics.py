@@ -1,0 +1,72 @@
+"""Tails a task's metrics file (JSON lines written by mwms_runtime) into MetricPoints.
+
+The seq of a point is its line number (1-based), so it is the same however often the agent reconnects.
+Only complete lines are consumed; a line still being written is read on a later poll.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+from mwms.v1 import agent_pb2
+
+# Read at most this much per poll, so one huge file cannot stall the task's other work.
+MAX_READ_BYTES = 4 * 1024 * 1024
+
+
+class MetricsTail:
+    """Remembers how far `path` has been read; `poll()` returns the points of newly completed lines."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+        self._line_number = 0
+
+    def poll(self) -> tuple[list[agent_pb2.MetricPoint], list[str]]:
+        """New points, and a warning for every new line that is not a valid metric (its seq is used up)."""
+        try:
+            with self.path.open("rb") as file:
+                file.seek(self._offset)
+                chunk = file.read(MAX_READ_BYTES)
+        except FileNotFoundError:
+            return [], []
+        complete_end = chunk.rfind(b"\n") + 1
+        points: list[agent_pb2.MetricPoint] = []
+        warnings: list[str] = []
+        for raw in chunk[:complete_end].split(b"\n")[:-1]:
+            self._line_number += 1
+            if not raw.strip():
+                continue
+            try:
+                points.append(parse_metric_line(raw, self._line_number))
+            except ValueError as error:
+                text = raw.decode("utf-8", "replace")[:200]
+                warnings.append(f"mwms-agent: skipped metrics line {self._line_number} ({error}): {text}")
+        self._offset += complete_end
+        return points, warnings
+
+
+def parse_metric_line(raw: bytes, seq: int) -> agent_pb2.MetricPoint:
+    """One JSON metric line: {"name": str, "step": int, "value": number, "time": unix seconds}."""
+    try:
+        record = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError("not JSON") from error
+    if not isinstance(record, dict):
+        raise ValueError("not a JSON object")
+    name, step, value = record.get("name"), record.get("step", 0), record.get("value")
+    if not isinstance(name, str) or not name:
+        raise ValueError("no name")
+    if isinstance(step, bool) or not isinstance(step, (int, float)):
+        raise ValueError("step is not a number")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError("value is not a number")
+    when = record.get("time", time.time())
+    if isinstance(when, bool) or not isinstance(when, (int, float)) or not math.isfinite(when):
+        raise ValueError("time is not a number")
+    return agent_pb2.MetricPoint(
+        seq=seq, name=name, step=int(step), value=float(value), unix_ms=int(when * 1000)
+    )

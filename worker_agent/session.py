@@ -1,0 +1,142 @@
+"""One Connect stream with the coordinator: Hello, then heartbeats, task reports, logs and metrics up;
+start/stop commands and acks down.
+
+The session never blocks on its tasks: commands go to the TaskManager, which does its work in threads.
+When the stream breaks the session ends; the agent's main loop registers again and opens a new one, whose
+Hello carries every known task and which resends everything not yet acknowledged.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Iterator
+
+import grpc
+
+from mwms.v1 import agent_pb2, agent_pb2_grpc
+from worker_agent.tasks import TaskManager
+
+log = logging.getLogger("mwms.agent.session")
+
+BATCH_INTERVAL_SECONDS = 0.2
+BATCH_MAX_ITEMS = 500
+
+
+class AgentSession:
+    """The agent side of one Connect stream."""
+
+    def __init__(
+        self,
+        stub: agent_pb2_grpc.AgentServiceStub,
+        agent_id: str,
+        heartbeat_interval: float,
+        tasks: TaskManager,
+    ) -> None:
+        self._stub = stub
+        self._agent_id = agent_id
+        self._heartbeat_interval = heartbeat_interval
+        self._tasks = tasks
+        self._call: grpc.Future | None = None
+        self._closing = threading.Event()
+        # Set once the stream has ended, whatever the cause.
+        self.ended = threading.Event()
+        # The highest seq sent on this stream, per task; a new session starts from the last ack.
+        self._sent_log_seq: dict[str, int] = {}
+        self._sent_metric_seq: dict[str, int] = {}
+
+    def open(self) -> None:
+        """Opens the stream and starts reading commands in a background thread."""
+        call = self._stub.Connect(self._outgoing(), metadata=(("agent-id", self._agent_id),))
+        self._call = call
+        threading.Thread(target=self._read_commands, args=(call,), name="session-reader", daemon=True).start()
+
+    def close(self) -> None:
+        """Ends the stream (the coordinator sees a cancelled call)."""
+        self._closing.set()
+        self._tasks.reports_ready.set()
+        if self._call is not None:
+            self._call.cancel()
+        self.ended.wait(5.0)
+
+    def _read_commands(self, call: Iterator[agent_pb2.CoordinatorMessage]) -> None:
+        try:
+            for message in call:
+                self._dispatch(message)
+        except grpc.RpcError as error:
+            if not self._closing.is_set():
+                code = error.code() if isinstance(error, grpc.Call) else None
+                log.warning("connection to the coordinator lost (%s)", code.name if code else error)
+        except Exception:  # noqa: BLE001 - a bad command must end this session, not the agent
+            log.exception("the session failed while handling a command")
+        else:
+            if not self._closing.is_set():
+                log.warning("the coordinator closed the session")
+        finally:
+            self._closing.set()
+            self._tasks.reports_ready.set()
+            if self._call is not None:
+                self._call.cancel()
+            self.ended.set()
+
+    def _dispatch(self, message: agent_pb2.CoordinatorMessage) -> None:
+        kind = message.WhichOneof("body")
+        if kind == "start":
+            self._tasks.start(message.start)
+        elif kind == "stop":
+            self._tasks.stop(message.stop)
+        elif kind == "ack":
+            self._tasks.ack(message.ack)
+        else:
+            log.warning("ignoring a coordinator message of unknown kind %r", kind)
+
+    def _outgoing(self) -> Iterator[agent_pb2.AgentMessage]:
+        # Reports queued before this Hello are covered by it: it carries every task's latest state.
+        self._drain_reports()
+        yield agent_pb2.AgentMessage(
+            hello=agent_pb2.Hello(agent_id=self._agent_id, tasks=self._tasks.current_reports())
+        )
+        next_heartbeat = time.monotonic()
+        while not self._closing.is_set():
+            # Cleared before looking, so a report queued from here on wakes the wait below.
+            self._tasks.reports_ready.clear()
+            now = time.monotonic()
+            if now >= next_heartbeat:
+                yield agent_pb2.AgentMessage(
+                    heartbeat=agent_pb2.Heartbeat(sent_unix_ms=int(time.time() * 1000))
+                )
+                next_heartbeat = now + self._heartbeat_interval
+            # Logs and metrics go out before reports, so a final report follows its task's last lines.
+            yield from self._unsent_batches()
+            for report in self._drain_reports():
+                yield agent_pb2.AgentMessage(task=report)
+            wait = min(BATCH_INTERVAL_SECONDS, max(0.0, next_heartbeat - time.monotonic()))
+            self._tasks.reports_ready.wait(wait)
+
+    def _drain_reports(self) -> list[agent_pb2.TaskReport]:
+        reports = []
+        while True:
+            try:
+                reports.append(self._tasks.reports.get_nowait())
+            except queue.Empty:
+                return reports
+
+    def _unsent_batches(self) -> Iterator[agent_pb2.AgentMessage]:
+        for record in self._tasks.records():
+            task_id = record.task_id
+            while True:
+                lines = record.logs.unacked(after=self._sent_log_seq.get(task_id, 0), limit=BATCH_MAX_ITEMS)
+                if not lines:
+                    break
+                self._sent_log_seq[task_id] = lines[-1].seq
+                yield agent_pb2.AgentMessage(logs=agent_pb2.LogBatch(task_id=task_id, lines=lines))
+            while True:
+                points = record.metrics.unacked(
+                    after=self._sent_metric_seq.get(task_id, 0), limit=BATCH_MAX_ITEMS
+                )
+                if not points:
+                    break
+                self._sent_metric_seq[task_id] = points[-1].seq
+                yield agent_pb2.AgentMessage(metrics=agent_pb2.MetricBatch(task_id=task_id, points=points))
