@@ -1,0 +1,191 @@
+"""Commands that read or change jobs and agents through the API: jobs, agents, status, logs, cancel,
+metrics, artifacts."""
+
+from __future__ import annotations
+
+from pathlib import Path, PurePosixPath
+from typing import Annotated
+
+import typer
+
+from mwms.cli.client import ApiClient
+from mwms.cli.errors import CliError, handles_errors
+from mwms.cli.options import DEFAULT_API, ApiOption, JsonOption
+from mwms.cli.output import (
+    agents_table,
+    artifacts_table,
+    err,
+    jobs_table,
+    log_line_text,
+    metrics_table,
+    out,
+    print_job,
+    print_json,
+    state_text,
+)
+from mwms.cli.packing import human_size
+
+JobArgument = Annotated[
+    str, typer.Argument(help="The job's id (as printed by `mwms submit` or `mwms jobs`).")
+]
+
+
+@handles_errors()
+def jobs(
+    state: Annotated[
+        list[str] | None, typer.Option("--state", "-s", help="Only jobs in this state; repeatable.")
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="How many jobs to show, newest first.")] = 50,
+    offset: Annotated[int, typer.Option(min=0, help="Skip this many of the newest jobs.")] = 0,
+    json_output: JsonOption = False,
+    api: ApiOption = DEFAULT_API,
+) -> None:
+    """List jobs, newest first."""
+    states = [value.upper() for value in state or []]
+    with ApiClient(api) as client:
+        page = client.list_jobs(states, offset=offset, limit=limit)
+    if json_output:
+        print_json(page)
+        return
+    if not page.get("jobs"):
+        err.print("no jobs" + (f" in state {', '.join(states)}" if states else ""))
+        return
+    out.print(jobs_table(page["jobs"]))
+    shown = len(page["jobs"])
+    if page.get("total", shown) > offset + shown:
+        err.print(f"showing {offset + 1}-{offset + shown} of {page['total']}; see more with --offset/--limit")
+
+
+@handles_errors()
+def agents(json_output: JsonOption = False, api: ApiOption = DEFAULT_API) -> None:
+    """List the agents the coordinator knows, their devices and running tasks."""
+    with ApiClient(api) as client:
+        found = client.list_agents()
+    if json_output:
+        print_json(found)
+        return
+    if not found:
+        err.print("no agents have joined; start one with `mwms agent --server HOST:GRPC_PORT`")
+        return
+    out.print(agents_table(found))
+
+
+@handles_errors()
+def status(job_id: JobArgument, json_output: JsonOption = False, api: ApiOption = DEFAULT_API) -> None:
+    """Show one job: its settings, the newest attempt's tasks and its state changes."""
+    with ApiClient(api) as client:
+        job = client.get_job(job_id)
+    if json_output:
+        print_json(job)
+    else:
+        print_job(job)
+
+
+@handles_errors()
+def logs(
+    job_id: JobArgument,
+    task: Annotated[int | None, typer.Option("--task", "-t", min=0, help="Only this task's lines.")] = None,
+    attempt: Annotated[
+        int | None, typer.Option(min=1, help="Lines of this attempt (default: as the API picks).")
+    ] = None,
+    tail: Annotated[int | None, typer.Option(min=1, help="Only the last N lines.")] = None,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new lines until the job ends.")
+    ] = False,
+    api: ApiOption = DEFAULT_API,
+) -> None:
+    """Print a job's log lines: `[task I] text`, or the bare text when --task is given."""
+    prefix = task is None
+    with ApiClient(api) as client:
+        if follow:
+            for line in client.follow_logs(job_id, task=task, attempt=attempt, tail=tail):
+                out.print(log_line_text(line, prefix=prefix))
+            return
+        after: int | None = None
+        while True:
+            page = client.logs(job_id, task=task, attempt=attempt, tail=tail, after=after)
+            lines = page.get("lines") or []
+            for line in lines:
+                out.print(log_line_text(line, prefix=prefix))
+            # --tail asks for one page; otherwise page on until no more lines come.
+            if tail is not None or not lines or page.get("next_after") in (None, after):
+                return
+            after = page["next_after"]
+
+
+@handles_errors()
+def cancel(job_id: JobArgument, json_output: JsonOption = False, api: ApiOption = DEFAULT_API) -> None:
+    """Cancel a job: its tasks are stopped (SIGTERM, then SIGKILL)."""
+    with ApiClient(api) as client:
+        job = client.cancel_job(job_id)
+    if json_output:
+        print_json(job)
+        return
+    out.print("job ", job["id"], " ", state_text(job.get("state")), sep="")
+
+
+@handles_errors()
+def metrics(
+    job_id: JobArgument,
+    name: Annotated[str | None, typer.Option(help="Only this metric (e.g. loss).")] = None,
+    min_step: Annotated[int | None, typer.Option(help="Only steps >= this.")] = None,
+    max_step: Annotated[int | None, typer.Option(help="Only steps <= this.")] = None,
+    attempt: Annotated[int | None, typer.Option(min=1, help="Only this attempt's points.")] = None,
+    json_output: JsonOption = False,
+    api: ApiOption = DEFAULT_API,
+) -> None:
+    """Show the metrics a job reported: one row per step, one column per metric."""
+    with ApiClient(api) as client:
+        series = client.metrics(job_id, name=name, min_step=min_step, max_step=max_step, attempt=attempt)
+    if json_output:
+        print_json(series)
+        return
+    points = series.get("points") or []
+    if not points:
+        err.print(
+            "no metrics reported (yet); programs report them with mwms_runtime.report() or its Keras callback"
+        )
+        return
+    out.print(metrics_table(points))
+
+
+def safe_relative_path(path: str) -> PurePosixPath:
+    """An artifact path as a relative path that stays inside the download directory, or CliError."""
+    candidate = PurePosixPath(path)
+    if not path or candidate.is_absolute() or ".." in candidate.parts or "\\" in path:
+        raise CliError(f"refusing artifact path {path!r}: it would be written outside the download directory")
+    return candidate
+
+
+@handles_errors()
+def artifacts(
+    job_id: JobArgument,
+    download: Annotated[
+        Path | None, typer.Option(help="Download every artifact into this directory, keeping relative paths.")
+    ] = None,
+    json_output: JsonOption = False,
+    api: ApiOption = DEFAULT_API,
+) -> None:
+    """List the files a job saved (models, checkpoints); --download fetches them."""
+    with ApiClient(api) as client:
+        found = client.list_artifacts(job_id)
+        if download is not None:
+            download_artifacts(client, job_id, found, download)
+    if json_output:
+        print_json(found)
+    elif not found:
+        err.print("no artifacts; programs save them under mwms_runtime's save paths")
+    elif download is None:
+        out.print(artifacts_table(found))
+
+
+def download_artifacts(client: ApiClient, job_id: str, found: list[dict], destination: Path) -> int:
+    """Downloads every listed artifact under `destination`; returns the total byte count."""
+    relatives = [safe_relative_path(artifact["path"]) for artifact in found]  # check all before writing any
+    total = 0
+    for relative in relatives:
+        target = destination.joinpath(*relative.parts)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        total += client.download_artifact(job_id, relative.as_posix(), target)
+    err.print(f"downloaded {len(relatives)} files ({human_size(total)}) to {destination}")
+    return total

@@ -1,0 +1,157 @@
+"""The `mwms` command: the typer app, the `server` and `agent` commands, and the wiring of the others.
+
+Heavy imports (the coordinator, the agent, TensorFlow) happen inside commands so `mwms --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import threading
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mwms import __version__
+from mwms.cli import job_commands, quickstart, submit
+from mwms.cli.errors import EXIT_CODES_HELP, CliError, ExitCode, handles_errors
+from mwms.cli.parsing import parse_port_range
+
+app = typer.Typer(
+    name="mwms",
+    help="Run TensorFlow MultiWorkerMirroredStrategy jobs on a fleet of machines.\n\n"
+    "Start a coordinator (`mwms server`), an agent per machine (`mwms agent`), then `mwms submit`. "
+    "Try it all on one machine with `mwms quickstart`.",
+    epilog=EXIT_CODES_HELP,
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        print(f"mwms {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version_callback, is_eager=True, help="Print the version.")
+    ] = False,
+) -> None:
+    """Run TensorFlow MultiWorkerMirroredStrategy jobs on a fleet of machines."""
+
+
+@app.command()
+@handles_errors(api_param=None)
+def server(
+    host: Annotated[str, typer.Option(help="Address the HTTP and gRPC servers bind to.")] = "127.0.0.1",
+    http_port: Annotated[
+        int, typer.Option(min=0, max=65535, help="Port of the REST API and dashboard.")
+    ] = 8080,
+    grpc_port: Annotated[int, typer.Option(min=0, max=65535, help="Port agents connect to.")] = 50051,
+    data_dir: Annotated[Path, typer.Option(help="Where the database, bundles and artifacts live.")] = Path(
+        "mwms-data"
+    ),
+    db_url: Annotated[
+        str | None, typer.Option(help="SQLAlchemy database URL; default: SQLite in --data-dir.")
+    ] = None,
+    join_token: Annotated[
+        str,
+        typer.Option(
+            envvar="MWMS_JOIN_TOKEN", help="Agents must present this token to join.", show_default=False
+        ),
+    ] = "",
+) -> None:
+    """Run the coordinator: REST API + dashboard over HTTP, agent connections over gRPC."""
+    try:
+        from server.main import serve
+
+        from server.settings import Settings
+    except ImportError as error:
+        raise CliError(
+            f"the coordinator cannot be loaded ({error}); install it with: pip install 'mwms[server]'"
+        ) from None
+    settings = Settings(
+        host=host,
+        http_port=http_port,
+        grpc_port=grpc_port,
+        data_dir=data_dir,
+        db_url=db_url,
+        join_token=join_token,
+    )
+    serve(settings)
+
+
+@app.command()
+@handles_errors(api_param=None)
+def agent(
+    server_address: Annotated[
+        str, typer.Option("--server", help="HOST:PORT of the coordinator's gRPC endpoint.")
+    ] = "127.0.0.1:50051",
+    name: Annotated[str | None, typer.Option(help="This agent's name; default: the hostname.")] = None,
+    work_dir: Annotated[Path, typer.Option(help="Where bundles and task files are kept.")] = Path(
+        "~/.mwms-agent"
+    ),
+    slots: Annotated[int, typer.Option(min=1, help="How many CPU tasks may run at once.")] = 1,
+    advertise_address: Annotated[
+        str | None,
+        typer.Option(
+            help="Address other workers reach this machine at; default: the route to the coordinator."
+        ),
+    ] = None,
+    port_range: Annotated[str, typer.Option(help="LO-HI ports that tasks may listen on.")] = "20000-20999",
+    join_token: Annotated[
+        str, typer.Option(envvar="MWMS_JOIN_TOKEN", help="The coordinator's join token.", show_default=False)
+    ] = "",
+) -> None:
+    """Run an agent on this machine: it joins the coordinator and runs the tasks placed on it."""
+    port_low, port_high = parse_port_range(port_range)
+    if ":" not in server_address:
+        raise CliError(f"--server {server_address!r} must be HOST:PORT, e.g. 127.0.0.1:50051")
+    try:
+        from worker_agent.config import AgentConfig, local_address_towards
+        from worker_agent.main import run_agent
+    except ImportError as error:
+        raise CliError(
+            f"the agent cannot be loaded ({error}); install it with: pip install 'mwms[agent]'"
+        ) from None
+    config = AgentConfig(
+        server=server_address,
+        name=name or socket.gethostname(),
+        work_dir=work_dir.expanduser(),
+        slots=slots,
+        advertise_address=advertise_address or local_address_towards(server_address),
+        port_low=port_low,
+        port_high=port_high,
+        join_token=join_token,
+    )
+    stop_event = threading.Event()
+
+    def request_stop(signum: int, _frame: object) -> None:
+        stop_event.set()
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+    raise typer.Exit(run_agent(config, stop_event))
+
+
+app.command()(submit.submit)
+app.command()(job_commands.jobs)
+app.command()(job_commands.status)
+app.command()(job_commands.logs)
+app.command()(job_commands.cancel)
+app.command()(job_commands.metrics)
+app.command()(job_commands.artifacts)
+app.command()(job_commands.agents)
+app.command()(quickstart.quickstart)
+
+__all__ = ["app", "ExitCode"]
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,281 @@
+"""Rendering of API objects: JSON for scripts, rich tables and summaries for people."""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime, timezone
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+# stdout carries results (tables, JSON, job ids, log text); stderr carries progress and errors.
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False)
+
+STATE_STYLES = {
+    "PENDING": "yellow",
+    "SCHEDULED": "cyan",
+    "ASSIGNED": "cyan",
+    "STARTING": "cyan",
+    "RUNNING": "blue",
+    "ACTIVE": "blue",
+    "RESTARTING": "magenta",
+    "SUCCEEDED": "green",
+    "FAILED": "red",
+    "REJECTED": "red",
+    "LOST": "red",
+    "CANCELLED": "bright_black",
+    "STOPPED": "bright_black",
+    "REPLACED": "bright_black",
+}
+
+
+def print_json(value: Any) -> None:
+    """Writes `value` as JSON to stdout, and nothing else."""
+    sys.stdout.write(json.dumps(value, indent=2, sort_keys=False) + "\n")
+    sys.stdout.flush()
+
+
+def state_text(state: str | None) -> Text:
+    state = state or "-"
+    return Text(state, style=STATE_STYLES.get(state, ""))
+
+
+def parse_time(value: str | None) -> datetime | None:
+    """An API timestamp as an aware datetime (naive ones are UTC)."""
+    if not value:
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def format_time(value: str | None) -> str:
+    """'2026-01-02T03:04:05Z' -> '2026-01-02 03:04:05' in local time."""
+    moment = parse_time(value)
+    return moment.astimezone().strftime("%Y-%m-%d %H:%M:%S") if moment else "-"
+
+
+def format_duration(seconds: float | None) -> str:
+    """75 -> '1m15s'."""
+    if seconds is None:
+        return "-"
+    seconds = int(max(0, seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
+def job_duration(job: dict[str, Any], now: datetime | None = None) -> float | None:
+    """Seconds from start to finish (or to now while it runs)."""
+    started = parse_time(job.get("started_at"))
+    if started is None:
+        return None
+    finished = parse_time(job.get("finished_at")) or now or datetime.now(timezone.utc)
+    return (finished - started).total_seconds()
+
+
+def format_loss(loss: float | None) -> str:
+    return "-" if loss is None else f"{loss:.4g}"
+
+
+def format_devices(job: dict[str, Any]) -> str:
+    gpus = job.get("gpus_per_worker") or 0
+    return f"{job.get('workers', '?')}×{gpus} GPU" if gpus else f"{job.get('workers', '?')}×CPU"
+
+
+def jobs_table(jobs: list[dict[str, Any]]) -> Table:
+    table = Table(box=None, header_style="bold")
+    for column in ("ID", "NAME", "STATE", "WORKERS", "STEP", "LOSS", "CREATED", "DURATION", "ATTEMPTS"):
+        table.add_column(column, no_wrap=column in {"ID", "STATE", "CREATED"})
+    for job in jobs:
+        table.add_row(
+            job["id"],
+            job.get("name", ""),
+            state_text(job.get("state")),
+            format_devices(job),
+            "-" if job.get("step") is None else str(job["step"]),
+            format_loss(job.get("loss")),
+            format_time(job.get("created_at")),
+            format_duration(job_duration(job)),
+            str(job.get("attempts", "-")),
+        )
+    return table
+
+
+def agents_table(agents: list[dict[str, Any]]) -> Table:
+    table = Table(box=None, header_style="bold")
+    for column in ("NAME", "ID", "ADDRESS", "STATUS", "DEVICES", "USED", "FREE", "TASKS", "HEARTBEAT"):
+        table.add_column(column)
+    for agent in agents:
+        devices = agent.get("devices", [])
+        kinds: dict[str, int] = {}
+        for device in devices:
+            kinds[device.get("kind", "?")] = kinds.get(device.get("kind", "?"), 0) + 1
+        tasks = ", ".join(
+            f"{task.get('job_name') or task.get('job_id')}[{task.get('task_index')}]"
+            for task in agent.get("tasks", [])
+        )
+        table.add_row(
+            agent.get("name", ""),
+            agent.get("id", ""),
+            agent.get("address", ""),
+            Text("online", style="green") if agent.get("online") else Text("offline", style="red"),
+            ", ".join(f"{count}×{kind}" for kind, count in kinds.items()) or "-",
+            str(agent.get("devices_used", "-")),
+            str(agent.get("devices_free", "-")),
+            tasks or "-",
+            format_time(agent.get("last_heartbeat_at")),
+        )
+    return table
+
+
+def tasks_table(tasks: list[dict[str, Any]]) -> Table:
+    table = Table(box=None, header_style="bold")
+    for column in ("TASK", "STATE", "AGENT", "ADDRESS", "DEVICES", "EXIT", "STARTED", "ENDED", "MESSAGE"):
+        table.add_column(column)
+    for task in sorted(tasks, key=lambda item: item.get("index", 0)):
+        indices = task.get("device_indices") or []
+        devices = f"{task.get('device_kind', '')}:{','.join(map(str, indices))}" if indices else "-"
+        table.add_row(
+            str(task.get("index")),
+            state_text(task.get("state")),
+            task.get("agent_name") or task.get("agent_id") or "-",
+            task.get("address") or "-",
+            devices,
+            "-" if task.get("exit_code") is None else str(task["exit_code"]),
+            format_time(task.get("started_at")),
+            format_time(task.get("ended_at")),
+            task.get("message") or "",
+        )
+    return table
+
+
+def print_job(job: dict[str, Any]) -> None:
+    """A readable summary of one job: fields, newest attempt's tasks, then its events."""
+    state = state_text(job.get("state"))
+    header = Text.assemble((job.get("name", ""), "bold"), f"  {job['id']}  ", state)
+    out.print(header)
+    if job.get("reason"):
+        out.print(f"  reason:     {job['reason']}")
+    communication = job.get("communication") or {}
+    restart = job.get("restart") or {}
+    rows = [
+        ("command", " ".join(job.get("command") or [])),
+        ("workers", format_devices(job)),
+        ("created", format_time(job.get("created_at"))),
+        ("started", format_time(job.get("started_at"))),
+        ("finished", format_time(job.get("finished_at"))),
+        ("duration", format_duration(job_duration(job))),
+        ("attempts", f"{job.get('attempts', '-')} ({job.get('restarts', 0)} restarts)"),
+        (
+            "step/loss",
+            f"{job.get('step') if job.get('step') is not None else '-'} / {format_loss(job.get('loss'))}",
+        ),
+        ("bundle", (job.get("bundle_digest") or "-")[:16]),
+        ("env", ", ".join(job.get("env_names") or []) or "-"),
+        (
+            "collectives",
+            ", ".join(f"{key}={value}" for key, value in communication.items() if value is not None)
+            or "default",
+        ),
+        ("restart", ", ".join(f"{key}={value}" for key, value in restart.items()) or "default"),
+    ]
+    if job.get("startup_timeout_seconds") is not None:
+        rows.append(("startup", f"timeout {job['startup_timeout_seconds']}s"))
+    if job.get("max_runtime_seconds") is not None:
+        rows.append(("max runtime", f"{job['max_runtime_seconds']}s"))
+    for label, value in rows:
+        out.print(f"  {label + ':':<12}{value}")
+    tasks = job.get("tasks") or []
+    if tasks:
+        out.print()
+        out.print(Text("Tasks (newest attempt)", style="bold"))
+        out.print(tasks_table(tasks))
+    events = job.get("events") or []
+    if events:
+        out.print()
+        out.print(Text("Events", style="bold"))
+        table = Table(box=None, header_style="bold")
+        for column in ("AT", "FROM", "TO", "REASON"):
+            table.add_column(column)
+        for event in events:
+            table.add_row(
+                format_time(event.get("at")),
+                state_text(event.get("from_state")),
+                state_text(event.get("to_state")),
+                event.get("reason") or "",
+            )
+        out.print(table)
+
+
+def metrics_table(points: list[dict[str, Any]]) -> Table:
+    """One row per step, one column per metric name (the newest attempt's value wins on a tie)."""
+    names = sorted({point["name"] for point in points})
+    by_step: dict[int, dict[str, float]] = {}
+    for point in sorted(points, key=lambda item: (item["step"], item.get("attempt", 0))):
+        by_step.setdefault(point["step"], {})[point["name"]] = point["value"]
+    table = Table(box=None, header_style="bold")
+    table.add_column("STEP", justify="right")
+    for name in names:
+        table.add_column(name.upper(), justify="right")
+    for step in sorted(by_step):
+        values = by_step[step]
+        table.add_row(str(step), *(f"{values[name]:.6g}" if name in values else "-" for name in names))
+    return table
+
+
+def metrics_summary_table(points: list[dict[str, Any]]) -> Table:
+    """Per metric: first and last value (with their steps), minimum, and how many points."""
+    table = Table(box=None, header_style="bold")
+    for column in ("METRIC", "FIRST", "LAST", "MIN", "POINTS"):
+        table.add_column(column, justify="left" if column == "METRIC" else "right")
+    series: dict[str, list[dict[str, Any]]] = {}
+    for point in points:
+        series.setdefault(point["name"], []).append(point)
+    for name in sorted(series):
+        ordered = sorted(series[name], key=lambda item: (item.get("attempt", 0), item["step"]))
+        first, last = ordered[0], ordered[-1]
+        table.add_row(
+            name,
+            f"{first['value']:.6g} @{first['step']}",
+            f"{last['value']:.6g} @{last['step']}",
+            f"{min(item['value'] for item in ordered):.6g}",
+            str(len(ordered)),
+        )
+    return table
+
+
+def artifacts_table(artifacts: list[dict[str, Any]]) -> Table:
+    from mwms.cli.packing import human_size
+
+    table = Table(box=None, header_style="bold")
+    for column in ("PATH", "SIZE", "ATTEMPT", "CREATED", "SHA256"):
+        table.add_column(column)
+    for artifact in artifacts:
+        table.add_row(
+            artifact["path"],
+            human_size(artifact.get("size", 0)),
+            str(artifact.get("attempt", "-")),
+            format_time(artifact.get("created_at")),
+            (artifact.get("sha256") or "")[:12],
+        )
+    return table
+
+
+def log_line_text(line: dict[str, Any], *, prefix: bool) -> Text:
+    """`[task I] text` (or the bare text), stderr lines dimmed."""
+    style = "dim" if line.get("stream") == "stderr" else ""
+    text = Text(line.get("text", "").rstrip("\n"), style=style)
+    if prefix:
+        return Text.assemble((f"[task {line.get('task')}] ", "cyan"), text)
+    return text

@@ -1,0 +1,37 @@
+"""Parsers for option values that need more than a type: K=V pairs and port ranges."""
+
+from __future__ import annotations
+
+from mwms.cli.errors import CliError
+
+MIN_PORT = 1024
+MAX_PORT = 65535
+
+
+def parse_env(pairs: list[str]) -> dict[str, str]:
+    """['A=1', 'B=x=y'] -> {'A': '1', 'B': 'x=y'}; a pair without '=' or with an empty name is refused."""
+    env: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise CliError(f"--env {pair!r} has no '='; write it as NAME=VALUE, e.g. --env BATCH_SIZE=64")
+        if not name.strip():
+            raise CliError(f"--env {pair!r} has an empty name; write it as NAME=VALUE")
+        env[name] = value
+    return env
+
+
+def parse_port_range(text: str) -> tuple[int, int]:
+    """'20000-20999' -> (20000, 20999); both ends inside 1024..65535 and LO <= HI."""
+    low_text, sep, high_text = text.partition("-")
+    try:
+        if not sep:
+            raise ValueError
+        low, high = int(low_text), int(high_text)
+    except ValueError:
+        raise CliError(f"--port-range {text!r} must look like LO-HI, e.g. 20000-20999") from None
+    if not (MIN_PORT <= low <= MAX_PORT and MIN_PORT <= high <= MAX_PORT):
+        raise CliError(f"--port-range {text!r}: both ports must be between {MIN_PORT} and {MAX_PORT}")
+    if low > high:
+        raise CliError(f"--port-range {text!r}: LO ({low}) must not be greater than HI ({high})")
+    return low, high

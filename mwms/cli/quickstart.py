@@ -1,0 +1,282 @@
+"""`mwms quickstart`: a coordinator and two agents on this machine, one Keras job across them, the results.
+
+Everything it starts is stopped again on the way out (also on Ctrl-C or an error) unless --keep-running.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
+
+import mwms
+from mwms.cli.client import ApiClient, ApiError
+from mwms.cli.errors import CliError, ExitCode, handles_errors
+from mwms.cli.follow import first_failed_task, tail_of_task_logs, watch_job
+from mwms.cli.job_commands import download_artifacts
+from mwms.cli.output import err, format_loss, metrics_summary_table, out, state_text
+from mwms.cli.processes import (
+    ManagedProcess,
+    free_port,
+    last_lines,
+    mwms_command,
+    start_process,
+    stop_processes,
+)
+from mwms.cli.submit import build_job_spec, pack_and_upload
+
+AGENT_NAMES = ("local-1", "local-2")
+SERVER_START_TIMEOUT_S = 60.0
+AGENTS_ONLINE_TIMEOUT_S = 60.0
+PORTS_PER_AGENT = 50
+
+
+def example_dir() -> Path:
+    """The repository's examples/keras_fit, next to the mwms package."""
+    return Path(mwms.__file__).resolve().parent.parent / "examples" / "keras_fit"
+
+
+def _wait_until(predicate: Any, timeout_s: float, interval_s: float = 0.25) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval_s)
+    return False
+
+
+class LocalCluster:
+    """The coordinator and agents quickstart runs, with their log files under `data_dir/logs`."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.log_dir = data_dir / "logs"
+        self.processes: list[ManagedProcess] = []
+        self.http_port = 0
+        self.grpc_port = 0
+
+    @property
+    def api(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def start_coordinator(self) -> None:
+        """Starts the coordinator on free ports and waits for /healthz; one retry if a port was taken."""
+        for try_number in (1, 2):
+            self.http_port, self.grpc_port = free_port(), free_port()
+            argv = [
+                *mwms_command(),
+                "server",
+                "--host",
+                "127.0.0.1",
+                "--http-port",
+                str(self.http_port),
+                "--grpc-port",
+                str(self.grpc_port),
+                "--data-dir",
+                str(self.data_dir / "coordinator"),
+            ]
+            coordinator = start_process("coordinator", argv, self.log_dir / "coordinator.log")
+            self.processes.append(coordinator)
+            healthy = self._wait_healthy(coordinator)
+            if healthy:
+                return
+            stop_processes([coordinator])
+            self.processes.remove(coordinator)
+            # A coordinator that died at once most likely lost the race for its port: pick new ones once.
+            if try_number == 1 and coordinator.popen.returncode is not None:
+                err.print("the coordinator did not start; retrying on other ports")
+                continue
+            raise CliError(
+                self._failure("the coordinator did not become healthy", coordinator), ExitCode.UNREACHABLE
+            )
+
+    def _wait_healthy(self, coordinator: ManagedProcess) -> bool:
+        """True once /healthz answers; False if the process exits or the time runs out first."""
+        with ApiClient(self.api, timeout=2.0) as client:
+            _wait_until(lambda: client.health() or not coordinator.running(), SERVER_START_TIMEOUT_S)
+            return coordinator.running() and client.health()
+
+    def start_agents(self) -> None:
+        """Starts one agent per name, each with its own work dir and port range, and waits until both are online."""
+        base = 20000 + random.randrange(0, 400) * 100  # two quickstarts side by side rarely collide
+        for number, name in enumerate(AGENT_NAMES):
+            low = base + number * PORTS_PER_AGENT
+            argv = [
+                *mwms_command(),
+                "agent",
+                "--server",
+                f"127.0.0.1:{self.grpc_port}",
+                "--name",
+                name,
+                "--work-dir",
+                str(self.data_dir / "agents" / name),
+                "--slots",
+                "1",
+                "--advertise-address",
+                "127.0.0.1",
+                "--port-range",
+                f"{low}-{low + PORTS_PER_AGENT - 1}",
+            ]
+            self.processes.append(start_process(name, argv, self.log_dir / f"{name}.log"))
+        with ApiClient(self.api) as client:
+
+            def both_online() -> bool:
+                for process in self.processes:
+                    if not process.running():
+                        raise CliError(self._failure(f"{process.name} exited", process), ExitCode.UNREACHABLE)
+                online = {agent["name"] for agent in client.list_agents() if agent.get("online")}
+                return online.issuperset(AGENT_NAMES)
+
+            if not _wait_until(both_online, AGENTS_ONLINE_TIMEOUT_S, 0.5):
+                raise CliError(
+                    f"the agents did not come online within {AGENTS_ONLINE_TIMEOUT_S:.0f}s; "
+                    f"see the logs in {self.log_dir}",
+                    ExitCode.UNREACHABLE,
+                )
+
+    def _failure(self, what: str, process: ManagedProcess) -> str:
+        tail = "\n".join(f"  {line}" for line in last_lines(process.log_path, 20))
+        code = process.popen.returncode
+        exit_note = f" (exit code {code})" if code is not None else ""
+        return f"{what}{exit_note}; its log is {process.log_path}" + (f":\n{tail}" if tail else "")
+
+    def stop(self) -> None:
+        stop_processes(self.processes)
+
+
+def follow_with_progress(client: ApiClient, job_id: str, total_steps: int) -> dict[str, Any]:
+    """Follows the job with a progress bar of its step and loss; state changes are printed above it."""
+    columns = (
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        TextColumn("step {task.completed:.0f}/{task.total:.0f}"),
+        TextColumn("loss {task.fields[loss]}"),
+        TimeElapsedColumn(),
+    )
+    seen_state: list[str | None] = [None]
+    with Progress(*columns, console=err) as progress:
+        bar = progress.add_task("PENDING", total=total_steps, loss="-")
+
+        def on_job(job: dict[str, Any]) -> None:
+            state = job.get("state")
+            if state != seen_state[0]:
+                line = Text.assemble("job ", state_text(state))
+                if job.get("reason") and state != "RUNNING":
+                    line.append(f": {job['reason']}")
+                progress.console.print(line)
+                seen_state[0] = state
+            step = job.get("step")
+            total = max(total_steps, step or 0)
+            progress.update(
+                bar,
+                description=str(state),
+                completed=step or 0,
+                total=total,
+                loss=format_loss(job.get("loss")),
+            )
+
+        return watch_job(client, job_id, on_job=on_job)
+
+
+def report_results(client: ApiClient, job: dict[str, Any], data_dir: Path) -> Path | None:
+    """Prints the final metrics and downloads the artifacts; returns where they went."""
+    points = client.metrics(job["id"]).get("points") or []
+    if points:
+        out.print(Text("Metrics", style="bold"))
+        out.print(metrics_summary_table(points))
+    found = client.list_artifacts(job["id"])
+    if not found:
+        err.print("the job saved no artifacts")
+        return None
+    destination = (data_dir / "artifacts" / job["id"]).resolve()
+    download_artifacts(client, job["id"], found, destination)
+    return destination
+
+
+def explain_failure(client: ApiClient, job: dict[str, Any], cluster: LocalCluster) -> None:
+    if job.get("reason"):
+        err.print(f"reason: {job['reason']}")
+    culprit = first_failed_task(job)
+    if culprit is not None:
+        lines = tail_of_task_logs(client, job["id"], culprit["index"], culprit.get("attempt"), 20)
+        err.print(f"last {len(lines)} log lines of task {culprit['index']}:", style="bold")
+        for text in lines:
+            err.print(Text(text))
+    err.print(f"coordinator and agent logs: {cluster.log_dir}")
+
+
+@handles_errors(api_param=None)
+def quickstart(
+    data_dir: Annotated[
+        Path, typer.Option(help="Where the coordinator, agents and results keep their files.")
+    ] = Path("mwms-quickstart"),
+    keep_running: Annotated[
+        bool, typer.Option("--keep-running", help="Leave the coordinator and agents running afterwards.")
+    ] = False,
+    epochs: Annotated[int, typer.Option(min=1, help="Epochs the example trains.")] = 3,
+    steps_per_epoch: Annotated[int, typer.Option(min=1, help="Steps per epoch.")] = 20,
+) -> None:
+    """Try mwms on one machine: a coordinator, two agents and a 2-worker Keras job, then the results."""
+    data_dir = data_dir.resolve()
+    example = example_dir()
+    if not (example / "train.py").is_file():
+        raise CliError(f"the example program is missing: {example / 'train.py'} (run from a source checkout)")
+    data_dir.mkdir(parents=True, exist_ok=True)
+    cluster = LocalCluster(data_dir)
+    # SIGTERM to us should tidy up like Ctrl-C does.
+    previous_handler = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    leave_running = False
+    job: dict[str, Any] = {}
+    try:
+        err.print(f"starting a coordinator and two agents (logs in {cluster.log_dir})")
+        cluster.start_coordinator()
+        cluster.start_agents()
+        err.print(f"coordinator at {cluster.api}/, agents {', '.join(AGENT_NAMES)} online")
+        with ApiClient(cluster.api) as client:
+            job = _run_example(client, example, epochs, steps_per_epoch)
+            out.print(Text.assemble("job ", (job["id"], "bold"), " ended ", state_text(job.get("state"))))
+            if job.get("state") == "SUCCEEDED":
+                destination = report_results(client, job, data_dir)
+                if destination:
+                    out.print(f"artifacts: {destination}")
+            else:
+                explain_failure(client, job, cluster)
+        out.print(f"dashboard and API: {cluster.api}/")
+        leave_running = keep_running
+    except ApiError as error:
+        raise CliError(
+            f"the local coordinator at {cluster.api} failed: {error.detail}; see {cluster.log_dir}",
+            ExitCode.UNREACHABLE,
+        ) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous_handler)
+        if leave_running:
+            pids = " ".join(str(process.pid) for process in cluster.processes)
+            (data_dir / "quickstart.pids").write_text(pids + "\n")
+            err.print(f"left running (pids {pids}); stop them with: kill {pids}")
+        else:
+            err.print("stopping the coordinator and agents")
+            cluster.stop()
+    if job.get("state") != "SUCCEEDED":
+        raise typer.Exit(int(ExitCode.JOB_NOT_SUCCEEDED))
+
+
+def _run_example(client: ApiClient, example: Path, epochs: int, steps_per_epoch: int) -> dict[str, Any]:
+    digest = pack_and_upload(client, example, quiet=True)
+    # The agents run on this machine, so this interpreter (and its packages) is the one to use.
+    command = [sys.executable, "train.py", "--epochs", str(epochs), "--steps-per-epoch", str(steps_per_epoch)]
+    spec = build_job_spec(name="quickstart-keras-fit", bundle_digest=digest, command=command, workers=2)
+    job = client.create_job(spec)
+    err.print(f"submitted job {job['id']}: 2 workers, {epochs} epochs × {steps_per_epoch} steps")
+    return follow_with_progress(client, job["id"], epochs * steps_per_epoch)
+
+
+def _raise_keyboard_interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt

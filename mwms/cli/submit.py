@@ -1,0 +1,266 @@
+"""`mwms submit`: pack a directory, upload it, create the job, and optionally follow it to its end."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.live import Live
+from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+from rich.text import Text
+
+from mwms.cli.client import ApiClient
+from mwms.cli.errors import CliError, ExitCode, handles_errors
+from mwms.cli.follow import first_failed_task, tail_of_task_logs, watch_job
+from mwms.cli.options import DEFAULT_API, ApiOption, JsonOption
+from mwms.cli.output import err, format_loss, log_line_text, out, print_json, state_text
+from mwms.cli.packing import PackedBundle, human_size, pack_directory
+from mwms.cli.parsing import parse_env
+
+# Below this size an upload is over before a progress bar could tell anyone anything.
+PROGRESS_BAR_MIN_BYTES = 4 * 1024 * 1024
+
+
+def _without_none(values: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in values.items() if value is not None}
+
+
+def build_job_spec(
+    *,
+    name: str,
+    bundle_digest: str,
+    command: list[str],
+    workers: int,
+    gpus_per_worker: int | None = None,
+    env: dict[str, str] | None = None,
+    communication: str | None = None,
+    collective_timeout: float | None = None,
+    bytes_per_pack: int | None = None,
+    max_restarts: int | None = None,
+    restart_on: str | None = None,
+    startup_timeout: float | None = None,
+    max_runtime: float | None = None,
+) -> dict[str, Any]:
+    """The `POST /api/v1/jobs` body, leaving out what was not set so the coordinator's defaults apply."""
+    spec: dict[str, Any] = {
+        "name": name,
+        "bundle_digest": bundle_digest,
+        "command": command,
+        "workers": workers,
+    }
+    if gpus_per_worker is not None:
+        spec["gpus_per_worker"] = gpus_per_worker
+    if env:
+        spec["env"] = env
+    collectives = _without_none(
+        {
+            "implementation": communication,
+            "timeout_seconds": collective_timeout,
+            "bytes_per_pack": bytes_per_pack,
+        }
+    )
+    if collectives:
+        spec["communication"] = collectives
+    restart = _without_none({"max_restarts": max_restarts, "restart_on": restart_on})
+    if restart:
+        spec["restart"] = restart
+    if startup_timeout is not None:
+        spec["startup_timeout_seconds"] = startup_timeout
+    if max_runtime is not None:
+        spec["max_runtime_seconds"] = max_runtime
+    return spec
+
+
+def upload(client: ApiClient, bundle: PackedBundle, *, show_progress: bool) -> dict[str, Any]:
+    """Uploads a packed bundle, with a progress bar on stderr for big ones."""
+    if not show_progress or bundle.size < PROGRESS_BAR_MIN_BYTES:
+        return client.upload_bundle(bundle.file)
+    columns = (
+        "[progress.description]{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+    )
+    with Progress(*columns, console=err, transient=True) as progress:
+        task = progress.add_task("uploading", total=bundle.size)
+        return client.upload_bundle(bundle.file, on_bytes=lambda count: progress.advance(task, count))
+
+
+def pack_and_upload(client: ApiClient, directory: Path, *, quiet: bool = False) -> str:
+    """Packs `directory`, uploads it, and returns the bundle digest."""
+    bundle = pack_directory(directory)
+    try:
+        if not quiet:
+            err.print(f"packed {bundle.file_count} files from {directory} ({human_size(bundle.size)})")
+        result = upload(client, bundle, show_progress=not quiet and err.is_terminal)
+    finally:
+        bundle.close()
+    return str(result["digest"])
+
+
+class TextFollower:
+    """Shows a followed job: state changes and the chief's log on the consoles, a live step/loss line."""
+
+    def __init__(self, logs_to_stdout: bool) -> None:
+        self._state: str | None = None
+        self._logs_console = out if logs_to_stdout else err
+        self._live = (
+            Live(Text(""), console=err, transient=True, auto_refresh=False) if err.is_terminal else None
+        )
+
+    def __enter__(self) -> TextFollower:
+        if self._live:
+            self._live.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._live:
+            self._live.stop()
+
+    def on_job(self, job: dict[str, Any]) -> None:
+        state = job.get("state")
+        if state != self._state:
+            line = Text.assemble("job ", (job["id"], "bold"), " ", state_text(state))
+            if job.get("reason") and state != "RUNNING":
+                line.append(f": {job['reason']}")
+            err.print(line)
+            self._state = state
+        progress = (job.get("step"), job.get("loss"))
+        if self._live and progress != (None, None):
+            step = "-" if progress[0] is None else progress[0]
+            status = f"{state} · attempt {job.get('attempts', '-')} · step {step} · loss {format_loss(progress[1])}"
+            self._live.update(Text(status, style="bold"), refresh=True)
+
+    def on_log_lines(self, lines: list[dict[str, Any]]) -> None:
+        for line in lines:
+            self._logs_console.print(log_line_text(line, prefix=False))
+
+
+def follow_to_end(client: ApiClient, job_id: str, *, logs_to_stdout: bool) -> dict[str, Any]:
+    """Follows the job until it ends, explaining how to keep watching when interrupted."""
+    try:
+        with TextFollower(logs_to_stdout) as follower:
+            return watch_job(client, job_id, on_job=follower.on_job, on_log_lines=follower.on_log_lines)
+    except KeyboardInterrupt:
+        raise CliError(
+            f"stopped following; job {job_id} keeps running (watch: mwms logs {job_id} --follow, "
+            f"stop: mwms cancel {job_id})",
+            ExitCode.INTERRUPTED,
+        ) from None
+
+
+def report_ending(client: ApiClient, job: dict[str, Any]) -> None:
+    """On stderr: how the job ended and, if it failed, the end of the likeliest culprit's log."""
+    state = job.get("state")
+    line = Text.assemble("job ", (job["id"], "bold"), " ended ", state_text(state))
+    if job.get("step") is not None:
+        line.append(f" at step {job['step']}, loss {format_loss(job.get('loss'))}")
+    err.print(line)
+    if state == "SUCCEEDED":
+        return
+    if job.get("reason"):
+        err.print(f"reason: {job['reason']}")
+    culprit = first_failed_task(job)
+    if culprit is not None and culprit.get("index", 0) != 0:
+        lines = tail_of_task_logs(client, job["id"], culprit["index"], culprit.get("attempt"), 20)
+        if lines:
+            err.print(f"last {len(lines)} log lines of task {culprit['index']}:", style="bold")
+            for text in lines:
+                err.print(Text(text))
+
+
+@handles_errors()
+def submit(
+    directory: Annotated[
+        Path, typer.Argument(help="Directory with the training program; it is packed and uploaded.")
+    ],
+    command: Annotated[
+        list[str], typer.Argument(help="The command each worker runs in the bundle's directory (after --).")
+    ],
+    workers: Annotated[int, typer.Option("--workers", "-n", min=1, help="Number of workers (tasks).")],
+    gpus_per_worker: Annotated[
+        int | None, typer.Option("--gpus-per-worker", min=0, help="GPUs per worker; 0 runs on CPU slots.")
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="Job name; default: the directory's name.")] = None,
+    env: Annotated[
+        list[str] | None,
+        typer.Option("--env", "-e", help="NAME=VALUE for the workers' environment; repeatable."),
+    ] = None,
+    communication: Annotated[
+        str | None,
+        typer.Option(help="Collective implementation: AUTO, RING or NCCL.", case_sensitive=False),
+    ] = None,
+    collective_timeout: Annotated[
+        float | None, typer.Option(help="Timeout of each collective, seconds.", min=0.0)
+    ] = None,
+    bytes_per_pack: Annotated[int | None, typer.Option(help="Collective bytes per pack.", min=0)] = None,
+    max_restarts: Annotated[
+        int | None, typer.Option(help="How often a failed job is restarted.", min=0)
+    ] = None,
+    restart_on: Annotated[
+        str | None, typer.Option(help="'retryable' (signals, lost agents) or 'any' non-zero exit.")
+    ] = None,
+    startup_timeout: Annotated[
+        float | None, typer.Option(help="Seconds for all workers to start running.", min=0.0)
+    ] = None,
+    max_runtime: Annotated[
+        float | None, typer.Option(help="Seconds after which the job is failed.", min=0.0)
+    ] = None,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="Follow the job to its end; exit 0 only if it SUCCEEDED.")
+    ] = False,
+    json_output: JsonOption = False,
+    api: ApiOption = DEFAULT_API,
+) -> None:
+    """Pack DIR, upload it and start a job: mwms submit DIR --workers 2 -- python train.py --epochs 3.
+
+    Prints the job id as the first line of stdout (with --json: the job object instead).
+    With --wait, the chief's log follows on stdout and state changes on stderr.
+    """
+    if communication is not None:
+        communication = communication.upper()
+        if communication not in {"AUTO", "RING", "NCCL"}:
+            raise CliError(f"--communication {communication!r} must be AUTO, RING or NCCL")
+    if restart_on is not None:
+        restart_on = restart_on.lower()
+        if restart_on not in {"retryable", "any"}:
+            raise CliError(f"--restart-on {restart_on!r} must be 'retryable' or 'any'")
+    if not command:
+        raise CliError("give the command to run after --, e.g. mwms submit . --workers 2 -- python train.py")
+    environment = parse_env(env or [])
+    job_name = name or directory.resolve().name
+    with ApiClient(api) as client:
+        digest = pack_and_upload(client, directory, quiet=json_output)
+        spec = build_job_spec(
+            name=job_name,
+            bundle_digest=digest,
+            command=list(command),
+            workers=workers,
+            gpus_per_worker=gpus_per_worker,
+            env=environment,
+            communication=communication,
+            collective_timeout=collective_timeout,
+            bytes_per_pack=bytes_per_pack,
+            max_restarts=max_restarts,
+            restart_on=restart_on,
+            startup_timeout=startup_timeout,
+            max_runtime=max_runtime,
+        )
+        job = client.create_job(spec)
+        if not json_output:
+            print(job["id"], flush=True)
+        if not wait:
+            if json_output:
+                print_json(job)
+            else:
+                err.print(f"follow it: mwms logs {job['id']} --follow   (or: mwms status {job['id']})")
+            return
+        final = follow_to_end(client, job["id"], logs_to_stdout=not json_output)
+        if json_output:
+            print_json(final)
+        report_ending(client, final)
+        sys.stdout.flush()
+        if final.get("state") != "SUCCEEDED":
+            raise typer.Exit(int(ExitCode.JOB_NOT_SUCCEEDED))
