@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import random
 import threading
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 
@@ -49,3 +52,35 @@ def run_every(interval: float, stop: threading.Event, body, *, backoff: Backoff 
             continue
         backoff.reset()
         stop.wait(with_jitter(interval))
+
+
+async def run_every_async(
+    interval: float,
+    body: Callable[[], Awaitable[None]],
+    *,
+    wake: asyncio.Event | None = None,
+    logger: logging.Logger | None = None,
+) -> None:
+    """Awaits `body()` every `interval` seconds (sooner when `wake` is set) until cancelled.
+
+    An exception is logged and followed by a backoff, so one bad pass never ends the loop.
+    """
+    backoff = Backoff(initial=interval, maximum=max(interval * 16, 5.0))
+    while True:
+        delay = with_jitter(interval)
+        try:
+            await body()
+            backoff.reset()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - the loop outlives any one failing pass
+            (logger or logging.getLogger("mwms.loop")).exception("periodic task failed; retrying")
+            delay = backoff.next_delay()
+        if wake is None:
+            await asyncio.sleep(delay)
+            continue
+        try:
+            await asyncio.wait_for(wake.wait(), timeout=delay)
+        except TimeoutError:
+            pass
+        wake.clear()

@@ -1,0 +1,1 @@
+"""HTTP routers only: parse the request, call a service, shape the response."""

@@ -1,0 +1,150 @@
+"""Shapes database rows into the API's response models."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from server.db.models import Agent, Attempt, Job, StoredFile, Task
+from server.schemas import (
+    AgentOut,
+    AgentTaskOut,
+    ArtifactOut,
+    AttemptOut,
+    CommunicationOptions,
+    DeviceOut,
+    JobEventOut,
+    JobOut,
+    JobSummary,
+    RestartPolicy,
+    TaskOut,
+)
+from server.services.agents import is_online, live_tasks_by_agent
+from server.services.telemetry import latest_progress
+from server.states import JobState
+
+
+def agent_names(session: Session) -> dict[str, str]:
+    return dict(session.execute(select(Agent.id, Agent.name)).tuples().all())
+
+
+def task_out(task: Task, names: dict[str, str]) -> TaskOut:
+    return TaskOut(
+        id=task.id,
+        index=task.index,
+        attempt=task.attempt_number,
+        agent_id=task.agent_id,
+        agent_name=names.get(task.agent_id, task.agent_id),
+        address=f"{task.host}:{task.port}",
+        state=task.state,
+        exit_code=task.exit_code,
+        message=task.message,
+        device_kind=task.device_kind,
+        device_indices=list(task.device_indices),
+        tf_config=task.tf_config,
+        started_at=task.started_at,
+        ended_at=task.ended_at,
+    )
+
+
+def job_summary(session: Session, job: Job) -> JobSummary:
+    step, loss = latest_progress(session, job)
+    return JobSummary(
+        id=job.id,
+        name=job.name,
+        state=JobState(job.state),
+        reason=job.reason,
+        workers=job.num_workers,
+        gpus_per_worker=job.gpus_per_worker,
+        created_at=job.created_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        attempts=len(job.attempts),
+        restarts=job.restarts,
+        step=step,
+        loss=loss,
+    )
+
+
+def attempt_out(attempt: Attempt, names: dict[str, str]) -> AttemptOut:
+    return AttemptOut(
+        number=attempt.number,
+        state=attempt.state,
+        reason=attempt.reason,
+        created_at=attempt.created_at,
+        ended_at=attempt.ended_at,
+        tasks=[task_out(t, names) for t in attempt.tasks],
+    )
+
+
+def job_out(session: Session, job: Job) -> JobOut:
+    names = agent_names(session)
+    summary = job_summary(session, job)
+    options = job.options
+    return JobOut(
+        **summary.model_dump(),
+        command=list(job.command),
+        bundle_digest=job.bundle_digest,
+        env_names=sorted(job.env),
+        communication=CommunicationOptions(**options.get("communication", {})),
+        restart=RestartPolicy(**options.get("restart", {})),
+        startup_timeout_seconds=options.get("startup_timeout_seconds"),
+        max_runtime_seconds=options.get("max_runtime_seconds"),
+        tasks=[task_out(t, names) for t in (job.attempts[-1].tasks if job.attempts else [])],
+        attempt_history=[attempt_out(a, names) for a in job.attempts],
+        events=[
+            JobEventOut(from_state=e.from_state, to_state=e.to_state, reason=e.reason, at=e.at)
+            for e in job.events
+        ],
+    )
+
+
+def agents_out(session: Session) -> list[AgentOut]:
+    held = live_tasks_by_agent(session)
+    jobs = {
+        job.id: job.name
+        for job in session.scalars(
+            select(Job).where(Job.id.in_({t.job_id for tasks in held.values() for t in tasks}))
+        ).all()
+    }
+    result = []
+    for agent in session.scalars(select(Agent).order_by(Agent.name)).all():
+        tasks = held.get(agent.id, [])
+        used = len({i for t in tasks for i in t.device_indices})
+        result.append(
+            AgentOut(
+                id=agent.id,
+                name=agent.name,
+                hostname=agent.hostname,
+                address=agent.advertise_address,
+                port_range=f"{agent.port_low}-{agent.port_high}",
+                version=agent.version,
+                online=is_online(agent),
+                last_heartbeat_at=agent.last_heartbeat_at,
+                devices=[DeviceOut(**d) for d in agent.devices],
+                devices_used=used,
+                devices_free=max(0, len(agent.devices) - used),
+                tasks=[
+                    AgentTaskOut(
+                        job_id=t.job_id,
+                        job_name=jobs.get(t.job_id, ""),
+                        task_index=t.index,
+                        attempt=t.attempt_number,
+                        state=t.state,
+                        device_indices=list(t.device_indices),
+                    )
+                    for t in tasks
+                ],
+            )
+        )
+    return result
+
+
+def artifact_out(record: StoredFile) -> ArtifactOut:
+    return ArtifactOut(
+        path=record.path,
+        size=record.size,
+        sha256=record.sha256,
+        attempt=record.attempt,
+        created_at=record.created_at,
+    )

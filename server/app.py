@@ -1,0 +1,78 @@
+"""The coordinator's FastAPI factory; its lifespan runs migrations, the gRPC server and background loops."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import grpc
+from fastapi import FastAPI
+
+import mwms
+from mwms.v1 import agent_pb2_grpc
+from server.api import agents, bundles, dashboard, health, jobs
+from server.api.deps import Runtime
+from server.api.errors import install_error_handlers
+from server.db.engine import Database
+from server.db.migrate import upgrade_to_head
+from server.loops import BackgroundLoops
+from server.rpc.agent_service import AgentService
+from server.rpc.hub import AgentHub
+from server.settings import Settings
+
+log = logging.getLogger("mwms.server")
+GRPC_MAX_MESSAGE = 16 * 1024 * 1024
+
+
+def create_app(settings: Settings) -> FastAPI:
+    """A coordinator app for `settings`; starting it (lifespan) also serves gRPC on settings.grpc_port."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        db = Database(settings.database_url)
+        await asyncio.to_thread(upgrade_to_head, db.engine)
+        hub = AgentHub(asyncio.get_running_loop())
+        loops = BackgroundLoops(db, settings, hub)
+        grpc_server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE),
+                ("grpc.max_send_message_length", GRPC_MAX_MESSAGE),
+                ("grpc.keepalive_time_ms", 10_000),
+                ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+                ("grpc.keepalive_permit_without_calls", 1),
+            ]
+        )
+        agent_pb2_grpc.add_AgentServiceServicer_to_server(
+            AgentService(db, settings, hub, loops.poke), grpc_server
+        )
+        bound = grpc_server.add_insecure_port(f"{settings.host}:{settings.grpc_port}")
+        if bound == 0:
+            raise RuntimeError(
+                f"cannot listen for agents on {settings.host}:{settings.grpc_port}: the port is in use; "
+                "pass another --grpc-port"
+            )
+        app.state.grpc_port = bound
+        await grpc_server.start()
+        app.state.runtime = Runtime(db=db, settings=settings, poke_scheduler=loops.poke, wake_agents=hub.wake)
+        loops.start()
+        log.info("coordinator ready: gRPC for agents on %s:%d", settings.host, bound)
+        try:
+            yield
+        finally:
+            await loops.stop()
+            await grpc_server.stop(grace=2)
+            db.dispose()
+
+    app = FastAPI(
+        title="mwms coordinator",
+        version=mwms.__version__,
+        description="Jobs, agents, bundles, logs and metrics for MultiWorkerMirroredStrategy training.",
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    for router in (health.router, bundles.router, jobs.router, agents.router, dashboard.router):
+        app.include_router(router)
+    return app

@@ -1,0 +1,23 @@
+"""Domain errors raised by services; mapped to HTTP in server/api and to gRPC in server/rpc, once each."""
+
+from __future__ import annotations
+
+
+class DomainError(Exception):
+    """Base class: the message says what was wrong and what to do about it."""
+
+
+class NotFound(DomainError):
+    """An id that names nothing."""
+
+
+class InvalidInput(DomainError):
+    """A request that cannot be carried out as given."""
+
+
+class Conflict(DomainError):
+    """A request that contradicts the current state (e.g. cancelling a finished job)."""
+
+
+class Unauthenticated(DomainError):
+    """An agent without the right join token."""

@@ -1,0 +1,67 @@
+"""The coordinator's background loops: the scheduler and the reconciler, each one transaction a pass."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from mwms.loop import run_every_async
+from server.db.engine import Database
+from server.rpc.hub import AgentHub
+from server.services.reconcile import reconcile
+from server.services.scheduling import schedule_pending
+from server.settings import Settings
+
+log = logging.getLogger("mwms.server.loops")
+
+
+class BackgroundLoops:
+    """Starts and stops the scheduler and reconciler; `poke()` runs the scheduler soon."""
+
+    def __init__(self, db: Database, settings: Settings, hub: AgentHub) -> None:
+        self.db = db
+        self.settings = settings
+        self.hub = hub
+        self.scheduler_wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._loop = asyncio.get_running_loop()
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(
+                run_every_async(
+                    self.settings.scheduler_interval_s, self._schedule, wake=self.scheduler_wake, logger=log
+                )
+            ),
+            asyncio.create_task(run_every_async(1.0, self._reconcile, logger=log)),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def poke(self) -> None:
+        """Asks for a scheduler pass soon; safe from any thread."""
+        self._loop.call_soon_threadsafe(self.scheduler_wake.set)
+
+    async def _schedule(self) -> None:
+        def run() -> list[str]:
+            with self.db.write() as session:
+                return schedule_pending(session)
+
+        touched = await asyncio.to_thread(run)
+        if touched:
+            self.hub.wake(touched)
+
+    async def _reconcile(self) -> None:
+        def run() -> None:
+            with self.db.write() as session:
+                reconcile(
+                    session,
+                    backoff_base_s=self.settings.restart_backoff_s,
+                    default_startup_timeout_s=self.settings.startup_timeout_s,
+                )
+
+        await asyncio.to_thread(run)
+        self.hub.wake()

@@ -1,0 +1,110 @@
+"""Conversions between protobuf messages and domain objects, in one place."""
+
+from __future__ import annotations
+
+from mwms.v1 import agent_pb2 as pb
+from server.db.models import Job, Task
+from server.services.agents import Registration
+from server.services.jobs import job_env
+from server.services.tasks import TaskReport
+from server.services.telemetry import IncomingLine, IncomingPoint
+from server.states import TaskState
+
+_DEVICE_KINDS = {pb.DEVICE_KIND_GPU: "gpu", pb.DEVICE_KIND_CPU_SLOT: "cpu"}
+_TASK_STATES = {
+    pb.TASK_STATE_STARTING: TaskState.STARTING,
+    pb.TASK_STATE_RUNNING: TaskState.RUNNING,
+    pb.TASK_STATE_SUCCEEDED: TaskState.SUCCEEDED,
+    pb.TASK_STATE_FAILED: TaskState.FAILED,
+    pb.TASK_STATE_STOPPED: TaskState.STOPPED,
+    pb.TASK_STATE_REJECTED: TaskState.REJECTED,
+}
+
+
+def registration(request: pb.RegisterRequest) -> Registration:
+    return Registration(
+        name=request.name,
+        hostname=request.hostname,
+        advertise_address=request.advertise_address,
+        port_low=request.port_range_low,
+        port_high=request.port_range_high,
+        devices=[
+            {
+                "kind": _DEVICE_KINDS.get(d.kind, "cpu"),
+                "index": d.index,
+                "name": d.name,
+                "uuid": d.uuid,
+                "memory_mib": d.memory_mib,
+            }
+            for d in request.devices
+        ],
+        version=request.version,
+    )
+
+
+def task_report(report: pb.TaskReport) -> TaskReport | None:
+    """The domain report, or None for a state this coordinator does not know."""
+    state = _TASK_STATES.get(report.state)
+    if state is None:
+        return None
+    terminal = state.terminal
+    return TaskReport(
+        task_id=report.task_id,
+        state=state,
+        exit_code=report.exit_code if terminal else None,
+        message=report.message,
+        pid=report.pid or None,
+    )
+
+
+def log_lines(batch: pb.LogBatch) -> list[IncomingLine]:
+    return [IncomingLine(seq=x.seq, stream=x.stream, text=x.text, unix_ms=x.unix_ms) for x in batch.lines]
+
+
+def metric_points(batch: pb.MetricBatch) -> list[IncomingPoint]:
+    return [
+        IncomingPoint(seq=p.seq, name=p.name, step=p.step, value=p.value, unix_ms=p.unix_ms)
+        for p in batch.points
+    ]
+
+
+def start_task(task: Task, job: Job, stop_grace_s: int, shared_checkpoint_dir: str) -> pb.CoordinatorMessage:
+    return pb.CoordinatorMessage(
+        start=pb.StartTask(
+            task_id=task.id,
+            job_id=job.id,
+            attempt=task.attempt_number,
+            task_index=task.index,
+            num_workers=job.num_workers,
+            bundle_digest=job.bundle_digest,
+            command=list(job.command),
+            env=job_env(job),
+            tf_config=task.tf_config,
+            port=task.port,
+            device_indices=list(task.device_indices),
+            device_kind=pb.DEVICE_KIND_GPU if task.device_kind == "gpu" else pb.DEVICE_KIND_CPU_SLOT,
+            stop_grace_seconds=stop_grace_s,
+            restore_checkpoint=task.attempt_number > 1,
+            shared_checkpoint_dir=shared_checkpoint_dir,
+        )
+    )
+
+
+def stop_task(task: Task, grace_s: int) -> pb.CoordinatorMessage:
+    return pb.CoordinatorMessage(
+        stop=pb.StopTask(task_id=task.id, reason=task.stop_reason or "stopped", grace_seconds=grace_s)
+    )
+
+
+def stop_unknown(task_id: str, grace_s: int) -> pb.CoordinatorMessage:
+    return pb.CoordinatorMessage(
+        stop=pb.StopTask(task_id=task_id, reason="the coordinator has no such task", grace_seconds=grace_s)
+    )
+
+
+def ack(
+    task_id: str, *, log_seq: int = 0, metric_seq: int = 0, final_state: bool = False
+) -> pb.CoordinatorMessage:
+    return pb.CoordinatorMessage(
+        ack=pb.Ack(task_id=task_id, log_seq=log_seq, metric_seq=metric_seq, final_state=final_state)
+    )

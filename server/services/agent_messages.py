@@ -1,0 +1,94 @@
+"""What the coordinator does with each kind of message on an agent's session, one transaction each."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sqlalchemy.orm import Session
+
+from server.db.models import Job, Task, utcnow
+from server.services.agents import get_agent, touch_agent
+from server.services.tasks import (
+    ReportOutcome,
+    TaskReport,
+    active_tasks_on_agent,
+    apply_report,
+    mark_task_lost,
+    tasks_to_start,
+    tasks_to_stop,
+)
+from server.services.telemetry import IncomingLine, IncomingPoint, store_log_lines, store_metric_points
+
+
+@dataclass
+class Replies:
+    """What to send back: acknowledgements of final states, and tasks the agent must stop."""
+
+    final_acks: list[str] = field(default_factory=list)
+    stop_ids: list[str] = field(default_factory=list)
+    changed: bool = False  # job state may have changed: wake the scheduler and other sessions
+
+    def add(self, task_id: str, outcome: ReportOutcome) -> None:
+        if outcome.final:
+            self.final_acks.append(task_id)
+        if outcome.stop:
+            self.stop_ids.append(task_id)
+        self.changed = True
+
+
+def accept_hello(
+    session: Session, agent_id: str, reports: list[TaskReport], *, timeout_s: float, backoff_base_s: float
+) -> Replies:
+    """An agent (re)connected: apply what it reports; tasks it should run but does not know are lost."""
+    now = utcnow()
+    agent = get_agent(session, agent_id)
+    touch_agent(agent, timeout_s, now)
+    replies = Replies()
+    for report in reports:
+        replies.add(
+            report.task_id, apply_report(session, agent, report, backoff_base_s=backoff_base_s, now=now)
+        )
+    known = {r.task_id for r in reports}
+    for task in active_tasks_on_agent(session, agent_id):
+        if task.id not in known:
+            mark_task_lost(
+                session,
+                agent,
+                task,
+                f"agent {agent.name} restarted and no longer runs this task",
+                backoff_base_s,
+                now,
+            )
+            replies.changed = True
+    return replies
+
+
+def accept_report(session: Session, agent_id: str, report: TaskReport, *, backoff_base_s: float) -> Replies:
+    agent = get_agent(session, agent_id)
+    replies = Replies()
+    replies.add(report.task_id, apply_report(session, agent, report, backoff_base_s=backoff_base_s))
+    return replies
+
+
+def accept_heartbeat(session: Session, agent_id: str, *, timeout_s: float) -> None:
+    touch_agent(get_agent(session, agent_id), timeout_s)
+
+
+def accept_logs(session: Session, agent_id: str, task_id: str, lines: list[IncomingLine]) -> int:
+    """Stores a batch of log lines; returns the seq to acknowledge (all of them, even for unknown tasks)."""
+    task = session.get(Task, task_id)
+    if task is None or task.agent_id != agent_id:
+        return max((line.seq for line in lines), default=0)
+    return store_log_lines(session, task, lines)
+
+
+def accept_metrics(session: Session, agent_id: str, task_id: str, points: list[IncomingPoint]) -> int:
+    task = session.get(Task, task_id)
+    if task is None or task.agent_id != agent_id:
+        return max((p.seq for p in points), default=0)
+    return store_metric_points(session, task, points)
+
+
+def pending_commands(session: Session, agent_id: str) -> tuple[list[tuple[Task, Job]], list[Task]]:
+    """(tasks to start, tasks to stop) on this agent, as the database says now."""
+    return tasks_to_start(session, agent_id), tasks_to_stop(session, agent_id)

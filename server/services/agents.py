@@ -1,0 +1,137 @@
+"""Agents: registration, liveness as data (online_until), and what each one can offer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from server.db.models import Agent, Task, utcnow
+from server.errors import InvalidInput, NotFound
+from server.services.placement import AgentCapacity
+from server.states import TERMINAL_TASK_STATES
+
+
+@dataclass(frozen=True)
+class Registration:
+    name: str
+    hostname: str
+    advertise_address: str
+    port_low: int
+    port_high: int
+    devices: list[dict[str, Any]]
+    version: str
+
+
+def validate_registration(reg: Registration) -> None:
+    """Raises InvalidInput with what to fix when a registration cannot be used."""
+    if not reg.name.strip():
+        raise InvalidInput("agent name is empty: pass --name")
+    if not reg.advertise_address.strip():
+        raise InvalidInput("advertise address is empty: pass --advertise-address")
+    if not (1 <= reg.port_low <= reg.port_high <= 65535):
+        raise InvalidInput(f"port range {reg.port_low}-{reg.port_high} is invalid: use LO-HI within 1-65535")
+    if not reg.devices:
+        raise InvalidInput("agent offers no devices: no GPU was found, so pass --slots N (N >= 1)")
+    kinds = {d["kind"] for d in reg.devices}
+    if len(kinds) != 1:
+        raise InvalidInput("an agent offers either GPUs or CPU slots, not both")
+
+
+def register_agent(
+    session: Session, reg: Registration, timeout_s: float, now: datetime | None = None
+) -> Agent:
+    """Creates or updates the agent named `reg.name` and marks it online."""
+    validate_registration(reg)
+    now = now or utcnow()
+    agent = session.scalars(select(Agent).where(Agent.name == reg.name)).one_or_none()
+    if agent is None:
+        agent = Agent(name=reg.name)
+        session.add(agent)
+    agent.hostname = reg.hostname
+    agent.advertise_address = reg.advertise_address
+    agent.port_low = reg.port_low
+    agent.port_high = reg.port_high
+    agent.devices = reg.devices
+    agent.version = reg.version
+    agent.registered_at = now
+    touch_agent(agent, timeout_s, now)
+    session.flush()
+    return agent
+
+
+def touch_agent(agent: Agent, timeout_s: float, now: datetime | None = None) -> None:
+    """Records that the agent was heard from: it stays online for `timeout_s` more."""
+    now = now or utcnow()
+    agent.last_heartbeat_at = now
+    agent.online_until = now + timedelta(seconds=timeout_s)
+    agent.lost_at = None
+
+
+def get_agent(session: Session, agent_id: str) -> Agent:
+    agent = session.get(Agent, agent_id)
+    if agent is None:
+        raise NotFound(f"no agent with id {agent_id}; the agent must register again")
+    return agent
+
+
+def is_online(agent: Agent, now: datetime | None = None) -> bool:
+    """Derived liveness: online while now < online_until."""
+    now = now or utcnow()
+    return agent.online_until is not None and now < agent.online_until
+
+
+def device_kind(agent: Agent) -> str:
+    return agent.devices[0]["kind"] if agent.devices else "cpu"
+
+
+def live_tasks_by_agent(session: Session) -> dict[str, list[Task]]:
+    """Tasks that still hold devices and ports, grouped by agent id."""
+    rows = session.scalars(
+        select(Task).where(Task.state.not_in([s.value for s in TERMINAL_TASK_STATES]))
+    ).all()
+    grouped: dict[str, list[Task]] = {}
+    for task in rows:
+        grouped.setdefault(task.agent_id, []).append(task)
+    return grouped
+
+
+def capacities(session: Session, now: datetime | None = None) -> list[AgentCapacity]:
+    """What every online agent can offer now, net of the tasks it holds."""
+    now = now or utcnow()
+    held = live_tasks_by_agent(session)
+    result = []
+    for agent in session.scalars(select(Agent).order_by(Agent.name)).all():
+        if not is_online(agent, now):
+            continue
+        tasks = held.get(agent.id, [])
+        busy = {i for task in tasks for i in task.device_indices}
+        indices = tuple(int(d["index"]) for d in agent.devices)
+        result.append(
+            AgentCapacity(
+                agent_id=agent.id,
+                name=agent.name,
+                address=agent.advertise_address,
+                device_kind=device_kind(agent),
+                all_devices=indices,
+                free_devices=tuple(i for i in indices if i not in busy),
+                port_low=agent.port_low,
+                port_high=agent.port_high,
+                used_ports=frozenset(task.port for task in tasks),
+            )
+        )
+    return result
+
+
+def newly_lost_agents(session: Session, now: datetime | None = None) -> list[Agent]:
+    """Agents whose online_until has passed and that have not been handled as lost yet."""
+    now = now or utcnow()
+    rows = session.scalars(
+        select(Agent).where(
+            Agent.online_until.is_not(None), Agent.online_until < now, Agent.lost_at.is_(None)
+        )
+    ).all()
+    return list(rows)

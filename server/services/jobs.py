@@ -1,0 +1,204 @@
+"""Jobs: creation, listing, cancellation, and what happens to a job when its tasks change state."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from server.db.models import Agent, Attempt, Bundle, Job, LogLine, Task, utcnow
+from server.errors import Conflict, InvalidInput, NotFound
+from server.schemas import JobCreate, RestartOn
+from server.services.transitions import transition_job, transition_task
+from server.states import AttemptState, JobState, TaskState
+
+FAILURE_LOG_LINES = 10
+
+
+def create_job(session: Session, spec: JobCreate) -> Job:
+    """Stores a new PENDING job; the scheduler places it."""
+    if session.get(Bundle, spec.bundle_digest) is None:
+        raise InvalidInput(
+            f"unknown bundle digest {spec.bundle_digest}: upload the program with POST /api/v1/bundles "
+            "and use the digest it returns"
+        )
+    job = Job(
+        name=(spec.name or spec.command[-1])[:200],
+        state="",
+        bundle_digest=spec.bundle_digest,
+        command=list(spec.command),
+        env=dict(spec.env),
+        num_workers=spec.workers,
+        gpus_per_worker=spec.gpus_per_worker,
+        options={
+            "communication": spec.communication.model_dump(mode="json"),
+            "restart": spec.restart.model_dump(mode="json"),
+            "startup_timeout_seconds": spec.startup_timeout_seconds,
+            "max_runtime_seconds": spec.max_runtime_seconds,
+        },
+    )
+    session.add(job)
+    session.flush()
+    transition_job(session, job, JobState.PENDING, "waiting to be placed")
+    return job
+
+
+def get_job(session: Session, job_id: str) -> Job:
+    job = session.get(Job, job_id)
+    if job is None:
+        raise NotFound(f"no job with id {job_id}; list jobs with GET /api/v1/jobs or `mwms jobs`")
+    return job
+
+
+def list_jobs(session: Session, states: list[JobState], offset: int, limit: int) -> tuple[list[Job], int]:
+    """Jobs newest first, optionally filtered by state, with the total count for paging."""
+    query = select(Job)
+    if states:
+        query = query.where(Job.state.in_([s.value for s in states]))
+    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
+    jobs = session.scalars(query.order_by(Job.created_at.desc(), Job.id).offset(offset).limit(limit)).all()
+    return list(jobs), total
+
+
+def current_attempt(job: Job) -> Attempt | None:
+    return job.attempts[-1] if job.attempts else None
+
+
+def job_env(job: Job) -> dict[str, str]:
+    """The environment every task of the job gets on top of the agent's, communication options included."""
+    env = dict(job.env)
+    comm = job.options.get("communication", {})
+    if comm.get("implementation"):
+        env["MWMS_COMMUNICATION"] = comm["implementation"]
+    if comm.get("timeout_seconds") is not None:
+        env["MWMS_COLLECTIVE_TIMEOUT_S"] = str(comm["timeout_seconds"])
+    if comm.get("bytes_per_pack") is not None:
+        env["MWMS_BYTES_PER_PACK"] = str(comm["bytes_per_pack"])
+    return env
+
+
+def request_stop(task: Task, reason: str) -> None:
+    """Asks the task's agent to stop it; the agent's report ends the task."""
+    if not TaskState(task.state).terminal and not task.stop_requested:
+        task.stop_requested = True
+        task.stop_reason = reason
+
+
+def cancel_job(session: Session, job_id: str, now: datetime | None = None) -> Job:
+    """Cancels a job in any non-final state and stops its tasks."""
+    job = get_job(session, job_id)
+    if JobState(job.state).terminal:
+        raise Conflict(f"job {job.id} is already {job.state}; there is nothing to cancel")
+    end_job(session, job, JobState.CANCELLED, "cancelled by user", now)
+    return job
+
+
+def end_job(session: Session, job: Job, final: JobState, reason: str, now: datetime | None = None) -> None:
+    """Ends a job now (cancel, runtime limit): stops every task of its current attempt."""
+    attempt = current_attempt(job)
+    if attempt is not None:
+        for task in attempt.tasks:
+            request_stop(task, reason)
+            if task.state == TaskState.ASSIGNED.value and _agent_is_gone(session, task):
+                transition_task(session, task, TaskState.STOPPED, reason, now)
+        outcome = AttemptState.CANCELLED if final == JobState.CANCELLED else AttemptState.FAILED
+        _end_attempt_record(attempt, outcome, reason, now)
+    transition_job(session, job, final, reason, now)
+
+
+def _agent_is_gone(session: Session, task: Task) -> bool:
+    agent = session.get(Agent, task.agent_id)
+    return agent is None or agent.lost_at is not None
+
+
+def _end_attempt_record(attempt: Attempt, state: AttemptState, reason: str, now: datetime | None) -> None:
+    if attempt.state == AttemptState.ACTIVE.value:
+        attempt.state = state.value
+        attempt.reason = reason
+        attempt.ended_at = now or utcnow()
+
+
+def last_log_lines(session: Session, task: Task, count: int = FAILURE_LOG_LINES) -> list[str]:
+    rows = session.scalars(
+        select(LogLine.text).where(LogLine.task_id == task.id).order_by(LogLine.seq.desc()).limit(count)
+    ).all()
+    return list(reversed(rows))
+
+
+def is_retryable(exit_code: int | None, lost: bool, restart_on: str) -> bool:
+    """Lost agents and exit codes >= 128 (signals, OOM kills) are retryable; 1-127 only with restart_on=any."""
+    if lost or exit_code is None:
+        return True
+    if restart_on == RestartOn.ANY.value:
+        return exit_code != 0
+    return exit_code >= 128 or exit_code < 0
+
+
+def restart_backoff(base_s: float, restarts_done: int) -> float:
+    """Seconds to wait before restart number `restarts_done + 1`: doubling, capped at 60 s."""
+    return min(60.0, base_s * (2**restarts_done))
+
+
+def fail_attempt(
+    session: Session,
+    job: Job,
+    attempt: Attempt,
+    reason: str,
+    *,
+    retryable: bool,
+    backoff_base_s: float,
+    now: datetime | None = None,
+) -> None:
+    """Ends an attempt after a failure: stops its other tasks, then restarts or fails the job."""
+    now = now or utcnow()
+    if attempt.state != AttemptState.ACTIVE.value:
+        return
+    for task in attempt.tasks:
+        request_stop(task, f"attempt {attempt.number} ended: another task failed")
+    _end_attempt_record(attempt, AttemptState.FAILED, reason, now)
+    if JobState(job.state).terminal:
+        return
+    policy = job.options.get("restart", {})
+    max_restarts = int(policy.get("max_restarts", 3))
+    if retryable and job.restarts < max_restarts:
+        delay = restart_backoff(backoff_base_s, job.restarts)
+        job.restarts += 1
+        job.not_before = now + timedelta(seconds=delay)
+        transition_job(
+            session,
+            job,
+            JobState.RESTARTING,
+            f"{reason}; restart {job.restarts} of {max_restarts} in {delay:.0f} s",
+            now,
+        )
+        return
+    suffix = (
+        "" if retryable else " (not retryable: exit codes 1-127 are permanent unless restart_on is 'any')"
+    )
+    if retryable and max_restarts:
+        suffix = f" (all {max_restarts} restarts used)"
+    transition_job(session, job, JobState.FAILED, reason + suffix, now)
+
+
+def replace_attempt(session: Session, job: Job, attempt: Attempt, reason: str, now: datetime | None) -> None:
+    """An agent could not start its task: drop the attempt and place the job again, not as a restart."""
+    for task in attempt.tasks:
+        request_stop(task, "attempt is being placed again")
+    _end_attempt_record(attempt, AttemptState.REPLACED, reason, now)
+    if JobState(job.state) in (JobState.SCHEDULED, JobState.RUNNING):
+        target = JobState.PENDING if job.state == JobState.SCHEDULED.value else JobState.RESTARTING
+        if target == JobState.RESTARTING:
+            job.not_before = now or utcnow()
+        transition_job(session, job, target, f"{reason}; placing the job again", now)
+
+
+def describe_task_failure(session: Session, task: Task, agent_name: str) -> str:
+    """'task 1 on agent X exited with code 3', followed by its last log lines."""
+    head = f"task {task.index} on agent {agent_name} " + (
+        task.message or f"exited with code {task.exit_code}"
+    )
+    lines = last_log_lines(session, task)
+    if not lines:
+        return head
+    return head + "; last log lines:\n" + "\n".join(lines)

@@ -1,0 +1,118 @@
+"""Gang placement: every task of an attempt placed at once, or none, with equal devices per task.
+
+Pure functions over plain data, so the rules are tested without a database.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class AgentCapacity:
+    """What one online agent can offer right now."""
+
+    agent_id: str
+    name: str
+    address: str
+    device_kind: str  # "gpu" or "cpu"
+    all_devices: tuple[int, ...]
+    free_devices: tuple[int, ...]
+    port_low: int
+    port_high: int
+    used_ports: frozenset[int] = field(default_factory=frozenset)
+
+
+@dataclass(frozen=True)
+class TaskPlacement:
+    index: int
+    agent_id: str
+    address: str
+    port: int
+    device_kind: str
+    device_indices: tuple[int, ...]
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.address}:{self.port}"
+
+
+@dataclass(frozen=True)
+class NoFit:
+    """Why a job cannot be placed, phrased so a person can act on it."""
+
+    reason: str
+
+
+def devices_needed(gpus_per_worker: int) -> tuple[str, int]:
+    """The device kind and count one task takes: G GPUs, or one CPU slot when G is 0."""
+    return ("gpu", gpus_per_worker) if gpus_per_worker > 0 else ("cpu", 1)
+
+
+def place_gang(
+    agents: list[AgentCapacity], workers: int, gpus_per_worker: int, rng: random.Random | None = None
+) -> list[TaskPlacement] | NoFit:
+    """Places `workers` tasks, spreading them over the agents with the most free devices first."""
+    rng = rng or random.Random()
+    kind, count = devices_needed(gpus_per_worker)
+    unit = "GPU" if kind == "gpu" else "CPU slot"
+    candidates = [a for a in agents if a.device_kind == kind]
+    if not candidates:
+        hint = (
+            "start agents on GPU machines"
+            if kind == "gpu"
+            else "start an agent with --slots N, or ask for --gpus-per-worker"
+        )
+        return NoFit(f"no online agent offers {unit}s; {hint}")
+    largest = max(candidates, key=lambda a: len(a.all_devices))
+    if len(largest.all_devices) < count:
+        return NoFit(
+            f"each worker needs {count} {unit}s but the largest agent ({largest.name}) has "
+            f"{len(largest.all_devices)}; lower --gpus-per-worker or add larger machines"
+        )
+    capacity_total = sum(len(a.all_devices) // count for a in candidates)
+    if capacity_total < workers:
+        return NoFit(
+            f"needs {workers} workers × {count} {unit}(s) but the {len(candidates)} online agent(s) "
+            f"can hold at most {capacity_total} such workers even when idle; add agents or lower --workers"
+        )
+
+    free: dict[str, list[int]] = {a.agent_id: sorted(a.free_devices) for a in candidates}
+    ports: dict[str, set[int]] = {a.agent_id: set(a.used_ports) for a in candidates}
+    by_id = {a.agent_id: a for a in candidates}
+    placements: list[TaskPlacement] = []
+    for index in range(workers):
+        # Worst fit: the agent with the most free devices, so workers spread over machines.
+        ranked = sorted(
+            (a for a in candidates if len(free[a.agent_id]) >= count and _has_free_port(a, ports)),
+            key=lambda a: (-len(free[a.agent_id]), a.name),
+        )
+        if not ranked:
+            free_now = sum(len(a.free_devices) // count for a in candidates)
+            return NoFit(
+                f"waiting for capacity: needs {workers} workers × {count} {unit}(s), "
+                f"{free_now} can start now on {len(candidates)} online agent(s); "
+                "it starts when running jobs finish or agents join"
+            )
+        agent = by_id[ranked[0].agent_id]
+        taken = tuple(free[agent.agent_id][:count])
+        free[agent.agent_id] = free[agent.agent_id][count:]
+        port = _pick_port(agent, ports[agent.agent_id], rng)
+        ports[agent.agent_id].add(port)
+        placements.append(TaskPlacement(index, agent.agent_id, agent.address, port, kind, taken))
+    return placements
+
+
+def _has_free_port(agent: AgentCapacity, ports: dict[str, set[int]]) -> bool:
+    return (agent.port_high - agent.port_low + 1) > len(ports[agent.agent_id])
+
+
+def _pick_port(agent: AgentCapacity, used: set[int], rng: random.Random) -> int:
+    # Random rather than lowest-first, so a port another program holds is unlikely to be picked twice.
+    span = agent.port_high - agent.port_low + 1
+    for _ in range(64):
+        port = agent.port_low + rng.randrange(span)
+        if port not in used:
+            return port
+    return next(p for p in range(agent.port_low, agent.port_high + 1) if p not in used)

@@ -1,0 +1,77 @@
+"""The reconciler pass: acts on lost agents, start-up timeouts and runtime limits."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from server.db.models import Agent, Attempt, Job, Task, utcnow
+from server.services.agents import newly_lost_agents
+from server.services.jobs import end_job, fail_attempt
+from server.services.tasks import mark_task_lost
+from server.states import AttemptState, JobState, TaskState
+
+
+def reconcile(
+    session: Session, *, backoff_base_s: float, default_startup_timeout_s: float, now: datetime | None = None
+) -> None:
+    """One pass over everything time can change."""
+    now = now or utcnow()
+    for agent in newly_lost_agents(session, now):
+        handle_lost_agent(session, agent, backoff_base_s, now)
+    _check_startup_timeouts(session, backoff_base_s, default_startup_timeout_s, now)
+    _check_max_runtime(session, now)
+
+
+def handle_lost_agent(session: Session, agent: Agent, backoff_base_s: float, now: datetime) -> None:
+    """Marks the agent lost and every task it held LOST; their attempts end."""
+    agent.lost_at = now
+    tasks = session.scalars(
+        select(Task).where(Task.agent_id == agent.id, Task.state.not_in(_terminal()))
+    ).all()
+    for task in tasks:
+        mark_task_lost(
+            session, agent, task, f"agent {agent.name} stopped heartbeating (lost)", backoff_base_s, now
+        )
+
+
+def _terminal() -> list[str]:
+    return [s.value for s in TaskState if s.terminal]
+
+
+def _check_startup_timeouts(session: Session, backoff_base_s: float, default_s: float, now: datetime) -> None:
+    rows = session.execute(
+        select(Job, Attempt)
+        .join(Attempt, Attempt.job_id == Job.id)
+        .where(Job.state == JobState.SCHEDULED.value, Attempt.state == AttemptState.ACTIVE.value)
+    ).all()
+    for job, attempt in rows:
+        limit = job.options.get("startup_timeout_seconds") or default_s
+        if attempt.created_at + timedelta(seconds=limit) > now:
+            continue
+        waiting = [t.index for t in attempt.tasks if t.state != TaskState.RUNNING.value]
+        fail_attempt(
+            session,
+            job,
+            attempt,
+            f"workers {waiting} did not start within the start-up timeout of {limit:.0f} s",
+            retryable=True,
+            backoff_base_s=backoff_base_s,
+            now=now,
+        )
+
+
+def _check_max_runtime(session: Session, now: datetime) -> None:
+    jobs = session.scalars(
+        select(Job).where(
+            Job.state.not_in([s.value for s in JobState if s.terminal]), Job.started_at.is_not(None)
+        )
+    ).all()
+    for job in jobs:
+        limit = job.options.get("max_runtime_seconds")
+        if limit and job.started_at is not None and job.started_at + timedelta(seconds=limit) <= now:
+            end_job(
+                session, job, JobState.FAILED, f"ran longer than max_runtime_seconds={limit:g}; stopped", now
+            )

@@ -1,0 +1,151 @@
+"""What agents report about tasks, applied to tasks, attempts and jobs; and what agents must do next."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from server.db.models import Agent, Attempt, Job, Task, utcnow
+from server.services.jobs import (
+    describe_task_failure,
+    fail_attempt,
+    is_retryable,
+    replace_attempt,
+)
+from server.services.transitions import transition_job, transition_task
+from server.states import TERMINAL_TASK_STATES, AttemptState, JobState, TaskState
+
+
+@dataclass(frozen=True)
+class TaskReport:
+    task_id: str
+    state: TaskState
+    exit_code: int | None = None
+    message: str = ""
+    pid: int | None = None
+
+
+@dataclass(frozen=True)
+class ReportOutcome:
+    known: bool  # the coordinator has this task and it belongs to the reporting agent
+    final: bool  # the task's terminal state is stored
+    stop: bool  # the agent should stop this task (unknown, or its attempt is over)
+
+
+def apply_report(
+    session: Session, agent: Agent, report: TaskReport, *, backoff_base_s: float, now: datetime | None = None
+) -> ReportOutcome:
+    """Applies one agent report; idempotent, so resent reports change nothing."""
+    now = now or utcnow()
+    task = session.get(Task, report.task_id)
+    if task is None or task.agent_id != agent.id:
+        return ReportOutcome(known=False, final=report.state.terminal, stop=not report.state.terminal)
+    current = TaskState(task.state)
+    if current == report.state or (current.terminal and current != TaskState.LOST):
+        return ReportOutcome(known=True, final=current.terminal, stop=False)
+    if report.state in (TaskState.STARTING, TaskState.RUNNING) and current.value not in (
+        TaskState.ASSIGNED.value,
+        TaskState.STARTING.value,
+    ):
+        return ReportOutcome(known=True, final=False, stop=task.stop_requested)
+    if report.pid:
+        task.pid = report.pid
+    if report.exit_code is not None and report.state.terminal:
+        task.exit_code = report.exit_code
+    transition_task(session, task, report.state, report.message, now)
+    if current == TaskState.LOST:
+        return ReportOutcome(known=True, final=True, stop=False)
+    _after_task_change(session, agent, task, backoff_base_s, now)
+    return ReportOutcome(
+        known=True, final=report.state.terminal, stop=task.stop_requested and not report.state.terminal
+    )
+
+
+def _after_task_change(
+    session: Session, agent: Agent, task: Task, backoff_base_s: float, now: datetime
+) -> None:
+    attempt = session.get(Attempt, task.attempt_id)
+    job = session.get(Job, task.job_id)
+    assert attempt is not None and job is not None
+    state = TaskState(task.state)
+    if attempt.state != AttemptState.ACTIVE.value:
+        return
+    if state == TaskState.RUNNING:
+        if job.state == JobState.SCHEDULED.value and all(
+            t.state == TaskState.RUNNING.value for t in attempt.tasks
+        ):
+            transition_job(session, job, JobState.RUNNING, f"all {len(attempt.tasks)} workers running", now)
+    elif state == TaskState.SUCCEEDED:
+        if all(t.state == TaskState.SUCCEEDED.value for t in attempt.tasks):
+            attempt.state = AttemptState.SUCCEEDED.value
+            attempt.ended_at = now
+            attempt.reason = "every task exited 0"
+            if job.state == JobState.SCHEDULED.value:
+                transition_job(session, job, JobState.RUNNING, "all workers started", now)
+            transition_job(session, job, JobState.SUCCEEDED, f"all {len(attempt.tasks)} tasks exited 0", now)
+    elif state == TaskState.REJECTED:
+        replace_attempt(
+            session,
+            job,
+            attempt,
+            f"agent {agent.name} could not start task {task.index}: {task.message}",
+            now,
+        )
+    elif state in (TaskState.FAILED, TaskState.STOPPED, TaskState.LOST) and not task.stop_requested:
+        reason = describe_task_failure(session, task, agent.name)
+        restart_on = job.options.get("restart", {}).get("restart_on", "retryable")
+        retryable = is_retryable(task.exit_code, state == TaskState.LOST, restart_on)
+        fail_attempt(
+            session, job, attempt, reason, retryable=retryable, backoff_base_s=backoff_base_s, now=now
+        )
+
+
+def mark_task_lost(
+    session: Session, agent: Agent, task: Task, why: str, backoff_base_s: float, now: datetime
+) -> None:
+    """Ends a task whose agent is gone or no longer knows it, and lets its attempt react."""
+    if TaskState(task.state).terminal:
+        return
+    transition_task(session, task, TaskState.LOST, why, now)
+    _after_task_change(session, agent, task, backoff_base_s, now)
+
+
+def tasks_to_start(session: Session, agent_id: str) -> list[tuple[Task, Job]]:
+    """Tasks placed on this agent whose start command it must get."""
+    rows = session.execute(
+        select(Task, Job)
+        .join(Job, Job.id == Task.job_id)
+        .where(
+            Task.agent_id == agent_id, Task.state == TaskState.ASSIGNED.value, Task.stop_requested.is_(False)
+        )
+        .order_by(Task.created_at, Task.index)
+    ).all()
+    return [(task, job) for task, job in rows]
+
+
+def tasks_to_stop(session: Session, agent_id: str) -> list[Task]:
+    """Tasks on this agent that must be stopped and are not known to have ended."""
+    return list(
+        session.scalars(
+            select(Task).where(
+                Task.agent_id == agent_id,
+                Task.stop_requested.is_(True),
+                Task.state.not_in([s.value for s in TERMINAL_TASK_STATES]),
+            )
+        ).all()
+    )
+
+
+def active_tasks_on_agent(session: Session, agent_id: str) -> list[Task]:
+    """Tasks the agent should be running or starting (so an agent that forgot them lost them)."""
+    return list(
+        session.scalars(
+            select(Task).where(
+                Task.agent_id == agent_id,
+                Task.state.in_([TaskState.STARTING.value, TaskState.RUNNING.value]),
+            )
+        ).all()
+    )
