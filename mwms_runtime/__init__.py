@@ -1,0 +1,44 @@
+"""mwms_runtime: what a training program imports to run under the mwms control plane.
+
+It builds the MultiWorkerMirroredStrategy from the job's environment, reduces and records metrics
+(``report``, ``MetricsCallback``) and hands out race-free save paths. Importing it does not import
+TensorFlow, but selects the tf_keras (Keras 2) implementation of ``tf.keras``, which MWMS's
+``model.fit`` on distributed datasets needs.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+from mwms_runtime.env import TaskContext, checkpoint_dir, context, output_dir  # noqa: E402
+from mwms_runtime.reporting import report, report_timeout_seconds  # noqa: E402
+from mwms_runtime.saving import cleanup_write_path, saving, write_path  # noqa: E402
+from mwms_runtime.strategy import communication_options, strategy  # noqa: E402
+from mwms_runtime.writer import flush  # noqa: E402
+
+__all__ = [
+    "MetricsCallback",
+    "TaskContext",
+    "checkpoint_dir",
+    "cleanup_write_path",
+    "communication_options",
+    "context",
+    "flush",
+    "output_dir",
+    "report",
+    "report_timeout_seconds",
+    "saving",
+    "strategy",
+    "write_path",
+]
+
+
+def __getattr__(name: str):
+    # The callback subclasses a tf_keras class, so it is imported only when asked for.
+    if name == "MetricsCallback":
+        from mwms_runtime.keras_callback import MetricsCallback
+
+        return MetricsCallback
+    raise AttributeError(f"module 'mwms_runtime' has no attribute {name!r}")

@@ -1,0 +1,124 @@
+"""Append reported metrics to the metrics file and TensorBoard event files from a background thread.
+
+The training thread only enqueues; a daemon thread does all file I/O. The metrics file is the agent's
+contract: one complete JSON object per line, appended and flushed, never rewritten or truncated.
+TensorBoard events are written as a TFRecord file of ``Event`` protos (public TF API, no graph ops).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import math
+import os
+import queue
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+from mwms_runtime.env import context
+
+
+@dataclass(frozen=True)
+class MetricsRecord:
+    """Reduced values of one report() call."""
+
+    step: int
+    values: dict[str, float]
+    time: float
+
+
+class MetricsWriter:
+    """Owns the daemon thread that appends records to the metrics file and TensorBoard."""
+
+    def __init__(self, metrics_file: str, tensorboard_dir: str | None) -> None:
+        self.metrics_file = metrics_file
+        self.tensorboard_dir = tensorboard_dir
+        self._queue: queue.Queue[MetricsRecord] = queue.Queue()
+        self._events = None
+        self._warned = False
+        self._thread = threading.Thread(target=self._run, name="mwms-metrics-writer", daemon=True)
+        self._thread.start()
+
+    def put(self, record: MetricsRecord) -> None:
+        """Enqueue a record; never blocks on I/O."""
+        self._queue.put(record)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every enqueued record is written; return False if the timeout ran out first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._queue.all_tasks_done:
+            while self._queue.unfinished_tasks:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._queue.all_tasks_done.wait(remaining)
+        return True
+
+    def _run(self) -> None:
+        os.makedirs(os.path.dirname(os.path.abspath(self.metrics_file)), exist_ok=True)
+        with open(self.metrics_file, "a", encoding="utf-8") as out:
+            while True:
+                record = self._queue.get()
+                try:
+                    self._write_lines(out, record)
+                    self._write_events(record)
+                except Exception as exc:  # noqa: BLE001 - a failed write must not kill training
+                    self._warn(f"could not write metrics at step {record.step}: {exc}")
+                finally:
+                    self._queue.task_done()
+
+    def _write_lines(self, out, record: MetricsRecord) -> None:
+        for name, value in record.values.items():
+            # JSON has no NaN/Infinity; the agent's parser would reject such a line.
+            json_value = value if math.isfinite(value) else None
+            line = {"name": name, "step": record.step, "value": json_value, "time": record.time}
+            out.write(json.dumps(line) + "\n")
+            out.flush()
+
+    def _write_events(self, record: MetricsRecord) -> None:
+        if self.tensorboard_dir is None:
+            return
+        import tensorflow as tf
+
+        if self._events is None:
+            os.makedirs(self.tensorboard_dir, exist_ok=True)
+            name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}.mwms"
+            self._events = tf.io.TFRecordWriter(os.path.join(self.tensorboard_dir, name))
+            header = tf.compat.v1.Event(wall_time=time.time(), file_version="brain.Event:2")
+            self._events.write(header.SerializeToString())
+        summary = tf.compat.v1.Summary(
+            value=[tf.compat.v1.Summary.Value(tag=n, simple_value=v) for n, v in record.values.items()]
+        )
+        event = tf.compat.v1.Event(wall_time=record.time, step=record.step, summary=summary)
+        self._events.write(event.SerializeToString())
+        self._events.flush()
+
+    def _warn(self, message: str) -> None:
+        if not self._warned:
+            print(f"mwms_runtime: {message}", file=sys.stderr, flush=True)
+            self._warned = True
+
+
+_writer: MetricsWriter | None = None
+_writer_lock = threading.Lock()
+
+
+def get_writer() -> MetricsWriter:
+    """Return the process's writer, starting it on first use (chief only)."""
+    global _writer
+    with _writer_lock:
+        if _writer is None:
+            ctx = context()
+            metrics_file = ctx.metrics_file or os.path.join(ctx.output_dir, "metrics.jsonl")
+            _writer = MetricsWriter(metrics_file, os.path.join(ctx.output_dir, "tensorboard"))
+            atexit.register(flush, 30.0)
+        return _writer
+
+
+def flush(timeout: float | None = 60.0) -> bool:
+    """Wait until every reported metric has been written; return False if the timeout ran out."""
+    writer = _writer
+    return True if writer is None else writer.flush(timeout)
