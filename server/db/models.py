@@ -16,6 +16,7 @@ from sqlalchemy import (
     Integer,
     String,
     Text,
+    TypeDecorator,
     UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -31,25 +32,21 @@ def new_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
-class UTCDateTime(DateTime):
-    """DateTime that always comes back timezone-aware (SQLite stores naive values)."""
+class UTCDateTime(TypeDecorator[datetime]):
+    """DateTime stored as UTC that always comes back timezone-aware (SQLite stores naive values)."""
 
+    impl = DateTime(timezone=True)
     cache_ok = True
 
-    def __init__(self) -> None:
-        super().__init__(timezone=True)
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is not None:
+            value = value.astimezone(timezone.utc)
+        return value
 
-    def result_processor(self, dialect: Any, coltype: Any) -> Any:
-        parent = super().result_processor(dialect, coltype)
-
-        def process(value: Any) -> Any:
-            if parent is not None:
-                value = parent(value)
-            if isinstance(value, datetime) and value.tzinfo is None:
-                value = value.replace(tzinfo=timezone.utc)
-            return value
-
-        return process
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=timezone.utc)
+        return value
 
 
 class Base(DeclarativeBase):
