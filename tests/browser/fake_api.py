@@ -1,0 +1,406 @@
+"""A test-only coordinator stand-in: the dashboard router plus fixed, slowly advancing JSON for /api/v1.
+
+It lets the browser tests check rendering, live updates, escaping and the cancel flow without agents or
+TensorFlow. The shapes follow server/schemas.py; the real coordinator is exercised by test_dashboard_e2e.py.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, HTTPException, Query
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from server.api import dashboard
+
+XSS_NAME = "<img src=x onerror=alert(1)>"
+XSS_LOG = "<script>alert('log')</script><b>bold?</b>"
+T0 = datetime(2025, 1, 6, 9, 30, 0, tzinfo=timezone.utc)
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return moment.isoformat().replace("+00:00", "Z") if moment else None
+
+
+def _task(job_id: str, index: int, attempt: int, state: str, agent: str, exit_code: int | None = None) -> dict:
+    workers = [f"10.0.0.{i + 11}:4{i}001" for i in range(2)]
+    return {
+        "id": f"{job_id}-a{attempt}-t{index}",
+        "index": index,
+        "attempt": attempt,
+        "agent_id": f"agent-{agent}",
+        "agent_name": agent,
+        "address": workers[index],
+        "state": state,
+        "exit_code": exit_code,
+        "message": "exited with code 0" if exit_code == 0 else "",
+        "device_kind": "gpu",
+        "device_indices": [index],
+        "tf_config": f'{{"cluster": {{"worker": ["{workers[0]}", "{workers[1]}"]}}, '
+        f'"task": {{"type": "worker", "index": {index}}}}}',
+        "started_at": _iso(T0 + timedelta(seconds=20)),
+        "ended_at": _iso(T0 + timedelta(minutes=9)) if exit_code is not None else None,
+    }
+
+
+@dataclass
+class FakeJob:
+    id: str
+    name: str
+    state: str
+    created_at: datetime
+    attempts: int = 1
+    finish_after_polls: int | None = None
+    polls: int = 0
+    metrics: list[dict] = field(default_factory=list)
+    logs: list[dict] = field(default_factory=list)
+    reason: str = ""
+
+    def summary(self) -> dict[str, Any]:
+        last_loss = next((p for p in reversed(self.metrics) if p["name"] == "loss"), None)
+        finished = self.state in ("SUCCEEDED", "FAILED", "CANCELLED")
+        return {
+            "id": self.id,
+            "name": self.name,
+            "state": self.state,
+            "reason": self.reason,
+            "workers": 2,
+            "gpus_per_worker": 1,
+            "created_at": _iso(self.created_at),
+            "started_at": _iso(self.created_at + timedelta(seconds=5)) if self.state != "PENDING" else None,
+            "finished_at": _iso(self.created_at + timedelta(minutes=9)) if finished else None,
+            "attempts": self.attempts,
+            "restarts": self.attempts - 1,
+            "step": last_loss["step"] if last_loss else None,
+            "loss": last_loss["value"] if last_loss else None,
+        }
+
+    def detail(self) -> dict[str, Any]:
+        task_state = {"SUCCEEDED": "SUCCEEDED", "CANCELLED": "STOPPED", "PENDING": None}.get(self.state, "RUNNING")
+        exit_code = 0 if self.state == "SUCCEEDED" else (-15 if self.state == "CANCELLED" else None)
+        tasks = (
+            [_task(self.id, i, self.attempts, task_state, f"gpu-node-{i + 1}", exit_code) for i in range(2)]
+            if task_state
+            else []
+        )
+        history = []
+        for number in range(1, self.attempts + 1):
+            newest = number == self.attempts
+            history.append(
+                {
+                    "number": number,
+                    "state": ("ACTIVE" if task_state == "RUNNING" else self.state) if newest else "FAILED",
+                    "reason": "" if newest else "task 1 was killed by signal 9 (SIGKILL); restarting",
+                    "created_at": _iso(self.created_at + timedelta(minutes=3 * (number - 1))),
+                    "ended_at": None if newest else _iso(self.created_at + timedelta(minutes=3 * number)),
+                    "tasks": tasks,
+                }
+            )
+        events = [
+            {"from_state": None, "to_state": "PENDING", "reason": "submitted", "at": _iso(self.created_at)},
+            {
+                "from_state": "PENDING",
+                "to_state": "SCHEDULED",
+                "reason": "placed on gpu-node-1, gpu-node-2",
+                "at": _iso(self.created_at + timedelta(seconds=2)),
+            },
+            {
+                "from_state": "SCHEDULED",
+                "to_state": "RUNNING",
+                "reason": "all 2 tasks running",
+                "at": _iso(self.created_at + timedelta(seconds=5)),
+            },
+        ]
+        if self.state in ("SUCCEEDED", "CANCELLED"):
+            events.append(
+                {
+                    "from_state": "RUNNING",
+                    "to_state": self.state,
+                    "reason": self.reason or "all tasks exited 0",
+                    "at": _iso(self.created_at + timedelta(minutes=9)),
+                }
+            )
+        return {
+            **self.summary(),
+            "command": ["python", "train.py", "--epochs", "3", "--note", "it's quoted"],
+            "bundle_digest": "ab" * 32,
+            "env_names": ["WANDB_MODE", "DATA_DIR"],
+            "communication": {"implementation": "NCCL", "timeout_seconds": 600.0, "bytes_per_pack": 33554432},
+            "restart": {"max_restarts": 3, "restart_on": "retryable"},
+            "startup_timeout_seconds": 300.0,
+            "max_runtime_seconds": None,
+            "tasks": tasks,
+            "attempt_history": history,
+            "events": events,
+        }
+
+
+def _loss_curve(attempts: int, steps_per_attempt: int) -> list[dict]:
+    points = []
+    for attempt in range(1, attempts + 1):
+        start = (attempt - 1) * (steps_per_attempt // 2)
+        for step in range(start, start + steps_per_attempt):
+            value = 2.3 * (0.955**step) + 0.05 * attempt
+            wall = _iso(T0 + timedelta(seconds=step))
+            points.append({"name": "loss", "step": step, "value": value, "wall_time": wall, "attempt": attempt})
+            points.append(
+                {"name": "accuracy", "step": step, "value": 1 - value / 2.5, "wall_time": wall, "attempt": attempt}
+            )
+    return points
+
+
+def _log_lines(job_id: str, count: int) -> list[dict]:
+    lines = []
+    for task in range(2):
+        for seq in range(count):
+            attempt = 1 if seq < count // 2 else 2
+            text = f"Epoch 1/3 - step {seq}/{count} - loss: {2.3 * 0.955**seq:.4f}"
+            if seq == 3:
+                text = XSS_LOG
+            lines.append(
+                {
+                    "id": task * 10_000 + seq + 1,
+                    "task": task,
+                    "attempt": attempt,
+                    "seq": seq,
+                    "stream": "stderr" if seq % 17 == 5 else "stdout",
+                    "text": text,
+                    "at": _iso(T0 + timedelta(seconds=seq)),
+                }
+            )
+    return lines
+
+
+class FakeCluster:
+    """The fake coordinator's state; tests reach it through the app to flip switches."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.unreachable = False
+        self.empty = False
+        self.jobs: dict[str, FakeJob] = {}
+        self.reset()
+
+    def reset(self) -> None:
+        with self.lock:
+            self.unreachable = False
+            self.empty = False
+            finishing = FakeJob(
+                "7f3c2a91d0b44c7e9a61b0c3d5e8f201",
+                "resnet50-imagenet",
+                "RUNNING",
+                T0 + timedelta(minutes=30),
+                attempts=2,
+                finish_after_polls=3,
+                metrics=_loss_curve(2, 40),
+                logs=_log_lines("resnet", 60),
+            )
+            xss = FakeJob(
+                "0b1e2d3c4f5a69788796a5b4c3d2e1f0",
+                XSS_NAME,
+                "RUNNING",
+                T0 + timedelta(minutes=20),
+                metrics=_loss_curve(1, 10),
+                logs=_log_lines("xss", 8),
+            )
+            done = FakeJob(
+                "c0ffee00c0ffee00c0ffee00c0ffee00",
+                "bert-finetune",
+                "SUCCEEDED",
+                T0,
+                metrics=_loss_curve(1, 25),
+                logs=_log_lines("bert", 12),
+                reason="all tasks exited 0",
+            )
+            pending = FakeJob("aa55aa55aa55aa55aa55aa55aa55aa55", "waiting-for-gpus", "PENDING", T0 + timedelta(minutes=40))
+            self.jobs = {job.id: job for job in (finishing, xss, done, pending)}
+
+    def advance(self, job: FakeJob) -> None:
+        job.polls += 1
+        if job.finish_after_polls is not None and job.state == "RUNNING" and job.polls >= job.finish_after_polls:
+            job.state = "SUCCEEDED"
+            job.reason = "all tasks exited 0"
+
+
+AGENTS = [
+    {
+        "id": "agent-1",
+        "name": "gpu-node-1",
+        "hostname": "gpu-node-1.cluster.local",
+        "address": "10.0.0.11",
+        "port_range": "40000-40999",
+        "version": "0.1.0",
+        "online": True,
+        "last_heartbeat_at": None,
+        "devices": [
+            {"kind": "gpu", "index": i, "name": "NVIDIA H100 80GB HBM3", "uuid": f"GPU-{i}", "memory_mib": 81559}
+            for i in range(4)
+        ],
+        "devices_used": 1,
+        "devices_free": 3,
+        "tasks": [
+            {
+                "job_id": "7f3c2a91d0b44c7e9a61b0c3d5e8f201",
+                "job_name": "resnet50-imagenet",
+                "task_index": 0,
+                "attempt": 2,
+                "state": "RUNNING",
+                "device_indices": [0],
+            }
+        ],
+    },
+    {
+        "id": "agent-2",
+        "name": XSS_NAME,
+        "hostname": "cpu-box",
+        "address": "10.0.0.12",
+        "port_range": "41000-41999",
+        "version": "0.1.0",
+        "online": False,
+        "last_heartbeat_at": _iso(T0),
+        "devices": [{"kind": "cpu", "index": i, "name": "cpu", "uuid": "", "memory_mib": 0} for i in range(2)],
+        "devices_used": 0,
+        "devices_free": 2,
+        "tasks": [],
+    },
+]
+
+
+def create_fake_app(cluster: FakeCluster) -> FastAPI:
+    """A FastAPI app serving fake /api/v1 data for cluster, then the dashboard router, as the real app does."""
+    app = FastAPI()
+
+    @app.middleware("http")
+    async def maybe_down(request, call_next):  # type: ignore[no-untyped-def]
+        if cluster.unreachable and request.url.path.startswith("/api/"):
+            return PlainTextResponse("coordinator down", status_code=503)
+        return await call_next(request)
+
+    def get_job(job_id: str) -> FakeJob:
+        job = cluster.jobs.get(job_id)
+        if job is None:
+            raise HTTPException(404, f"job {job_id} not found")
+        return job
+
+    @app.get("/api/v1/overview")
+    def overview() -> dict:
+        states = [job.state for job in cluster.jobs.values()]
+        return {
+            "agents_online": 1,
+            "agents_lost": 1,
+            "devices_busy": 1,
+            "devices_free": 5,
+            "jobs_running": states.count("RUNNING"),
+            "jobs_pending": states.count("PENDING"),
+        }
+
+    @app.get("/api/v1/jobs")
+    def jobs(state: str | None = None, offset: int = 0, limit: int = 50) -> dict:
+        with cluster.lock:
+            for job in cluster.jobs.values():
+                cluster.advance(job)
+            everything = [] if cluster.empty else list(cluster.jobs.values())
+            selected = [job for job in everything if not state or job.state == state]
+        selected.sort(key=lambda job: job.created_at, reverse=True)
+        return {
+            "jobs": [job.summary() for job in selected[offset : offset + limit]],
+            "total": len(selected),
+            "offset": offset,
+            "limit": limit,
+        }
+
+    @app.get("/api/v1/jobs/{job_id}")
+    def job_detail(job_id: str) -> dict:
+        return get_job(job_id).detail()
+
+    @app.post("/api/v1/jobs/{job_id}/cancel")
+    def cancel(job_id: str) -> dict:
+        job = get_job(job_id)
+        with cluster.lock:
+            if job.state in ("SUCCEEDED", "FAILED", "CANCELLED"):
+                raise HTTPException(409, f"job {job_id} already ended ({job.state})")
+            job.state = "CANCELLED"
+            job.reason = "cancelled by user"
+        return job.summary()
+
+    @app.get("/api/v1/jobs/{job_id}/metrics")
+    def metrics(
+        job_id: str,
+        name: str | None = None,
+        min_step: int | None = None,
+        max_step: int | None = None,
+        attempt: int | None = None,
+    ) -> dict:
+        points = [
+            p
+            for p in get_job(job_id).metrics
+            if (not name or p["name"] == name)
+            and (min_step is None or p["step"] >= min_step)
+            and (max_step is None or p["step"] <= max_step)
+            and (attempt is None or p["attempt"] == attempt)
+        ]
+        return {"points": points}
+
+    @app.get("/api/v1/jobs/{job_id}/logs")
+    def logs(job_id: str, task: int = 0, after: int = 0, tail: int = Query(default=500, le=5000)) -> dict:
+        lines = [line for line in get_job(job_id).logs if line["task"] == task and line["id"] > after][-tail:]
+        return {"lines": lines, "next_after": lines[-1]["id"] if lines else after}
+
+    @app.get("/api/v1/jobs/{job_id}/artifacts")
+    def artifacts(job_id: str) -> list:
+        job = get_job(job_id)
+        if job.state != "SUCCEEDED":
+            return []
+        return [
+            {"path": "model/saved_model.pb", "size": 48_213_004, "sha256": "cd" * 32, "attempt": 1, "created_at": _iso(T0)},
+            {"path": "metrics <final>.json", "size": 812, "sha256": "ef" * 32, "attempt": 1, "created_at": _iso(T0)},
+        ]
+
+    @app.get("/api/v1/jobs/{job_id}/artifacts/{path:path}")
+    def artifact(job_id: str, path: str) -> PlainTextResponse:
+        get_job(job_id)
+        return PlainTextResponse(f"artifact {path}")
+
+    @app.get("/api/v1/agents")
+    def agents() -> JSONResponse:
+        if cluster.empty:
+            return JSONResponse([])
+        fresh = [dict(AGENTS[0], last_heartbeat_at=_iso(datetime.now(timezone.utc))), AGENTS[1]]
+        return JSONResponse(fresh)
+
+    app.include_router(dashboard.router)
+    return app
+
+
+class ServerThread:
+    """Runs an ASGI app with uvicorn on a free loopback port in a background thread."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.socket.bind(("127.0.0.1", 0))
+        self.port = self.socket.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, log_level="warning", lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True)
+
+    def __enter__(self) -> ServerThread:
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the fake coordinator did not start within 10 s")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.socket.close()

@@ -1,0 +1,114 @@
+// The agents page: each machine's devices, what runs on them, and whether it is still heard from.
+
+import { API, getJson, describeError, UnreachableError } from "../api.js";
+import { h, replaceChildren, emptyState, table } from "../dom.js";
+import { formatAgo, formatTime } from "../format.js";
+import { startPolling } from "../poll.js";
+
+/** "2 × NVIDIA H100 80GB HBM3 · 80 GiB" per distinct model, or "4 CPU slots". */
+function describeDevices(devices) {
+  const gpus = devices.filter((d) => d.kind === "gpu");
+  const cpus = devices.filter((d) => d.kind !== "gpu");
+  const lines = [];
+  const models = new Map();
+  for (const gpu of gpus) {
+    const key = `${gpu.name}|${gpu.memory_mib}`;
+    models.set(key, { gpu, count: (models.get(key)?.count || 0) + 1 });
+  }
+  for (const { gpu, count } of models.values()) {
+    const memory = gpu.memory_mib ? ` · ${(gpu.memory_mib / 1024).toFixed(gpu.memory_mib % 1024 ? 1 : 0)} GiB` : "";
+    lines.push(h("div", { class: "device-line" }, h("span", { class: "device-kind gpu" }, "GPU"), `${count} × ${gpu.name || "GPU"}${memory}`));
+  }
+  if (cpus.length) {
+    lines.push(h("div", { class: "device-line" }, h("span", { class: "device-kind cpu" }, "CPU"), `${cpus.length} slot${cpus.length === 1 ? "" : "s"}`));
+  }
+  if (!lines.length) lines.push(h("span", { class: "muted" }, "none reported"));
+  return lines;
+}
+
+function usageBar(used, free) {
+  const total = used + free;
+  const meter = h("meter", { min: 0, max: Math.max(total, 1), value: used, class: "usage-meter", title: `${used} of ${total} in use` });
+  return h("div", { class: "usage" }, h("span", { class: "usage-text" }, `${used} / ${total}`), meter);
+}
+
+function taskLinks(tasks) {
+  if (!tasks.length) return h("span", { class: "muted" }, "idle");
+  return h(
+    "ul",
+    { class: "task-list" },
+    tasks.map((task) =>
+      h(
+        "li",
+        null,
+        h("a", { href: `#/jobs/${encodeURIComponent(task.job_id)}` }, task.job_name || task.job_id),
+        h("span", { class: "muted" }, ` · task ${task.task_index} · attempt ${task.attempt} · ${task.state}`),
+        task.device_indices.length ? h("span", { class: "muted" }, ` · devices ${task.device_indices.join(",")}`) : null,
+      ),
+    ),
+  );
+}
+
+function agentRow(agent) {
+  return h(
+    "tr",
+    { dataset: { agentId: agent.id, online: String(agent.online) }, class: agent.online ? null : "row-lost" },
+    h("td", { class: "cell-name" }, h("div", { class: "strong" }, agent.name), h("div", { class: "muted small" }, agent.hostname)),
+    h("td", null, h("span", { class: ["badge", agent.online ? "state-online" : "state-lost"] }, agent.online ? "online" : "lost")),
+    h("td", null, h("div", { class: "mono" }, agent.address), h("div", { class: "muted small" }, agent.port_range ? `ports ${agent.port_range}` : "")),
+    h("td", null, describeDevices(agent.devices)),
+    h("td", null, usageBar(agent.devices_used, agent.devices_free)),
+    h("td", null, taskLinks(agent.tasks)),
+    h("td", { class: "nowrap", title: formatTime(agent.last_heartbeat_at) }, formatAgo(agent.last_heartbeat_at)),
+    h("td", { class: "muted mono small" }, agent.version || "–"),
+  );
+}
+
+const COLUMNS = ["Agent", "Status", "Address", "Devices", "In use", "Running tasks", "Last heartbeat", "Version"].map(
+  (label) => ({ label }),
+);
+
+/** Shows the agents page in container; returns a function that stops it. */
+export function mountAgents(container) {
+  const count = h("span", { class: "muted page-count" });
+  const body = h("div", { class: "panel-body" });
+  const error = h("p", { class: "inline-error", hidden: true, role: "status" });
+  replaceChildren(
+    container,
+    h("div", { class: "page-head" }, h("h1", { class: "page-title" }, "Agents"), count),
+    error,
+    h("section", { class: "panel" }, body),
+  );
+
+  async function refresh() {
+    let agents;
+    try {
+      agents = await getJson(`${API}/agents`);
+      error.hidden = true;
+    } catch (err) {
+      if (!(err instanceof UnreachableError)) {
+        error.textContent = `${describeError(err)} Retrying every 2 s.`;
+        error.hidden = false;
+      }
+      throw err;
+    }
+    const online = agents.filter((a) => a.online).length;
+    count.textContent = `${agents.length} agent${agents.length === 1 ? "" : "s"} · ${online} online`;
+    if (!agents.length) {
+      replaceChildren(
+        body,
+        emptyState(
+          "No agents have joined.",
+          "Start an agent on each machine that should run training; HOST is this coordinator's address and 50051 its gRPC port:",
+          "mwms agent --server HOST:50051 --name NAME",
+        ),
+      );
+      return;
+    }
+    const sorted = [...agents].sort((a, b) => Number(b.online) - Number(a.online) || a.name.localeCompare(b.name));
+    replaceChildren(body, table(COLUMNS, sorted.map(agentRow), { class: "agents-table", attrs: { "data-testid": "agents-table" } }));
+  }
+
+  const poller = startPolling(refresh, { onError: () => {} });
+  return () => poller.stop();
+}

@@ -1,0 +1,344 @@
+// One job: its state and history, tasks, live metric charts, logs, artifacts, spec, and a cancel button.
+
+import { API, ApiError, artifactUrl, describeError, getJson, postJson, UnreachableError } from "../api.js";
+import { MetricChart } from "../chart.js";
+import { confirmAction } from "../confirm.js";
+import { emptyState, h, panel, replaceChildren, stateBadge, table } from "../dom.js";
+import {
+  formatBytes,
+  formatDuration,
+  formatInteger,
+  formatNumber,
+  formatSeconds,
+  formatShape,
+  formatShortTime,
+  formatTime,
+  isTerminal,
+  shellJoin,
+} from "../format.js";
+import { LogViewer } from "../logs.js";
+import { startPolling } from "../poll.js";
+
+// After a job ends, keep refreshing metrics and artifacts a little longer: the last reports and
+// uploads can land just after the final state change.
+const POLLS_AFTER_END = 5;
+
+function stat(label, valueNode, testid) {
+  return h("div", { class: "kv" }, h("span", { class: "kv-label" }, label), h("span", { class: "kv-value", dataset: { testid } }, valueNode));
+}
+
+function definitionList(entries) {
+  return h(
+    "dl",
+    { class: "deflist" },
+    entries.map(([term, value]) => [h("dt", null, term), h("dd", null, value)]),
+  );
+}
+
+function prettyTfConfig(text) {
+  try {
+    return JSON.stringify(JSON.parse(text), null, 2);
+  } catch {
+    return text || "";
+  }
+}
+
+function orderMetricNames(names) {
+  return [...names].sort((a, b) => (a === "loss" ? -1 : b === "loss" ? 1 : a.localeCompare(b)));
+}
+
+/** Shows the page of job jobId in container; returns a function that stops it. */
+export function mountJob(container, jobId) {
+  const base = `${API}/jobs/${encodeURIComponent(jobId)}`;
+  const disposers = [];
+  let job = null;
+  let pollsSinceEnd = 0;
+
+  const title = h("h1", { class: "page-title job-title", dataset: { testid: "job-name" } }, "Loading…");
+  const badgeSlot = h("span", { class: "job-state", dataset: { testid: "job-state" } });
+  const reason = h("p", { class: "job-reason muted" });
+  const idLine = h("p", { class: "job-id mono muted small" }, jobId);
+  const cancelButton = h("button", { type: "button", class: "button danger", dataset: { testid: "cancel-job" }, disabled: true }, "Cancel job");
+  const notice = h("p", { class: "inline-error", hidden: true, role: "status" });
+  const loadError = h("p", { class: "inline-error", hidden: true, role: "status" });
+  const stats = h("div", { class: "kv-strip" });
+  const chartsGrid = h("div", { class: "charts" });
+  const charts = new Map();
+  const tasksBody = h("div");
+  const eventsBody = h("div");
+  const attemptsBody = h("div");
+  const specBody = h("div");
+  const artifactsBody = h("div");
+  const attemptLabel = h("span", { class: "muted small" });
+  let logs = null;
+  const logsBody = h("div");
+
+  replaceChildren(
+    container,
+    h("nav", { class: "breadcrumb", "aria-label": "Breadcrumb" }, h("a", { href: "#/jobs" }, "Jobs"), h("span", { "aria-hidden": "true" }, " / "), h("span", { class: "mono" }, jobId.slice(0, 8))),
+    h(
+      "div",
+      { class: "page-head job-head" },
+      h("div", { class: "job-head-main" }, h("div", { class: "title-row" }, title, badgeSlot), idLine, reason),
+      h("div", { class: "job-actions" }, cancelButton),
+    ),
+    notice,
+    loadError,
+    stats,
+    panel("Metrics", chartsGrid, { id: "metrics" }),
+    panel("Tasks", tasksBody, { id: "tasks", tools: attemptLabel }),
+    panel("Logs", logsBody, { id: "logs" }),
+    h("div", { class: "grid-2" }, panel("State history", eventsBody, { id: "history" }), panel("Attempts", attemptsBody, { id: "attempts" })),
+    h("div", { class: "grid-2" }, panel("Spec", specBody, { id: "spec" }), panel("Artifacts", artifactsBody, { id: "artifacts" })),
+  );
+  replaceChildren(chartsGrid, h("p", { class: "muted" }, "Loading metrics…"));
+
+  cancelButton.addEventListener("click", async () => {
+    if (!job) return;
+    const confirmed = await confirmAction({
+      title: "Cancel this job?",
+      message: `“${job.name}” will stop: every running task is sent SIGTERM, then SIGKILL after the grace period. This cannot be undone.`,
+      confirmLabel: "Cancel job",
+      cancelLabel: "Keep running",
+    });
+    if (!confirmed) return;
+    cancelButton.disabled = true;
+    cancelButton.textContent = "Cancelling…";
+    try {
+      await postJson(`${base}/cancel`, {});
+      notice.hidden = true;
+    } catch (err) {
+      notice.textContent = `Could not cancel: ${describeError(err)}`;
+      notice.hidden = false;
+    }
+    cancelButton.textContent = "Cancel job";
+    await poller.now();
+  });
+
+  let renderedSignatures = {};
+  function changed(key, value) {
+    const signature = JSON.stringify(value);
+    if (renderedSignatures[key] === signature) return false;
+    renderedSignatures[key] = signature;
+    return true;
+  }
+
+  function renderHeader() {
+    title.textContent = job.name || job.id;
+    document.title = `${job.name || job.id} · mwms`;
+    if (changed("state", job.state)) replaceChildren(badgeSlot, stateBadge(job.state));
+    reason.textContent = job.reason || "";
+    reason.hidden = !job.reason;
+    cancelButton.disabled = isTerminal(job.state);
+    cancelButton.hidden = isTerminal(job.state);
+    replaceChildren(
+      stats,
+      stat("Workers × devices", formatShape(job.workers, job.gpus_per_worker), "job-shape"),
+      stat("Step", job.step === null || job.step === undefined ? "–" : formatInteger(job.step), "job-step"),
+      stat("Loss", formatNumber(job.loss), "job-loss"),
+      stat("Created", formatShortTime(job.created_at), "job-created"),
+      stat("Started", formatShortTime(job.started_at), "job-started"),
+      stat("Duration", formatDuration(job.started_at, job.finished_at), "job-duration"),
+      stat("Attempts", `${job.attempts} (${job.restarts} restart${job.restarts === 1 ? "" : "s"})`, "job-attempts"),
+    );
+  }
+
+  function renderTasks() {
+    const newest = job.attempt_history.length ? job.attempt_history[job.attempt_history.length - 1].number : job.attempts;
+    attemptLabel.textContent = job.tasks.length ? `attempt ${job.tasks[0].attempt ?? newest}` : "";
+    if (!changed("tasks", job.tasks)) return;
+    if (!job.tasks.length) {
+      replaceChildren(tasksBody, emptyState("No tasks placed yet.", job.state === "PENDING" ? "The job waits until agents have enough free devices for all its workers at once." : null));
+      return;
+    }
+    const openConfigs = new Set([...tasksBody.querySelectorAll("details[open]")].map((d) => d.dataset.task));
+    const rows = job.tasks.map((task) =>
+      h(
+        "tr",
+        { dataset: { taskIndex: String(task.index) } },
+        h("td", { class: "num" }, String(task.index)),
+        h("td", null, stateBadge(task.state)),
+        h("td", null, task.agent_name || task.agent_id || "–"),
+        h("td", { class: "mono" }, task.address || "–"),
+        h("td", null, task.device_kind ? `${task.device_kind}${task.device_indices.length ? ` ${task.device_indices.join(",")}` : ""}` : "–"),
+        h("td", { class: "num mono" }, task.exit_code === null || task.exit_code === undefined ? "–" : String(task.exit_code)),
+        h("td", { class: "cell-message" }, task.message || ""),
+        h("td", { class: "nowrap" }, formatShortTime(task.started_at)),
+        h("td", { class: "nowrap" }, formatDuration(task.started_at, task.ended_at)),
+        h(
+          "td",
+          { class: "cell-actions" },
+          h("button", { type: "button", class: "button small ghost", onclick: () => { logs.selectTask(task.index); document.getElementById("logs").scrollIntoView({ behavior: "smooth" }); } }, "Logs"),
+        ),
+        h(
+          "td",
+          { class: "cell-config" },
+          h(
+            "details",
+            { class: "tf-config", dataset: { task: String(task.index) }, open: openConfigs.has(String(task.index)) },
+            h("summary", null, "TF_CONFIG"),
+            h("pre", { class: "code-block" }, prettyTfConfig(task.tf_config)),
+          ),
+        ),
+      ),
+    );
+    const columns = ["#", "State", "Agent", "Address", "Devices", "Exit", "Message", "Started", "Ran", "", "Config"].map((label) => ({ label }));
+    columns[0].class = "num";
+    columns[5].class = "num";
+    replaceChildren(tasksBody, table(columns, rows, { class: "tasks-table", attrs: { "data-testid": "tasks-table" } }));
+  }
+
+  function renderHistory() {
+    if (changed("events", job.events)) {
+      const items = [...job.events].reverse().map((event) =>
+        h(
+          "li",
+          { class: "timeline-item" },
+          h("div", { class: "timeline-head" }, event.from_state ? [stateBadge(event.from_state), h("span", { class: "arrow", "aria-label": "to" }, "→")] : null, stateBadge(event.to_state), h("time", { class: "muted small", datetime: event.at }, formatTime(event.at))),
+          event.reason ? h("p", { class: "timeline-reason" }, event.reason) : null,
+        ),
+      );
+      replaceChildren(eventsBody, items.length ? h("ol", { class: "timeline", dataset: { testid: "events" } }, items) : emptyState("No state changes recorded.", null));
+    }
+    if (changed("attempts", job.attempt_history)) {
+      const rows = [...job.attempt_history].reverse().map((attempt) =>
+        h(
+          "tr",
+          null,
+          h("td", { class: "num" }, String(attempt.number)),
+          h("td", null, stateBadge(attempt.state)),
+          h("td", { class: "cell-message" }, attempt.reason || ""),
+          h("td", { class: "nowrap" }, formatShortTime(attempt.created_at)),
+          h("td", { class: "nowrap" }, formatDuration(attempt.created_at, attempt.ended_at)),
+          h("td", { class: "num" }, String(attempt.tasks.length)),
+        ),
+      );
+      const columns = [{ label: "#", class: "num" }, { label: "State" }, { label: "Reason" }, { label: "Created" }, { label: "Lasted" }, { label: "Tasks", class: "num" }];
+      replaceChildren(attemptsBody, rows.length ? table(columns, rows) : emptyState("No attempts yet.", "An attempt starts when all workers are placed."));
+    }
+  }
+
+  function renderSpec() {
+    if (!changed("spec", [job.command, job.bundle_digest, job.env_names, job.communication, job.restart])) return;
+    const communication = job.communication || {};
+    const restart = job.restart || {};
+    replaceChildren(
+      specBody,
+      definitionList([
+        ["Command", h("code", { class: "mono wrap" }, shellJoin(job.command))],
+        ["Workers", formatShape(job.workers, job.gpus_per_worker)],
+        ["Bundle", h("code", { class: "mono wrap", title: job.bundle_digest }, `sha256:${job.bundle_digest}`)],
+        ["Environment", job.env_names && job.env_names.length ? h("span", { class: "tags" }, job.env_names.map((name) => h("code", { class: "tag" }, name))) : h("span", { class: "muted" }, "none")],
+        [
+          "Communication",
+          `${communication.implementation || "default"}` +
+            `${communication.timeout_seconds ? `, timeout ${formatSeconds(communication.timeout_seconds)}` : ""}` +
+            `${communication.bytes_per_pack ? `, ${formatBytes(communication.bytes_per_pack)} per pack` : ""}`,
+        ],
+        ["Restarts", `up to ${restart.max_restarts ?? "–"} on ${restart.restart_on || "–"} failures`],
+        ["Startup timeout", job.startup_timeout_seconds ? formatSeconds(job.startup_timeout_seconds) : "server default"],
+        ["Max runtime", job.max_runtime_seconds ? formatSeconds(job.max_runtime_seconds) : "unlimited"],
+        ["Created", formatTime(job.created_at)],
+        ["Finished", formatTime(job.finished_at)],
+      ]),
+    );
+  }
+
+  async function refreshMetrics() {
+    const series = await getJson(`${base}/metrics`);
+    const byName = new Map();
+    for (const point of series.points || []) {
+      if (!byName.has(point.name)) byName.set(point.name, []);
+      byName.get(point.name).push(point);
+    }
+    if (!byName.size) {
+      if (!chartsGrid.querySelector(".empty")) {
+        replaceChildren(
+          chartsGrid,
+          emptyState(
+            isTerminal(job?.state) ? "This job reported no metrics." : "No metrics reported yet.",
+            "Report them from the training program with mwms_runtime (report(step, loss=...) or its Keras callback); they are charted here as they arrive.",
+          ),
+        );
+      }
+      return;
+    }
+    chartsGrid.querySelector(".empty")?.remove();
+    chartsGrid.querySelector("p.muted")?.remove();
+    for (const name of orderMetricNames(byName.keys())) {
+      let chart = charts.get(name);
+      if (!chart) {
+        chart = new MetricChart(name);
+        charts.set(name, chart);
+        chartsGrid.append(chart.element);
+      }
+      chart.update(byName.get(name));
+    }
+  }
+
+  function renderArtifacts(artifacts) {
+    if (!changed("artifacts", artifacts)) return;
+    if (!artifacts.length) {
+      replaceChildren(artifactsBody, emptyState("No artifacts.", "Files the program saves under mwms_runtime's artifact directory are uploaded when a task ends and listed here."));
+      return;
+    }
+    const rows = artifacts.map((artifact) =>
+      h(
+        "tr",
+        null,
+        h("td", { class: "cell-path" }, h("a", { href: artifactUrl(jobId, artifact.path), download: artifact.path.split("/").pop(), class: "mono" }, artifact.path)),
+        h("td", { class: "num nowrap" }, formatBytes(artifact.size)),
+        h("td", { class: "mono muted small", title: artifact.sha256 }, artifact.sha256.slice(0, 12)),
+        h("td", { class: "num" }, String(artifact.attempt)),
+        h("td", { class: "nowrap" }, formatShortTime(artifact.created_at)),
+      ),
+    );
+    const columns = [{ label: "Path" }, { label: "Size", class: "num" }, { label: "sha256" }, { label: "Attempt", class: "num" }, { label: "Saved" }];
+    replaceChildren(artifactsBody, table(columns, rows, { attrs: { "data-testid": "artifacts-table" } }));
+  }
+
+  async function refresh() {
+    try {
+      job = await getJson(base);
+    } catch (err) {
+      if (err instanceof ApiError && err.status === 404) {
+        poller.stop();
+        replaceChildren(
+          container,
+          emptyState(`Job ${jobId} does not exist.`, "It may have been deleted, or the link is wrong."),
+          h("p", { class: "center" }, h("a", { href: "#/jobs", class: "button" }, "Back to jobs")),
+        );
+        return;
+      }
+      if (!(err instanceof UnreachableError)) {
+        loadError.textContent = `${describeError(err)} Retrying every 2 s.`;
+        loadError.hidden = false;
+      }
+      throw err;
+    }
+    loadError.hidden = true;
+    if (!logs) {
+      logs = new LogViewer(jobId, job.name);
+      disposers.push(() => logs.dispose());
+      replaceChildren(logsBody, logs.element);
+    }
+    logs.setTaskCount(job.workers);
+    renderHeader();
+    renderTasks();
+    renderHistory();
+    renderSpec();
+
+    pollsSinceEnd = isTerminal(job.state) ? pollsSinceEnd + 1 : 0;
+    if (pollsSinceEnd <= POLLS_AFTER_END) {
+      const [metrics, artifacts] = await Promise.allSettled([refreshMetrics(), getJson(`${base}/artifacts`)]);
+      if (artifacts.status === "fulfilled") renderArtifacts(artifacts.value);
+      const failure = [metrics, artifacts].find((r) => r.status === "rejected");
+      if (failure) throw failure.reason;
+    }
+  }
+
+  const poller = startPolling(refresh, { onError: () => {} });
+  disposers.push(() => poller.stop());
+  disposers.push(() => charts.forEach((chart) => chart.dispose()));
+  return () => disposers.forEach((dispose) => dispose());
+}
