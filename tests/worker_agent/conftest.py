@@ -1,0 +1,247 @@
+"""Fixtures for the agent tests: polling with a deadline, and a fake coordinator on a real gRPC server.
+
+The helpers are handed out as fixtures (not imported) so the tests do not depend on how pytest puts
+test directories on sys.path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from mwms.v1 import agent_pb2, agent_pb2_grpc
+from worker_agent.config import AgentConfig
+from worker_agent.main import run_agent
+
+TERMINAL = {
+    agent_pb2.TASK_STATE_SUCCEEDED,
+    agent_pb2.TASK_STATE_FAILED,
+    agent_pb2.TASK_STATE_STOPPED,
+    agent_pb2.TASK_STATE_REJECTED,
+}
+
+
+def wait_for_condition(
+    check: Callable[[], Any], what: str, timeout: float = 10.0, observed: Callable[[], Any] | None = None
+) -> Any:
+    """Returns check()'s first truthy result; fails after `timeout` seconds, showing `observed()`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            seen = observed() if observed is not None else None
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}; observed: {seen!r}")
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def wait_for() -> Callable[..., Any]:
+    return wait_for_condition
+
+
+class FakeStream:
+    """One Connect stream as the fake coordinator sees it."""
+
+    def __init__(self, agent_id: str) -> None:
+        self.agent_id = agent_id
+        self.received: list[agent_pb2.AgentMessage] = []
+        self.commands: queue.Queue[agent_pb2.CoordinatorMessage] = queue.Queue()
+        self.closed = threading.Event()
+        self.reader_done = threading.Event()
+
+    def send(self, **body: Any) -> None:
+        self.commands.put(agent_pb2.CoordinatorMessage(**body))
+
+    def close(self) -> None:
+        """Ends the stream from the coordinator's side (as a coordinator restart would)."""
+        self.closed.set()
+
+    def of_kind(self, kind: str) -> list[Any]:
+        return [getattr(m, kind) for m in list(self.received) if m.WhichOneof("body") == kind]
+
+
+class FakeCoordinator(agent_pb2_grpc.AgentServiceServicer):
+    """The coordinator's side of the protocol, just enough to drive an agent; records what it sees."""
+
+    def __init__(self) -> None:
+        self.registrations: list[tuple[agent_pb2.RegisterRequest, Any]] = []
+        self.streams: list[FakeStream] = []
+        self.bundles: dict[str, bytes] = {}
+        self.uploads: list[tuple[str, int, bytes]] = []
+        self.refuse_with: grpc.StatusCode | None = None
+        # When set, log/metric batches and final reports are acknowledged as they arrive.
+        self.auto_ack = True
+        self.heartbeat_interval_ms = 200
+        # Uploads and task reports in the order they arrived, to check artifacts come before the end.
+        self.timeline: list[tuple[str, str, int]] = []
+
+    # --- the RPCs -------------------------------------------------------------------------------
+    def Register(self, request: agent_pb2.RegisterRequest, context: grpc.ServicerContext) -> Any:
+        self.registrations.append((request, context.invocation_metadata()))
+        if self.refuse_with is not None:
+            context.abort(self.refuse_with, "join token does not match; ask the operator for the current one")
+        return agent_pb2.RegisterResponse(
+            agent_id="agent-1", heartbeat_interval_ms=self.heartbeat_interval_ms
+        )
+
+    def Connect(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
+        metadata = dict(context.invocation_metadata())
+        stream = FakeStream(str(metadata.get("agent-id", "")))
+        self.streams.append(stream)
+        threading.Thread(target=self._read, args=(stream, request_iterator), daemon=True).start()
+        while context.is_active() and not stream.closed.is_set():
+            try:
+                yield stream.commands.get(timeout=0.02)
+            except queue.Empty:
+                continue
+
+    def FetchBundle(
+        self, request: agent_pb2.FetchBundleRequest, context: grpc.ServicerContext
+    ) -> Iterator[Any]:
+        data = self.bundles.get(request.digest)
+        if data is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no bundle {request.digest}")
+        for offset in range(0, len(data), 1000):
+            yield agent_pb2.BundleChunk(data=data[offset : offset + 1000])
+
+    def UploadFiles(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Any:
+        chunks = list(request_iterator)
+        data = b"".join(chunk.data for chunk in chunks)
+        self.uploads.append((chunks[0].task_id, chunks[0].kind, data))
+        self.timeline.append(("upload", chunks[0].task_id, chunks[0].kind))
+        return agent_pb2.UploadFilesResponse(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+
+    # --- helpers for tests ------------------------------------------------------------------------
+    def add_bundle(self, data: bytes) -> str:
+        digest = hashlib.sha256(data).hexdigest()
+        self.bundles[digest] = data
+        return digest
+
+    def latest_stream(self) -> FakeStream | None:
+        return self.streams[-1] if self.streams else None
+
+    def reports(self, task_id: str) -> list[agent_pb2.TaskReport]:
+        """Every report for `task_id` on any stream (Hello entries included), in arrival order."""
+        found = []
+        for stream in list(self.streams):
+            for message in list(stream.received):
+                kind = message.WhichOneof("body")
+                if kind == "task" and message.task.task_id == task_id:
+                    found.append(message.task)
+                elif kind == "hello":
+                    found.extend(t for t in message.hello.tasks if t.task_id == task_id)
+        return found
+
+    def states(self, task_id: str) -> list[int]:
+        return [report.state for report in self.reports(task_id)]
+
+    def log_lines(self, task_id: str, stream: FakeStream | None = None) -> list[agent_pb2.LogLine]:
+        streams = [stream] if stream else list(self.streams)
+        return [
+            line
+            for s in streams
+            for batch in s.of_kind("logs")
+            if batch.task_id == task_id
+            for line in batch.lines
+        ]
+
+    def _read(self, stream: FakeStream, request_iterator: Iterator[agent_pb2.AgentMessage]) -> None:
+        try:
+            for message in request_iterator:
+                stream.received.append(message)
+                if message.WhichOneof("body") == "task":
+                    self.timeline.append(("report", message.task.task_id, message.task.state))
+                if self.auto_ack:
+                    self._acknowledge(stream, message)
+        except grpc.RpcError:
+            pass
+        finally:
+            stream.reader_done.set()
+
+    def _acknowledge(self, stream: FakeStream, message: agent_pb2.AgentMessage) -> None:
+        kind = message.WhichOneof("body")
+        if kind == "logs":
+            stream.send(ack=agent_pb2.Ack(task_id=message.logs.task_id, log_seq=message.logs.lines[-1].seq))
+        elif kind == "metrics":
+            batch = message.metrics
+            stream.send(ack=agent_pb2.Ack(task_id=batch.task_id, metric_seq=batch.points[-1].seq))
+        elif kind == "task" and message.task.state in TERMINAL:
+            stream.send(ack=agent_pb2.Ack(task_id=message.task.task_id, final_state=True))
+
+
+@pytest.fixture
+def serve_coordinator() -> Iterator[Callable[..., tuple[FakeCoordinator, str]]]:
+    """Starts fake coordinators on real gRPC servers (port 0: a free one); all are stopped at teardown."""
+    servers: list[tuple[FakeCoordinator, grpc.Server]] = []
+
+    def serve(port: int = 0) -> tuple[FakeCoordinator, str]:
+        fake = FakeCoordinator()
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
+        agent_pb2_grpc.add_AgentServiceServicer_to_server(fake, server)
+        bound = server.add_insecure_port(f"127.0.0.1:{port}")
+        server.start()
+        servers.append((fake, server))
+        return fake, f"127.0.0.1:{bound}"
+
+    yield serve
+    for fake, server in servers:
+        for stream in fake.streams:
+            stream.close()
+        server.stop(grace=None)
+
+
+@pytest.fixture
+def coordinator(serve_coordinator: Callable[..., tuple[FakeCoordinator, str]]) -> tuple[FakeCoordinator, str]:
+    """A fake coordinator on a real gRPC server on a free loopback port, and its address."""
+    return serve_coordinator()
+
+
+class RunningAgent:
+    """`run_agent` in a thread, with its stop event and (once it returns) its exit code."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.stop = threading.Event()
+        self.exit_code: int | None = None
+        self.thread = threading.Thread(target=self._run, name="agent-under-test", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        self.exit_code = run_agent(self.config, self.stop)
+
+    def shut_down(self, timeout: float = 20.0) -> int | None:
+        self.stop.set()
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "run_agent did not return after stop was set"
+        return self.exit_code
+
+
+@pytest.fixture
+def start_agent(tmp_path: Path) -> Iterator[Callable[..., RunningAgent]]:
+    """Starts `run_agent` against an address; every agent started is stopped at teardown."""
+    agents: list[RunningAgent] = []
+
+    def start(server: str, **overrides: Any) -> RunningAgent:
+        fields: dict[str, Any] = dict(
+            server=server, name="test-agent", work_dir=tmp_path / "agent", slots=2, stop_grace=2.0
+        )
+        fields.update(overrides)
+        agent = RunningAgent(AgentConfig(**fields))
+        agents.append(agent)
+        return agent
+
+    yield start
+    for agent in agents:
+        if agent.thread.is_alive():
+            agent.shut_down()
