@@ -1,0 +1,181 @@
+"""A real local cluster for end-to-end tests: `mwms server` and `mwms agent` processes on loopback."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+MWMS = str(Path(sys.executable).parent / "mwms")
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
+    """Polls `predicate` until it returns something truthy; fails with the last value seen."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; last observed: {last!r}")
+
+
+def pack(files: dict[str, str | bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        for name, content in files.items():
+            data = content.encode() if isinstance(content, str) else content
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mode = 0o644
+            archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def pack_dir(path: Path) -> bytes:
+    return pack({str(p.relative_to(path)): p.read_bytes() for p in path.rglob("*") if p.is_file()
+                 and "__pycache__" not in p.parts})
+
+
+@dataclass
+class Process:
+    name: str
+    popen: subprocess.Popen
+    log_path: Path
+
+    def stop(self, grace: float = 10) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(grace)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+@dataclass
+class Cluster:
+    root: Path
+    http_port: int
+    grpc_port: int
+    server: Process | None = None
+    agents: dict[str, Process] = field(default_factory=dict)
+
+    @property
+    def api(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def http(self) -> httpx.Client:
+        return httpx.Client(base_url=self.api, timeout=30)
+
+    def _spawn(self, name: str, args: list[str]) -> Process:
+        log_path = self.root / f"{name}.log"
+        out = log_path.open("ab")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env.pop("TF_CONFIG", None)
+        popen = subprocess.Popen([MWMS, *args], stdout=out, stderr=subprocess.STDOUT, env=env,
+                                 start_new_session=True)
+        return Process(name, popen, log_path)
+
+    def start_server(self) -> None:
+        self.server = self._spawn("server", [
+            "server", "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
+            "--data-dir", str(self.root / "data"),
+        ])
+        wait_until(self._healthy, 60, f"coordinator health on {self.api}\n{self.server.log_tail()}")
+
+    def _healthy(self) -> bool:
+        assert self.server is not None
+        if self.server.popen.poll() is not None:
+            raise AssertionError(f"coordinator exited:\n{self.server.log_tail()}")
+        try:
+            return httpx.get(f"{self.api}/healthz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def start_agent(self, name: str, port_low: int, slots: int = 1) -> Process:
+        agent = self._spawn(name, [
+            "agent", "--server", f"127.0.0.1:{self.grpc_port}", "--name", name,
+            "--work-dir", str(self.root / name), "--slots", str(slots),
+            "--advertise-address", "127.0.0.1", "--port-range", f"{port_low}-{port_low + 99}",
+        ])
+        self.agents[name] = agent
+        wait_until(lambda: self.agent_online(name), 60, f"agent {name} online\n{agent.log_tail()}")
+        return agent
+
+    def agent_online(self, name: str) -> bool:
+        agents = self.http.get("/api/v1/agents").json()
+        return any(a["name"] == name and a["online"] for a in agents)
+
+    def stop(self) -> None:
+        for agent in self.agents.values():
+            agent.stop()
+        if self.server is not None:
+            self.server.stop()
+
+    # --- jobs -------------------------------------------------------------------------------
+
+    def upload(self, bundle: bytes) -> str:
+        response = self.http.post("/api/v1/bundles", files={"file": ("bundle.tar.gz", bundle)})
+        assert response.status_code in (200, 201), response.text
+        return response.json()["digest"]
+
+    def submit(self, files: dict[str, str | bytes] | bytes, command: list[str], workers: int = 2,
+               **spec: Any) -> str:
+        digest = self.upload(files if isinstance(files, bytes) else pack(files))
+        body = {"bundle_digest": digest, "command": command, "workers": workers, **spec}
+        response = self.http.post("/api/v1/jobs", json=body)
+        assert response.status_code == 201, response.text
+        return response.json()["id"]
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return self.http.get(f"/api/v1/jobs/{job_id}").json()
+
+    def wait_for(self, job_id: str, states: set[str], timeout: float = 120) -> dict[str, Any]:
+        def reached() -> dict[str, Any] | None:
+            job = self.job(job_id)
+            return job if job["state"] in states else None
+
+        try:
+            return wait_until(reached, timeout, f"job {job_id} to reach {sorted(states)}")
+        except AssertionError as error:
+            job = self.job(job_id)
+            raise AssertionError(f"{error}\njob: {job['state']} {job['reason']}\nlogs:\n{self.logs_text(job_id)}")
+
+    def logs(self, job_id: str, task: int | None = None) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"tail": 10000}
+        if task is not None:
+            params["task"] = task
+        return self.http.get(f"/api/v1/jobs/{job_id}/logs", params=params).json()["lines"]
+
+    def logs_text(self, job_id: str, task: int | None = None) -> str:
+        return "\n".join(f"[{x['task']}] {x['text']}" for x in self.logs(job_id, task))
+
+    def metrics(self, job_id: str, **params: Any) -> list[dict[str, Any]]:
+        return self.http.get(f"/api/v1/jobs/{job_id}/metrics", params=params).json()["points"]
