@@ -1,0 +1,309 @@
+"""A small, real HTTP stand-in for the coordinator's REST API, served by uvicorn on a free port.
+
+It speaks the API contract (request bodies are validated with server.schemas.JobCreate) so the CLI can be
+tested over real HTTP before, and independently of, the real coordinator. Jobs move one state per GET:
+PENDING -> RUNNING (twice, with step/loss) -> SUCCEEDED, or FAILED when the command contains "fail".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Annotated, Any
+
+import uvicorn
+from fastapi import FastAPI, File, HTTPException, Query, Request, UploadFile
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from server.schemas import JobCreate
+
+DIGEST_OF_EMPTY = hashlib.sha256(b"").hexdigest()
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat()
+
+
+@dataclass
+class FakeState:
+    bundles: dict[str, bytes] = field(default_factory=dict)
+    jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    specs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    logs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    artifacts: dict[str, dict[str, bytes]] = field(default_factory=dict)
+    polls: dict[str, int] = field(default_factory=dict)
+    upload_content_lengths: list[int | None] = field(default_factory=list)
+
+    def add_log(self, job_id: str, task: int, text: str, stream: str = "stdout") -> None:
+        lines = self.logs.setdefault(job_id, [])
+        line_id = sum(len(items) for items in self.logs.values()) + 1
+        lines.append(
+            {
+                "id": line_id,
+                "task": task,
+                "attempt": 1,
+                "seq": len(lines),
+                "stream": stream,
+                "text": text,
+                "at": _now(),
+            }
+        )
+
+
+def _job_object(job_id: str, spec: JobCreate) -> dict[str, Any]:
+    return {
+        "id": job_id,
+        "name": spec.name or "job",
+        "state": "PENDING",
+        "reason": "",
+        "workers": spec.workers,
+        "gpus_per_worker": spec.gpus_per_worker,
+        "created_at": _now(),
+        "started_at": None,
+        "finished_at": None,
+        "attempts": 0,
+        "restarts": 0,
+        "step": None,
+        "loss": None,
+        "command": spec.command,
+        "bundle_digest": spec.bundle_digest,
+        "env_names": sorted(spec.env),
+        "communication": spec.communication.model_dump(mode="json"),
+        "restart": spec.restart.model_dump(mode="json"),
+        "startup_timeout_seconds": spec.startup_timeout_seconds,
+        "max_runtime_seconds": spec.max_runtime_seconds,
+        "tasks": [],
+        "attempt_history": [],
+        "events": [],
+    }
+
+
+def _advance(state: FakeState, job: dict[str, Any]) -> None:
+    """One step of the scripted life of a job."""
+    if job["state"] in {"SUCCEEDED", "FAILED", "CANCELLED"}:
+        return
+    polls = state.polls[job["id"]] = state.polls.get(job["id"], 0) + 1
+    failing = any("fail" in word for word in job["command"])
+    if polls == 1:
+        job.update(state="RUNNING", started_at=_now(), attempts=1)
+        job["tasks"] = [
+            {
+                "id": f"{job['id']}-{index}",
+                "index": index,
+                "attempt": 1,
+                "agent_id": f"agent-{index}",
+                "agent_name": f"local-{index + 1}",
+                "address": f"127.0.0.1:{20000 + index}",
+                "state": "RUNNING",
+                "exit_code": None,
+                "message": "",
+                "device_kind": "CPU",
+                "device_indices": [0],
+                "tf_config": "{}",
+                "started_at": _now(),
+                "ended_at": None,
+            }
+            for index in range(job["workers"])
+        ]
+        job["events"].append({"from_state": "PENDING", "to_state": "RUNNING", "reason": "", "at": _now()})
+        state.add_log(job["id"], 0, "epoch 1 starting")
+        state.add_log(job["id"], 1, "worker 1 says hi")
+    elif polls == 2:
+        job.update(step=10, loss=0.5)
+        state.add_log(job["id"], 0, "step 10 loss 0.5")
+        state.add_log(job["id"], 0, "a warning", stream="stderr")
+    else:
+        final = "FAILED" if failing else "SUCCEEDED"
+        job.update(state=final, finished_at=_now(), step=20, loss=0.25)
+        job["reason"] = "task 1 exited with code 3" if failing else ""
+        for task in job["tasks"]:
+            failed = failing and task["index"] == 1
+            task.update(
+                state="FAILED" if failed else "SUCCEEDED", exit_code=3 if failed else 0, ended_at=_now()
+            )
+        job["events"].append(
+            {"from_state": "RUNNING", "to_state": final, "reason": job["reason"], "at": _now()}
+        )
+        if failing:
+            state.add_log(job["id"], 1, "Traceback: boom", stream="stderr")
+        state.add_log(job["id"], 0, "done")
+
+
+def create_app(state: FakeState) -> FastAPI:
+    app = FastAPI()
+
+    def get(job_id: str) -> dict[str, Any]:
+        if job_id not in state.jobs:
+            raise HTTPException(404, f"job {job_id} not found")
+        return state.jobs[job_id]
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.post("/api/v1/bundles")
+    async def upload(request: Request, file: Annotated[UploadFile, File()]) -> dict[str, Any]:
+        length = request.headers.get("content-length")
+        state.upload_content_lengths.append(int(length) if length else None)
+        data = await file.read()
+        if file.filename != "bundle.tar.gz":
+            raise HTTPException(400, f"unexpected file name {file.filename}")
+        digest = hashlib.sha256(data).hexdigest()
+        created = digest not in state.bundles
+        state.bundles[digest] = data
+        return {"digest": digest, "size": len(data), "format": "tar.gz", "created": created}
+
+    @app.post("/api/v1/jobs", status_code=201)
+    def create(spec: JobCreate, request: Request) -> dict[str, Any]:
+        if spec.bundle_digest not in state.bundles:
+            raise HTTPException(400, f"unknown bundle {spec.bundle_digest[:12]}; upload it first")
+        job_id = f"job{len(state.jobs) + 1:04d}"
+        state.jobs[job_id] = _job_object(job_id, spec)
+        return state.jobs[job_id]
+
+    @app.get("/api/v1/jobs")
+    def list_jobs(
+        state_: Annotated[list[str] | None, Query(alias="state")] = None, offset: int = 0, limit: int = 50
+    ) -> Any:
+        jobs = [job for job in reversed(list(state.jobs.values())) if not state_ or job["state"] in state_]
+        summaries = [{key: job[key] for key in list(job)[:13]} for job in jobs[offset : offset + limit]]
+        return {"jobs": summaries, "total": len(jobs), "offset": offset, "limit": limit}
+
+    @app.get("/api/v1/jobs/{job_id}")
+    def get_job(job_id: str) -> Any:
+        job = get(job_id)
+        _advance(state, job)
+        return job
+
+    @app.post("/api/v1/jobs/{job_id}/cancel")
+    def cancel(job_id: str) -> Any:
+        job = get(job_id)
+        if job["state"] in {"SUCCEEDED", "FAILED", "CANCELLED"}:
+            return JSONResponse({"detail": f"job {job_id} already ended {job['state']}"}, status_code=409)
+        job.update(state="CANCELLED", reason="cancelled by request", finished_at=_now())
+        return job
+
+    @app.get("/api/v1/jobs/{job_id}/logs")
+    def logs(
+        job_id: str,
+        task: int | None = None,
+        attempt: int | None = None,
+        tail: int | None = None,
+        after: int | None = None,
+        follow: bool = False,
+    ) -> Any:
+        get(job_id)
+        lines = [
+            line
+            for line in state.logs.get(job_id, [])
+            if (task is None or line["task"] == task) and (after is None or line["id"] > after)
+        ]
+        if tail is not None:
+            lines = lines[-tail:]
+        if follow:
+
+            def stream() -> Iterator[str]:
+                # The scripted job ends after a few polls: drive it there, sending lines as they appear.
+                sent = after or 0
+                while True:
+                    job = state.jobs[job_id]
+                    for line in state.logs.get(job_id, []):
+                        if line["id"] > sent and (task is None or line["task"] == task):
+                            yield json.dumps(line) + "\n"
+                            sent = line["id"]
+                    if job["state"] in {"SUCCEEDED", "FAILED", "CANCELLED"}:
+                        return
+                    _advance(state, job)
+
+            return StreamingResponse(stream(), media_type="application/x-ndjson")
+        page = lines if tail is not None else lines[:2]  # small pages: the CLI must page with next_after
+        next_after = page[-1]["id"] if page else (after or 0)
+        return {"lines": page, "next_after": next_after}
+
+    @app.get("/api/v1/jobs/{job_id}/metrics")
+    def metrics(job_id: str, name: str | None = None) -> Any:
+        get(job_id)
+        points = [
+            {"name": metric, "step": step, "value": value, "wall_time": _now(), "attempt": 1}
+            for step, loss in ((10, 0.5), (20, 0.25))
+            for metric, value in (("loss", loss), ("accuracy", 1 - loss))
+            if name is None or metric == name
+        ]
+        return {"points": points}
+
+    @app.get("/api/v1/jobs/{job_id}/artifacts")
+    def artifacts(job_id: str) -> Any:
+        get(job_id)
+        return [
+            {
+                "path": path,
+                "size": len(data),
+                "sha256": hashlib.sha256(data).hexdigest(),
+                "attempt": 1,
+                "created_at": _now(),
+            }
+            for path, data in state.artifacts.get(job_id, {}).items()
+        ]
+
+    @app.get("/api/v1/jobs/{job_id}/artifacts/{path:path}")
+    def artifact(job_id: str, path: str) -> Response:
+        data = state.artifacts.get(job_id, {}).get(path)
+        if data is None:
+            raise HTTPException(404, f"no artifact {path}")
+        return Response(data, media_type="application/octet-stream")
+
+    @app.get("/api/v1/agents")
+    def agents() -> Any:
+        return [
+            {
+                "id": "a1",
+                "name": "local-1",
+                "hostname": "host",
+                "address": "127.0.0.1",
+                "port_range": "20000-20049",
+                "version": "0.1.0",
+                "online": True,
+                "last_heartbeat_at": _now(),
+                "devices": [{"kind": "CPU", "index": 0, "name": "cpu:0", "uuid": "", "memory_mib": 0}],
+                "devices_used": 0,
+                "devices_free": 1,
+                "tasks": [],
+            }
+        ]
+
+    @app.get("/api/v1/boom")
+    def boom() -> Any:
+        return JSONResponse({"detail": "database is on fire"}, status_code=500)
+
+    return app
+
+
+@contextmanager
+def serve_fake_api() -> Iterator[tuple[str, FakeState]]:
+    """Serves a fresh fake API on 127.0.0.1:<free port> in a thread; yields (base url, its state)."""
+    state = FakeState()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(create_app(state), log_level="warning", lifespan="off")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        for _ in range(500):
+            if server.started:
+                break
+            threading.Event().wait(0.01)
+        assert server.started, "the fake API did not start within 5 s"
+        yield f"http://127.0.0.1:{port}", state
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()

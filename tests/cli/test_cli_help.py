@@ -1,0 +1,50 @@
+"""Every command answers --help, and the top-level help documents the exit codes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from mwms.cli.main import app
+
+COMMANDS = ["server", "agent", "submit", "jobs", "agents", "status", "logs", "cancel", "metrics", "artifacts"]
+COMMANDS.append("quickstart")
+
+runner = CliRunner()
+
+
+def test_top_level_help_lists_commands_and_exit_codes() -> None:
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0, result.output
+    for command in COMMANDS:
+        assert command in result.output
+    assert "Exit codes" in result.output and "not found" in result.output
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_command_help(command: str) -> None:
+    result = runner.invoke(app, [command, "--help"])
+    assert result.exit_code == 0, result.output
+    assert "Usage" in result.output
+
+
+def test_help_does_not_import_the_server_or_tensorflow() -> None:
+    code = "import sys; from mwms.cli.main import app; print(sorted(m for m in sys.modules if m.split('.')[0] in {'server', 'worker_agent', 'tensorflow', 'fastapi'}))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
+
+
+def test_module_entry_point_runs() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "mwms.cli.main", "--version"], capture_output=True, text=True
+    )
+    assert result.returncode == 0 and result.stdout.startswith("mwms ")
+
+
+def test_agent_rejects_bad_port_range_before_starting() -> None:
+    result = runner.invoke(app, ["agent", "--port-range", "30000-20000"])
+    assert result.exit_code == 2
+    assert "must not be greater" in result.stderr

@@ -1,0 +1,93 @@
+"""--env pairs, --port-range values and exit-code mapping."""
+
+from __future__ import annotations
+
+import pytest
+
+from mwms.cli.client import ApiError
+from mwms.cli.errors import CliError, ExitCode, exit_code_for, message_for
+from mwms.cli.parsing import parse_env, parse_port_range
+from mwms.cli.submit import build_job_spec
+
+
+def test_env_pairs() -> None:
+    assert parse_env(["A=1", "B=x=y", "EMPTY="]) == {"A": "1", "B": "x=y", "EMPTY": ""}
+    assert parse_env([]) == {}
+
+
+@pytest.mark.parametrize("pair", ["NOEQUALS", "=value", " =v"])
+def test_bad_env_pairs(pair: str) -> None:
+    with pytest.raises(CliError) as raised:
+        parse_env([pair])
+    assert raised.value.code == ExitCode.USAGE
+    assert "NAME=VALUE" in raised.value.message
+
+
+def test_port_range() -> None:
+    assert parse_port_range("20000-20999") == (20000, 20999)
+    assert parse_port_range("1024-1024") == (1024, 1024)
+    assert parse_port_range("65535-65535") == (65535, 65535)
+
+
+@pytest.mark.parametrize(
+    ("text", "complaint"),
+    [
+        ("20000", "LO-HI"),
+        ("a-b", "LO-HI"),
+        ("20000-", "LO-HI"),
+        ("1023-2000", "between 1024 and 65535"),
+        ("20000-70000", "between 1024 and 65535"),
+        ("21000-20000", "must not be greater"),
+    ],
+)
+def test_bad_port_range(text: str, complaint: str) -> None:
+    with pytest.raises(CliError, match=complaint):
+        parse_port_range(text)
+
+
+@pytest.mark.parametrize(
+    ("status", "code"),
+    [
+        (None, ExitCode.UNREACHABLE),
+        (500, ExitCode.UNREACHABLE),
+        (503, ExitCode.UNREACHABLE),
+        (404, ExitCode.NOT_FOUND),
+        (400, ExitCode.USAGE),
+        (409, ExitCode.USAGE),
+        (422, ExitCode.USAGE),
+    ],
+)
+def test_exit_code_mapping(status: int | None, code: ExitCode) -> None:
+    assert exit_code_for(ApiError(status, "x")) == code
+
+
+def test_unreachable_message_says_where_and_what_to_do() -> None:
+    message = message_for(ApiError(None, "ConnectError: refused"), "http://127.0.0.1:9")
+    assert "http://127.0.0.1:9" in message and "mwms server" in message
+
+
+def test_job_spec_leaves_out_what_was_not_set() -> None:
+    spec = build_job_spec(name="n", bundle_digest="d" * 64, command=["python", "t.py"], workers=2)
+    assert spec == {"name": "n", "bundle_digest": "d" * 64, "command": ["python", "t.py"], "workers": 2}
+
+
+def test_job_spec_with_everything() -> None:
+    spec = build_job_spec(
+        name="n",
+        bundle_digest="d" * 64,
+        command=["python"],
+        workers=1,
+        gpus_per_worker=2,
+        env={"A": "1"},
+        communication="NCCL",
+        collective_timeout=30.0,
+        bytes_per_pack=0,
+        max_restarts=0,
+        restart_on="any",
+        startup_timeout=60.0,
+        max_runtime=3600.0,
+    )
+    assert spec["communication"] == {"implementation": "NCCL", "timeout_seconds": 30.0, "bytes_per_pack": 0}
+    assert spec["restart"] == {"max_restarts": 0, "restart_on": "any"}
+    assert spec["gpus_per_worker"] == 2 and spec["env"] == {"A": "1"}
+    assert spec["startup_timeout_seconds"] == 60.0 and spec["max_runtime_seconds"] == 3600.0
