@@ -20,10 +20,16 @@ from server.db.migrate import upgrade_to_head
 from server.loops import BackgroundLoops
 from server.rpc.agent_service import AgentService
 from server.rpc.hub import AgentHub
+from server.services.agents import grant_reconnect_grace
 from server.settings import Settings
 
 log = logging.getLogger("mwms.server")
 GRPC_MAX_MESSAGE = 16 * 1024 * 1024
+
+
+def _grant_reconnect_grace(db: Database, settings: Settings) -> None:
+    with db.write() as session:
+        grant_reconnect_grace(session, settings.agent_timeout_s)
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -34,6 +40,7 @@ def create_app(settings: Settings) -> FastAPI:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         db = Database(settings.database_url)
         await asyncio.to_thread(upgrade_to_head, db.engine)
+        await asyncio.to_thread(_grant_reconnect_grace, db, settings)
         hub = AgentHub(asyncio.get_running_loop())
         loops = BackgroundLoops(db, settings, hub)
         grpc_server = grpc.aio.server(

@@ -135,3 +135,15 @@ def newly_lost_agents(session: Session, now: datetime | None = None) -> list[Age
         )
     ).all()
     return list(rows)
+
+
+def grant_reconnect_grace(session: Session, timeout_s: float, now: datetime | None = None) -> None:
+    """At coordinator start, gives every agent that was online a full timeout to reconnect.
+
+    Without this, agents whose heartbeats stopped only because the coordinator was down would be
+    declared lost, and their healthy attempts ended, before they had a chance to reconnect.
+    """
+    now = now or utcnow()
+    for agent in session.scalars(select(Agent).where(Agent.lost_at.is_(None))).all():
+        agent.online_until = max(agent.online_until or now, now + timedelta(seconds=timeout_s))
+    session.flush()
