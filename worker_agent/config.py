@@ -15,7 +15,8 @@ class AgentConfig:
     name: str
     work_dir: Path
     slots: int = 1
-    advertise_address: str = "127.0.0.1"
+    # Empty: the local IP the OS uses to reach the coordinator (see `local_address_towards`).
+    advertise_address: str = ""
     port_low: int = 20000
     port_high: int = 20999
     join_token: str = ""

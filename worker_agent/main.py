@@ -16,7 +16,7 @@ import grpc
 import mwms
 from mwms.loop import Backoff
 from mwms.v1 import agent_pb2, agent_pb2_grpc
-from worker_agent.config import AgentConfig
+from worker_agent.config import AgentConfig, local_address_towards
 from worker_agent.devices import detect_devices
 from worker_agent.session import AgentSession
 from worker_agent.tasks import TaskManager
@@ -87,7 +87,7 @@ def _register(
     request = agent_pb2.RegisterRequest(
         name=config.name,
         hostname=hostname,
-        advertise_address=config.advertise_address,
+        advertise_address=config.advertise_address or local_address_towards(config.server),
         port_range_low=config.port_low,
         port_range_high=config.port_high,
         devices=devices,

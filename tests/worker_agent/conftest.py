@@ -78,6 +78,10 @@ class FakeCoordinator(agent_pb2_grpc.AgentServiceServicer):
         self.registrations: list[tuple[agent_pb2.RegisterRequest, Any]] = []
         self.streams: list[FakeStream] = []
         self.bundles: dict[str, bytes] = {}
+        self.bundle_fetches: list[str] = []
+        # Cleared by a test to hold FetchBundle (and so keep a task STARTING).
+        self.bundles_released = threading.Event()
+        self.bundles_released.set()
         self.uploads: list[tuple[str, int, bytes]] = []
         self.refuse_with: grpc.StatusCode | None = None
         # When set, log/metric batches and final reports are acknowledged as they arrive.
@@ -109,6 +113,8 @@ class FakeCoordinator(agent_pb2_grpc.AgentServiceServicer):
     def FetchBundle(
         self, request: agent_pb2.FetchBundleRequest, context: grpc.ServicerContext
     ) -> Iterator[Any]:
+        self.bundle_fetches.append(request.digest)
+        self.bundles_released.wait(10)
         data = self.bundles.get(request.digest)
         if data is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"no bundle {request.digest}")

@@ -101,6 +101,7 @@ def test_register_hello_and_a_task_that_succeeds(coordinator, start_agent, wait_
     request, _ = fake.registrations[0]
     assert (request.name, request.version, request.join_token) == ("test-agent", mwms.__version__, "s3cret")
     assert (request.port_range_low, request.port_range_high) == (20000, 20999)
+    assert request.advertise_address == "127.0.0.1"  # the address that reaches a loopback coordinator
     assert [(d.kind, d.index, d.name) for d in request.devices] == [
         (S.DEVICE_KIND_CPU_SLOT, 0, "cpu-slot-0"),
         (S.DEVICE_KIND_CPU_SLOT, 1, "cpu-slot-1"),
@@ -225,6 +226,31 @@ def test_rejections_port_in_use_bad_digest_and_unknown_format(coordinator, start
     assert "bundle digest mismatch" in final_message("task-digest")
     assert "neither a tar.gz nor a zip" in final_message("task-format")
     assert fake.states("task-port") == [S.TASK_STATE_STARTING, S.TASK_STATE_REJECTED]
+
+
+def test_a_bundle_is_fetched_once_and_a_stop_cancels_a_start(coordinator, start_agent, wait_for) -> None:  # type: ignore[no-untyped-def]
+    fake, address = coordinator
+    start_agent(address)
+    stream = connected(fake, wait_for)
+    digest = fake.add_bundle(bundle({"train.py": "print('hi')"}))
+    for task_id in ("task-a", "task-b"):
+        stream.send(start=start_message(task_id, digest, task_index=1).start)
+        wait_for(lambda t=task_id: S.TASK_STATE_SUCCEEDED in fake.states(t), f"{task_id} SUCCEEDED")
+    assert fake.bundle_fetches == [digest]
+
+    fake.bundles_released.clear()
+    held = fake.add_bundle(bundle({"train.py": "print('never')"}))
+    stream.send(start=start_message("task-held", held, task_index=1).start)
+    wait_for(lambda: held in fake.bundle_fetches, "the fetch to begin")
+    stream.send(stop=agent_pb2.StopTask(task_id="task-held", reason="job cancelled"))
+    wait_for(lambda: S.TASK_STATE_STOPPED in fake.states("task-held"), "STOPPED while STARTING")
+    fake.bundles_released.set()
+    wait_for(lambda: len(stream.of_kind("heartbeat")) >= 3, "the start thread to finish")
+    assert [(r.state, r.message) for r in fake.reports("task-held")] == [
+        (S.TASK_STATE_STARTING, ""),
+        (S.TASK_STATE_STOPPED, "job cancelled"),
+    ]
+    assert fake.log_lines("task-held") == []
 
 
 def test_stop_kills_a_task_that_ignores_sigterm_and_unknown_stops_are_answered(
