@@ -25,6 +25,9 @@ from mwms.cli.output import (
 )
 from mwms.cli.packing import human_size
 
+# The API answers with this many of the newest lines when not told --tail.
+DEFAULT_LOG_TAIL = 1000
+
 JobArgument = Annotated[
     str, typer.Argument(help="The job's id (as printed by `mwms submit` or `mwms jobs`).")
 ]
@@ -35,7 +38,7 @@ def jobs(
     state: Annotated[
         list[str] | None, typer.Option("--state", "-s", help="Only jobs in this state; repeatable.")
     ] = None,
-    limit: Annotated[int, typer.Option(min=1, max=1000, help="How many jobs to show, newest first.")] = 50,
+    limit: Annotated[int, typer.Option(min=1, max=500, help="How many jobs to show, newest first.")] = 50,
     offset: Annotated[int, typer.Option(min=0, help="Skip this many of the newest jobs.")] = 0,
     json_output: JsonOption = False,
     api: ApiOption = DEFAULT_API,
@@ -88,7 +91,9 @@ def logs(
     attempt: Annotated[
         int | None, typer.Option(min=1, help="Lines of this attempt (default: as the API picks).")
     ] = None,
-    tail: Annotated[int | None, typer.Option(min=1, help="Only the last N lines.")] = None,
+    tail: Annotated[
+        int | None, typer.Option(min=1, max=10000, help="Only the last N lines (default: the API's, 1000).")
+    ] = None,
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Keep printing new lines until the job ends.")
     ] = False,
@@ -101,16 +106,12 @@ def logs(
             for line in client.follow_logs(job_id, task=task, attempt=attempt, tail=tail):
                 out.print(log_line_text(line, prefix=prefix))
             return
-        after: int | None = None
-        while True:
-            page = client.logs(job_id, task=task, attempt=attempt, tail=tail, after=after)
-            lines = page.get("lines") or []
-            for line in lines:
-                out.print(log_line_text(line, prefix=prefix))
-            # --tail asks for one page; otherwise page on until no more lines come.
-            if tail is not None or not lines or page.get("next_after") in (None, after):
-                return
-            after = page["next_after"]
+        page = client.logs(job_id, task=task, attempt=attempt, tail=tail)
+    lines = page.get("lines") or []
+    for line in lines:
+        out.print(log_line_text(line, prefix=prefix))
+    if tail is None and len(lines) >= DEFAULT_LOG_TAIL:
+        err.print(f"showing the last {len(lines)} lines; ask for more with --tail N")
 
 
 @handles_errors()

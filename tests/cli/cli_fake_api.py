@@ -194,23 +194,23 @@ def create_app(state: FakeState) -> FastAPI:
         job_id: str,
         task: int | None = None,
         attempt: int | None = None,
-        tail: int | None = None,
-        after: int | None = None,
+        tail: int = 1000,
+        after: int = 0,
         follow: bool = False,
     ) -> Any:
         get(job_id)
+        # Like the real API: without a cursor the newest `tail` lines, with one the next `tail` lines.
         lines = [
             line
             for line in state.logs.get(job_id, [])
-            if (task is None or line["task"] == task) and (after is None or line["id"] > after)
+            if (task is None or line["task"] == task) and line["id"] > after
         ]
-        if tail is not None:
-            lines = lines[-tail:]
+        lines = lines[:tail] if after else lines[-tail:]
         if follow:
 
             def stream() -> Iterator[str]:
                 # The scripted job ends after a few polls: drive it there, sending lines as they appear.
-                sent = after or 0
+                sent = lines[0]["id"] - 1 if lines else after
                 while True:
                     job = state.jobs[job_id]
                     for line in state.logs.get(job_id, []):
@@ -222,9 +222,7 @@ def create_app(state: FakeState) -> FastAPI:
                     _advance(state, job)
 
             return StreamingResponse(stream(), media_type="application/x-ndjson")
-        page = lines if tail is not None else lines[:2]  # small pages: the CLI must page with next_after
-        next_after = page[-1]["id"] if page else (after or 0)
-        return {"lines": page, "next_after": next_after}
+        return {"lines": lines, "next_after": lines[-1]["id"] if lines else after}
 
     @app.get("/api/v1/jobs/{job_id}/metrics")
     def metrics(job_id: str, name: str | None = None) -> Any:

@@ -215,7 +215,7 @@ def test_logs_pages_and_prefixes(fake_api: tuple[str, FakeState], program: Path)
     every = runner.invoke(app, ["logs", job_id, "--api", api])
     assert every.exit_code == 0
     assert "[task 1] worker 1 says hi" in every.stdout and "[task 0] done" in every.stdout
-    assert len(every.stdout.splitlines()) == 5  # paged through 2-line pages
+    assert len(every.stdout.splitlines()) == 5
     chief = runner.invoke(app, ["logs", job_id, "--task", "0", "--tail", "1", "--api", api])
     assert chief.stdout.splitlines() == ["done"]
 
