@@ -21,14 +21,23 @@ from server.api import dashboard
 
 XSS_NAME = "<img src=x onerror=alert(1)>"
 XSS_LOG = "<script>alert('log')</script><b>bold?</b>"
-T0 = datetime(2025, 1, 6, 9, 30, 0, tzinfo=timezone.utc)
+# An hour ago, so durations and "ago" times in screenshots look like a live cluster's.
+T0 = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(hours=1)
 
 
 def _iso(moment: datetime | None) -> str | None:
     return moment.isoformat().replace("+00:00", "Z") if moment else None
 
 
-def _task(job_id: str, index: int, attempt: int, state: str, agent: str, exit_code: int | None = None) -> dict:
+def _task(
+    job_id: str,
+    created: datetime,
+    index: int,
+    attempt: int,
+    state: str,
+    agent: str,
+    exit_code: int | None = None,
+) -> dict:
     workers = [f"10.0.0.{i + 11}:4{i}001" for i in range(2)]
     return {
         "id": f"{job_id}-a{attempt}-t{index}",
@@ -44,8 +53,8 @@ def _task(job_id: str, index: int, attempt: int, state: str, agent: str, exit_co
         "device_indices": [index],
         "tf_config": f'{{"cluster": {{"worker": ["{workers[0]}", "{workers[1]}"]}}, '
         f'"task": {{"type": "worker", "index": {index}}}}}',
-        "started_at": _iso(T0 + timedelta(seconds=20)),
-        "ended_at": _iso(T0 + timedelta(minutes=9)) if exit_code is not None else None,
+        "started_at": _iso(created + timedelta(minutes=3 * (attempt - 1), seconds=20)),
+        "ended_at": _iso(created + timedelta(minutes=9)) if exit_code is not None else None,
     }
 
 
@@ -82,10 +91,15 @@ class FakeJob:
         }
 
     def detail(self) -> dict[str, Any]:
-        task_state = {"SUCCEEDED": "SUCCEEDED", "CANCELLED": "STOPPED", "PENDING": None}.get(self.state, "RUNNING")
+        task_state = {"SUCCEEDED": "SUCCEEDED", "CANCELLED": "STOPPED", "PENDING": None}.get(
+            self.state, "RUNNING"
+        )
         exit_code = 0 if self.state == "SUCCEEDED" else (-15 if self.state == "CANCELLED" else None)
         tasks = (
-            [_task(self.id, i, self.attempts, task_state, f"gpu-node-{i + 1}", exit_code) for i in range(2)]
+            [
+                _task(self.id, self.created_at, i, self.attempts, task_state, f"gpu-node-{i + 1}", exit_code)
+                for i in range(2)
+            ]
             if task_state
             else []
         )
@@ -98,7 +112,9 @@ class FakeJob:
                     "state": ("ACTIVE" if task_state == "RUNNING" else self.state) if newest else "FAILED",
                     "reason": "" if newest else "task 1 was killed by signal 9 (SIGKILL); restarting",
                     "created_at": _iso(self.created_at + timedelta(minutes=3 * (number - 1))),
-                    "ended_at": None if newest else _iso(self.created_at + timedelta(minutes=3 * number)),
+                    "ended_at": _iso(self.created_at + timedelta(minutes=3 * number))
+                    if not newest or task_state != "RUNNING"
+                    else None,
                     "tasks": tasks,
                 }
             )
@@ -148,9 +164,17 @@ def _loss_curve(attempts: int, steps_per_attempt: int) -> list[dict]:
         for step in range(start, start + steps_per_attempt):
             value = 2.3 * (0.955**step) + 0.05 * attempt
             wall = _iso(T0 + timedelta(seconds=step))
-            points.append({"name": "loss", "step": step, "value": value, "wall_time": wall, "attempt": attempt})
             points.append(
-                {"name": "accuracy", "step": step, "value": 1 - value / 2.5, "wall_time": wall, "attempt": attempt}
+                {"name": "loss", "step": step, "value": value, "wall_time": wall, "attempt": attempt}
+            )
+            points.append(
+                {
+                    "name": "accuracy",
+                    "step": step,
+                    "value": 1 - value / 2.5,
+                    "wall_time": wall,
+                    "attempt": attempt,
+                }
             )
     return points
 
@@ -218,12 +242,18 @@ class FakeCluster:
                 logs=_log_lines("bert", 12),
                 reason="all tasks exited 0",
             )
-            pending = FakeJob("aa55aa55aa55aa55aa55aa55aa55aa55", "waiting-for-gpus", "PENDING", T0 + timedelta(minutes=40))
+            pending = FakeJob(
+                "aa55aa55aa55aa55aa55aa55aa55aa55", "waiting-for-gpus", "PENDING", T0 + timedelta(minutes=40)
+            )
             self.jobs = {job.id: job for job in (finishing, xss, done, pending)}
 
     def advance(self, job: FakeJob) -> None:
         job.polls += 1
-        if job.finish_after_polls is not None and job.state == "RUNNING" and job.polls >= job.finish_after_polls:
+        if (
+            job.finish_after_polls is not None
+            and job.state == "RUNNING"
+            and job.polls >= job.finish_after_polls
+        ):
             job.state = "SUCCEEDED"
             job.reason = "all tasks exited 0"
 
@@ -239,7 +269,13 @@ AGENTS = [
         "online": True,
         "last_heartbeat_at": None,
         "devices": [
-            {"kind": "gpu", "index": i, "name": "NVIDIA H100 80GB HBM3", "uuid": f"GPU-{i}", "memory_mib": 81559}
+            {
+                "kind": "gpu",
+                "index": i,
+                "name": "NVIDIA H100 80GB HBM3",
+                "uuid": f"GPU-{i}",
+                "memory_mib": 81559,
+            }
             for i in range(4)
         ],
         "devices_used": 1,
@@ -264,7 +300,9 @@ AGENTS = [
         "version": "0.1.0",
         "online": False,
         "last_heartbeat_at": _iso(T0),
-        "devices": [{"kind": "cpu", "index": i, "name": "cpu", "uuid": "", "memory_mib": 0} for i in range(2)],
+        "devices": [
+            {"kind": "cpu", "index": i, "name": "cpu", "uuid": "", "memory_mib": 0} for i in range(2)
+        ],
         "devices_used": 0,
         "devices_free": 2,
         "tasks": [],
@@ -358,8 +396,20 @@ def create_fake_app(cluster: FakeCluster) -> FastAPI:
         if job.state != "SUCCEEDED":
             return []
         return [
-            {"path": "model/saved_model.pb", "size": 48_213_004, "sha256": "cd" * 32, "attempt": 1, "created_at": _iso(T0)},
-            {"path": "metrics <final>.json", "size": 812, "sha256": "ef" * 32, "attempt": 1, "created_at": _iso(T0)},
+            {
+                "path": "model/saved_model.pb",
+                "size": 48_213_004,
+                "sha256": "cd" * 32,
+                "attempt": 1,
+                "created_at": _iso(T0),
+            },
+            {
+                "path": "metrics <final>.json",
+                "size": 812,
+                "sha256": "ef" * 32,
+                "attempt": 1,
+                "created_at": _iso(T0),
+            },
         ]
 
     @app.get("/api/v1/jobs/{job_id}/artifacts/{path:path}")

@@ -55,7 +55,7 @@ function agentRow(agent) {
     { dataset: { agentId: agent.id, online: String(agent.online) }, class: agent.online ? null : "row-lost" },
     h("td", { class: "cell-name" }, h("div", { class: "strong" }, agent.name), h("div", { class: "muted small" }, agent.hostname)),
     h("td", null, h("span", { class: ["badge", agent.online ? "state-online" : "state-lost"] }, agent.online ? "online" : "lost")),
-    h("td", null, h("div", { class: "mono" }, agent.address), h("div", { class: "muted small" }, agent.port_range ? `ports ${agent.port_range}` : "")),
+    h("td", { class: "nowrap" }, h("div", { class: "mono" }, agent.address), h("div", { class: "muted small" }, agent.port_range ? `ports ${agent.port_range}` : "")),
     h("td", null, describeDevices(agent.devices)),
     h("td", null, usageBar(agent.devices_used, agent.devices_free)),
     h("td", null, taskLinks(agent.tasks)),

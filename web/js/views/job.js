@@ -158,7 +158,7 @@ export function mountJob(container, jobId) {
         { dataset: { taskIndex: String(task.index) } },
         h("td", { class: "num" }, String(task.index)),
         h("td", null, stateBadge(task.state)),
-        h("td", null, task.agent_name || task.agent_id || "–"),
+        h("td", { class: "nowrap" }, task.agent_name || task.agent_id || "–"),
         h("td", { class: "mono" }, task.address || "–"),
         h("td", null, task.device_kind ? `${task.device_kind}${task.device_indices.length ? ` ${task.device_indices.join(",")}` : ""}` : "–"),
         h("td", { class: "num mono" }, task.exit_code === null || task.exit_code === undefined ? "–" : String(task.exit_code)),

@@ -1,0 +1,243 @@
+"""The dashboard in Chromium against a fake coordinator (tests/browser/fake_api.py): rendering, escaping,
+live updates, charts, logs, cancel, empty and error states, and layout at desktop and phone widths."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import pytest
+
+from .conftest import NARROW, WIDE
+from .fake_api import XSS_LOG, XSS_NAME, FakeCluster, ServerThread, create_fake_app
+
+pytestmark = pytest.mark.browser
+
+expect = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the dev extra)").expect
+
+RESNET = "7f3c2a91d0b44c7e9a61b0c3d5e8f201"
+XSS_JOB = "0b1e2d3c4f5a69788796a5b4c3d2e1f0"
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[tuple[FakeCluster, str]]:
+    cluster = FakeCluster()
+    with ServerThread(create_fake_app(cluster)) as server:
+        yield cluster, server.url
+
+
+@pytest.fixture
+def cluster_url(fake: tuple[FakeCluster, str]) -> Iterator[tuple[FakeCluster, str]]:
+    cluster, url = fake
+    cluster.reset()
+    yield cluster, url
+    cluster.reset()
+
+
+def assert_fits_width(page) -> None:
+    overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+    assert overflow <= 0, f"the page is {overflow}px wider than the window"
+
+
+def test_jobs_list_renders_updates_live_and_escapes_names(new_page, cluster_url) -> None:
+    cluster, url = cluster_url
+    watched = new_page(WIDE)
+    page = watched.page
+    page.goto(f"{url}/#/jobs")
+    rows = page.locator("[data-testid=jobs-table] tbody tr")
+    expect(rows).to_have_count(4)
+    # Newest first.
+    expect(rows.locator(".job-link")).to_have_text(
+        ["waiting-for-gpus", "resnet50-imagenet", XSS_NAME, "bert-finetune"]
+    )
+    assert page.locator("[data-testid=jobs-table] img").count() == 0
+    page.evaluate("window.__sameDocument = true")
+
+    resnet = page.locator(f"tr[data-job-id='{RESNET}']")
+    expect(resnet.locator("td").nth(3)).to_have_text("2 × 1 GPU")
+    expect(resnet.locator("td").nth(8)).to_have_text("2")
+    # The fake job finishes after a few polls: the row changes without a reload.
+    expect(resnet.locator(".badge")).to_have_text("SUCCEEDED", timeout=15_000)
+    assert page.evaluate("window.__sameDocument") is True
+
+    expect(page.locator("[data-stat=agents_online]")).to_have_text("1")
+    expect(page.locator("[data-stat=agents_lost]")).to_have_text("1")
+    expect(page.locator("[data-stat=devices_free]")).to_have_text("5")
+    expect(page.locator("[data-stat=jobs_pending]")).to_have_text("1")
+    watched.screenshot("fixture-jobs-wide")
+
+    page.locator("[data-filter=SUCCEEDED]").click()
+    expect(page.locator("[data-testid=jobs-table] tbody tr")).to_have_count(2)
+    expect(page.locator("[data-testid=jobs-table] tbody .badge")).to_have_text(["SUCCEEDED", "SUCCEEDED"])
+    page.locator("[data-filter=FAILED]").click()
+    expect(page.locator("[data-testid=empty]")).to_contain_text("No failed jobs")
+    watched.assert_clean()
+
+
+def test_job_page_shows_charts_tasks_logs_and_artifacts(new_page, cluster_url) -> None:
+    cluster, url = cluster_url
+    cluster.jobs[RESNET].state = "SUCCEEDED"
+    watched = new_page(WIDE)
+    page = watched.page
+    page.goto(f"{url}/#/jobs/{RESNET}")
+    expect(page.locator("[data-testid=job-name]")).to_have_text("resnet50-imagenet")
+    expect(page.locator("[data-testid=job-state]")).to_have_text("SUCCEEDED")
+    # Two attempts of 40 steps each, told apart, with the restart marked.
+    loss = page.locator("figure.chart[data-metric=loss]")
+    expect(loss).to_have_attribute("data-points", "80")
+    expect(loss).to_have_attribute("data-attempts", "2")
+    expect(loss.locator(".restart-line")).to_have_count(1)
+    expect(loss.locator(".chart-legend")).to_contain_text("attempt 2")
+    expect(page.locator("figure.chart[data-metric=accuracy]")).to_have_attribute("data-points", "80")
+    expect(page.locator("figure.chart").first).to_have_attribute("data-metric", "loss")
+
+    tasks = page.locator("[data-testid=tasks-table] tbody tr")
+    expect(tasks).to_have_count(2)
+    config = tasks.first.locator("details.tf-config")
+    expect(config.locator("pre")).not_to_be_visible()
+    config.locator("summary").click()
+    expect(config.locator("pre")).to_contain_text('"worker"')
+
+    log_view = page.locator("[data-testid=log-view]")
+    expect(log_view).to_have_attribute("data-lines", "60")
+    expect(log_view).to_contain_text("Epoch 1/3 - step 59/60")
+    expect(log_view.locator(".log-text", has_text="<script>")).to_have_text(XSS_LOG)
+    page.locator("[data-testid=log-search]").fill("step 5")
+    expect(log_view).to_have_attribute("data-shown", "11")  # step 5, 50..59
+    with page.expect_download() as download_info:
+        page.locator("[data-testid=log-download]").click()
+    download = download_info.value
+    assert download.suggested_filename == "resnet50-imagenet-task0.txt"
+    text = open(download.path(), encoding="utf-8").read()
+    assert text.count("\n") == 60 and XSS_LOG in text
+    page.locator("[data-testid=log-search]").fill("")
+    page.locator("[data-testid=log-task]").select_option("1")
+    expect(log_view).to_have_attribute("data-lines", "60")
+
+    links = page.locator("[data-testid=artifacts-table] a")
+    expect(links).to_have_count(2)
+    expect(links.nth(1)).to_have_attribute(
+        "href", f"/api/v1/jobs/{RESNET}/artifacts/metrics%20%3Cfinal%3E.json"
+    )
+    expect(page.locator("[data-testid=events] li")).to_have_count(4)
+    expect(page.locator("#spec")).to_contain_text("python train.py --epochs 3 --note 'it'\\''s quoted'")
+    expect(page.locator("[data-testid=cancel-job]")).to_be_hidden()
+    page.locator("figure.chart[data-metric=loss] svg.chart-svg").hover()
+    expect(page.locator("figure.chart[data-metric=loss] .chart-tooltip")).to_be_visible()
+    watched.screenshot("fixture-job-wide")
+    watched.assert_clean()
+
+
+def test_hostile_names_and_log_lines_stay_text_and_cancel_asks_first(new_page, cluster_url) -> None:
+    cluster, url = cluster_url
+    watched = new_page(WIDE)
+    page = watched.page
+    page.goto(f"{url}/#/jobs/{XSS_JOB}")
+    expect(page.locator("[data-testid=job-name]")).to_have_text(XSS_NAME)
+    expect(page.locator("[data-testid=log-view] .log-text", has_text="<script>")).to_have_text(XSS_LOG)
+    assert page.locator("#view img, #view script, #view b").count() == 0
+
+    cancel = page.locator("[data-testid=cancel-job]")
+    cancel.click()
+    dialog = page.locator("#confirm-dialog")
+    expect(dialog).to_be_visible()
+    expect(dialog).to_contain_text(XSS_NAME)
+    page.locator("[data-testid=confirm-no]").click()
+    expect(dialog).to_be_hidden()
+    assert cluster.jobs[XSS_JOB].state == "RUNNING"
+
+    cancel.click()
+    page.locator("[data-testid=confirm-yes]").click()
+    expect(page.locator("[data-testid=job-state]")).to_have_text("CANCELLED")
+    expect(cancel).to_be_hidden()
+    assert cluster.jobs[XSS_JOB].state == "CANCELLED"
+    watched.assert_clean()
+
+
+def test_agents_page(new_page, cluster_url) -> None:
+    _, url = cluster_url
+    watched = new_page(WIDE)
+    page = watched.page
+    page.goto(f"{url}/#/agents")
+    rows = page.locator("[data-testid=agents-table] tbody tr")
+    expect(rows).to_have_count(2)
+    expect(rows.first).to_contain_text("4 × NVIDIA H100 80GB HBM3 · 79.6 GiB")
+    expect(rows.first).to_contain_text("1 / 4")
+    expect(rows.first).to_contain_text("resnet50-imagenet")
+    expect(rows.first.locator(".badge")).to_have_text("online")
+    expect(rows.nth(1).locator(".cell-name .strong")).to_have_text(XSS_NAME)
+    expect(rows.nth(1)).to_contain_text("2 slots")
+    expect(rows.nth(1).locator(".badge")).to_have_text("lost")
+    expect(page.locator(".nav a.active")).to_have_text("Agents")
+    watched.screenshot("fixture-agents-wide")
+    watched.assert_clean()
+
+
+def test_empty_states_say_what_to_do(new_page, cluster_url) -> None:
+    cluster, url = cluster_url
+    cluster.empty = True
+    watched = new_page(WIDE)
+    page = watched.page
+    page.goto(f"{url}/#/jobs")
+    expect(page.locator("[data-testid=empty]")).to_contain_text(
+        "mwms submit DIR --workers 2 -- python train.py"
+    )
+    page.goto(f"{url}/#/agents")
+    expect(page.locator("[data-testid=empty]")).to_contain_text("mwms agent --server HOST:50051 --name NAME")
+    page.goto(f"{url}/#/jobs/does-not-exist")
+    expect(page.locator("#view")).to_contain_text("does not exist")
+    watched.assert_clean()
+
+
+def test_unreachable_coordinator_shows_a_banner_that_retries(new_page, cluster_url) -> None:
+    cluster, url = cluster_url
+    watched = new_page(WIDE)
+    page = watched.page
+    page.goto(f"{url}/#/jobs")
+    expect(page.locator("[data-testid=jobs-table] tbody tr")).to_have_count(4)
+    banner = page.locator("#banner")
+    expect(banner).to_be_hidden()
+    cluster.unreachable = True
+    expect(banner).to_be_visible()
+    expect(banner).to_contain_text("Cannot reach the coordinator")
+    watched.screenshot("fixture-unreachable-wide")
+    cluster.unreachable = False
+    expect(banner).to_be_hidden()
+    watched.assert_clean()
+
+
+@pytest.mark.parametrize("route", ["jobs", "job", "agents"])
+def test_pages_fit_a_phone_screen(new_page, cluster_url, route: str) -> None:
+    _, url = cluster_url
+    watched = new_page(NARROW)
+    page = watched.page
+    path = {"jobs": "#/jobs", "job": f"#/jobs/{RESNET}", "agents": "#/agents"}[route]
+    page.goto(f"{url}/{path}")
+    ready = {
+        "jobs": "[data-testid=jobs-table] tbody tr",
+        "job": "figure.chart[data-metric=loss][data-points='80']",
+        "agents": "[data-testid=agents-table] tbody tr",
+    }[route]
+    expect(page.locator(ready).first).to_be_visible()
+    if route == "job":
+        expect(page.locator("[data-testid=log-view]")).to_have_attribute("data-lines", "60")
+    assert_fits_width(page)
+    # Wide tables scroll inside their own box instead of widening the page.
+    wrap = page.locator(".table-wrap").first
+    assert wrap.evaluate("el => el.scrollWidth > el.clientWidth"), "expected the table to scroll sideways"
+    watched.screenshot(f"fixture-{route}-narrow")
+    watched.assert_clean()
+
+
+def test_csp_blocks_injected_inline_script(new_page, cluster_url) -> None:
+    """The header is in force: an inline script added to the page does not run."""
+    _, url = cluster_url
+    watched = new_page(WIDE)
+    page = watched.page
+    response = page.goto(f"{url}/#/jobs")
+    assert "script-src 'self'" in response.headers["content-security-policy"]
+    page.evaluate(
+        "() => { const s = document.createElement('script'); s.textContent = 'window.__ran = 1'; document.body.append(s); }"
+    )
+    assert page.evaluate("window.__ran") is None
+    assert any(re.search("Content Security Policy", e) for e in watched.errors)
