@@ -31,6 +31,12 @@ DEFAULT_HEARTBEAT_SECONDS = 5.0
 HEALTHY_SESSION_SECONDS = 10.0
 # On shutdown, how long to wait for the coordinator to acknowledge the final reports.
 FINAL_ACK_WAIT_SECONDS = 5.0
+# The channel's own reconnect backoff (default: up to 120 s) must not outlast the agent's Backoff.
+CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 500),
+    ("grpc.min_reconnect_backoff_ms", 500),
+    ("grpc.max_reconnect_backoff_ms", 10_000),
+]
 # Codes after which registering again cannot help.
 REFUSAL_CODES = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.INVALID_ARGUMENT})
 
@@ -45,7 +51,7 @@ def run_agent(config: AgentConfig, stop: threading.Event) -> int:
     devices = detect_devices(config.slots)
     log.info("agent %s starting: %d device(s), coordinator %s", config.name, len(devices), config.server)
     config.work_dir.mkdir(parents=True, exist_ok=True)
-    channel = grpc.insecure_channel(config.server)
+    channel = grpc.insecure_channel(config.server, options=CHANNEL_OPTIONS)
     stub = agent_pb2_grpc.AgentServiceStub(channel)
     tasks = TaskManager(config.work_dir, stub, hostname, default_grace_seconds=config.stop_grace)
     backoff = Backoff(initial=0.5, maximum=10.0)

@@ -87,6 +87,7 @@ class FakeCoordinator(agent_pb2_grpc.AgentServiceServicer):
         # When set, log/metric batches and final reports are acknowledged as they arrive.
         self.auto_ack = True
         self.heartbeat_interval_ms = 200
+        self.server: grpc.Server | None = None
         # Uploads and task reports in the order they arrived, to check artifacts come before the end.
         self.timeline: list[tuple[str, str, int]] = []
 
@@ -197,6 +198,7 @@ def serve_coordinator() -> Iterator[Callable[..., tuple[FakeCoordinator, str]]]:
         agent_pb2_grpc.add_AgentServiceServicer_to_server(fake, server)
         bound = server.add_insecure_port(f"127.0.0.1:{port}")
         server.start()
+        fake.server = server
         servers.append((fake, server))
         return fake, f"127.0.0.1:{bound}"
 
