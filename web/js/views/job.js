@@ -329,7 +329,8 @@ export function mountJob(container, jobId) {
     renderSpec();
 
     pollsSinceEnd = isTerminal(job.state) ? pollsSinceEnd + 1 : 0;
-    if (pollsSinceEnd <= POLLS_AFTER_END) {
+    // Ended jobs: refresh a few more times at once, then every tenth poll (artifacts upload after the end).
+    if (pollsSinceEnd <= POLLS_AFTER_END || pollsSinceEnd % 10 === 0) {
       const [metrics, artifacts] = await Promise.allSettled([refreshMetrics(), getJson(`${base}/artifacts`)]);
       if (artifacts.status === "fulfilled") renderArtifacts(artifacts.value);
       const failure = [metrics, artifacts].find((r) => r.status === "rejected");
