@@ -13,7 +13,7 @@ from rich.text import Text
 
 # stdout carries results (tables, JSON, job ids, log text); stderr carries progress and errors.
 out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 STATE_STYLES = {
     "PENDING": "yellow",
@@ -82,6 +82,14 @@ def job_duration(job: dict[str, Any], now: datetime | None = None) -> float | No
         return None
     finished = parse_time(job.get("finished_at")) or now or datetime.now(timezone.utc)
     return (finished - started).total_seconds()
+
+
+def first_line(text: str | None) -> str:
+    """The first line of a possibly multi-line reason, marked when more follows."""
+    lines = (text or "").strip().splitlines()
+    if not lines:
+        return ""
+    return lines[0] + (" …" if len(lines) > 1 else "")
 
 
 def format_loss(loss: float | None) -> str:
@@ -165,11 +173,10 @@ def print_job(job: dict[str, Any]) -> None:
     state = state_text(job.get("state"))
     header = Text.assemble((job.get("name", ""), "bold"), f"  {job['id']}  ", state)
     out.print(header)
-    if job.get("reason"):
-        out.print(f"  reason:     {job['reason']}")
     communication = job.get("communication") or {}
     restart = job.get("restart") or {}
     rows = [
+        ("reason", (job.get("reason") or "-").replace("\n", "\n" + " " * 16)),
         ("command", " ".join(job.get("command") or [])),
         ("workers", format_devices(job)),
         ("created", format_time(job.get("created_at"))),
@@ -195,7 +202,7 @@ def print_job(job: dict[str, Any]) -> None:
     if job.get("max_runtime_seconds") is not None:
         rows.append(("max runtime", f"{job['max_runtime_seconds']}s"))
     for label, value in rows:
-        out.print(f"  {label + ':':<12}{value}")
+        out.print(f"  {label + ':':<14}{value}")
     tasks = job.get("tasks") or []
     if tasks:
         out.print()

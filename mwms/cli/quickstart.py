@@ -21,7 +21,7 @@ from mwms.cli.client import ApiClient, ApiError
 from mwms.cli.errors import CliError, ExitCode, handles_errors
 from mwms.cli.follow import first_failed_task, tail_of_task_logs, watch_job
 from mwms.cli.job_commands import download_artifacts
-from mwms.cli.output import err, format_loss, metrics_summary_table, out, state_text
+from mwms.cli.output import err, first_line, format_loss, metrics_summary_table, out, state_text
 from mwms.cli.processes import (
     ManagedProcess,
     free_port,
@@ -169,7 +169,7 @@ def follow_with_progress(client: ApiClient, job_id: str, total_steps: int) -> di
             if state != seen_state[0]:
                 line = Text.assemble("job ", state_text(state))
                 if job.get("reason") and state != "RUNNING":
-                    line.append(f": {job['reason']}")
+                    line.append(f": {first_line(job['reason'])}")
                 progress.console.print(line)
                 seen_state[0] = state
             step = job.get("step")

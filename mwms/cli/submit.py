@@ -15,7 +15,7 @@ from mwms.cli.client import ApiClient
 from mwms.cli.errors import CliError, ExitCode, handles_errors
 from mwms.cli.follow import first_failed_task, tail_of_task_logs, watch_job
 from mwms.cli.options import DEFAULT_API, ApiOption, JsonOption
-from mwms.cli.output import err, format_loss, log_line_text, out, print_json, state_text
+from mwms.cli.output import err, first_line, format_loss, log_line_text, out, print_json, state_text
 from mwms.cli.packing import PackedBundle, human_size, pack_directory
 from mwms.cli.parsing import parse_env
 
@@ -124,7 +124,7 @@ class TextFollower:
         if state != self._state:
             line = Text.assemble("job ", (job["id"], "bold"), " ", state_text(state))
             if job.get("reason") and state != "RUNNING":
-                line.append(f": {job['reason']}")
+                line.append(f": {first_line(job['reason'])}")
             err.print(line)
             self._state = state
         progress = (job.get("step"), job.get("loss"))

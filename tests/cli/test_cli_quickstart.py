@@ -1,0 +1,70 @@
+"""`mwms quickstart` end to end: real coordinator and agent processes on free ports."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+FAILING_PROGRAM = """\
+import json, os, sys
+index = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index", 0)
+print(f"worker {index} starting", flush=True)
+if index == 1:
+    print("something broke in worker 1", file=sys.stderr, flush=True)
+    sys.exit(3)
+"""
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    found = subprocess.run(["pgrep", "-af", text], capture_output=True, text=True).stdout.splitlines()
+    return [line for line in found if "pgrep" not in line]
+
+
+def _run_quickstart(data_dir: Path, example: Path | None, *args: str) -> subprocess.CompletedProcess[str]:
+    patch = f"q.example_dir = lambda: Path({str(example)!r})" if example else ""
+    code = textwrap.dedent(
+        f"""
+        from pathlib import Path
+        import mwms.cli.quickstart as q
+        {patch}
+        from mwms.cli.main import app
+        app(["quickstart", "--data-dir", {str(data_dir)!r}, *{list(args)!r}])
+        """
+    )
+    env = {**os.environ, "COLUMNS": "120"}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=170, env=env)
+
+
+def test_quickstart_reports_a_failed_job_and_stops_everything(tmp_path: Path) -> None:
+    example = tmp_path / "failing"
+    example.mkdir()
+    (example / "train.py").write_text(FAILING_PROGRAM)
+    data_dir = tmp_path / "qs"
+    result = _run_quickstart(data_dir, example)
+    assert result.returncode == 1, result.stderr
+    assert "FAILED" in result.stdout
+    assert "something broke in worker 1" in result.stderr  # the failed task's last lines
+    assert str(data_dir / "logs") in result.stderr
+    assert (data_dir / "logs" / "coordinator.log").exists()
+    assert not _processes_mentioning(str(data_dir)), "quickstart left processes behind"
+
+
+@pytest.mark.tf
+def test_quickstart_runs_the_keras_example(tmp_path: Path) -> None:
+    data_dir = tmp_path / "qs"
+    result = _run_quickstart(data_dir, None, "--epochs", "2", "--steps-per-epoch", "5")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCEEDED" in result.stdout and "loss" in result.stdout
+    artifacts = [line for line in result.stdout.splitlines() if line.startswith("artifacts: ")]
+    assert artifacts, result.stdout
+    downloaded = Path(artifacts[0].removeprefix("artifacts: "))
+    assert downloaded.is_relative_to(data_dir / "artifacts") and any(downloaded.rglob("*"))
+    assert "dashboard and API: http://127.0.0.1:" in result.stdout
+    assert not _processes_mentioning(str(data_dir)), "quickstart left processes behind"
