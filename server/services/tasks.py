@@ -44,6 +44,9 @@ def apply_report(
     if task is None or task.agent_id != agent.id:
         return ReportOutcome(known=False, final=report.state.terminal, stop=not report.state.terminal)
     current = TaskState(task.state)
+    if current.terminal and not report.state.terminal:
+        # Still running on the agent although its attempt is over (e.g. the agent was cut off): stop it.
+        return ReportOutcome(known=True, final=False, stop=True)
     if current == report.state or (current.terminal and current != TaskState.LOST):
         return ReportOutcome(known=True, final=current.terminal, stop=False)
     if report.state in (TaskState.STARTING, TaskState.RUNNING) and current.value not in (
