@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from worker_agent.extract import UnsafeArchiveError, UnsupportedArchiveError, extract_archive
+from mwms.archive import UnsafeArchiveError, UnsupportedArchiveError, extract_archive
 
 
 def make_tar(path: Path, entries: list[tuple[tarfile.TarInfo, bytes | None]]) -> Path:
