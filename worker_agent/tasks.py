@@ -15,10 +15,10 @@ import threading
 import time
 from pathlib import Path
 
+from mwms.archive import ArchiveError, extract_archive
 from mwms.v1 import agent_pb2, agent_pb2_grpc
 from worker_agent import artifacts
 from worker_agent.bundles import BundleCache, BundleError
-from mwms.archive import ArchiveError, extract_archive
 from worker_agent.metrics import MetricsTail
 from worker_agent.outbox import Outbox
 from worker_agent.runner import TaskProcess, describe_exit
