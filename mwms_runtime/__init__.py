@@ -2,8 +2,9 @@
 
 It builds the MultiWorkerMirroredStrategy from the job's environment, reduces and records metrics
 (``report``, ``MetricsCallback``) and hands out race-free save paths. Importing it does not import
-TensorFlow, but selects the tf_keras (Keras 2) implementation of ``tf.keras``, which MWMS's
-``model.fit`` on distributed datasets needs.
+TensorFlow, but selects the tf_keras (Keras 2) implementation of ``tf.keras`` (unless TF_USE_LEGACY_KERAS
+is already set), which MWMS's ``model.fit`` on distributed datasets needs. TensorFlow reads that
+variable when ``tf.keras`` is first used, so import mwms_runtime before touching ``tf.keras``.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 from mwms_runtime.env import TaskContext, checkpoint_dir, context, output_dir  # noqa: E402
 from mwms_runtime.reporting import report, report_timeout_seconds  # noqa: E402
-from mwms_runtime.saving import cleanup_write_path, saving, write_path  # noqa: E402
-from mwms_runtime.strategy import communication_options, strategy  # noqa: E402
+from mwms_runtime.save_paths import cleanup_write_path, saving, write_path  # noqa: E402
+from mwms_runtime.strategy_factory import communication_options, strategy  # noqa: E402
 from mwms_runtime.writer import flush  # noqa: E402
 
 __all__ = [

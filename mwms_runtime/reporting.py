@@ -18,6 +18,7 @@ message saying so, instead of hanging.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 import time
@@ -28,7 +29,7 @@ import numpy as np
 
 from mwms_runtime import writer
 from mwms_runtime.env import context, float_env
-from mwms_runtime.strategy import current_strategy
+from mwms_runtime.strategy_factory import current_strategy
 
 DEFAULT_REPORT_TIMEOUT_S = 120.0
 EXIT_REPORT_MISMATCH = 70
@@ -127,7 +128,9 @@ def _all_reduce_sum(strategy: Any, packed: list[np.ndarray], step: int) -> np.nd
         )
         return strategy.experimental_local_results(reduced)[0].numpy()
     except tf.errors.OpError as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        # Drop TF's "{{function_node ...}}" prefix: the rest says what happened.
+        text = re.sub(r"\{\{.*?\}\}", "", str(exc)).strip()
+        first_line = text.splitlines()[0] if text else type(exc).__name__
         _abort(step, f"The collective failed with {type(exc).__name__}: {first_line}")
         raise  # unreachable: _abort exits
     finally:

@@ -30,9 +30,9 @@ def _num_gpus_given() -> int | None:
 def _make_resolver(num_gpus: int | None) -> Any:
     import tensorflow as tf
 
-    TFConfigClusterResolver = tf.distribute.cluster_resolver.TFConfigClusterResolver
+    base: Any = tf.distribute.cluster_resolver.TFConfigClusterResolver
 
-    class TaskGpuClusterResolver(TFConfigClusterResolver):
+    class TaskGpuClusterResolver(base):
         """TFConfigClusterResolver that reports the GPUs this task was given."""
 
         def num_accelerators(self, task_type=None, task_id=None, config_proto=None):
@@ -58,7 +58,9 @@ def _communication_name(communication: Any, num_gpus: int | None) -> str:
         return "NCCL" if num_gpus else "AUTO"
     name = getattr(communication, "name", str(communication)).upper()
     if name not in _VALID_COMMUNICATION:
-        raise ValueError(f"communication must be one of {', '.join(_VALID_COMMUNICATION)}, got {communication!r}")
+        raise ValueError(
+            f"communication must be one of {', '.join(_VALID_COMMUNICATION)}, got {communication!r}"
+        )
     if name == "NCCL" and num_gpus == 0:
         # A job spec asking for NCCL can still be placed on CPU tasks; NCCL cannot run there.
         print("mwms_runtime: NCCL needs GPUs and this task has none; using RING", file=sys.stderr)

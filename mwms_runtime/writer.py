@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from mwms_runtime.env import context
 
@@ -37,7 +38,7 @@ class MetricsWriter:
         self.metrics_file = metrics_file
         self.tensorboard_dir = tensorboard_dir
         self._queue: queue.Queue[MetricsRecord] = queue.Queue()
-        self._events = None
+        self._events: Any = None
         self._warned = False
         self._thread = threading.Thread(target=self._run, name="mwms-metrics-writer", daemon=True)
         self._thread.start()

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import argparse
 
-import mwms_runtime  # first: selects tf_keras before TensorFlow is imported
+import numpy as np
+import tensorflow as tf
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import mwms_runtime  # selects tf_keras for tf.keras (read when tf.keras is first used)
 
 SEED = 11
 
@@ -79,10 +79,12 @@ def main() -> None:
             features, labels = inputs
             with tf.GradientTape() as tape:
                 logits = model(features, training=True)
-                per_example = tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+                per_example = tf.keras.losses.sparse_categorical_crossentropy(
+                    labels, logits, from_logits=True
+                )
                 loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
             grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
             return per_example
 
         return strategy.run(step_fn, args=(next(iterator),))

@@ -9,10 +9,10 @@ from __future__ import annotations
 import argparse
 import os
 
-import mwms_runtime  # first: selects tf_keras before TensorFlow is imported
+import numpy as np
+import tensorflow as tf
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import mwms_runtime  # selects tf_keras for tf.keras (read when tf.keras is first used)
 
 SEED = 7
 

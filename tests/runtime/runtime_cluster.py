@@ -29,7 +29,9 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
-def task_env(root: Path, index: int, num_workers: int, ports: list[int] | None, **extra: str) -> dict[str, str]:
+def task_env(
+    root: Path, index: int, num_workers: int, ports: list[int] | None, **extra: str
+) -> dict[str, str]:
     """Return the environment the agent gives task ``index``, with every path under ``root``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MWMS_") and k != "TF_CONFIG"}
     if num_workers > 1:
@@ -50,7 +52,9 @@ def task_env(root: Path, index: int, num_workers: int, ports: list[int] | None, 
         MWMS_METRICS_FILE=str(root / f"metrics-{index}.jsonl"),
         MWMS_DEVICE_KIND="cpu",
         MWMS_NUM_GPUS="0",
+        TMPDIR=str(root / f"tmp-{index}"),
     )
+    (root / f"tmp-{index}").mkdir(parents=True, exist_ok=True)
     env.update(extra)
     return env
 
@@ -74,11 +78,18 @@ class TaskResult:
 
 
 def run_tasks(
-    argv: list[str], cwd: Path, root: Path, num_workers: int, timeout: float = 90.0, **extra: str
+    argv: list[str],
+    cwd: Path,
+    root: Path,
+    num_workers: int,
+    timeout: float = 90.0,
+    wait_for: list[int] | None = None,
+    **extra: str,
 ) -> list[TaskResult]:
-    """Run ``argv`` as every task of a ``num_workers`` job and wait for all; kill leftovers at the deadline."""
+    """Run ``argv`` as every task of a job and wait for the ``wait_for`` tasks (default all); kill the rest."""
     ports = free_ports(num_workers) if num_workers > 1 else None
     root.mkdir(parents=True, exist_ok=True)
+    cwd.mkdir(parents=True, exist_ok=True)
     procs = []
     start = time.monotonic()
     for index in range(num_workers):
@@ -88,7 +99,8 @@ def run_tasks(
         procs.append((subprocess.Popen([PYTHON, *argv], cwd=cwd, env=env, stdout=out, stderr=err), out, err))
     ended: dict[int, float] = {}
     deadline = start + timeout
-    while len(ended) < num_workers and time.monotonic() < deadline:
+    awaited = set(range(num_workers) if wait_for is None else wait_for)
+    while not awaited <= set(ended) and time.monotonic() < deadline:
         for index, (proc, _, _) in enumerate(procs):
             if index not in ended and proc.poll() is not None:
                 ended[index] = time.monotonic() - start

@@ -11,10 +11,10 @@ import os
 import sys
 import time
 
-import mwms_runtime
+import numpy as np
+import tensorflow as tf
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import mwms_runtime
 
 
 def emit(label: str, value) -> None:
@@ -78,7 +78,10 @@ def one_sided_mode() -> None:
 
 
 def after_tf_mode() -> None:
-    """Run a TensorFlow op first, then ask for the strategy: must raise the clear RuntimeError."""
+    """Check the resolver's GPU count, run a TensorFlow op, then ask for the strategy: must raise."""
+    from mwms_runtime.strategy_factory import _make_resolver
+
+    emit("resolver_gpus", {str(n): _make_resolver(n).num_accelerators() for n in (0, 3)})
     tf.constant(1.0) + 1.0
     try:
         mwms_runtime.strategy()
