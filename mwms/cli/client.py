@@ -39,11 +39,7 @@ def _detail_from(response: httpx.Response) -> str:
     detail = body["detail"]
     if isinstance(detail, list):  # FastAPI's default validation error shape
         return "; ".join(_describe_validation_error(item) for item in detail)
-    message = str(detail)
-    errors = body.get("errors")
-    if isinstance(errors, list) and errors:
-        message += " (" + "; ".join(_describe_validation_error(item) for item in errors) + ")"
-    return message
+    return str(detail)
 
 
 def _describe_validation_error(item: Any) -> str:
