@@ -1,0 +1,1 @@
+"""The `mwms` command-line interface (entry point: mwms.cli.main:app)."""

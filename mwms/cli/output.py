@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from datetime import datetime, timezone
 from typing import Any
@@ -12,7 +13,9 @@ from rich.table import Table
 from rich.text import Text
 
 # stdout carries results (tables, JSON, job ids, log text); stderr carries progress and errors.
-out = Console(highlight=False, soft_wrap=True)
+# Piped output is not cut to 80 columns: scripts and files want whole rows.
+_PIPED_WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 200
+out = Console(highlight=False, soft_wrap=True, width=_PIPED_WIDTH)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 STATE_STYLES = {
