@@ -22,6 +22,9 @@ from server.api import dashboard
 XSS_NAME = "<img src=x onerror=alert(1)>"
 XSS_LOG = "<script>alert('log')</script><b>bold?</b>"
 # An hour ago, so durations and "ago" times in screenshots look like a live cluster's.
+FAILED_ATTEMPT_REASON = "task 1 was killed by signal 9 (SIGKILL); restarting; last lines:\n" + "\n".join(
+    f"I0000 worker log line {i} <tag> " + "x" * 80 for i in range(12)
+)
 T0 = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(hours=1)
 
 
@@ -110,7 +113,7 @@ class FakeJob:
                 {
                     "number": number,
                     "state": ("ACTIVE" if task_state == "RUNNING" else self.state) if newest else "FAILED",
-                    "reason": "" if newest else "task 1 was killed by signal 9 (SIGKILL); restarting",
+                    "reason": "" if newest else FAILED_ATTEMPT_REASON,
                     "created_at": _iso(self.created_at + timedelta(minutes=3 * (number - 1))),
                     "ended_at": _iso(self.created_at + timedelta(minutes=3 * number))
                     if not newest or task_state != "RUNNING"

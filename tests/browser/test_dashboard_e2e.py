@@ -136,3 +136,38 @@ def test_cancel_from_the_page(cluster, new_page) -> None:
     expect(page.locator("[data-testid=job-state]")).to_have_text("CANCELLED", timeout=60_000)
     assert cluster.job(job_id)["state"] == "CANCELLED"
     watched.assert_clean()
+
+
+RESTART_PROGRAM = """
+import os, signal, time
+import mwms_runtime
+
+strategy = mwms_runtime.strategy()
+ctx = mwms_runtime.context()
+first = ctx.attempt <= 1
+for step in range(0, 8) if first else range(4, 12):
+    mwms_runtime.report(step, {"loss": 1.0 / (step + 1) + (0.2 if first else 0.0)})
+    time.sleep(0.1)
+mwms_runtime.flush()
+if first:
+    if ctx.task_index == 1:
+        os.kill(os.getpid(), signal.SIGKILL)  # a retryable failure: the job restarts
+    time.sleep(300)
+"""
+
+
+def test_chart_tells_attempts_apart_after_a_restart(cluster, new_page) -> None:
+    job_id = cluster.submit(
+        {"train.py": RESTART_PROGRAM}, ["python", "train.py"], workers=2, name="browser-restart"
+    )
+    watched = new_page(WIDE)
+    page = watched.page
+    page.goto(f"{cluster.api}/#/jobs/{job_id}")
+    expect(page.locator("[data-testid=job-state]")).to_have_text("SUCCEEDED", timeout=240_000)
+    loss = page.locator("figure.chart[data-metric=loss]")
+    expect(loss).to_have_attribute("data-attempts", "2", timeout=30_000)
+    expect(loss).to_have_attribute("data-points", "16")
+    expect(loss.locator(".restart-line")).to_have_count(1)
+    expect(page.locator("[data-testid=job-attempts]")).to_have_text("2 (1 restart)")
+    watched.screenshot("job-restarted-wide")
+    watched.assert_clean()

@@ -120,6 +120,10 @@ def test_job_page_shows_charts_tasks_logs_and_artifacts(new_page, cluster_url) -
         "href", f"/api/v1/jobs/{RESNET}/artifacts/metrics%20%3Cfinal%3E.json"
     )
     expect(page.locator("[data-testid=events] li")).to_have_count(4)
+    long_reason = page.locator("#attempts details.clamped")
+    expect(long_reason.locator(".clamped-full")).not_to_be_visible()
+    long_reason.locator("summary").click()
+    expect(long_reason.locator(".clamped-full")).to_contain_text("worker log line 11 <tag>")
     expect(page.locator("#spec")).to_contain_text("python train.py --epochs 3 --note 'it'\\''s quoted'")
     expect(page.locator("[data-testid=cancel-job]")).to_be_hidden()
     page.locator("figure.chart[data-metric=loss] svg.chart-svg").hover()

@@ -78,3 +78,20 @@ export function stateBadge(state) {
   const name = String(state || "UNKNOWN");
   return h("span", { class: ["badge", `state-${name.toLowerCase()}`], dataset: { state: name } }, name);
 }
+
+/**
+ * Text that may be long (a failure reason quoting log lines): its first line, cut at limit characters,
+ * with the whole text behind a disclosure.
+ */
+export function clampedText(text, { limit = 160, className = null } = {}) {
+  const value = String(text || "");
+  const firstLine = value.split("\n", 1)[0];
+  if (value.length <= limit && firstLine === value) return h("span", { class: className }, value);
+  const short = firstLine.length > limit ? `${firstLine.slice(0, limit).trimEnd()}…` : `${firstLine}…`;
+  return h(
+    "details",
+    { class: ["clamped", className] },
+    h("summary", null, h("span", { class: "clamped-short" }, short), h("span", { class: "clamped-more" }, "more")),
+    h("pre", { class: "clamped-full" }, value),
+  );
+}

@@ -3,7 +3,7 @@
 import { API, ApiError, artifactUrl, describeError, getJson, postJson, UnreachableError } from "../api.js";
 import { MetricChart } from "../chart.js";
 import { confirmAction } from "../confirm.js";
-import { emptyState, h, panel, replaceChildren, stateBadge, table } from "../dom.js";
+import { clampedText, emptyState, h, panel, replaceChildren, stateBadge, table } from "../dom.js";
 import {
   formatBytes,
   formatDuration,
@@ -56,7 +56,7 @@ export function mountJob(container, jobId) {
 
   const title = h("h1", { class: "page-title job-title", dataset: { testid: "job-name" } }, "Loading…");
   const badgeSlot = h("span", { class: "job-state", dataset: { testid: "job-state" } });
-  const reason = h("p", { class: "job-reason muted" });
+  const reason = h("div", { class: "job-reason muted" });
   const idLine = h("p", { class: "job-id mono muted small" }, jobId);
   const cancelButton = h("button", { type: "button", class: "button danger", dataset: { testid: "cancel-job" }, disabled: true }, "Cancel job");
   const notice = h("p", { class: "inline-error", hidden: true, role: "status" });
@@ -127,7 +127,7 @@ export function mountJob(container, jobId) {
     title.textContent = job.name || job.id;
     document.title = `${job.name || job.id} · mwms`;
     if (changed("state", job.state)) replaceChildren(badgeSlot, stateBadge(job.state));
-    reason.textContent = job.reason || "";
+    if (changed("reason", job.reason)) replaceChildren(reason, clampedText(job.reason, { limit: 240 }));
     reason.hidden = !job.reason;
     cancelButton.disabled = isTerminal(job.state);
     cancelButton.hidden = isTerminal(job.state);
@@ -162,7 +162,7 @@ export function mountJob(container, jobId) {
         h("td", { class: "mono" }, task.address || "–"),
         h("td", null, task.device_kind ? `${task.device_kind}${task.device_indices.length ? ` ${task.device_indices.join(",")}` : ""}` : "–"),
         h("td", { class: "num mono" }, task.exit_code === null || task.exit_code === undefined ? "–" : String(task.exit_code)),
-        h("td", { class: "cell-message" }, task.message || ""),
+        h("td", { class: "cell-message" }, clampedText(task.message, { limit: 120 })),
         h("td", { class: "nowrap" }, formatShortTime(task.started_at)),
         h("td", { class: "nowrap" }, formatDuration(task.started_at, task.ended_at)),
         h(
@@ -195,7 +195,7 @@ export function mountJob(container, jobId) {
           "li",
           { class: "timeline-item" },
           h("div", { class: "timeline-head" }, event.from_state ? [stateBadge(event.from_state), h("span", { class: "arrow", "aria-label": "to" }, "→")] : null, stateBadge(event.to_state), h("time", { class: "muted small", datetime: event.at }, formatTime(event.at))),
-          event.reason ? h("p", { class: "timeline-reason" }, event.reason) : null,
+          event.reason ? h("div", { class: "timeline-reason" }, clampedText(event.reason, { limit: 200 })) : null,
         ),
       );
       replaceChildren(eventsBody, items.length ? h("ol", { class: "timeline", dataset: { testid: "events" } }, items) : emptyState("No state changes recorded.", null));
@@ -207,7 +207,7 @@ export function mountJob(container, jobId) {
           null,
           h("td", { class: "num" }, String(attempt.number)),
           h("td", null, stateBadge(attempt.state)),
-          h("td", { class: "cell-message" }, attempt.reason || ""),
+          h("td", { class: "cell-message" }, clampedText(attempt.reason, { limit: 120 })),
           h("td", { class: "nowrap" }, formatShortTime(attempt.created_at)),
           h("td", { class: "nowrap" }, formatDuration(attempt.created_at, attempt.ended_at)),
           h("td", { class: "num" }, String(attempt.tasks.length)),
@@ -219,7 +219,7 @@ export function mountJob(container, jobId) {
   }
 
   function renderSpec() {
-    if (!changed("spec", [job.command, job.bundle_digest, job.env_names, job.communication, job.restart])) return;
+    if (!changed("spec", [job.command, job.bundle_digest, job.env_names, job.communication, job.restart, job.finished_at])) return;
     const communication = job.communication || {};
     const restart = job.restart || {};
     replaceChildren(
