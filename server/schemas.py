@@ -11,6 +11,28 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from server.states import JobState
 
 DIGEST_PATTERN = r"^[0-9a-f]{64}$"
+# Set by the agent for every task; a job cannot override them.
+RESERVED_ENV = frozenset(
+    {
+        "TF_CONFIG",
+        "CUDA_VISIBLE_DEVICES",
+        "MWMS_JOB_ID",
+        "MWMS_TASK_ID",
+        "MWMS_ATTEMPT",
+        "MWMS_TASK_INDEX",
+        "MWMS_NUM_WORKERS",
+        "MWMS_OUTPUT_DIR",
+        "MWMS_CHECKPOINT_DIR",
+        "MWMS_METRICS_FILE",
+        "MWMS_DEVICE_KIND",
+        "MWMS_NUM_GPUS",
+    }
+)
+SPEC_ENV = {
+    "MWMS_COMMUNICATION": "communication.implementation",
+    "MWMS_COLLECTIVE_TIMEOUT_S": "communication.timeout_seconds",
+    "MWMS_BYTES_PER_PACK": "communication.bytes_per_pack",
+}
 
 
 class CommunicationImplementation(str, Enum):
@@ -72,8 +94,10 @@ class JobCreate(BaseModel):
         for key in value:
             if not key or "=" in key or "\x00" in key:
                 raise ValueError(f"invalid environment variable name {key!r}")
-            if key == "TF_CONFIG" or key.startswith("MWMS_") or key == "CUDA_VISIBLE_DEVICES":
+            if key in RESERVED_ENV:
                 raise ValueError(f"{key} is set by mwms for each task and cannot be overridden")
+            if key in SPEC_ENV:
+                raise ValueError(f"{key} comes from the job spec: set {SPEC_ENV[key]} instead")
         return value
 
 
@@ -87,6 +111,7 @@ class TaskOut(BaseModel):
     state: str
     exit_code: int | None
     message: str
+    pid: int | None = Field(description="process id on the agent's machine while it runs")
     device_kind: str
     device_indices: list[int]
     tf_config: str

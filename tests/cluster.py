@@ -85,6 +85,7 @@ class Cluster:
     grpc_port: int
     server: Process | None = None
     agents: dict[str, Process] = field(default_factory=dict)
+    server_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def api(self) -> str:
@@ -94,10 +95,10 @@ class Cluster:
     def http(self) -> httpx.Client:
         return httpx.Client(base_url=self.api, timeout=30)
 
-    def _spawn(self, name: str, args: list[str]) -> Process:
+    def _spawn(self, name: str, args: list[str], extra_env: dict[str, str] | None = None) -> Process:
         log_path = self.root / f"{name}.log"
         out = log_path.open("ab")
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
         env.pop("TF_CONFIG", None)
         popen = subprocess.Popen([MWMS, *args], stdout=out, stderr=subprocess.STDOUT, env=env,
                                  start_new_session=True)
@@ -107,7 +108,7 @@ class Cluster:
         self.server = self._spawn("server", [
             "server", "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
             "--data-dir", str(self.root / "data"),
-        ])
+        ], self.server_env)
         wait_until(self._healthy, 60, f"coordinator health on {self.api}\n{self.server.log_tail()}")
 
     def _healthy(self) -> bool:
@@ -132,6 +133,11 @@ class Cluster:
     def agent_online(self, name: str) -> bool:
         agents = self.http.get("/api/v1/agents").json()
         return any(a["name"] == name and a["online"] for a in agents)
+
+    def restart_server(self) -> None:
+        assert self.server is not None
+        self.server.stop()
+        self.start_server()
 
     def stop(self) -> None:
         for agent in self.agents.values():
@@ -179,3 +185,19 @@ class Cluster:
 
     def metrics(self, job_id: str, **params: Any) -> list[dict[str, Any]]:
         return self.http.get(f"/api/v1/jobs/{job_id}/metrics", params=params).json()["points"]
+
+
+def processes_of_job(job_id: str) -> list[int]:
+    """Pids of live processes on this machine whose environment names the job (needs the same user or root)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and f"MWMS_JOB_ID={job_id}".encode() in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return found

@@ -39,6 +39,7 @@ def task_out(task: Task, names: dict[str, str]) -> TaskOut:
         state=task.state,
         exit_code=task.exit_code,
         message=task.message,
+        pid=task.pid,
         device_kind=task.device_kind,
         device_indices=list(task.device_indices),
         tf_config=task.tf_config,
