@@ -59,12 +59,12 @@ async function request(method, path, { query = null, body = undefined, signal = 
     response = await fetch(url, init);
   } catch (error) {
     if (error.name === "AbortError") throw error;
-    const unreachable = new UnreachableError(`cannot reach the coordinator: ${error.message}`);
+    const unreachable = new UnreachableError(`Network error (${error.message})`);
     setReachable(false, unreachable);
     throw unreachable;
   }
   if (response.status === 502 || response.status === 503 || response.status === 504) {
-    const unreachable = new UnreachableError(`the coordinator is unavailable (HTTP ${response.status})`);
+    const unreachable = new UnreachableError(`It answered HTTP ${response.status}`);
     setReachable(false, unreachable);
     throw unreachable;
   }
