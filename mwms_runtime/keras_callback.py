@@ -62,13 +62,31 @@ class MetricsCallback(tf.keras.callbacks.Callback):
         if self._global_batch % self.every_n_batches:
             return
         step_time = (time.perf_counter() - self._window_start) / self._window_batches
-        metrics = _scalar_logs(logs)
+        scale = self._batch_log_scale()
+        metrics = {name: value * scale for name, value in _scalar_logs(logs).items()}
         metrics["step_time_seconds"] = step_time
         if self.global_batch_size and step_time > 0:
             metrics["examples_per_second"] = self.global_batch_size / step_time
         report(self._global_batch, metrics)
         self._window_start = time.perf_counter()
         self._window_batches = 0
+
+    def _batch_log_scale(self) -> float:
+        """1 / replicas when fit's batch logs are summed over replicas, else 1.
+
+        tf_keras reduces the per-replica batch logs with reduction "auto", which is "sum" on every strategy
+        but TPUs. Each replica already holds the synchronised metric result, so the sum is the true value
+        times num_replicas_in_sync (an accuracy of 1.96 with two workers). Epoch logs are read from the
+        metrics directly and need no correction.
+        """
+        model = self.model
+        method = getattr(model, "distribute_reduction_method", "auto")
+        strategy = getattr(model, "distribute_strategy", None)
+        replicas = getattr(strategy, "num_replicas_in_sync", 1) or 1
+        is_tpu = "TPU" in type(strategy).__name__
+        if method == "sum" or (method == "auto" and not is_tpu):
+            return 1.0 / replicas
+        return 1.0
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         """Report the epoch's logs as ``epoch_<name>`` at step = epoch."""

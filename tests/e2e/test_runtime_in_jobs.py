@@ -72,3 +72,23 @@ def test_report_on_one_worker_fails_clearly_instead_of_hanging(cluster):
     job = cluster.wait_for(job_id, {"SUCCEEDED", "FAILED", "CANCELLED"}, timeout=120)
     assert job["state"] == "FAILED"
     assert "code 70" in job["reason"] and "every worker" in job["reason"], job["reason"]
+
+
+def test_keras_example_reports_true_batch_metrics(cluster):
+    from pathlib import Path
+
+    from cluster import pack_dir
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "keras_fit"
+    job_id = cluster.submit(pack_dir(example), ["python", "train.py", "--epochs", "2", "--steps-per-epoch", "10"],
+                            workers=2, name="keras-fit")
+    job = cluster.wait_for(job_id, {"SUCCEEDED", "FAILED", "CANCELLED"}, timeout=180)
+    assert job["state"] == "SUCCEEDED", job["reason"]
+    series: dict[str, dict[int, float]] = {}
+    for p in cluster.metrics(job_id):
+        series.setdefault(p["name"], {})[p["step"]] = p["value"]
+    assert max(series["accuracy"].values()) <= 1.0
+    # fit's batch loss is the running mean of the epoch, so the last batch of an epoch equals the epoch loss
+    assert abs(series["loss"][20] - series["epoch_loss"][1]) < 1e-4, (series["loss"][20], series["epoch_loss"])
+    assert series["loss"][20] < series["loss"][1]
+    assert any(a["path"].startswith("model") for a in cluster.http.get(f"/api/v1/jobs/{job_id}/artifacts").json())
