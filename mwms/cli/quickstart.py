@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import random
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -271,7 +270,7 @@ def quickstart(
 def _run_example(client: ApiClient, example: Path, epochs: int, steps_per_epoch: int) -> dict[str, Any]:
     digest = pack_and_upload(client, example, quiet=True)
     # The agents run on this machine, so this interpreter (and its packages) is the one to use.
-    command = [sys.executable, "train.py", "--epochs", str(epochs), "--steps-per-epoch", str(steps_per_epoch)]
+    command = ["python", "train.py", "--epochs", str(epochs), "--steps-per-epoch", str(steps_per_epoch)]
     spec = build_job_spec(name="quickstart-keras-fit", bundle_digest=digest, command=command, workers=2)
     job = client.create_job(spec)
     err.print(f"submitted job {job['id']}: 2 workers, {epochs} epochs × {steps_per_epoch} steps")
