@@ -1,0 +1,118 @@
+"""The same Alembic chain and the same services on a real PostgreSQL server (skipped where none can start)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from cluster import free_port
+from sqlalchemy import func, inspect, select
+
+from server.db.engine import Database
+from server.db.migrate import downgrade_to, upgrade_to_head
+from server.db.models import Base, Bundle, Job, LogLine
+from server.schemas import JobCreate
+from server.services.agents import Registration, register_agent
+from server.services.jobs import cancel_job, create_job
+from server.services.scheduling import schedule_pending
+from server.services.telemetry import IncomingLine, store_log_lines
+
+
+def _run_as_postgres(argv: list[str]) -> subprocess.CompletedProcess:
+    if os.geteuid() == 0:
+        argv = ["runuser", "-u", "postgres", "--", *argv]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def postgres_url():
+    initdb = shutil.which("initdb") or "/usr/lib/postgresql/15/bin/initdb"
+    pg_ctl = shutil.which("pg_ctl") or "/usr/lib/postgresql/15/bin/pg_ctl"
+    if not (Path(initdb).exists() and Path(pg_ctl).exists()):
+        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) are not installed")
+    root = Path(tempfile.mkdtemp(prefix="mwms-pg-"))
+    os.chmod(root, 0o777)
+    data = root / "data"
+    result = _run_as_postgres([initdb, "-D", str(data), "-U", "mwms", "--auth=trust", "-E", "UTF8"])
+    if result.returncode != 0:
+        shutil.rmtree(root, ignore_errors=True)
+        pytest.skip(f"cannot initialise a PostgreSQL cluster here: {result.stderr.strip()[:300]}")
+    port = free_port()
+    started = _run_as_postgres(
+        [
+            pg_ctl,
+            "-D",
+            str(data),
+            "-l",
+            str(root / "log"),
+            "-w",
+            "-o",
+            f"-p {port} -k {root} -c listen_addresses=127.0.0.1",
+            "start",
+        ]
+    )
+    if started.returncode != 0:
+        shutil.rmtree(root, ignore_errors=True)
+        pytest.skip(f"cannot start PostgreSQL here: {started.stderr.strip()[:300]}")
+    try:
+        yield f"postgresql+psycopg://mwms@127.0.0.1:{port}/postgres"
+    finally:
+        _run_as_postgres([pg_ctl, "-D", str(data), "-m", "fast", "stop"])
+        time.sleep(0.2)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_migrations_run_both_ways_on_postgres(postgres_url):
+    pytest.importorskip("psycopg")
+    db = Database(postgres_url)
+    upgrade_to_head(db.engine)
+    with db.engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), Base.metadata)
+    assert diff == [], diff
+    downgrade_to(db.engine, "base")
+    assert set(inspect(db.engine).get_table_names()) <= {"alembic_version"}
+    upgrade_to_head(db.engine)
+    db.dispose()
+
+
+def test_jobs_are_placed_and_cancelled_on_postgres(postgres_url):
+    pytest.importorskip("psycopg")
+    db = Database(postgres_url)
+    upgrade_to_head(db.engine)
+    with db.write() as session:
+        session.add(Bundle(digest="b" * 64, size=1, archive_format="tar.gz"))
+        for name in ("pg-1", "pg-2"):
+            register_agent(
+                session,
+                Registration(
+                    name,
+                    name,
+                    "127.0.0.1",
+                    20000,
+                    20010,
+                    [{"kind": "cpu", "index": 0, "name": "cpu-slot-0"}],
+                    "t",
+                ),
+                30,
+            )
+        job = create_job(session, JobCreate(bundle_digest="b" * 64, command=["python", "x.py"], workers=2))
+    with db.write() as session:
+        assert len(schedule_pending(session)) == 2
+    with db.write() as session:
+        task = session.get(Job, job.id).attempts[0].tasks[0]
+        lines = [IncomingLine(seq, "stdout", f"line {seq}", 0) for seq in (1, 2, 3)]
+        assert store_log_lines(session, task, lines) == 3
+        assert store_log_lines(session, task, lines[1:]) == 3  # a resend stores nothing twice
+        assert session.scalar(select(func.count()).select_from(LogLine)) == 3
+    with db.write() as session:
+        placed = cancel_job(session, job.id)
+        assert placed.state == "CANCELLED"
+        assert all(t.stop_requested for t in placed.attempts[0].tasks)
+    db.dispose()
