@@ -52,8 +52,13 @@ def pack(files: dict[str, str | bytes]) -> bytes:
 
 
 def pack_dir(path: Path) -> bytes:
-    return pack({str(p.relative_to(path)): p.read_bytes() for p in path.rglob("*") if p.is_file()
-                 and "__pycache__" not in p.parts})
+    return pack(
+        {
+            str(p.relative_to(path)): p.read_bytes()
+            for p in path.rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts
+        }
+    )
 
 
 @dataclass
@@ -100,15 +105,25 @@ class Cluster:
         out = log_path.open("ab")
         env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
         env.pop("TF_CONFIG", None)
-        popen = subprocess.Popen([MWMS, *args], stdout=out, stderr=subprocess.STDOUT, env=env,
-                                 start_new_session=True)
+        popen = subprocess.Popen(
+            [MWMS, *args], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
         return Process(name, popen, log_path)
 
     def start_server(self) -> None:
-        self.server = self._spawn("server", [
-            "server", "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
-            "--data-dir", str(self.root / "data"),
-        ], self.server_env)
+        self.server = self._spawn(
+            "server",
+            [
+                "server",
+                "--http-port",
+                str(self.http_port),
+                "--grpc-port",
+                str(self.grpc_port),
+                "--data-dir",
+                str(self.root / "data"),
+            ],
+            self.server_env,
+        )
         wait_until(self._healthy, 60, f"coordinator health on {self.api}\n{self.server.log_tail()}")
 
     def _healthy(self) -> bool:
@@ -121,11 +136,24 @@ class Cluster:
             return False
 
     def start_agent(self, name: str, port_low: int, slots: int = 1) -> Process:
-        agent = self._spawn(name, [
-            "agent", "--server", f"127.0.0.1:{self.grpc_port}", "--name", name,
-            "--work-dir", str(self.root / name), "--slots", str(slots),
-            "--advertise-address", "127.0.0.1", "--port-range", f"{port_low}-{port_low + 99}",
-        ])
+        agent = self._spawn(
+            name,
+            [
+                "agent",
+                "--server",
+                f"127.0.0.1:{self.grpc_port}",
+                "--name",
+                name,
+                "--work-dir",
+                str(self.root / name),
+                "--slots",
+                str(slots),
+                "--advertise-address",
+                "127.0.0.1",
+                "--port-range",
+                f"{port_low}-{port_low + 99}",
+            ],
+        )
         self.agents[name] = agent
         wait_until(lambda: self.agent_online(name), 60, f"agent {name} online\n{agent.log_tail()}")
         return agent
@@ -152,8 +180,9 @@ class Cluster:
         assert response.status_code in (200, 201), response.text
         return response.json()["digest"]
 
-    def submit(self, files: dict[str, str | bytes] | bytes, command: list[str], workers: int = 2,
-               **spec: Any) -> str:
+    def submit(
+        self, files: dict[str, str | bytes] | bytes, command: list[str], workers: int = 2, **spec: Any
+    ) -> str:
         digest = self.upload(files if isinstance(files, bytes) else pack(files))
         body = {"bundle_digest": digest, "command": command, "workers": workers, **spec}
         response = self.http.post("/api/v1/jobs", json=body)
@@ -172,7 +201,9 @@ class Cluster:
             return wait_until(reached, timeout, f"job {job_id} to reach {sorted(states)}")
         except AssertionError as error:
             job = self.job(job_id)
-            raise AssertionError(f"{error}\njob: {job['state']} {job['reason']}\nlogs:\n{self.logs_text(job_id)}")
+            raise AssertionError(
+                f"{error}\njob: {job['state']} {job['reason']}\nlogs:\n{self.logs_text(job_id)}"
+            ) from None
 
     def logs(self, job_id: str, task: int | None = None) -> list[dict[str, Any]]:
         params: dict[str, Any] = {"tail": 10000}

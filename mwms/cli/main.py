@@ -71,7 +71,6 @@ def server(
     """Run the coordinator: REST API + dashboard over HTTP, agent connections over gRPC."""
     try:
         from server.main import serve
-
         from server.settings import Settings
     except ImportError as error:
         raise CliError(

@@ -13,22 +13,31 @@ pytestmark = pytest.mark.e2e
 
 
 def test_malformed_json(cluster):
-    response = cluster.http.post("/api/v1/jobs", content=b"{not json", headers={"content-type": "application/json"})
+    response = cluster.http.post(
+        "/api/v1/jobs", content=b"{not json", headers={"content-type": "application/json"}
+    )
     assert response.status_code == 422
     assert "not valid JSON" in response.json()["detail"]
 
 
 def test_workers_below_one(cluster):
     digest = cluster.upload(pack({"a.py": "print(1)"}))
-    response = cluster.http.post("/api/v1/jobs", json={"bundle_digest": digest, "command": ["python"], "workers": 0})
+    response = cluster.http.post(
+        "/api/v1/jobs", json={"bundle_digest": digest, "command": ["python"], "workers": 0}
+    )
     assert response.status_code == 422
     assert "workers" in response.json()["detail"]
 
 
 def test_unknown_bundle_digest(cluster):
-    response = cluster.http.post("/api/v1/jobs", json={"bundle_digest": "0" * 64, "command": ["python"], "workers": 1})
+    response = cluster.http.post(
+        "/api/v1/jobs", json={"bundle_digest": "0" * 64, "command": ["python"], "workers": 1}
+    )
     assert response.status_code == 400
-    assert "unknown bundle digest" in response.json()["detail"] and "POST /api/v1/bundles" in response.json()["detail"]
+    assert (
+        "unknown bundle digest" in response.json()["detail"]
+        and "POST /api/v1/bundles" in response.json()["detail"]
+    )
 
 
 def test_unknown_fields_and_reserved_env_are_refused(cluster):
@@ -41,16 +50,23 @@ def test_unknown_fields_and_reserved_env_are_refused(cluster):
 
 
 def test_unknown_job_ids(cluster):
-    for method, path in [("GET", "/api/v1/jobs/nope"), ("POST", "/api/v1/jobs/nope/cancel"),
-                         ("GET", "/api/v1/jobs/nope/logs"), ("GET", "/api/v1/jobs/nope/metrics")]:
+    for method, path in [
+        ("GET", "/api/v1/jobs/nope"),
+        ("POST", "/api/v1/jobs/nope/cancel"),
+        ("GET", "/api/v1/jobs/nope/logs"),
+        ("GET", "/api/v1/jobs/nope/metrics"),
+    ]:
         response = cluster.http.request(method, path)
         assert response.status_code == 404, path
         assert "no job with id nope" in response.json()["detail"]
 
 
 def test_empty_and_non_archive_bundles(cluster):
-    for payload, expected in [(b"", "empty"), (b"hello world", "not a .tar.gz or .zip"),
-                              (pack({}), "holds no files")]:
+    for payload, expected in [
+        (b"", "empty"),
+        (b"hello world", "not a .tar.gz or .zip"),
+        (pack({}), "holds no files"),
+    ]:
         response = cluster.http.post("/api/v1/bundles", files={"file": ("b.tar.gz", payload)})
         assert response.status_code == 400, payload
         assert expected in response.json()["detail"]

@@ -23,7 +23,9 @@ print("REDUCED", float(strategy.reduce("SUM", value, axis=None)), flush=True)
 
 
 def test_two_worker_job_all_reduces_across_agents(cluster):
-    job_id = cluster.submit({"train.py": ALLREDUCE_PROGRAM}, ["python", "train.py"], workers=2, name="allreduce")
+    job_id = cluster.submit(
+        {"train.py": ALLREDUCE_PROGRAM}, ["python", "train.py"], workers=2, name="allreduce"
+    )
     job = cluster.wait_for(job_id, {"SUCCEEDED", "FAILED", "CANCELLED"}, timeout=180)
     assert job["state"] == "SUCCEEDED", job["reason"] + "\n" + cluster.logs_text(job_id)
 
@@ -83,8 +85,11 @@ def test_job_larger_than_the_cluster_stays_pending_with_a_reason(cluster):
     job_id = cluster.submit({"p.py": "print(1)\n"}, ["python", "p.py"], workers=1, gpus_per_worker=4)
     from cluster import wait_until
 
-    job = wait_until(lambda: (j := cluster.job(job_id))["reason"].startswith("no online agent") and j, 10,
-                     "a PENDING reason")
+    job = wait_until(
+        lambda: (j := cluster.job(job_id))["reason"].startswith("no online agent") and j,
+        10,
+        "a PENDING reason",
+    )
     assert job["state"] == "PENDING"
     assert "GPU" in job["reason"]
     cancelled = cluster.http.post(f"/api/v1/jobs/{job_id}/cancel").json()
@@ -94,10 +99,14 @@ def test_job_larger_than_the_cluster_stays_pending_with_a_reason(cluster):
 
 
 def test_cancel_running_job_stops_its_processes(cluster):
-    job_id = cluster.submit({"p.py": "import time\nprint('up', flush=True)\ntime.sleep(600)\n"}, ["python", "p.py"])
+    job_id = cluster.submit(
+        {"p.py": "import time\nprint('up', flush=True)\ntime.sleep(600)\n"}, ["python", "p.py"]
+    )
     cluster.wait_for(job_id, {"RUNNING"}, timeout=60)
     response = cluster.http.post(f"/api/v1/jobs/{job_id}/cancel")
     assert response.status_code == 200 and response.json()["state"] == "CANCELLED"
     from cluster import wait_until
 
-    wait_until(lambda: all(t["state"] == "STOPPED" for t in cluster.job(job_id)["tasks"]), 30, "tasks STOPPED")
+    wait_until(
+        lambda: all(t["state"] == "STOPPED" for t in cluster.job(job_id)["tasks"]), 30, "tasks STOPPED"
+    )

@@ -23,9 +23,14 @@ AGENT_TIMEOUT_S = 4
 @pytest.fixture(scope="module")
 def ft(tmp_path_factory):
     cluster = Cluster(
-        root=tmp_path_factory.mktemp("ft"), http_port=free_port(), grpc_port=free_port(),
-        server_env={"MWMS_AGENT_TIMEOUT_S": str(AGENT_TIMEOUT_S), "MWMS_STOP_GRACE_S": "3",
-                    "MWMS_RESTART_BACKOFF_S": "1"},
+        root=tmp_path_factory.mktemp("ft"),
+        http_port=free_port(),
+        grpc_port=free_port(),
+        server_env={
+            "MWMS_AGENT_TIMEOUT_S": str(AGENT_TIMEOUT_S),
+            "MWMS_STOP_GRACE_S": "3",
+            "MWMS_RESTART_BACKOFF_S": "1",
+        },
     )
     try:
         cluster.start_server()
@@ -41,12 +46,15 @@ def loss_steps(cluster: Cluster, job_id: str) -> list[tuple[int, int]]:
 
 
 def wait_for_step(cluster: Cluster, job_id: str, step: int, timeout: float = 120) -> None:
-    wait_until(lambda: any(s >= step for _, s in loss_steps(cluster, job_id)), timeout, f"step {step} of {job_id}")
+    wait_until(
+        lambda: any(s >= step for _, s in loss_steps(cluster, job_id)), timeout, f"step {step} of {job_id}"
+    )
 
 
 def test_killed_task_restarts_the_group_and_resumes_from_the_checkpoint(ft):
-    job_id = ft.submit(PROGRAM, ["python", "train.py", "--steps", "60", "--every", "10"], workers=2,
-                       name="kill-a-task")
+    job_id = ft.submit(
+        PROGRAM, ["python", "train.py", "--steps", "60", "--every", "10"], workers=2, name="kill-a-task"
+    )
     wait_for_step(ft, job_id, 35)
     victim = next(t for t in ft.job(job_id)["tasks"] if t["index"] == 1)
     os.kill(victim["pid"], signal.SIGKILL)
@@ -70,8 +78,12 @@ def test_killed_task_restarts_the_group_and_resumes_from_the_checkpoint(ft):
 
 
 def test_coordinator_restart_does_not_disturb_training(ft):
-    job_id = ft.submit(PROGRAM, ["python", "train.py", "--steps", "40", "--every", "100", "--delay", "0.15"],
-                       workers=2, name="restart-coordinator")
+    job_id = ft.submit(
+        PROGRAM,
+        ["python", "train.py", "--steps", "40", "--every", "100", "--delay", "0.15"],
+        workers=2,
+        name="restart-coordinator",
+    )
     wait_for_step(ft, job_id, 5)
     ft.server.stop()
     time.sleep(2)  # training goes on while nobody listens; agents buffer what it produces
@@ -84,15 +96,22 @@ def test_coordinator_restart_does_not_disturb_training(ft):
 
 
 def test_lost_agent_ends_the_attempt_and_the_job_moves_to_the_third_agent(ft):
-    job_id = ft.submit(PROGRAM, ["python", "train.py", "--steps", "200", "--every", "10", "--delay", "0.05"],
-                       workers=2, name="kill-an-agent")
+    job_id = ft.submit(
+        PROGRAM,
+        ["python", "train.py", "--steps", "200", "--every", "10", "--delay", "0.05"],
+        workers=2,
+        name="kill-an-agent",
+    )
     wait_for_step(ft, job_id, 5)
     tasks = ft.job(job_id)["tasks"]
     victim = tasks[1]["agent_name"]
     ft.agents[victim].popen.kill()
     killed_at = time.monotonic()
-    wait_until(lambda: ft.job(job_id)["attempt_history"][0]["state"] != "ACTIVE", AGENT_TIMEOUT_S + 6,
-               "the attempt to end after the agent was lost")
+    wait_until(
+        lambda: ft.job(job_id)["attempt_history"][0]["state"] != "ACTIVE",
+        AGENT_TIMEOUT_S + 6,
+        "the attempt to end after the agent was lost",
+    )
     assert time.monotonic() - killed_at <= AGENT_TIMEOUT_S + 3
     assert "lost" in ft.job(job_id)["attempt_history"][0]["reason"]
 
@@ -104,13 +123,17 @@ def test_lost_agent_ends_the_attempt_and_the_job_moves_to_the_third_agent(ft):
 
 
 def test_without_a_spare_agent_the_job_waits_pending_with_a_reason(ft):
-    job_id = ft.submit(PROGRAM, ["python", "train.py", "--steps", "400", "--delay", "0.05"], workers=3,
-                       name="no-spare")
+    job_id = ft.submit(
+        PROGRAM, ["python", "train.py", "--steps", "400", "--delay", "0.05"], workers=3, name="no-spare"
+    )
     wait_for_step(ft, job_id, 3)
     victim = ft.job(job_id)["tasks"][2]["agent_name"]
     ft.agents[victim].popen.kill()
-    job = wait_until(lambda: (j := ft.job(job_id))["state"] == "PENDING" and "at most 2" in j["reason"] and j,
-                     AGENT_TIMEOUT_S + 30, "PENDING with a capacity reason")
+    job = wait_until(
+        lambda: (j := ft.job(job_id))["state"] == "PENDING" and "at most 2" in j["reason"] and j,
+        AGENT_TIMEOUT_S + 30,
+        "PENDING with a capacity reason",
+    )
     assert "add agents" in job["reason"]
     ft.http.post(f"/api/v1/jobs/{job_id}/cancel")
     ft.start_agent(victim, {"ft-1": 23000, "ft-2": 23100, "ft-3": 23200}[victim])
@@ -124,12 +147,23 @@ def test_cancel_in_each_phase_leaves_no_process(ft, phase):
     if phase == "PENDING":
         spec = {"gpus_per_worker": 1}
     if phase == "RESTARTING":
-        command = ["python", "-c", "import os, signal, time; time.sleep(0.5); os.kill(os.getpid(), signal.SIGKILL)"]
+        command = [
+            "python",
+            "-c",
+            "import os, signal, time; time.sleep(0.5); os.kill(os.getpid(), signal.SIGKILL)",
+        ]
         spec = {"restart": {"max_restarts": 5}}
     job_id = ft.submit({"x.txt": "x"}, command, workers=2, **spec)
     ft.wait_for(job_id, {phase}, timeout=60)
     response = ft.http.post(f"/api/v1/jobs/{job_id}/cancel")
     assert response.status_code == 200 and response.json()["state"] == "CANCELLED"
-    wait_until(lambda: not processes_of_job(job_id), 30, f"no process of the job left after cancel in {phase}")
-    wait_until(lambda: all(t["state"] in ("STOPPED", "FAILED", "LOST", "SUCCEEDED") for t in ft.job(job_id)["tasks"]),
-               30, "every task ended")
+    wait_until(
+        lambda: not processes_of_job(job_id), 30, f"no process of the job left after cancel in {phase}"
+    )
+    wait_until(
+        lambda: all(
+            t["state"] in ("STOPPED", "FAILED", "LOST", "SUCCEEDED") for t in ft.job(job_id)["tasks"]
+        ),
+        30,
+        "every task ended",
+    )

@@ -67,8 +67,13 @@ def test_reported_metrics_are_reduced_across_workers_and_stored_once(cluster):
 
 
 def test_report_on_one_worker_fails_clearly_instead_of_hanging(cluster):
-    job_id = cluster.submit({"train.py": ONE_SIDED}, ["python", "train.py"], workers=2, name="one-sided",
-                            env={"MWMS_REPORT_TIMEOUT_S": "3"})
+    job_id = cluster.submit(
+        {"train.py": ONE_SIDED},
+        ["python", "train.py"],
+        workers=2,
+        name="one-sided",
+        env={"MWMS_REPORT_TIMEOUT_S": "3"},
+    )
     job = cluster.wait_for(job_id, {"SUCCEEDED", "FAILED", "CANCELLED"}, timeout=120)
     assert job["state"] == "FAILED"
     assert "code 70" in job["reason"] and "every worker" in job["reason"], job["reason"]
@@ -80,8 +85,12 @@ def test_keras_example_reports_true_batch_metrics(cluster):
     from cluster import pack_dir
 
     example = Path(__file__).resolve().parents[2] / "examples" / "keras_fit"
-    job_id = cluster.submit(pack_dir(example), ["python", "train.py", "--epochs", "2", "--steps-per-epoch", "10"],
-                            workers=2, name="keras-fit")
+    job_id = cluster.submit(
+        pack_dir(example),
+        ["python", "train.py", "--epochs", "2", "--steps-per-epoch", "10"],
+        workers=2,
+        name="keras-fit",
+    )
     job = cluster.wait_for(job_id, {"SUCCEEDED", "FAILED", "CANCELLED"}, timeout=180)
     assert job["state"] == "SUCCEEDED", job["reason"]
     series: dict[str, dict[int, float]] = {}
@@ -89,6 +98,11 @@ def test_keras_example_reports_true_batch_metrics(cluster):
         series.setdefault(p["name"], {})[p["step"]] = p["value"]
     assert max(series["accuracy"].values()) <= 1.0
     # fit's batch loss is the running mean of the epoch, so the last batch of an epoch equals the epoch loss
-    assert abs(series["loss"][20] - series["epoch_loss"][1]) < 1e-4, (series["loss"][20], series["epoch_loss"])
+    assert abs(series["loss"][20] - series["epoch_loss"][1]) < 1e-4, (
+        series["loss"][20],
+        series["epoch_loss"],
+    )
     assert series["loss"][20] < series["loss"][1]
-    assert any(a["path"].startswith("model") for a in cluster.http.get(f"/api/v1/jobs/{job_id}/artifacts").json())
+    assert any(
+        a["path"].startswith("model") for a in cluster.http.get(f"/api/v1/jobs/{job_id}/artifacts").json()
+    )

@@ -80,7 +80,11 @@ def test_distribute_dataset_shards_disjointly_across_workers(results):
 
 def test_datasets_from_function_input_context(results):
     for task, r in results.items():
-        assert r["input_context"] == {"num_input_pipelines": 2, "input_pipeline_id": task, "per_replica_batch_size": 4}
+        assert r["input_context"] == {
+            "num_input_pipelines": 2,
+            "input_pipeline_id": task,
+            "per_replica_batch_size": 4,
+        }
         assert r["first_batch_from_function"] == [task, task + 2, task + 4, task + 6]
 
 

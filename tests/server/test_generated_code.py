@@ -10,8 +10,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_committed_generated_code_is_fresh(tmp_path):
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_proto.py"), str(tmp_path)], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gen_proto.py"), str(tmp_path)],
+        check=True,
+        capture_output=True,
+    )
     generated = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*_pb2*"))
     assert generated, "generation produced nothing"
     for rel in generated:

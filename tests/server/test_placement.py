@@ -7,18 +7,35 @@ import random
 from server.services.placement import AgentCapacity, NoFit, place_gang
 
 
-def gpu_agent(name: str, gpus: int, free: tuple[int, ...] | None = None, used_ports=frozenset()) -> AgentCapacity:
+def gpu_agent(
+    name: str, gpus: int, free: tuple[int, ...] | None = None, used_ports=frozenset()
+) -> AgentCapacity:
     return AgentCapacity(
-        agent_id=name, name=name, address=f"{name}.local", device_kind="gpu", all_devices=tuple(range(gpus)),
-        free_devices=tuple(range(gpus)) if free is None else free, port_low=20000, port_high=20009,
+        agent_id=name,
+        name=name,
+        address=f"{name}.local",
+        device_kind="gpu",
+        all_devices=tuple(range(gpus)),
+        free_devices=tuple(range(gpus)) if free is None else free,
+        port_low=20000,
+        port_high=20009,
         used_ports=frozenset(used_ports),
     )
 
 
-def cpu_agent(name: str, slots: int = 1, ports: tuple[int, int] = (20000, 20009), used_ports=frozenset()) -> AgentCapacity:
+def cpu_agent(
+    name: str, slots: int = 1, ports: tuple[int, int] = (20000, 20009), used_ports=frozenset()
+) -> AgentCapacity:
     return AgentCapacity(
-        agent_id=name, name=name, address="127.0.0.1", device_kind="cpu", all_devices=tuple(range(slots)),
-        free_devices=tuple(range(slots)), port_low=ports[0], port_high=ports[1], used_ports=frozenset(used_ports),
+        agent_id=name,
+        name=name,
+        address="127.0.0.1",
+        device_kind="cpu",
+        all_devices=tuple(range(slots)),
+        free_devices=tuple(range(slots)),
+        port_low=ports[0],
+        port_high=ports[1],
+        used_ports=frozenset(used_ports),
     )
 
 
@@ -70,7 +87,9 @@ def test_ports_held_by_live_tasks_are_not_reused():
 
 
 def test_full_port_range_blocks_placement():
-    result = place_gang([cpu_agent("a", ports=(20000, 20000), used_ports={20000})], workers=1, gpus_per_worker=0)
+    result = place_gang(
+        [cpu_agent("a", ports=(20000, 20000), used_ports={20000})], workers=1, gpus_per_worker=0
+    )
     assert isinstance(result, NoFit)
 
 

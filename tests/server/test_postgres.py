@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from cluster import free_port
 from sqlalchemy import func, inspect, select
 
 from server.db.engine import Database
@@ -23,6 +22,8 @@ from server.services.agents import Registration, register_agent
 from server.services.jobs import cancel_job, create_job
 from server.services.scheduling import schedule_pending
 from server.services.telemetry import IncomingLine, store_log_lines
+
+from cluster import free_port
 
 
 def _run_as_postgres(argv: list[str]) -> subprocess.CompletedProcess:

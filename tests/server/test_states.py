@@ -26,7 +26,7 @@ from server.states import (
     ],
 )
 def test_lifecycles_allowed(path):
-    for current, requested in zip(path, path[1:]):
+    for current, requested in zip(path, path[1:], strict=False):
         check_job_transition(current, requested)
 
 

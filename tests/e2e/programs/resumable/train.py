@@ -43,7 +43,9 @@ def train_step(batch):
         features, labels = inputs
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(tf.square(model(features) - labels))
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        optimizer.apply_gradients(
+            zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+        )
         return loss
 
     return strategy.run(step_fn, args=(batch,))

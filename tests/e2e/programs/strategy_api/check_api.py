@@ -28,14 +28,18 @@ out["variable_type"] = type(mirrored).__name__
 per_replica = strategy.run(replica_id)  # replica r holds r
 out["sum_none"] = float(strategy.reduce("SUM", per_replica, axis=None))
 out["mean_none"] = float(strategy.reduce("MEAN", per_replica, axis=None))
-vectors = strategy.run(lambda: replica_id() * 10 + tf.range(4, dtype=tf.float32))  # [10r, 10r+1, 10r+2, 10r+3]
+vectors = strategy.run(
+    lambda: replica_id() * 10 + tf.range(4, dtype=tf.float32)
+)  # [10r, 10r+1, 10r+2, 10r+3]
 out["sum_axis0"] = float(strategy.reduce("SUM", vectors, axis=0))
 out["mean_axis0"] = float(strategy.reduce("MEAN", vectors, axis=0))
 out["sum_none_vector"] = strategy.reduce("SUM", vectors, axis=None).numpy().tolist()
 
 # a partial last batch: 6 examples split [0, 1, 2, 3] and [4, 5]; MEAN with axis=0 divides by 6
 partial = strategy.experimental_distribute_values_from_function(
-    lambda ctx: tf.constant([0.0, 1.0, 2.0, 3.0]) if ctx.replica_id_in_sync_group == 0 else tf.constant([4.0, 5.0])
+    lambda ctx: (
+        tf.constant([0.0, 1.0, 2.0, 3.0]) if ctx.replica_id_in_sync_group == 0 else tf.constant([4.0, 5.0])
+    )
 )
 out["partial_sum_axis0"] = float(strategy.reduce("SUM", partial, axis=0))
 out["partial_mean_axis0"] = float(strategy.reduce("MEAN", partial, axis=0))
@@ -102,8 +106,9 @@ def make_model():
 with strategy.scope():
     fit_model = make_model()
     fit_model.compile(optimizer=tf.keras.optimizers.SGD(LR), loss="mse")
-history = fit_model.fit(strategy.distribute_datasets_from_function(shard_fn), epochs=1, steps_per_epoch=STEPS,
-                        verbose=0)
+history = fit_model.fit(
+    strategy.distribute_datasets_from_function(shard_fn), epochs=1, steps_per_epoch=STEPS, verbose=0
+)
 out["fit_weights"] = [float(w.numpy().ravel()[0]) for w in fit_model.weights]
 out["keras_module"] = tf.keras.__name__ if hasattr(tf.keras, "__name__") else str(tf.keras)
 
