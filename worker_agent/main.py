@@ -32,10 +32,16 @@ HEALTHY_SESSION_SECONDS = 10.0
 # On shutdown, how long to wait for the coordinator to acknowledge the final reports.
 FINAL_ACK_WAIT_SECONDS = 5.0
 # The channel's own reconnect backoff (default: up to 120 s) must not outlast the agent's Backoff.
+# Keepalive pings notice a silently dropped network (no RST, no FIN) within about 15 s; the coordinator
+# accepts a ping every 5 s, also while no call is open.
 CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 500),
     ("grpc.min_reconnect_backoff_ms", 500),
     ("grpc.max_reconnect_backoff_ms", 10_000),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
 ]
 # Codes after which registering again cannot help.
 REFUSAL_CODES = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.INVALID_ARGUMENT})
@@ -54,6 +60,9 @@ def run_agent(config: AgentConfig, stop: threading.Event) -> int:
     channel = grpc.insecure_channel(config.server, options=CHANNEL_OPTIONS)
     stub = agent_pb2_grpc.AgentServiceStub(channel)
     tasks = TaskManager(config.work_dir, stub, hostname, default_grace_seconds=config.stop_grace)
+    # Before registering: what a previous agent process left running is stopped and reported in the Hello.
+    tasks.recover(config.stop_grace)
+    heartbeats_answered = threading.Event()
     backoff = Backoff(initial=0.5, maximum=10.0)
     session: AgentSession | None = None
     exit_code = EXIT_OK
@@ -70,10 +79,11 @@ def run_agent(config: AgentConfig, stop: threading.Event) -> int:
                 stop.wait(backoff.next_delay())
                 continue
             log.info("registered as agent %s", agent_id)
-            session = AgentSession(stub, agent_id, heartbeat_interval, tasks)
+            session = AgentSession(stub, agent_id, heartbeat_interval, tasks, heartbeats_answered)
             opened_at = time.monotonic()
             session.open()
             while not stop.is_set() and not session.ended.is_set():
+                session.end_if_silent()
                 stop.wait(0.1)
             if stop.is_set():
                 break

@@ -4,6 +4,12 @@ start/stop commands and acks down.
 The session never blocks on its tasks: commands go to the TaskManager, which does its work in threads.
 When the stream breaks the session ends; the agent's main loop registers again and opens a new one, whose
 Hello carries every known task and which resends everything not yet acknowledged.
+
+A stream can also die without breaking (a coordinator that hangs, a middlebox that keeps the TCP
+connection but forwards nothing). A coordinator that answers heartbeats (an Ack without a task id) is
+expected to keep doing so: once one answer has been seen, 3 heartbeat intervals + 5 s without any message
+end the session, and the agent reconnects. A coordinator that never answers heartbeats is not held to it;
+gRPC keepalive pings still notice a dead network under it.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ log = logging.getLogger("mwms.agent.session")
 
 BATCH_INTERVAL_SECONDS = 0.2
 BATCH_MAX_ITEMS = 500
+# Silence allowed on a stream beyond 3 heartbeat intervals before it is treated as dead.
+SILENCE_GRACE_SECONDS = 5.0
 
 
 class AgentSession:
@@ -34,11 +42,16 @@ class AgentSession:
         agent_id: str,
         heartbeat_interval: float,
         tasks: TaskManager,
+        heartbeats_answered: threading.Event | None = None,
     ) -> None:
         self._stub = stub
         self._agent_id = agent_id
         self._heartbeat_interval = heartbeat_interval
         self._tasks = tasks
+        # Shared by the agent's sessions: set once the coordinator has answered a heartbeat.
+        self._heartbeats_answered = heartbeats_answered or threading.Event()
+        self._silence_limit = 3 * heartbeat_interval + SILENCE_GRACE_SECONDS
+        self._last_received = time.monotonic()
         self._call: grpc.Future | None = None
         self._closing = threading.Event()
         # Set once the stream has ended, whatever the cause.
@@ -64,6 +77,7 @@ class AgentSession:
     def _read_commands(self, call: Iterator[agent_pb2.CoordinatorMessage]) -> None:
         try:
             for message in call:
+                self._last_received = time.monotonic()
                 self._dispatch(message)
         except grpc.RpcError as error:
             if not self._closing.is_set():
@@ -88,6 +102,9 @@ class AgentSession:
         elif kind == "stop":
             self._tasks.stop(message.stop)
         elif kind == "ack":
+            if not message.ack.task_id:
+                self._heartbeats_answered.set()
+                return
             self._tasks.ack(message.ack)
         else:
             log.warning("ignoring a coordinator message of unknown kind %r", kind)
@@ -99,6 +116,7 @@ class AgentSession:
             hello=agent_pb2.Hello(agent_id=self._agent_id, tasks=self._tasks.current_reports())
         )
         next_heartbeat = time.monotonic()
+        self._last_received = time.monotonic()
         while not self._closing.is_set():
             # Cleared before looking, so a report queued from here on wakes the wait below.
             self._tasks.reports_ready.clear()
@@ -114,6 +132,26 @@ class AgentSession:
                 yield agent_pb2.AgentMessage(task=report)
             wait = min(BATCH_INTERVAL_SECONDS, max(0.0, next_heartbeat - time.monotonic()))
             self._tasks.reports_ready.wait(wait)
+
+    def end_if_silent(self) -> bool:
+        """Ends the stream when the coordinator, which answers heartbeats, has been silent too long.
+
+        Called from the agent's main loop, not from the sender: on a dead link the sender can be stuck in
+        flow control and would never look.
+        """
+        if not self._heartbeats_answered.is_set() or self._closing.is_set():
+            return False
+        if time.monotonic() - self._last_received <= self._silence_limit:
+            return False
+        log.warning(
+            "no message from the coordinator for %.0f s although it answers heartbeats; reconnecting",
+            time.monotonic() - self._last_received,
+        )
+        self._closing.set()
+        self._tasks.reports_ready.set()
+        if self._call is not None:
+            self._call.cancel()
+        return True
 
     def _drain_reports(self) -> list[agent_pb2.TaskReport]:
         reports = []

@@ -1,8 +1,13 @@
 """The tasks this agent process knows: starting, running and stopping them, and what to report about them.
 
-Every state change becomes a TaskReport on `reports` (the session sends them); log lines and metric points
-wait in each task's outboxes until the coordinator acknowledges them. A task is forgotten once its final
-state and all its logs and metrics are acknowledged.
+Every state change becomes a TaskReport on `reports` (the session sends them) and is written to the task
+table on disk (`agent-state.json`); log lines and metric points wait in each task's on-disk outboxes
+(`outbox/<task_id>/`) until the coordinator acknowledges them. A task is forgotten once its final state and
+all its logs and metrics are acknowledged.
+
+After an agent restart, `recover()` stops the process groups the previous agent process left behind and
+turns every recorded task into an ended record, so the first Hello reports it and its unacknowledged
+lines are sent again.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import shutil
 import socket
 import threading
 import time
@@ -17,8 +23,10 @@ from pathlib import Path
 
 from mwms.archive import ArchiveError, extract_archive
 from mwms.v1 import agent_pb2, agent_pb2_grpc
-from worker_agent import artifacts
+from worker_agent import agent_state, artifacts, checkpoints
+from worker_agent.agent_state import AgentStateFile, TaskEntry
 from worker_agent.bundles import BundleCache, BundleError
+from worker_agent.checkpoints import CheckpointWatcher, RestoreError
 from worker_agent.metrics import MetricsTail
 from worker_agent.outbox import Outbox
 from worker_agent.runner import TaskProcess, describe_exit
@@ -32,6 +40,24 @@ TERMINAL_STATES = frozenset(
     | {agent_pb2.TASK_STATE_REJECTED}
 )
 METRICS_POLL_SECONDS = 0.5
+RESTARTED_WHILE_RUNNING = "the agent restarted while this task was running; its process was stopped"
+RESTARTED_AFTER_EXIT = (
+    "the agent restarted while this task was running; its process had already ended (exit code unknown)"
+)
+RESTARTED_BEFORE_SPAWN = "the agent restarted before the task's process was started"
+# Exit code reported when the process ended while no agent watched it.
+UNKNOWN_EXIT_CODE = -1
+
+
+def _recovered_outcome(entry: TaskEntry, stopped_now: bool) -> tuple[State.ValueType, int, str]:
+    """(state, exit code, message) to report for a task found in the table of a previous agent process."""
+    if entry.state in TERMINAL_STATES:
+        return entry.state, entry.exit_code, entry.message
+    if entry.pid == 0:
+        return agent_pb2.TASK_STATE_REJECTED, 0, RESTARTED_BEFORE_SPAWN
+    if stopped_now:
+        return agent_pb2.TASK_STATE_FAILED, 137, RESTARTED_WHILE_RUNNING
+    return agent_pb2.TASK_STATE_FAILED, UNKNOWN_EXIT_CODE, RESTARTED_AFTER_EXIT
 
 
 def port_is_free(port: int) -> bool:
@@ -49,17 +75,21 @@ def port_is_free(port: int) -> bool:
 class TaskRecord:
     """One task: its start command, current report, outboxes and (once spawned) its process."""
 
-    def __init__(self, start: agent_pb2.StartTask, paths: TaskPaths) -> None:
+    def __init__(self, start: agent_pb2.StartTask, paths: TaskPaths, outbox_dir: Path) -> None:
         self.start = start
         self.paths = paths
+        self.outbox_dir = outbox_dir
         self.report = agent_pb2.TaskReport(task_id=start.task_id, state=agent_pb2.TASK_STATE_STARTING)
-        self.logs: Outbox[agent_pb2.LogLine] = Outbox()
-        self.metrics: Outbox[agent_pb2.MetricPoint] = Outbox()
+        self.logs: Outbox[agent_pb2.LogLine] = Outbox(outbox_dir, "logs", agent_pb2.LogLine)
+        self.metrics: Outbox[agent_pb2.MetricPoint] = Outbox(outbox_dir, "metrics", agent_pb2.MetricPoint)
         self.process: TaskProcess | None = None
+        self.pid = 0
+        self.start_ticks = 0
         self.stop_reason: str | None = None
         self.final_acked = False
         self.lock = threading.RLock()
-        self._log_seq = 0
+        # Continues after every seq a previous agent process used for this task.
+        self._log_seq = self.logs.last_seq
         self._log_seq_lock = threading.Lock()
 
     @property
@@ -77,7 +107,41 @@ class TaskRecord:
             line = agent_pb2.LogLine(
                 seq=self._log_seq, stream=stream, text=text, unix_ms=int(time.time() * 1000)
             )
-            self.logs.add(line)
+            dropped = self.logs.add(line)
+        if dropped:
+            self.add_log(
+                "stderr",
+                f"mwms-agent: the coordinator was unreachable too long; dropped the {dropped} oldest "
+                f"unsent log lines ({self.logs.dropped} in all)",
+            )
+
+    def add_metric(self, point: agent_pb2.MetricPoint) -> None:
+        """Keeps a metric point until acknowledged (its seq is its line in the metrics file)."""
+        dropped = self.metrics.add(point)
+        if dropped:
+            self.add_log(
+                "stderr",
+                f"mwms-agent: the coordinator was unreachable too long; dropped the {dropped} oldest "
+                f"unsent metric points ({self.metrics.dropped} in all)",
+            )
+
+    def entry(self) -> TaskEntry:
+        """The task's row in the on-disk task table."""
+        report = self.report
+        return TaskEntry(
+            task_id=self.task_id,
+            job_id=self.start.job_id,
+            attempt=self.start.attempt,
+            task_index=self.start.task_index,
+            state=report.state,
+            pid=self.pid,
+            pgid=self.pid,  # spawned with start_new_session: the group id is the pid
+            start_ticks=self.start_ticks,
+            boot_id=agent_state.boot_id() if self.pid else "",
+            exit_code=report.exit_code,
+            message=report.message,
+            final_acked=self.final_acked,
+        )
 
 
 class TaskManager:
@@ -95,8 +159,15 @@ class TaskManager:
         self._hostname = hostname
         self._default_grace = default_grace_seconds
         self._bundles = BundleCache(work_dir / "bundles", stub)
+        self._outbox_root = work_dir / "outbox"
+        self._state = AgentStateFile(work_dir / "agent-state.json")
+        self._state_lock = threading.Lock()
         self._records: dict[str, TaskRecord] = {}
         self._records_lock = threading.Lock()
+        # One restore per job and attempt on this agent, even when several of its tasks run here.
+        self._restores: dict[tuple[str, int], threading.Lock] = {}
+        self._restored: set[tuple[str, int]] = set()
+        self._restores_guard = threading.Lock()
         # Reports waiting to be sent; `reports_ready` wakes the session's sender.
         self.reports: queue.Queue[agent_pb2.TaskReport] = queue.Queue()
         self.reports_ready = threading.Event()
@@ -107,10 +178,12 @@ class TaskManager:
             return list(self._records.values())
 
     def current_reports(self) -> list[agent_pb2.TaskReport]:
-        """The latest report of every known task (for Hello)."""
+        """The latest report of every known task whose final state is not acknowledged yet (for Hello)."""
         reports = []
         for record in self.records():
             with record.lock:
+                if record.final_acked:
+                    continue
                 report = agent_pb2.TaskReport()
                 report.CopyFrom(record.report)
                 reports.append(report)
@@ -121,7 +194,8 @@ class TaskManager:
         with self._records_lock:
             record = self._records.get(start.task_id)
             if record is None:
-                record = TaskRecord(start, TaskPaths.for_task(self._work_dir, start))
+                outbox_dir = self._outbox_root / start.task_id
+                record = TaskRecord(start, TaskPaths.for_task(self._work_dir, start), outbox_dir)
                 self._records[start.task_id] = record
                 is_new = True
             else:
@@ -191,18 +265,86 @@ class TaskManager:
             return
         record.logs.ack(ack.log_seq)
         record.metrics.ack(ack.metric_seq)
+        newly_final = False
         with record.lock:
-            if ack.final_state and record.ended:
-                record.final_acked = True
-            done = (
-                record.final_acked
-                and not record.logs.unacked(limit=1)
-                and not record.metrics.unacked(limit=1)
-            )
+            if ack.final_state and record.ended and not record.final_acked:
+                record.final_acked = newly_final = True
+            done = record.final_acked and not record.logs and not record.metrics
         if done:
+            self._forget(record)
+        elif newly_final:
+            self._persist()
+
+    def recover(self, grace_seconds: float) -> int:
+        """Takes over the tasks a previous agent process on this work dir left; returns how many.
+
+        Process groups still alive are stopped (SIGTERM, SIGKILL after `grace_seconds`): nothing can read
+        their output any more. Each task becomes an ended record whose final state the next Hello reports
+        and whose unacknowledged log lines and metric points are sent again.
+        """
+        entries = self._state.load()
+        orphans = [e for e in entries if e.state not in TERMINAL_STATES and agent_state.owns_live_group(e)]
+        if orphans:
+            log.warning(
+                "%d task process group(s) outlived the previous agent process; stopping them", len(orphans)
+            )
+            agent_state.stop_groups([e.pgid for e in orphans], grace_seconds)
+        stopped = {e.task_id for e in orphans}
+        for entry in entries:
+            start = agent_pb2.StartTask(
+                task_id=entry.task_id, job_id=entry.job_id, attempt=entry.attempt, task_index=entry.task_index
+            )
+            paths = TaskPaths.for_task(self._work_dir, start)
+            record = TaskRecord(start, paths, self._outbox_root / entry.task_id)
+            record.pid, record.start_ticks, record.final_acked = (
+                entry.pid,
+                entry.start_ticks,
+                entry.final_acked,
+            )
+            state, exit_code, message = _recovered_outcome(entry, entry.task_id in stopped)
+            record.report = agent_pb2.TaskReport(
+                task_id=entry.task_id, state=state, exit_code=exit_code, message=message, pid=entry.pid
+            )
+            if entry.state not in TERMINAL_STATES:
+                record.add_log("stderr", f"mwms-agent: {message}")
+            # Metric lines written after the dead agent's last poll; points already stored are ignored.
+            self._drain_metrics(record)
             with self._records_lock:
-                self._records.pop(ack.task_id, None)
-            log.info("task %s is fully acknowledged; forgetting it", ack.task_id)
+                self._records[entry.task_id] = record
+            if record.final_acked and not record.logs and not record.metrics:
+                self._forget(record)
+        if entries:
+            log.info("took over %d task(s) from the previous agent process", len(entries))
+        self._persist()
+        return len(entries)
+
+    @staticmethod
+    def _drain_metrics(record: TaskRecord) -> None:
+        tail = MetricsTail(record.paths.metrics_file)
+        while True:
+            points, warnings = tail.poll()
+            if not points and not warnings:
+                return
+            for point in points:
+                record.add_metric(point)
+
+    def _forget(self, record: TaskRecord) -> None:
+        with self._records_lock:
+            self._records.pop(record.task_id, None)
+        record.logs.close()
+        record.metrics.close()
+        shutil.rmtree(record.outbox_dir, ignore_errors=True)
+        self._persist()
+        log.info("task %s is fully acknowledged; forgetting it", record.task_id)
+
+    def _persist(self) -> None:
+        """Writes the task table; serialized, so the file always ends with the latest snapshot."""
+        with self._state_lock:
+            entries = [record.entry() for record in self.records()]
+            try:
+                self._state.save(entries)
+            except OSError as error:
+                log.warning("could not write the task table %s: %s", self._state.path, error)
 
     def _get(self, task_id: str) -> TaskRecord | None:
         with self._records_lock:
@@ -231,7 +373,8 @@ class TaskManager:
                 task_id=record.task_id, state=state, message=message, exit_code=exit_code, pid=pid
             )
             self._send(record.report)
-            return True
+        self._persist()
+        return True
 
     def _reject(self, record: TaskRecord, message: str) -> None:
         log.warning("task %s rejected: %s", record.task_id, message)
@@ -257,6 +400,10 @@ class TaskManager:
             record.paths.create_fresh()
             if archive is not None:
                 extract_archive(archive, record.paths.bundle_dir)
+            if start.restore_checkpoint and not start.shared_checkpoint_dir:
+                self._restore_checkpoint(record)
+            if record.ended:
+                return
             env = child_environment(start, record.paths, os.environ)
             self._spawn(record, command, env)
         except (BundleError, ArchiveError) as error:
@@ -267,13 +414,49 @@ class TaskManager:
             log.exception("task %s failed to start", record.task_id)
             self._reject(record, f"the agent failed to start the task: {error}")
 
+    def _restore_checkpoint(self, record: TaskRecord) -> None:
+        """Installs the job's latest checkpoint archive, once per job and attempt; a failure is only noted."""
+        key = (record.start.job_id, record.start.attempt)
+        with self._restores_guard:
+            lock = self._restores.setdefault(key, threading.Lock())
+        with lock:
+            if key in self._restored:
+                return
+            try:
+                size = checkpoints.restore_checkpoint(
+                    self._stub, record.start.job_id, record.paths.checkpoint_dir
+                )
+            except (RestoreError, ArchiveError, OSError) as error:
+                log.warning("task %s: %s", record.task_id, error)
+                record.add_log(
+                    "stderr", f"mwms-agent: could not restore the checkpoint ({error}); starting without it"
+                )
+                return
+            self._restored.add(key)
+        if size:
+            log.info("restored the checkpoint of job %s (%d bytes)", record.start.job_id, size)
+            record.add_log("stderr", f"mwms-agent: restored the job's latest checkpoint ({size} bytes)")
+
+    def _checkpoint_watcher(self, record: TaskRecord) -> CheckpointWatcher | None:
+        """A watcher of the chief's checkpoint dir, unless checkpoints live on a shared filesystem."""
+        if record.start.task_index != 0 or record.start.shared_checkpoint_dir:
+            return None
+
+        def upload(archive: Path) -> None:
+            checkpoints.upload_checkpoint(self._stub, record.task_id, archive)
+
+        return CheckpointWatcher(record.paths.checkpoint_dir, record.paths.task_dir, upload)
+
     def _spawn(self, record: TaskRecord, command: list[str], env: dict[str, str]) -> None:
         metrics_done = threading.Event()
         tail = MetricsTail(record.paths.metrics_file)
+        watcher = self._checkpoint_watcher(record)
 
         def on_exit(exit_code: int) -> None:
             metrics_done.set()
             metrics_thread.join()
+            if watcher is not None:
+                watcher.finish()
             self._task_exited(record, exit_code, tail)
 
         process = TaskProcess(command, env, record.paths.bundle_dir, record.add_log, on_exit)
@@ -287,9 +470,19 @@ class TaskManager:
         with record.lock:
             if record.ended:
                 return
+            if watcher is not None:
+                watcher.start()
             metrics_thread.start()
-            pid = process.start()
+            try:
+                pid = process.start()
+            except BaseException:
+                metrics_done.set()
+                if watcher is not None:
+                    watcher.cancel()
+                raise
             record.process = process
+            record.pid = pid
+            record.start_ticks = agent_state.process_start_ticks(pid)
             self._publish(record, agent_pb2.TASK_STATE_RUNNING, pid=pid)
         log.info("task %s running as pid %d", record.task_id, pid)
 
@@ -303,7 +496,7 @@ class TaskManager:
         for warning in warnings:
             record.add_log("stderr", warning)
         for point in points:
-            record.metrics.add(point)
+            record.add_metric(point)
 
     def _task_exited(self, record: TaskRecord, exit_code: int, tail: MetricsTail) -> None:
         self._poll_metrics(record, tail)
