@@ -72,12 +72,12 @@ class CheckpointWatcher:
         directory: Path,
         scratch_dir: Path,
         upload: Callable[[Path], None],
-        poll_seconds: float = POLL_SECONDS,
+        poll_seconds: float | None = None,
     ) -> None:
         self.directory = directory
         self._scratch_dir = scratch_dir
         self._upload = upload
-        self._poll_seconds = poll_seconds
+        self._poll_seconds = POLL_SECONDS if poll_seconds is None else poll_seconds
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"checkpoints-{directory.name}", daemon=True)
         # What the dir held when the task started (a restored checkpoint is not uploaded again).

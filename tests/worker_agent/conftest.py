@@ -83,6 +83,10 @@ class FakeCoordinator(agent_pb2_grpc.AgentServiceServicer):
         self.bundles_released = threading.Event()
         self.bundles_released.set()
         self.uploads: list[tuple[str, int, bytes]] = []
+        # Checkpoint archives by job id (FetchCheckpoint streams nothing for a job without one).
+        self.checkpoints: dict[str, bytes] = {}
+        self.checkpoint_fetches: list[str] = []
+        self.checkpoint_fetch_error: grpc.StatusCode | None = None
         self.refuse_with: grpc.StatusCode | None = None
         # When set, log/metric batches and final reports are acknowledged as they arrive.
         self.auto_ack = True
@@ -119,6 +123,16 @@ class FakeCoordinator(agent_pb2_grpc.AgentServiceServicer):
         data = self.bundles.get(request.digest)
         if data is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"no bundle {request.digest}")
+        for offset in range(0, len(data), 1000):
+            yield agent_pb2.BundleChunk(data=data[offset : offset + 1000])
+
+    def FetchCheckpoint(
+        self, request: agent_pb2.FetchCheckpointRequest, context: grpc.ServicerContext
+    ) -> Iterator[Any]:
+        self.checkpoint_fetches.append(request.job_id)
+        if self.checkpoint_fetch_error is not None:
+            context.abort(self.checkpoint_fetch_error, "the checkpoint store is not reachable")
+        data = self.checkpoints.get(request.job_id, b"")
         for offset in range(0, len(data), 1000):
             yield agent_pb2.BundleChunk(data=data[offset : offset + 1000])
 
