@@ -35,6 +35,10 @@ class BundleCache:
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
 
+    def use_stub(self, stub: agent_pb2_grpc.AgentServiceStub) -> None:
+        """Fetches through `stub` from now on (the agent replaced a dead channel)."""
+        self._stub = stub
+
     def get(self, digest: str) -> Path:
         """The path of the verified bundle `digest`, fetched first when it is not cached."""
         if not DIGEST_PATTERN.fullmatch(digest):

@@ -82,9 +82,16 @@ def run_agent(config: AgentConfig, stop: threading.Event) -> int:
             session = AgentSession(stub, agent_id, heartbeat_interval, tasks, heartbeats_answered)
             opened_at = time.monotonic()
             session.open()
+            went_silent = False
             while not stop.is_set() and not session.ended.is_set():
-                session.end_if_silent()
+                went_silent = session.end_if_silent() or went_silent
                 stop.wait(0.1)
+            if went_silent:
+                # The connection under a silent stream is likely dead too: start over on a new one.
+                channel.close()
+                channel = grpc.insecure_channel(config.server, options=CHANNEL_OPTIONS)
+                stub = agent_pb2_grpc.AgentServiceStub(channel)
+                tasks.use_stub(stub)
             if stop.is_set():
                 break
             if time.monotonic() - opened_at >= HEALTHY_SESSION_SECONDS:

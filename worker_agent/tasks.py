@@ -172,6 +172,11 @@ class TaskManager:
         self.reports: queue.Queue[agent_pb2.TaskReport] = queue.Queue()
         self.reports_ready = threading.Event()
 
+    def use_stub(self, stub: agent_pb2_grpc.AgentServiceStub) -> None:
+        """Uses `stub` (a new channel) for bundle fetches, uploads and checkpoint restores from now on."""
+        self._stub = stub
+        self._bundles.use_stub(stub)
+
     def records(self) -> list[TaskRecord]:
         """The tasks known now (running, or ended and not yet fully acknowledged)."""
         with self._records_lock:

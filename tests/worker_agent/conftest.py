@@ -91,6 +91,10 @@ class FakeCoordinator(agent_pb2_grpc.AgentServiceServicer):
         # When set, log/metric batches and final reports are acknowledged as they arrive.
         self.auto_ack = True
         self.heartbeat_interval_ms = 200
+        # When set, every heartbeat is answered with an Ack without a task id (the agent then expects it).
+        self.answer_heartbeats = False
+        # When set, open streams stay open but nothing at all is sent on them (a hung coordinator).
+        self.silent = False
         self.server: grpc.Server | None = None
         # Uploads and task reports in the order they arrived, to check artifacts come before the end.
         self.timeline: list[tuple[str, str, int]] = []
@@ -110,6 +114,9 @@ class FakeCoordinator(agent_pb2_grpc.AgentServiceServicer):
         self.streams.append(stream)
         threading.Thread(target=self._read, args=(stream, request_iterator), daemon=True).start()
         while context.is_active() and not stream.closed.is_set():
+            if self.silent:
+                time.sleep(0.02)
+                continue
             try:
                 yield stream.commands.get(timeout=0.02)
             except queue.Empty:
@@ -183,6 +190,8 @@ class FakeCoordinator(agent_pb2_grpc.AgentServiceServicer):
                 stream.received.append(message)
                 if message.WhichOneof("body") == "task":
                     self.timeline.append(("report", message.task.task_id, message.task.state))
+                if message.WhichOneof("body") == "heartbeat" and self.answer_heartbeats:
+                    stream.send(ack=agent_pb2.Ack())
                 if self.auto_ack:
                     self._acknowledge(stream, message)
         except grpc.RpcError:

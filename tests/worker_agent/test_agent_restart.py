@@ -1,0 +1,190 @@
+"""An agent that dies (SIGKILL) leaves its tasks running; the next agent on the same work dir stops them,
+reports them FAILED in its first Hello and resends what the coordinator had not acknowledged."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import textwrap
+from pathlib import Path
+
+from mwms.v1 import agent_pb2
+
+S = agent_pb2
+MWMS = Path(sys.executable).with_name("mwms")
+
+# Two lines, then (once the test creates "go") a third line and a metric, then waits to be stopped.
+LONG_TASK = textwrap.dedent(
+    """
+    import json, os, time
+    print("line 1", flush=True)
+    print("line 2", flush=True)
+    go = os.path.join(os.environ["MWMS_OUTPUT_DIR"], "..", "go")
+    while not os.path.exists(go):
+        time.sleep(0.02)
+    print("line 3", flush=True)
+    with open(os.environ["MWMS_METRICS_FILE"], "a") as metrics:
+        metrics.write(json.dumps({"name": "loss", "step": 1, "value": 0.25}) + "\\n")
+    time.sleep(120)
+    """
+)
+
+
+def tar_gz(files: dict[str, str]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_restarted_agent_stops_the_orphans_reports_them_and_resends_unacked_lines(
+    coordinator, start_agent, wait_for, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    fake, address = coordinator
+    work_dir = tmp_path / "agent"
+    first_agent = subprocess.Popen(
+        [str(MWMS), "agent", "--server", address, "--name", "node-a", "--work-dir", str(work_dir)]
+        + ["--slots", "1", "--port-range", "21000-21010"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_for(lambda: fake.streams and fake.streams[0].of_kind("hello"), "the first agent's Hello")
+        first = fake.streams[0]
+        digest = fake.add_bundle(tar_gz({"train.py": LONG_TASK}))
+        start = agent_pb2.StartTask(
+            task_id="task-orphan",
+            job_id="job-1",
+            attempt=1,
+            task_index=0,
+            num_workers=1,
+            bundle_digest=digest,
+            command=["python", "train.py"],
+            device_kind=S.DEVICE_KIND_CPU_SLOT,
+            device_indices=[0],
+        )
+        first.send(start=start)
+        wait_for(lambda: len(fake.log_lines("task-orphan")) == 2, "two lines (acknowledged)")
+        wait_for(lambda: len(first.of_kind("heartbeat")) >= 3, "the acks to arrive")
+        # From here on nothing is acknowledged: line 3 and the metric stay in the outbox on disk.
+        fake.auto_ack = False
+        (work_dir / "jobs/job-1/attempt-1/task-0/go").touch()
+        wait_for(lambda: len(fake.log_lines("task-orphan")) == 3, "line 3")
+        wait_for(lambda: first.of_kind("metrics"), "the metric point")
+        pid = [r.pid for r in fake.reports("task-orphan") if r.state == S.TASK_STATE_RUNNING][0]
+        table = json.loads((work_dir / "agent-state.json").read_text())["tasks"]
+        assert [(t["task_id"], t["state"], t["pgid"]) for t in table] == [
+            ("task-orphan", S.TASK_STATE_RUNNING, pid)
+        ]
+    finally:
+        first_agent.send_signal(signal.SIGKILL)
+        first_agent.wait(10)
+    assert alive(pid), "the task should outlive a killed agent (it runs in its own session)"
+
+    fake.auto_ack = False
+    second_agent = start_agent(address, work_dir=work_dir, stop_grace=2.0)
+    wait_for(lambda: len(fake.streams) >= 2 and fake.streams[1].of_kind("hello"), "the new agent's Hello")
+    second = fake.streams[1]
+    assert not alive(pid), "the orphan must be stopped before the new agent registers"
+    hello = second.of_kind("hello")[0]
+    assert [(t.task_id, t.state, t.exit_code, t.message) for t in hello.tasks] == [
+        (
+            "task-orphan",
+            S.TASK_STATE_FAILED,
+            137,
+            "the agent restarted while this task was running; its process was stopped",
+        )
+    ]
+    # The unacknowledged line comes again under its seq, then the agent's note; acked lines do not.
+    wait_for(lambda: len(fake.log_lines("task-orphan", second)) == 2, "the resent lines")
+    resent = [(line.seq, line.stream, line.text) for line in fake.log_lines("task-orphan", second)]
+    assert resent == [
+        (3, "stdout", "line 3"),
+        (4, "stderr", "mwms-agent: the agent restarted while this task was running; its process was stopped"),
+    ]
+    wait_for(lambda: second.of_kind("metrics"), "the resent metric point")
+    assert [(p.seq, p.name, p.value) for b in second.of_kind("metrics") for p in b.points] == [
+        (1, "loss", 0.25)
+    ]
+
+    # Once everything is acknowledged the task is forgotten, on disk too.
+    second.send(ack=agent_pb2.Ack(task_id="task-orphan", log_seq=4, metric_seq=1, final_state=True))
+    wait_for(lambda: not (work_dir / "outbox" / "task-orphan").exists(), "the outbox to be removed")
+    wait_for(
+        lambda: json.loads((work_dir / "agent-state.json").read_text())["tasks"] == [],
+        "an empty task table",
+    )
+    assert second_agent.shut_down() == 0
+
+
+def test_a_task_that_ended_while_no_agent_ran_is_reported_with_an_unknown_exit_code(
+    coordinator, start_agent, wait_for, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    fake, address = coordinator
+    work_dir = tmp_path / "agent"
+    work_dir.mkdir()
+    # A process that already ended: its group is gone (pid of an exited child), same boot.
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    table = {
+        "version": 1,
+        "tasks": [
+            dict(
+                task_id="task-gone",
+                job_id="job-1",
+                attempt=1,
+                task_index=1,
+                state=S.TASK_STATE_RUNNING,
+                pid=gone.pid,
+                pgid=gone.pid,
+                start_ticks=1,
+                boot_id=Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
+            ),
+            dict(
+                task_id="task-done",
+                job_id="job-1",
+                attempt=1,
+                task_index=2,
+                state=S.TASK_STATE_SUCCEEDED,
+                pid=4242,
+                pgid=4242,
+                exit_code=0,
+                message="exited with code 0",
+            ),
+            dict(
+                task_id="task-acked",
+                job_id="job-1",
+                attempt=1,
+                task_index=3,
+                state=S.TASK_STATE_FAILED,
+                exit_code=1,
+                final_acked=True,
+            ),
+        ],
+    }
+    (work_dir / "agent-state.json").write_text(json.dumps(table))
+    start_agent(address, work_dir=work_dir)
+    wait_for(lambda: fake.streams and fake.streams[0].of_kind("hello"), "the Hello")
+    hello = fake.streams[0].of_kind("hello")[0]
+    assert sorted((t.task_id, t.state, t.exit_code) for t in hello.tasks) == [
+        ("task-done", S.TASK_STATE_SUCCEEDED, 0),
+        ("task-gone", S.TASK_STATE_FAILED, -1),
+    ]
+    assert os.path.exists(work_dir / "agent-state.json")
