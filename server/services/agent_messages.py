@@ -55,7 +55,7 @@ def accept_hello(
                 session,
                 agent,
                 task,
-                f"agent {agent.name} restarted and no longer runs this task",
+                "was lost: its agent restarted and no longer runs it",
                 backoff_base_s,
                 now,
             )

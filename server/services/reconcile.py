@@ -33,8 +33,15 @@ def handle_lost_agent(session: Session, agent: Agent, backoff_base_s: float, now
     ).all()
     for task in tasks:
         mark_task_lost(
-            session, agent, task, f"agent {agent.name} stopped heartbeating (lost)", backoff_base_s, now
+            session, agent, task, f"was lost: its agent stopped heartbeating for {timeout_hint(agent)}", backoff_base_s, now
         )
+
+
+def timeout_hint(agent: Agent) -> str:
+    """How long the agent has been silent, for the reason people read."""
+    if agent.last_heartbeat_at is None or agent.lost_at is None:
+        return "too long"
+    return f"{(agent.lost_at - agent.last_heartbeat_at).total_seconds():.0f} s"
 
 
 def _terminal() -> list[str]:

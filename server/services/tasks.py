@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
 from server.db.models import Agent, Attempt, Job, Task, utcnow
@@ -16,7 +16,7 @@ from server.services.jobs import (
     replace_attempt,
 )
 from server.services.transitions import transition_job, transition_task
-from server.states import TERMINAL_TASK_STATES, AttemptState, JobState, TaskState
+from server.states import AttemptState, JobState, TaskState
 
 
 @dataclass(frozen=True)
@@ -130,13 +130,20 @@ def tasks_to_start(session: Session, agent_id: str) -> list[tuple[Task, Job]]:
 
 
 def tasks_to_stop(session: Session, agent_id: str) -> list[Task]:
-    """Tasks on this agent that must be stopped and are not known to have ended."""
+    """Tasks on this agent that must be stopped: asked to stop and not known to have ended, or LOST.
+
+    A LOST task may still run on an agent that was only cut off; the agent confirms with STOPPED
+    (or "not running on this agent"), which closes the record.
+    """
+    open_states = [s.value for s in TaskState if not s.terminal]
     return list(
         session.scalars(
             select(Task).where(
                 Task.agent_id == agent_id,
-                Task.stop_requested.is_(True),
-                Task.state.not_in([s.value for s in TERMINAL_TASK_STATES]),
+                or_(
+                    and_(Task.stop_requested.is_(True), Task.state.in_(open_states)),
+                    Task.state == TaskState.LOST.value,
+                ),
             )
         ).all()
     )
