@@ -41,8 +41,6 @@ class SeqMessage(Protocol):
     @property
     def seq(self) -> int: ...
 
-    def ListFields(self) -> list[tuple[Any, Any]]: ...
-
 
 Item = TypeVar("Item", bound=SeqMessage)
 
@@ -236,5 +234,5 @@ def write_atomically(path: Path, data: bytes) -> None:
     os.replace(partial, path)
 
 
-def _to_dict(item: SeqMessage) -> dict[str, Any]:
+def _to_dict(item: Any) -> dict[str, Any]:
     return {field.name: value for field, value in item.ListFields()}

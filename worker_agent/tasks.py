@@ -52,7 +52,7 @@ UNKNOWN_EXIT_CODE = -1
 def _recovered_outcome(entry: TaskEntry, stopped_now: bool) -> tuple[State.ValueType, int, str]:
     """(state, exit code, message) to report for a task found in the table of a previous agent process."""
     if entry.state in TERMINAL_STATES:
-        return entry.state, entry.exit_code, entry.message
+        return State.ValueType(entry.state), entry.exit_code, entry.message
     if entry.pid == 0:
         return agent_pb2.TASK_STATE_REJECTED, 0, RESTARTED_BEFORE_SPAWN
     if stopped_now:
