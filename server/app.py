@@ -29,7 +29,7 @@ GRPC_MAX_MESSAGE = 16 * 1024 * 1024
 
 def _grant_reconnect_grace(db: Database, settings: Settings) -> None:
     with db.write() as session:
-        grant_reconnect_grace(session, settings.agent_timeout_s)
+        grant_reconnect_grace(session, settings.agent_timeout_s + settings.reconnect_grace_s)
 
 
 def create_app(settings: Settings) -> FastAPI:

@@ -23,6 +23,9 @@ class Settings(BaseSettings):
     heartbeat_interval_s: float = 2.0
     # An agent that has not been heard from for this long is lost; its attempts end.
     agent_timeout_s: float = 10.0
+    # After a coordinator start, agents get this long (plus agent_timeout_s) to reconnect before they count
+    # as lost; it must exceed the agents' longest reconnect backoff (10 s with jitter).
+    reconnect_grace_s: float = 20.0
     scheduler_interval_s: float = 0.5
     # Grace between SIGTERM and SIGKILL when a task is stopped.
     stop_grace_s: int = 10

@@ -25,6 +25,7 @@ from server.services.bundles import CHUNK, bundle_path
 from server.settings import Settings
 
 log = logging.getLogger("mwms.server.rpc")
+HEARTBEAT_ACK = pb.CoordinatorMessage(ack=pb.Ack())
 T = TypeVar("T")
 
 _STATUS = {
@@ -202,6 +203,7 @@ class AgentStream:
                 await self.service._write(
                     agent_messages.accept_heartbeat, self.agent_id, timeout_s=settings.agent_timeout_s
                 )
+                await self.send(HEARTBEAT_ACK)  # lets the agent tell a live stream from a dead one
             elif body == "hello":
                 reports = [r for r in map(convert.task_report, message.hello.tasks) if r is not None]
                 replies = await self.service._write(

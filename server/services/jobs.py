@@ -150,7 +150,7 @@ def fail_attempt(
     backoff_base_s: float,
     now: datetime | None = None,
 ) -> None:
-    """Ends an attempt after a failure: stops its other tasks, then restarts or fails the job."""
+    """Ends an attempt after a failure: stops any task still running, then restarts or fails the job."""
     now = now or utcnow()
     if attempt.state != AttemptState.ACTIVE.value:
         return

@@ -33,7 +33,12 @@ def handle_lost_agent(session: Session, agent: Agent, backoff_base_s: float, now
     ).all()
     for task in tasks:
         mark_task_lost(
-            session, agent, task, f"was lost: its agent stopped heartbeating for {timeout_hint(agent)}", backoff_base_s, now
+            session,
+            agent,
+            task,
+            f"was lost: its agent stopped heartbeating for {timeout_hint(agent)}",
+            backoff_base_s,
+            now,
         )
 
 

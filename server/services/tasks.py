@@ -14,6 +14,7 @@ from server.services.jobs import (
     fail_attempt,
     is_retryable,
     replace_attempt,
+    request_stop,
 )
 from server.services.transitions import transition_job, transition_task
 from server.states import AttemptState, JobState, TaskState
@@ -97,13 +98,44 @@ def _after_task_change(
             f"agent {agent.name} could not start task {task.index}: {task.message}",
             now,
         )
-    elif state in (TaskState.FAILED, TaskState.STOPPED, TaskState.LOST) and not task.stop_requested:
-        reason = describe_task_failure(session, task, agent.name)
-        restart_on = job.options.get("restart", {}).get("restart_on", "retryable")
-        retryable = is_retryable(task.exit_code, state == TaskState.LOST, restart_on)
-        fail_attempt(
-            session, job, attempt, reason, retryable=retryable, backoff_base_s=backoff_base_s, now=now
-        )
+    elif state in (TaskState.FAILED, TaskState.STOPPED, TaskState.LOST):
+        if _is_cause(task):
+            for other in attempt.tasks:
+                request_stop(other, f"attempt {attempt.number} is ending: task {task.index} failed")
+        _settle_failed_attempt(session, job, attempt, backoff_base_s, now)
+
+
+def _is_cause(task: Task) -> bool:
+    """Ended on its own (not because it was asked to stop), or lost with its agent."""
+    state = TaskState(task.state)
+    if state == TaskState.LOST:
+        return True
+    return state in (TaskState.FAILED, TaskState.STOPPED) and not task.stop_requested
+
+
+def _settle_failed_attempt(
+    session: Session, job: Job, attempt: Attempt, backoff_base_s: float, now: datetime
+) -> None:
+    """Once every task of a failing attempt has ended, decides between restart and failure.
+
+    The decision waits for all tasks because the first failure seen is often a consequence: when one
+    worker is killed or its machine is lost, the survivors' collectives fail with exit code 1 within
+    seconds, before the lost agent is detected. A retryable cause anywhere in the gang (a signal, a lost
+    agent) therefore makes the attempt retryable, and it is named in the reason.
+    """
+    if not all(TaskState(t.state).terminal for t in attempt.tasks):
+        return
+    causes = [t for t in attempt.tasks if _is_cause(t)]
+    if not causes:
+        return
+    restart_on = job.options.get("restart", {}).get("restart_on", "retryable")
+    retryable = [t for t in causes if is_retryable(t.exit_code, t.state == TaskState.LOST.value, restart_on)]
+    root = min(retryable or causes, key=lambda t: (t.ended_at or now, t.index))
+    agent = session.get(Agent, root.agent_id)
+    reason = describe_task_failure(session, root, agent.name if agent else root.agent_id)
+    fail_attempt(
+        session, job, attempt, reason, retryable=bool(retryable), backoff_base_s=backoff_base_s, now=now
+    )
 
 
 def mark_task_lost(

@@ -90,7 +90,7 @@ def test_coordinator_restart_does_not_disturb_training(ft):
     ft.start_server()
     job = ft.wait_for(job_id, {"SUCCEEDED", "FAILED", "CANCELLED"}, timeout=120)
     assert job["state"] == "SUCCEEDED", job["reason"]
-    assert job["restarts"] == 0 and len(job["attempt_history"]) == 1
+    assert job["restarts"] == 0 and len(job["attempt_history"]) == 1, job["attempt_history"][0]["reason"]
     assert sorted(loss_steps(ft, job_id)) == [(1, s) for s in range(1, 41)]
     assert ft.logs_text(job_id).count("DONE steps=40") == 2
 
