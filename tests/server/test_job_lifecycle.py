@@ -1,0 +1,182 @@
+"""Job lifecycle through the services on a real SQLite database: placement, reports, failures, restarts."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from server.db.engine import Database
+from server.db.migrate import upgrade_to_head
+from server.db.models import Agent, Bundle, Job, utcnow
+from server.schemas import JobCreate
+from server.services.agents import Registration, register_agent
+from server.services.jobs import cancel_job, create_job
+from server.services.reconcile import reconcile
+from server.services.scheduling import schedule_pending
+from server.services.tasks import TaskReport, apply_report
+from server.states import TaskState
+
+BACKOFF = 1.0
+
+
+@pytest.fixture
+def db(tmp_path):
+    database = Database(f"sqlite:///{tmp_path / 'lifecycle.db'}")
+    upgrade_to_head(database.engine)
+    with database.write() as session:
+        session.add(Bundle(digest="c" * 64, size=1, archive_format="tar.gz"))
+        for name in ("a", "b", "c"):
+            register_agent(
+                session,
+                Registration(
+                    name, name, "127.0.0.1", 20000, 20010, [{"kind": "cpu", "index": 0, "name": "s"}], "t"
+                ),
+                30,
+            )
+    yield database
+    database.dispose()
+
+
+def submit(db: Database, **spec) -> str:
+    with db.write() as session:
+        job = create_job(
+            session, JobCreate(bundle_digest="c" * 64, command=["python", "t.py"], workers=2, **spec)
+        )
+        schedule_pending(session)
+        return job.id
+
+
+def report(db: Database, job_id: str, index: int, state: TaskState, exit_code: int | None = None) -> Job:
+    with db.write() as session:
+        job = session.get(Job, job_id)
+        task = job.attempts[-1].tasks[index]
+        agent = session.get(Agent, task.agent_id)
+        apply_report(session, agent, TaskReport(task.id, state, exit_code, ""), backoff_base_s=BACKOFF)
+        return job
+
+
+def run_all(db: Database, job_id: str) -> None:
+    for index in (0, 1):
+        report(db, job_id, index, TaskState.RUNNING)
+
+
+def state_of(db: Database, job_id: str) -> tuple[str, str]:
+    with db.read() as session:
+        job = session.get(Job, job_id)
+        return job.state, job.reason
+
+
+def test_happy_path(db):
+    job_id = submit(db)
+    assert state_of(db, job_id)[0] == "SCHEDULED"
+    run_all(db, job_id)
+    assert state_of(db, job_id)[0] == "RUNNING"
+    report(db, job_id, 0, TaskState.SUCCEEDED, 0)
+    assert state_of(db, job_id)[0] == "RUNNING"
+    report(db, job_id, 1, TaskState.SUCCEEDED, 0)
+    assert state_of(db, job_id)[0] == "SUCCEEDED"
+
+
+def test_permanent_failure_waits_for_the_gang_then_fails_with_the_cause(db):
+    job_id = submit(db)
+    run_all(db, job_id)
+    report(db, job_id, 1, TaskState.FAILED, 3)
+    with db.read() as session:
+        job = session.get(Job, job_id)
+        assert job.state == "RUNNING"  # decided once the other task has stopped
+        assert job.attempts[0].tasks[0].stop_requested
+    report(db, job_id, 0, TaskState.STOPPED, 143)
+    state, reason = state_of(db, job_id)
+    assert state == "FAILED"
+    assert reason.startswith("task 1 on agent") and "code 3" in reason and "not retryable" in reason
+
+
+def test_survivor_exit_1_then_lost_agent_restarts(db):
+    job_id = submit(db)
+    run_all(db, job_id)
+    report(db, job_id, 0, TaskState.FAILED, 1)  # the survivor's collective failed first
+    with db.write() as session:
+        job = session.get(Job, job_id)
+        lost_agent = session.get(Agent, job.attempts[0].tasks[1].agent_id)
+        lost_agent.online_until = utcnow() - timedelta(seconds=1)
+    with db.write() as session:
+        reconcile(session, backoff_base_s=BACKOFF, default_startup_timeout_s=300)
+    state, reason = state_of(db, job_id)
+    assert state == "RESTARTING", reason
+    assert "task 1" in reason and "lost" in reason
+
+
+def test_signal_is_retryable_and_restart_places_a_new_attempt(db):
+    job_id = submit(db)
+    run_all(db, job_id)
+    report(db, job_id, 1, TaskState.FAILED, 137)
+    report(db, job_id, 0, TaskState.STOPPED, 143)
+    assert state_of(db, job_id)[0] == "RESTARTING"
+    with db.write() as session:
+        session.get(Job, job_id).not_before = utcnow() - timedelta(seconds=1)
+        schedule_pending(session)
+    with db.read() as session:
+        job = session.get(Job, job_id)
+        assert job.state == "SCHEDULED" and len(job.attempts) == 2 and job.restarts == 1
+        assert [t.state for t in job.attempts[1].tasks] == ["ASSIGNED", "ASSIGNED"]
+
+
+def test_restart_budget_runs_out(db):
+    job_id = submit(db, restart={"max_restarts": 0})
+    run_all(db, job_id)
+    report(db, job_id, 1, TaskState.FAILED, 137)
+    report(db, job_id, 0, TaskState.STOPPED, 143)
+    state, reason = state_of(db, job_id)
+    assert state == "FAILED" and "restarts used" not in reason
+
+
+def test_restart_on_any_retries_exit_codes_below_128(db):
+    job_id = submit(db, restart={"max_restarts": 1, "restart_on": "any"})
+    run_all(db, job_id)
+    report(db, job_id, 1, TaskState.FAILED, 2)
+    report(db, job_id, 0, TaskState.STOPPED, 143)
+    assert state_of(db, job_id)[0] == "RESTARTING"
+
+
+def test_rejected_port_places_the_job_again_without_a_restart(db):
+    job_id = submit(db)
+    report(db, job_id, 1, TaskState.REJECTED)
+    with db.read() as session:
+        job = session.get(Job, job_id)
+        assert job.state == "PENDING" and job.restarts == 0
+        assert job.attempts[0].state == "REPLACED"
+
+
+def test_cancel_during_backoff(db):
+    job_id = submit(db)
+    run_all(db, job_id)
+    report(db, job_id, 1, TaskState.FAILED, 137)
+    report(db, job_id, 0, TaskState.STOPPED, 143)
+    with db.write() as session:
+        assert cancel_job(session, job_id).state == "CANCELLED"
+    with db.write() as session:
+        schedule_pending(session)
+        assert len(session.get(Job, job_id).attempts) == 1
+
+
+def test_startup_timeout_fails_the_attempt(db):
+    job_id = submit(db, startup_timeout_seconds=5)
+    with db.write() as session:
+        job = session.get(Job, job_id)
+        job.attempts[0].created_at = utcnow() - timedelta(seconds=10)
+    with db.write() as session:
+        reconcile(session, backoff_base_s=BACKOFF, default_startup_timeout_s=300)
+    state, reason = state_of(db, job_id)
+    assert state == "RESTARTING" and "did not start within" in reason
+
+
+def test_resent_reports_change_nothing(db):
+    job_id = submit(db)
+    run_all(db, job_id)
+    run_all(db, job_id)
+    report(db, job_id, 0, TaskState.SUCCEEDED, 0)
+    report(db, job_id, 0, TaskState.SUCCEEDED, 0)
+    with db.read() as session:
+        job = session.get(Job, job_id)
+        assert [e.to_state for e in job.events] == ["PENDING", "SCHEDULED", "RUNNING"]
