@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import signal
 import socket
+import sys
 import threading
 from pathlib import Path
 from typing import Annotated
@@ -108,11 +109,47 @@ def agent(
     join_token: Annotated[
         str, typer.Option(envvar="MWMS_JOIN_TOKEN", help="The coordinator's join token.", show_default=False)
     ] = "",
+    systemd_unit: Annotated[
+        bool,
+        typer.Option(
+            "--systemd-unit",
+            help="Print a mwms-agent.service unit that runs this agent with these options, and exit. "
+            "Install it with: mwms agent ... --systemd-unit | sudo tee /etc/systemd/system/mwms-agent.service. "
+            "The join token is not written into the unit: put MWMS_JOIN_TOKEN=... in an EnvironmentFile.",
+        ),
+    ] = False,
+    user: Annotated[
+        str | None, typer.Option(help="With --systemd-unit: the user the service runs as.")
+    ] = None,
 ) -> None:
     """Run an agent on this machine: it joins the coordinator and runs the tasks placed on it."""
     port_low, port_high = parse_port_range(port_range)
     if ":" not in server_address:
         raise CliError(f"--server {server_address!r} must be HOST:PORT, e.g. 127.0.0.1:50051")
+    if systemd_unit:
+        from worker_agent.systemd import render_unit
+
+        args = [
+            "agent",
+            "--server",
+            server_address,
+            "--name",
+            name or socket.gethostname(),
+            "--work-dir",
+            str(work_dir.expanduser().resolve()),
+            "--slots",
+            str(slots),
+            "--port-range",
+            f"{port_low}-{port_high}",
+        ]
+        if advertise_address:
+            args += ["--advertise-address", advertise_address]
+        launcher = Path(sys.argv[0])
+        if launcher.name == "mwms":
+            print(render_unit(str(launcher.resolve()), args, user), end="")
+        else:  # run as `python -m mwms.cli.main`
+            print(render_unit(sys.executable, ["-m", "mwms.cli.main", *args], user), end="")
+        return
     try:
         from worker_agent.config import AgentConfig, local_address_towards
         from worker_agent.main import run_agent

@@ -48,3 +48,17 @@ def test_agent_rejects_bad_port_range_before_starting() -> None:
     result = runner.invoke(app, ["agent", "--port-range", "30000-20000"])
     assert result.exit_code == 2
     assert "must not be greater" in result.stderr
+
+
+def test_agent_prints_a_systemd_unit_for_its_options():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    mwms = Path(sys.executable).parent / "mwms"
+    out = subprocess.run(
+        [str(mwms), "agent", "--server", "10.1.2.3:50051", "--name", "gpu 1", "--systemd-unit", "--user", "svc"],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    assert "Restart=always" in out and "User=svc" in out
+    assert '--server 10.1.2.3:50051 --name "gpu 1"' in out
