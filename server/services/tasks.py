@@ -116,20 +116,21 @@ def _is_cause(task: Task) -> bool:
 def _settle_failed_attempt(
     session: Session, job: Job, attempt: Attempt, backoff_base_s: float, now: datetime
 ) -> None:
-    """Once every task of a failing attempt has ended, decides between restart and failure.
+    """Decides between restart and failure for an attempt that has a failed task.
 
-    The decision waits for all tasks because the first failure seen is often a consequence: when one
-    worker is killed or its machine is lost, the survivors' collectives fail with exit code 1 within
-    seconds, before the lost agent is detected. A retryable cause anywhere in the gang (a signal, a lost
-    agent) therefore makes the attempt retryable, and it is named in the reason.
+    A retryable cause (a signal, a lost agent) decides at once. A permanent one (exit code 1-127) waits
+    until every task has ended, because the first failure seen is often a consequence: when one worker is
+    killed or its machine is lost, the survivors' collectives fail with exit code 1 within seconds, before
+    the lost agent is detected. A retryable cause anywhere in the gang makes the attempt retryable, and
+    it is named in the reason.
     """
-    if not all(TaskState(t.state).terminal for t in attempt.tasks):
-        return
     causes = [t for t in attempt.tasks if _is_cause(t)]
     if not causes:
         return
     restart_on = job.options.get("restart", {}).get("restart_on", "retryable")
     retryable = [t for t in causes if is_retryable(t.exit_code, t.state == TaskState.LOST.value, restart_on)]
+    if not retryable and not all(TaskState(t.state).terminal for t in attempt.tasks):
+        return  # only permanent causes so far: a retryable one may still explain them
     root = min(retryable or causes, key=lambda t: (t.ended_at or now, t.index))
     agent = session.get(Agent, root.agent_id)
     reason = describe_task_failure(session, root, agent.name if agent else root.agent_id)

@@ -18,6 +18,7 @@ from cluster import Cluster, free_port, pack_dir, processes_of_job, wait_until
 pytestmark = [pytest.mark.e2e, pytest.mark.tf]
 PROGRAM = pack_dir(Path(__file__).parent / "programs" / "resumable")
 AGENT_TIMEOUT_S = 4
+AGENT_PORTS = {"ft-1": 23000, "ft-2": 23100, "ft-3": 23200}
 
 
 @pytest.fixture(scope="module")
@@ -34,11 +35,21 @@ def ft(tmp_path_factory):
     )
     try:
         cluster.start_server()
-        for i, port in enumerate((23000, 23100, 23200), start=1):
-            cluster.start_agent(f"ft-{i}", port)
+        for name, port in AGENT_PORTS.items():
+            cluster.start_agent(name, port)
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(autouse=True)
+def all_agents_up(ft):
+    """Each test starts with three live agents, even after a test that killed one failed half-way."""
+    for name, port in AGENT_PORTS.items():
+        agent = ft.agents.get(name)
+        if agent is None or agent.popen.poll() is not None:
+            ft.start_agent(name, port)
+    yield
 
 
 def loss_steps(cluster: Cluster, job_id: str) -> list[tuple[int, int]]:
@@ -119,8 +130,6 @@ def test_lost_agent_ends_the_attempt_and_the_job_moves_to_the_third_agent(ft):
     assert job["state"] == "SUCCEEDED", job["reason"]
     assert victim not in {t["agent_name"] for t in job["tasks"]}
 
-    ft.start_agent(victim, {"ft-1": 23000, "ft-2": 23100, "ft-3": 23200}[victim])
-
 
 def test_without_a_spare_agent_the_job_waits_pending_with_a_reason(ft):
     job_id = ft.submit(
@@ -136,7 +145,6 @@ def test_without_a_spare_agent_the_job_waits_pending_with_a_reason(ft):
     )
     assert "add agents" in job["reason"]
     ft.http.post(f"/api/v1/jobs/{job_id}/cancel")
-    ft.start_agent(victim, {"ft-1": 23000, "ft-2": 23100, "ft-3": 23200}[victim])
     wait_until(lambda: not processes_of_job(job_id), 30, "no process of the job left")
 
 
