@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse, StreamingResponse
@@ -27,7 +27,7 @@ from server.services import files, jobs, telemetry
 from server.states import JobState
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
-ERRORS = {
+ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorOut},
     404: {"model": ErrorOut},
     409: {"model": ErrorOut},

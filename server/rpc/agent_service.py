@@ -81,7 +81,8 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             agent_id=agent.id, heartbeat_interval_ms=int(self.settings.heartbeat_interval_s * 1000)
         )
 
-    async def Connect(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+    # Reads and writes through context.read()/write() instead of returning an iterator (grpc.aio allows both).
+    async def Connect(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:  # type: ignore[override]
         agent_id = dict(context.invocation_metadata() or ()).get("agent-id", "")
         if not agent_id:
             await context.abort(

@@ -57,8 +57,20 @@ def test_agent_prints_a_systemd_unit_for_its_options():
 
     mwms = Path(sys.executable).parent / "mwms"
     out = subprocess.run(
-        [str(mwms), "agent", "--server", "10.1.2.3:50051", "--name", "gpu 1", "--systemd-unit", "--user", "svc"],
-        capture_output=True, text=True, check=True,
+        [
+            str(mwms),
+            "agent",
+            "--server",
+            "10.1.2.3:50051",
+            "--name",
+            "gpu 1",
+            "--systemd-unit",
+            "--user",
+            "svc",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     assert "Restart=always" in out and "User=svc" in out
     assert '--server 10.1.2.3:50051 --name "gpu 1"' in out
