@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from server.db.models import Agent, Task, utcnow
 from server.errors import InvalidInput, NotFound
 from server.services.placement import AgentCapacity
-from server.states import TERMINAL_TASK_STATES
+from server.states import TERMINAL_TASK_STATES, TaskState
 
 
 @dataclass(frozen=True)
@@ -99,10 +99,28 @@ def live_tasks_by_agent(session: Session) -> dict[str, list[Task]]:
     return grouped
 
 
+# A port an agent could not bind is avoided on that agent for this long (another program holds it).
+REFUSED_PORT_MEMORY = timedelta(minutes=10)
+
+
+def refused_ports_by_agent(session: Session, now: datetime) -> dict[str, set[int]]:
+    """Ports that agents recently refused to start a task on, so placement does not pick them again."""
+    rows = session.execute(
+        select(Task.agent_id, Task.port).where(
+            Task.state == TaskState.REJECTED.value, Task.ended_at > now - REFUSED_PORT_MEMORY
+        )
+    ).all()
+    refused: dict[str, set[int]] = {}
+    for agent_id, port in rows:
+        refused.setdefault(agent_id, set()).add(port)
+    return refused
+
+
 def capacities(session: Session, now: datetime | None = None) -> list[AgentCapacity]:
-    """What every online agent can offer now, net of the tasks it holds."""
+    """What every online agent can offer now, net of the tasks it holds and the ports it refused."""
     now = now or utcnow()
     held = live_tasks_by_agent(session)
+    refused = refused_ports_by_agent(session, now)
     result = []
     for agent in session.scalars(select(Agent).order_by(Agent.name)).all():
         if not is_online(agent, now):
@@ -120,7 +138,7 @@ def capacities(session: Session, now: datetime | None = None) -> list[AgentCapac
                 free_devices=tuple(i for i in indices if i not in busy),
                 port_low=agent.port_low,
                 port_high=agent.port_high,
-                used_ports=frozenset(task.port for task in tasks),
+                used_ports=frozenset({task.port for task in tasks} | refused.get(agent.id, set())),
             )
         )
     return result
