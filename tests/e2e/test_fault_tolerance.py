@@ -148,7 +148,25 @@ def test_without_a_spare_agent_the_job_waits_pending_with_a_reason(ft):
     wait_until(lambda: not processes_of_job(job_id), 30, "no process of the job left")
 
 
-@pytest.mark.parametrize("phase", ["PENDING", "RUNNING", "RESTARTING"])
+def test_restarted_agent_reports_its_lost_task_and_the_job_restarts(ft):
+    job_id = ft.submit(
+        PROGRAM,
+        ["python", "train.py", "--steps", "60", "--every", "10", "--delay", "0.05"],
+        workers=2,
+        name="restart-an-agent",
+    )
+    wait_for_step(ft, job_id, 15)
+    victim = ft.job(job_id)["tasks"][1]["agent_name"]
+    ft.agents[victim].popen.kill()  # like a crash; systemd would start it again at once
+    ft.start_agent(victim, AGENT_PORTS[victim])
+    job = ft.wait_for(job_id, {"SUCCEEDED", "FAILED", "CANCELLED"}, timeout=180)
+    assert job["state"] == "SUCCEEDED", job["reason"]
+    first = job["attempt_history"][0]
+    assert first["state"] == "FAILED" and "agent restarted" in first["reason"], first["reason"]
+    assert len(job["attempt_history"]) == 2
+
+
+@pytest.mark.parametrize("phase", ["SUBMITTED", "PENDING", "RUNNING", "RESTARTING"])
 def test_cancel_in_each_phase_leaves_no_process(ft, phase):
     command = ["python", "-c", "import time; print('up', flush=True); time.sleep(600)"]
     spec = {}
@@ -162,7 +180,8 @@ def test_cancel_in_each_phase_leaves_no_process(ft, phase):
         ]
         spec = {"restart": {"max_restarts": 5}}
     job_id = ft.submit({"x.txt": "x"}, command, workers=2, **spec)
-    ft.wait_for(job_id, {phase}, timeout=60)
+    if phase != "SUBMITTED":  # SUBMITTED cancels at once, while the job is PENDING or SCHEDULED
+        ft.wait_for(job_id, {phase}, timeout=60)
     response = ft.http.post(f"/api/v1/jobs/{job_id}/cancel")
     assert response.status_code == 200 and response.json()["state"] == "CANCELLED"
     wait_until(
