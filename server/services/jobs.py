@@ -186,11 +186,9 @@ def replace_attempt(session: Session, job: Job, attempt: Attempt, reason: str, n
     for task in attempt.tasks:
         request_stop(task, "attempt is being placed again")
     _end_attempt_record(attempt, AttemptState.REPLACED, reason, now)
-    if JobState(job.state) in (JobState.SCHEDULED, JobState.RUNNING):
-        target = JobState.PENDING if job.state == JobState.SCHEDULED.value else JobState.RESTARTING
-        if target == JobState.RESTARTING:
-            job.not_before = now or utcnow()
-        transition_job(session, job, target, f"{reason}; placing the job again", now)
+    # Tasks are refused only before they run, so the job is still SCHEDULED (unless it was cancelled).
+    if job.state == JobState.SCHEDULED.value:
+        transition_job(session, job, JobState.PENDING, f"{reason}; placing the job again", now)
 
 
 def describe_task_failure(session: Session, task: Task, agent_name: str) -> str:
