@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -17,7 +18,9 @@ from server.services.jobs import (
     request_stop,
 )
 from server.services.transitions import transition_job, transition_task
-from server.states import AttemptState, JobState, TaskState
+from server.states import TASK_TRANSITIONS, AttemptState, JobState, TaskState
+
+log = logging.getLogger("mwms.server.tasks")
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,10 @@ def apply_report(
         task.pid = report.pid
     if report.exit_code is not None and report.state.terminal:
         task.exit_code = report.exit_code
+    if report.state not in TASK_TRANSITIONS[current]:
+        # A late or out-of-order report (e.g. REJECTED for a task already LOST): keep what is recorded.
+        log.warning("ignoring report %s for task %s in state %s", report.state.value, task.id, current.value)
+        return ReportOutcome(known=True, final=report.state.terminal, stop=not report.state.terminal)
     transition_task(session, task, report.state, report.message, now)
     if current == TaskState.LOST:
         return ReportOutcome(known=True, final=True, stop=False)

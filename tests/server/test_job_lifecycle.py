@@ -202,3 +202,12 @@ def test_a_refused_port_is_not_picked_again_on_that_agent(db):
             for task in replaced.tasks:
                 task.state = "STOPPED"
             job.state = "PENDING"
+
+
+def test_out_of_order_report_is_ignored_not_fatal(db):
+    job_id = submit(db)
+    run_all(db, job_id)
+    report(db, job_id, 0, TaskState.SUCCEEDED, 0)
+    report(db, job_id, 0, TaskState.REJECTED)  # RUNNING/SUCCEEDED -> REJECTED is not in the table
+    with db.read() as session:
+        assert session.get(Job, job_id).attempts[0].tasks[0].state == "SUCCEEDED"
