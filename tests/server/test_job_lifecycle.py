@@ -205,9 +205,12 @@ def test_a_refused_port_is_not_picked_again_on_that_agent(db):
 
 
 def test_out_of_order_report_is_ignored_not_fatal(db):
-    job_id = submit(db)
-    run_all(db, job_id)
-    report(db, job_id, 0, TaskState.SUCCEEDED, 0)
-    report(db, job_id, 0, TaskState.REJECTED)  # RUNNING/SUCCEEDED -> REJECTED is not in the table
+    job_id = submit(db)  # tasks ASSIGNED
+    with db.write() as session:
+        task = session.get(Job, job_id).attempts[0].tasks[1]
+        session.get(Agent, task.agent_id).online_until = utcnow() - timedelta(seconds=1)
+    with db.write() as session:
+        reconcile(session, backoff_base_s=BACKOFF, default_startup_timeout_s=300)
+    report(db, job_id, 1, TaskState.REJECTED)  # LOST -> REJECTED is not in the table
     with db.read() as session:
-        assert session.get(Job, job_id).attempts[0].tasks[0].state == "SUCCEEDED"
+        assert session.get(Job, job_id).attempts[0].tasks[1].state == "LOST"
