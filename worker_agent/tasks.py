@@ -16,7 +16,6 @@ import logging
 import os
 import queue
 import shutil
-import socket
 import threading
 import time
 from pathlib import Path
@@ -24,124 +23,22 @@ from pathlib import Path
 from mwms.archive import ArchiveError, extract_archive
 from mwms.v1 import agent_pb2, agent_pb2_grpc
 from worker_agent import agent_state, artifacts, checkpoints
-from worker_agent.agent_state import AgentStateFile, TaskEntry
+from worker_agent.agent_state import AgentStateFile
 from worker_agent.bundles import BundleCache, BundleError
 from worker_agent.checkpoints import CheckpointWatcher, RestoreError
 from worker_agent.metrics import MetricsTail
-from worker_agent.outbox import Outbox
 from worker_agent.runner import TaskProcess, describe_exit
 from worker_agent.task_env import TaskPaths, child_environment, resolve_command
+from worker_agent.task_record import (
+    TERMINAL_STATES,
+    State,
+    TaskRecord,
+    port_is_free,
+    recovered_outcome,
+)
 
 log = logging.getLogger("mwms.agent.tasks")
-
-State = agent_pb2.TaskState
-TERMINAL_STATES = frozenset(
-    {agent_pb2.TASK_STATE_SUCCEEDED, agent_pb2.TASK_STATE_FAILED, agent_pb2.TASK_STATE_STOPPED}
-    | {agent_pb2.TASK_STATE_REJECTED}
-)
 METRICS_POLL_SECONDS = 0.5
-RESTARTED_WHILE_RUNNING = "the agent restarted while this task was running; its process was stopped"
-RESTARTED_AFTER_EXIT = (
-    "the agent restarted while this task was running; its process had already ended (exit code unknown)"
-)
-RESTARTED_BEFORE_SPAWN = "the agent restarted before the task's process was started"
-# Exit code reported when the process ended while no agent watched it.
-UNKNOWN_EXIT_CODE = -1
-
-
-def _recovered_outcome(entry: TaskEntry, stopped_now: bool) -> tuple[State.ValueType, int, str]:
-    """(state, exit code, message) to report for a task found in the table of a previous agent process."""
-    if entry.state in TERMINAL_STATES:
-        return State.ValueType(entry.state), entry.exit_code, entry.message
-    if entry.pid == 0:
-        return agent_pb2.TASK_STATE_REJECTED, 0, RESTARTED_BEFORE_SPAWN
-    if stopped_now:
-        return agent_pb2.TASK_STATE_FAILED, 137, RESTARTED_WHILE_RUNNING
-    return agent_pb2.TASK_STATE_FAILED, UNKNOWN_EXIT_CODE, RESTARTED_AFTER_EXIT
-
-
-def port_is_free(port: int) -> bool:
-    """True when a socket can bind `port` on all interfaces right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        # A port left in TIME_WAIT by an earlier attempt is usable again; a listening one is not.
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(("", port))
-        except OSError:
-            return False
-    return True
-
-
-class TaskRecord:
-    """One task: its start command, current report, outboxes and (once spawned) its process."""
-
-    def __init__(self, start: agent_pb2.StartTask, paths: TaskPaths, outbox_dir: Path) -> None:
-        self.start = start
-        self.paths = paths
-        self.outbox_dir = outbox_dir
-        self.report = agent_pb2.TaskReport(task_id=start.task_id, state=agent_pb2.TASK_STATE_STARTING)
-        self.logs: Outbox[agent_pb2.LogLine] = Outbox(outbox_dir, "logs", agent_pb2.LogLine)
-        self.metrics: Outbox[agent_pb2.MetricPoint] = Outbox(outbox_dir, "metrics", agent_pb2.MetricPoint)
-        self.process: TaskProcess | None = None
-        self.pid = 0
-        self.start_ticks = 0
-        self.stop_reason: str | None = None
-        self.final_acked = False
-        self.lock = threading.RLock()
-        # Continues after every seq a previous agent process used for this task.
-        self._log_seq = self.logs.last_seq
-        self._log_seq_lock = threading.Lock()
-
-    @property
-    def task_id(self) -> str:
-        return self.start.task_id
-
-    @property
-    def ended(self) -> bool:
-        return self.report.state in TERMINAL_STATES
-
-    def add_log(self, stream: str, text: str) -> None:
-        """Appends a line to the task's logs with the next seq (shared by stdout, stderr and agent notes)."""
-        with self._log_seq_lock:
-            self._log_seq += 1
-            line = agent_pb2.LogLine(
-                seq=self._log_seq, stream=stream, text=text, unix_ms=int(time.time() * 1000)
-            )
-            dropped = self.logs.add(line)
-        if dropped:
-            self.add_log(
-                "stderr",
-                f"mwms-agent: the coordinator was unreachable too long; dropped the {dropped} oldest "
-                f"unsent log lines ({self.logs.dropped} in all)",
-            )
-
-    def add_metric(self, point: agent_pb2.MetricPoint) -> None:
-        """Keeps a metric point until acknowledged (its seq is its line in the metrics file)."""
-        dropped = self.metrics.add(point)
-        if dropped:
-            self.add_log(
-                "stderr",
-                f"mwms-agent: the coordinator was unreachable too long; dropped the {dropped} oldest "
-                f"unsent metric points ({self.metrics.dropped} in all)",
-            )
-
-    def entry(self) -> TaskEntry:
-        """The task's row in the on-disk task table."""
-        report = self.report
-        return TaskEntry(
-            task_id=self.task_id,
-            job_id=self.start.job_id,
-            attempt=self.start.attempt,
-            task_index=self.start.task_index,
-            state=report.state,
-            pid=self.pid,
-            pgid=self.pid,  # spawned with start_new_session: the group id is the pid
-            start_ticks=self.start_ticks,
-            boot_id=agent_state.boot_id() if self.pid else "",
-            exit_code=report.exit_code,
-            message=report.message,
-            final_acked=self.final_acked,
-        )
 
 
 class TaskManager:
@@ -306,7 +203,7 @@ class TaskManager:
                 entry.start_ticks,
                 entry.final_acked,
             )
-            state, exit_code, message = _recovered_outcome(entry, entry.task_id in stopped)
+            state, exit_code, message = recovered_outcome(entry, entry.task_id in stopped)
             record.report = agent_pb2.TaskReport(
                 task_id=entry.task_id, state=state, exit_code=exit_code, message=message, pid=entry.pid
             )
