@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -249,6 +250,8 @@ def quickstart(
                 explain_failure(client, job, cluster)
         out.print(f"dashboard and API: {cluster.api}/")
         leave_running = keep_running
+        if not keep_running and sys.stdin.isatty():
+            _hold_for_the_dashboard(cluster.api, job.get("id", ""))
     except ApiError as error:
         raise CliError(
             f"the local coordinator at {cluster.api} failed: {error.detail}; see {cluster.log_dir}",
@@ -274,7 +277,19 @@ def _run_example(client: ApiClient, example: Path, epochs: int, steps_per_epoch:
     spec = build_job_spec(name="quickstart-keras-fit", bundle_digest=digest, command=command, workers=2)
     job = client.create_job(spec)
     err.print(f"submitted job {job['id']}: 2 workers, {epochs} epochs × {steps_per_epoch} steps")
+    err.print(f"follow it live at {client.base_url}/#/jobs/{job['id']}")
     return follow_with_progress(client, job["id"], epochs * steps_per_epoch)
+
+
+def _hold_for_the_dashboard(api: str, job_id: str) -> None:
+    """On a terminal, keeps everything up until Enter or Ctrl-C, so the printed address can be opened."""
+    err.print(
+        f"the dashboard stays up: open {api}/#/jobs/{job_id} — press Enter or Ctrl-C to stop everything"
+    )
+    try:
+        input()
+    except (KeyboardInterrupt, EOFError):
+        pass
 
 
 def _raise_keyboard_interrupt(signum: int, _frame: object) -> None:
