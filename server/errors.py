@@ -21,3 +21,7 @@ class Conflict(DomainError):
 
 class Unauthenticated(DomainError):
     """An agent without the right join token."""
+
+
+class NameTaken(Conflict):
+    """A name already held by something live."""

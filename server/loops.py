@@ -46,9 +46,11 @@ class BackgroundLoops:
         self._loop.call_soon_threadsafe(self.scheduler_wake.set)
 
     async def _schedule(self) -> None:
+        connected = frozenset(self.hub.connected())
+
         def run() -> list[str]:
             with self.db.write() as session:
-                return schedule_pending(session)
+                return schedule_pending(session, connected=connected)
 
         touched = await asyncio.to_thread(run)
         if touched:

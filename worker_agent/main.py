@@ -44,7 +44,9 @@ CHANNEL_OPTIONS = [
     ("grpc.http2.max_pings_without_data", 0),
 ]
 # Codes after which registering again cannot help.
-REFUSAL_CODES = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.INVALID_ARGUMENT})
+REFUSAL_CODES = frozenset(
+    {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS}
+)
 
 
 class RegistrationRefused(Exception):

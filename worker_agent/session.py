@@ -18,7 +18,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 import grpc
 
@@ -29,6 +29,8 @@ log = logging.getLogger("mwms.agent.session")
 
 BATCH_INTERVAL_SECONDS = 0.2
 BATCH_MAX_ITEMS = 500
+# Batches sent between two looks at the heartbeat clock, so a backlog never delays a heartbeat long.
+MAX_BATCHES_PER_PASS = 20
 # Silence allowed on a stream beyond 3 heartbeat intervals before it is treated as dead.
 SILENCE_GRACE_SECONDS = 5.0
 
@@ -126,10 +128,14 @@ class AgentSession:
                     heartbeat=agent_pb2.Heartbeat(sent_unix_ms=int(time.time() * 1000))
                 )
                 next_heartbeat = now + self._heartbeat_interval
-            # Logs and metrics go out before reports, so a final report follows its task's last lines.
-            yield from self._unsent_batches()
-            for report in self._drain_reports():
+            # Reports are taken before the logs and metrics and sent after them: a task queues its final
+            # report after its last lines, so the report never overtakes them.
+            reports = self._drain_reports()
+            backlog = yield from self._unsent_batches(MAX_BATCHES_PER_PASS)
+            for report in reports:
                 yield agent_pb2.AgentMessage(task=report)
+            if backlog:
+                continue  # more to send, with a heartbeat in between when one is due
             wait = min(BATCH_INTERVAL_SECONDS, max(0.0, next_heartbeat - time.monotonic()))
             self._tasks.reports_ready.wait(wait)
 
@@ -161,13 +167,17 @@ class AgentSession:
             except queue.Empty:
                 return reports
 
-    def _unsent_batches(self) -> Iterator[agent_pb2.AgentMessage]:
+    def _unsent_batches(self, budget: int) -> Generator[agent_pb2.AgentMessage, None, bool]:
+        """Yields up to `budget` batches of unsent lines and points; returns True when more are waiting."""
         for record in self._tasks.records():
             task_id = record.task_id
             while True:
                 lines = record.logs.unacked(after=self._sent_log_seq.get(task_id, 0), limit=BATCH_MAX_ITEMS)
                 if not lines:
                     break
+                if budget == 0:
+                    return True
+                budget -= 1
                 self._sent_log_seq[task_id] = lines[-1].seq
                 yield agent_pb2.AgentMessage(logs=agent_pb2.LogBatch(task_id=task_id, lines=lines))
             while True:
@@ -176,5 +186,9 @@ class AgentSession:
                 )
                 if not points:
                     break
+                if budget == 0:
+                    return True
+                budget -= 1
                 self._sent_metric_seq[task_id] = points[-1].seq
                 yield agent_pb2.AgentMessage(metrics=agent_pb2.MetricBatch(task_id=task_id, points=points))
+        return False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -27,11 +28,21 @@ class Database:
         write_engine = self.engine.execution_options(mwms_immediate=True) if self.is_sqlite else self.engine
         self._write = sessionmaker(write_engine, expire_on_commit=False)
         self._read = sessionmaker(self.engine, expire_on_commit=False)
+        self._writer_lock = threading.Lock()
 
     @contextmanager
     def write(self) -> Iterator[Session]:
-        """A read-then-write transaction (BEGIN IMMEDIATE on SQLite), committed on success."""
-        with self._write() as session, session.begin():
+        """A read-then-write transaction, committed on success; one at a time.
+
+        SQLite takes its write lock up front (BEGIN IMMEDIATE). On other databases this process
+        serialises its own writers: the coordinator is the only writer, and read-then-write passes
+        (a task report and the reconciler ending the same attempt) must not interleave.
+        """
+        if self.is_sqlite:
+            with self._write() as session, session.begin():
+                yield session
+            return
+        with self._writer_lock, self._write() as session, session.begin():
             yield session
 
     @contextmanager

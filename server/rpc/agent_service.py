@@ -16,7 +16,7 @@ from mwms.v1 import agent_pb2 as pb
 from mwms.v1 import agent_pb2_grpc
 from server.db.engine import Database
 from server.db.models import Task
-from server.errors import DomainError, InvalidInput, NotFound, Unauthenticated
+from server.errors import DomainError, InvalidInput, NameTaken, NotFound, Unauthenticated
 from server.rpc import convert
 from server.rpc.hub import AgentHub
 from server.services import agent_messages, files
@@ -29,6 +29,7 @@ HEARTBEAT_ACK = pb.CoordinatorMessage(ack=pb.Ack())
 T = TypeVar("T")
 
 _STATUS = {
+    NameTaken: grpc.StatusCode.ALREADY_EXISTS,
     NotFound: grpc.StatusCode.NOT_FOUND,
     InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,
     Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
@@ -69,7 +70,10 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             )
         try:
             agent = await self._write(
-                register_agent, convert.registration(request), self.settings.agent_timeout_s
+                register_agent,
+                convert.registration(request),
+                self.settings.agent_timeout_s,
+                connected=frozenset(self.hub.connected()),
             )
         except DomainError as error:
             await context.abort(grpc_status(error), str(error))
@@ -135,6 +139,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 await self._write(files.record_artifacts, task, found)
                 return pb.UploadFilesResponse(size=size)
             if kind == pb.FILE_KIND_CHECKPOINT:
+                await asyncio.to_thread(self._read, lambda s: files.ensure_current_attempt(s, task))
                 size, digest = await asyncio.to_thread(
                     files.install_checkpoint, self.settings.files_dir, task, path
                 )
@@ -199,6 +204,9 @@ class AgentStream:
             message = await self.context.read()
             if message is grpc.aio.EOF:
                 return
+            if not self.service.hub.is_current(self.agent_id, self):
+                log.warning("agent %s opened a newer stream; closing this one", self.agent_id)
+                return
             body = message.WhichOneof("body")
             if body == "heartbeat":
                 await self.service._write(
@@ -235,6 +243,7 @@ class AgentStream:
                     self.agent_id,
                     message.logs.task_id,
                     convert.log_lines(message.logs),
+                    timeout_s=settings.agent_timeout_s,
                 )
                 await self.send(convert.ack(message.logs.task_id, log_seq=seq))
             elif body == "metrics":
@@ -243,6 +252,7 @@ class AgentStream:
                     self.agent_id,
                     message.metrics.task_id,
                     convert.metric_points(message.metrics),
+                    timeout_s=settings.agent_timeout_s,
                 )
                 await self.send(convert.ack(message.metrics.task_id, metric_seq=seq))
 
@@ -256,26 +266,40 @@ class AgentStream:
             self.service.hub.wake()
 
     async def _dispatch(self, wake: asyncio.Event) -> None:
-        """Sends start and stop commands the database asks for; woken on changes, else every second."""
-        while True:
-            starts, stops = await asyncio.to_thread(self._pending)
-            for task, job in starts:
-                if task.id not in self.sent_starts:
-                    self.sent_starts.add(task.id)
-                    await self.send(
-                        convert.start_task(
-                            task, job, self.settings.stop_grace_s, self.settings.shared_checkpoint_dir
-                        )
-                    )
-            for task in stops:
-                if task.id not in self.sent_stops:
-                    self.sent_stops.add(task.id)
-                    await self.send(convert.stop_task(task, self.settings.stop_grace_s))
+        """Sends start and stop commands the database asks for; woken on changes, else every second.
+
+        A failing pass (database trouble) is logged and retried: a dead dispatcher would leave a
+        healthy-looking agent that never gets commands. Ends when a newer stream of the agent took over.
+        """
+        while self.service.hub.is_current(self.agent_id, self):
+            wake.clear()  # before the pass, so a wake-up during it is not lost
+            try:
+                await self._send_pending()
+            except asyncio.CancelledError:
+                raise
+            except grpc.RpcError:
+                return  # the stream is gone; the reader ends the session
+            except Exception:  # noqa: BLE001 - keep dispatching whatever one pass hit
+                log.exception("dispatching commands to agent %s failed; retrying", self.agent_id)
             try:
                 await asyncio.wait_for(wake.wait(), timeout=1.0)
             except TimeoutError:
                 pass
-            wake.clear()
+
+    async def _send_pending(self) -> None:
+        starts, stops = await asyncio.to_thread(self._pending)
+        for task, job in starts:
+            if task.id not in self.sent_starts:
+                self.sent_starts.add(task.id)
+                await self.send(
+                    convert.start_task(
+                        task, job, self.settings.stop_grace_s, self.settings.shared_checkpoint_dir
+                    )
+                )
+        for task in stops:
+            if task.id not in self.sent_stops:
+                self.sent_stops.add(task.id)
+                await self.send(convert.stop_task(task, self.settings.stop_grace_s))
 
     def _pending(self) -> tuple[list, list]:
         with self.service.db.read() as session:

@@ -74,15 +74,25 @@ def accept_heartbeat(session: Session, agent_id: str, *, timeout_s: float) -> No
     touch_agent(get_agent(session, agent_id), timeout_s)
 
 
-def accept_logs(session: Session, agent_id: str, task_id: str, lines: list[IncomingLine]) -> int:
-    """Stores a batch of log lines; returns the seq to acknowledge (all of them, even for unknown tasks)."""
+def accept_logs(
+    session: Session, agent_id: str, task_id: str, lines: list[IncomingLine], *, timeout_s: float
+) -> int:
+    """Stores a batch of log lines; returns the seq to acknowledge (all of them, even for unknown tasks).
+
+    Any message proves the agent alive, so a long backlog cannot make a busy agent look lost.
+    """
+    touch_agent(get_agent(session, agent_id), timeout_s)
     task = session.get(Task, task_id)
     if task is None or task.agent_id != agent_id:
         return max((line.seq for line in lines), default=0)
     return store_log_lines(session, task, lines)
 
 
-def accept_metrics(session: Session, agent_id: str, task_id: str, points: list[IncomingPoint]) -> int:
+def accept_metrics(
+    session: Session, agent_id: str, task_id: str, points: list[IncomingPoint], *, timeout_s: float
+) -> int:
+    """Stores a batch of metric points; returns the seq to acknowledge."""
+    touch_agent(get_agent(session, agent_id), timeout_s)
     task = session.get(Task, task_id)
     if task is None or task.agent_id != agent_id:
         return max((p.seq for p in points), default=0)

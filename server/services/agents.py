@@ -10,9 +10,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from server.db.models import Agent, Task, utcnow
-from server.errors import InvalidInput, NotFound
+from server.errors import InvalidInput, NameTaken, NotFound
 from server.services.placement import AgentCapacity
-from server.states import TERMINAL_TASK_STATES, TaskState
+from server.states import TaskState
 
 
 @dataclass(frozen=True)
@@ -42,12 +42,25 @@ def validate_registration(reg: Registration) -> None:
 
 
 def register_agent(
-    session: Session, reg: Registration, timeout_s: float, now: datetime | None = None
+    session: Session,
+    reg: Registration,
+    timeout_s: float,
+    now: datetime | None = None,
+    connected: frozenset[str] = frozenset(),
 ) -> Agent:
-    """Creates or updates the agent named `reg.name` and marks it online."""
+    """Creates or updates the agent named `reg.name` and marks it online.
+
+    A name held by a connected agent on another host is refused: two machines under one name would
+    each report the other's tasks as lost.
+    """
     validate_registration(reg)
     now = now or utcnow()
     agent = session.scalars(select(Agent).where(Agent.name == reg.name)).one_or_none()
+    if agent is not None and agent.id in connected and agent.hostname != reg.hostname:
+        raise NameTaken(
+            f"agent name {reg.name!r} is in use by a connected agent on host {agent.hostname}; "
+            "start this agent with another --name"
+        )
     if agent is None:
         agent = Agent(name=reg.name)
         session.add(agent)
@@ -89,10 +102,13 @@ def device_kind(agent: Agent) -> str:
 
 
 def live_tasks_by_agent(session: Session) -> dict[str, list[Task]]:
-    """Tasks that still hold devices and ports, grouped by agent id."""
-    rows = session.scalars(
-        select(Task).where(Task.state.not_in([s.value for s in TERMINAL_TASK_STATES]))
-    ).all()
+    """Tasks that still hold devices and ports, grouped by agent id.
+
+    LOST tasks count until their agent confirms they ended: an agent that was only cut off may still
+    run them, and a new task on the same GPU would run out of memory.
+    """
+    holding = [s.value for s in TaskState if not s.terminal] + [TaskState.LOST.value]
+    rows = session.scalars(select(Task).where(Task.state.in_(holding))).all()
     grouped: dict[str, list[Task]] = {}
     for task in rows:
         grouped.setdefault(task.agent_id, []).append(task)
@@ -116,14 +132,20 @@ def refused_ports_by_agent(session: Session, now: datetime) -> dict[str, set[int
     return refused
 
 
-def capacities(session: Session, now: datetime | None = None) -> list[AgentCapacity]:
-    """What every online agent can offer now, net of the tasks it holds and the ports it refused."""
+def capacities(
+    session: Session, now: datetime | None = None, connected: frozenset[str] | None = None
+) -> list[AgentCapacity]:
+    """What every online agent can offer now, net of the tasks it holds and the ports it refused.
+
+    `connected` (agent ids with a live session), when given, narrows the offer further: right after a
+    coordinator start, agents count as online for a grace period before they have reconnected.
+    """
     now = now or utcnow()
     held = live_tasks_by_agent(session)
     refused = refused_ports_by_agent(session, now)
     result = []
     for agent in session.scalars(select(Agent).order_by(Agent.name)).all():
-        if not is_online(agent, now):
+        if not is_online(agent, now) or (connected is not None and agent.id not in connected):
             continue
         tasks = held.get(agent.id, [])
         busy = {i for task in tasks for i in task.device_indices}

@@ -7,12 +7,12 @@ import os
 import shutil
 from pathlib import Path
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from mwms.archive import extract_archive
-from server.db.models import Job, StoredFile, Task
-from server.errors import InvalidInput, NotFound
+from server.db.models import Attempt, Job, StoredFile, Task
+from server.errors import Conflict, InvalidInput, NotFound
 
 ARTIFACT = "artifact"
 CHECKPOINT = "checkpoint"
@@ -62,6 +62,15 @@ def record_artifacts(session: Session, task: Task, files: list[tuple[str, int, s
             )
         )
     session.flush()
+
+
+def ensure_current_attempt(session: Session, task: Task) -> None:
+    """Refuses a checkpoint from a task of an older attempt: it would replace a newer checkpoint."""
+    newest = session.scalar(select(func.max(Attempt.number)).where(Attempt.job_id == task.job_id))
+    if newest is not None and task.attempt_number < newest:
+        raise Conflict(
+            f"checkpoint from attempt {task.attempt_number} of job {task.job_id} ignored: attempt {newest} is newer"
+        )
 
 
 def install_checkpoint(files_dir: Path, task: Task, archive: Path) -> tuple[int, str]:

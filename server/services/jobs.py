@@ -14,6 +14,8 @@ from server.services.transitions import transition_job, transition_task
 from server.states import AttemptState, JobState, TaskState
 
 FAILURE_LOG_LINES = 10
+# A port can be busy by chance; a bundle or command that cannot start will not start on the next try either.
+MAX_REFUSALS_IN_A_ROW = 5
 
 
 def create_job(session: Session, spec: JobCreate) -> Job:
@@ -187,8 +189,23 @@ def replace_attempt(session: Session, job: Job, attempt: Attempt, reason: str, n
         request_stop(task, "attempt is being placed again")
     _end_attempt_record(attempt, AttemptState.REPLACED, reason, now)
     # Tasks are refused only before they run, so the job is still SCHEDULED (unless it was cancelled).
-    if job.state == JobState.SCHEDULED.value:
-        transition_job(session, job, JobState.PENDING, f"{reason}; placing the job again", now)
+    if job.state != JobState.SCHEDULED.value:
+        return
+    refusals = 0
+    for earlier in reversed(job.attempts):
+        if earlier.state != AttemptState.REPLACED.value:
+            break
+        refusals += 1
+    if refusals >= MAX_REFUSALS_IN_A_ROW:
+        transition_job(
+            session,
+            job,
+            JobState.FAILED,
+            f"{reason}; agents refused to start this job {refusals} times in a row: fix the cause and submit again",
+            now,
+        )
+        return
+    transition_job(session, job, JobState.PENDING, f"{reason}; placing the job again", now)
 
 
 def describe_task_failure(session: Session, task: Task, agent_name: str) -> str:

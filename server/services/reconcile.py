@@ -63,7 +63,7 @@ def _check_startup_timeouts(session: Session, backoff_base_s: float, default_s: 
         limit = job.options.get("startup_timeout_seconds") or default_s
         if attempt.created_at + timedelta(seconds=limit) > now:
             continue
-        waiting = [t.index for t in attempt.tasks if t.state != TaskState.RUNNING.value]
+        waiting = [t.index for t in attempt.tasks if t.started_at is None]
         fail_attempt(
             session,
             job,

@@ -26,8 +26,13 @@ def release_restarts(session: Session, now: datetime) -> None:
         transition_job(session, job, JobState.PENDING, f"placing attempt {len(job.attempts) + 1}", now)
 
 
-def schedule_pending(session: Session, now: datetime | None = None) -> list[str]:
-    """Places every PENDING job that fits, oldest first; returns the ids of agents that got tasks."""
+def schedule_pending(
+    session: Session, now: datetime | None = None, connected: frozenset[str] | None = None
+) -> list[str]:
+    """Places every PENDING job that fits, oldest first; returns the ids of agents that got tasks.
+
+    `connected`: when given, only agents with a live session are offered (see agents.capacities).
+    """
     now = now or utcnow()
     release_restarts(session, now)
     jobs = session.scalars(
@@ -35,7 +40,7 @@ def schedule_pending(session: Session, now: datetime | None = None) -> list[str]
     ).all()
     touched: set[str] = set()
     for job in jobs:
-        placement = place_gang(capacities(session, now), job.num_workers, job.gpus_per_worker)
+        placement = place_gang(capacities(session, now, connected), job.num_workers, job.gpus_per_worker)
         if isinstance(placement, NoFit):
             if job.reason != placement.reason:
                 job.reason = placement.reason  # same state, newer explanation: not a transition

@@ -97,6 +97,8 @@ def _after_task_change(
             if job.state == JobState.SCHEDULED.value:
                 transition_job(session, job, JobState.RUNNING, "all workers started", now)
             transition_job(session, job, JobState.SUCCEEDED, f"all {len(attempt.tasks)} tasks exited 0", now)
+        else:  # the last task of a failing attempt may end with 0 before its stop arrives
+            _settle_failed_attempt(session, job, attempt, backoff_base_s, now)
     elif state == TaskState.REJECTED:
         replace_attempt(
             session,

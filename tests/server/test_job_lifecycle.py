@@ -214,3 +214,86 @@ def test_out_of_order_report_is_ignored_not_fatal(db):
     report(db, job_id, 1, TaskState.REJECTED)  # LOST -> REJECTED is not in the table
     with db.read() as session:
         assert session.get(Job, job_id).attempts[0].tasks[1].state == "LOST"
+
+
+def test_failing_attempt_whose_last_task_exits_0_still_ends(db):
+    job_id = submit(db)
+    run_all(db, job_id)
+    report(db, job_id, 1, TaskState.FAILED, 1)  # permanent: waits for the chief
+    report(db, job_id, 0, TaskState.SUCCEEDED, 0)  # the chief finished before its stop arrived
+    state, reason = state_of(db, job_id)
+    assert state == "FAILED" and reason.startswith("task 1")
+
+
+def test_agents_refusing_a_job_again_and_again_fail_it(db):
+    job_id = submit(db)
+    for _ in range(5):
+        report(db, job_id, 0, TaskState.REJECTED)
+        with db.write() as session:
+            for task in session.get(Job, job_id).attempts[-1].tasks:
+                if task.state == "ASSIGNED":
+                    task.state = "STOPPED"  # the stop the agent would confirm
+            schedule_pending(session)
+    state, reason = state_of(db, job_id)
+    assert state == "FAILED" and "5 times in a row" in reason
+
+
+def test_lost_tasks_hold_their_devices_until_the_agent_confirms(db):
+    from server.services.agents import capacities
+
+    job_id = submit(db)
+    run_all(db, job_id)
+    with db.write() as session:
+        lost = session.get(Job, job_id).attempts[0].tasks[1]
+        lost_agent = lost.agent_id
+        session.get(Agent, lost_agent).online_until = utcnow() - timedelta(seconds=1)
+    with db.write() as session:
+        reconcile(session, backoff_base_s=BACKOFF, default_startup_timeout_s=300)
+        agent = session.get(Agent, lost_agent)
+        agent.online_until = utcnow() + timedelta(seconds=30)  # it comes back
+        offer = {c.agent_id: c for c in capacities(session)}
+        assert offer[lost_agent].free_devices == ()
+    report(db, job_id, 1, TaskState.STOPPED, 143)  # the agent confirms it stopped the task
+    with db.read() as session:
+        offer = {c.agent_id: c for c in capacities(session)}
+        assert offer[lost_agent].free_devices == (0,)
+
+
+def test_only_connected_agents_get_work_when_told(db):
+    with db.write() as session:
+        ids = [a.id for a in session.query(Agent).order_by(Agent.name)]
+        job = create_job(session, JobCreate(bundle_digest="c" * 64, command=["python", "t.py"], workers=2))
+        assert schedule_pending(session, connected=frozenset(ids[:1])) == []
+        assert sorted(schedule_pending(session, connected=frozenset(ids[:2]))) == sorted(ids[:2])
+        assert session.get(Job, job.id).state == "SCHEDULED"
+
+
+def test_checkpoint_from_an_older_attempt_is_refused(db):
+    from server.errors import Conflict
+    from server.services.files import ensure_current_attempt
+
+    job_id = submit(db)
+    run_all(db, job_id)
+    report(db, job_id, 1, TaskState.FAILED, 137)
+    report(db, job_id, 0, TaskState.STOPPED, 143)
+    with db.write() as session:
+        session.get(Job, job_id).not_before = utcnow() - timedelta(seconds=1)
+        schedule_pending(session)
+    with db.read() as session:
+        job = session.get(Job, job_id)
+        ensure_current_attempt(session, job.attempts[1].tasks[0])
+        with pytest.raises(Conflict):
+            ensure_current_attempt(session, job.attempts[0].tasks[0])
+
+
+def test_a_name_held_by_a_connected_agent_on_another_host_is_refused(db):
+    from server.errors import NameTaken
+
+    with db.write() as session:
+        holder = session.query(Agent).filter_by(name="a").one()
+        clone = Registration(
+            "a", "other-host", "127.0.0.2", 20000, 20010, [{"kind": "cpu", "index": 0, "name": "s"}], "t"
+        )
+        with pytest.raises(NameTaken, match="another --name"):
+            register_agent(session, clone, 30, connected=frozenset({holder.id}))
+        register_agent(session, clone, 30)  # the holder is gone: the name can move
