@@ -114,9 +114,8 @@ class AgentSession:
     def _outgoing(self) -> Iterator[agent_pb2.AgentMessage]:
         # Reports queued before this Hello are covered by it: it carries every task's latest state.
         self._drain_reports()
-        yield agent_pb2.AgentMessage(
-            hello=agent_pb2.Hello(agent_id=self._agent_id, tasks=self._tasks.current_reports())
-        )
+        hello_reports, deferred = self._tasks.hello_reports()
+        yield agent_pb2.AgentMessage(hello=agent_pb2.Hello(agent_id=self._agent_id, tasks=hello_reports))
         next_heartbeat = time.monotonic()
         self._last_received = time.monotonic()
         while not self._closing.is_set():
@@ -130,7 +129,7 @@ class AgentSession:
                 next_heartbeat = now + self._heartbeat_interval
             # Reports are taken before the logs and metrics and sent after them: a task queues its final
             # report after its last lines, so the report never overtakes them.
-            reports = self._drain_reports()
+            reports, deferred = deferred + self._drain_reports(), []
             backlog = yield from self._unsent_batches(MAX_BATCHES_PER_PASS)
             for report in reports:
                 yield agent_pb2.AgentMessage(task=report)

@@ -79,17 +79,27 @@ class TaskManager:
         with self._records_lock:
             return list(self._records.values())
 
-    def current_reports(self) -> list[agent_pb2.TaskReport]:
-        """The latest report of every known task whose final state is not acknowledged yet (for Hello)."""
-        reports = []
+    def hello_reports(self) -> tuple[list[agent_pb2.TaskReport], list[agent_pb2.TaskReport]]:
+        """(reports for a Hello, final reports to send after the resent lines).
+
+        Every known task whose final state is not acknowledged yet is listed. A task that ended while its
+        last log lines are still unsent is listed as RUNNING, and its final report follows those lines:
+        the coordinator builds a failure's reason from the task's last lines when the report arrives.
+        """
+        hello, deferred = [], []
         for record in self.records():
             with record.lock:
                 if record.final_acked:
                     continue
                 report = agent_pb2.TaskReport()
                 report.CopyFrom(record.report)
-                reports.append(report)
-        return reports
+                if record.ended and record.pid and record.logs.unacked(limit=1):
+                    deferred.append(report)
+                    report = agent_pb2.TaskReport(
+                        task_id=record.task_id, state=agent_pb2.TASK_STATE_RUNNING, pid=record.pid
+                    )
+                hello.append(report)
+        return hello, deferred
 
     def start(self, start: agent_pb2.StartTask) -> None:
         """Starts the task in a worker thread; a start for a known task only re-sends its report."""

@@ -358,3 +358,38 @@ def _alive(pid: int) -> bool:
 
 
 assert sys.platform.startswith("linux"), "these tests use process groups and /proc"
+
+
+def test_a_task_that_ended_unacknowledged_is_finalised_after_its_last_lines(
+    coordinator, start_agent, wait_for
+) -> None:  # type: ignore[no-untyped-def]
+    fake, address = coordinator
+    fake.auto_ack = False  # nothing acknowledged: the task's lines and final report stay pending
+    agent = start_agent(address)
+    first = connected(fake, wait_for)
+    program = "import sys\nprint('the cause: bad input', flush=True)\nsys.exit(3)\n"
+    digest = fake.add_bundle(bundle({"train.py": program}))
+    first.send(start=start_message("task-fails", digest).start)
+    wait_for(lambda: S.TASK_STATE_FAILED in fake.states("task-fails"), "FAILED on the first stream")
+
+    first.close()
+    second = connected(fake, wait_for, count=2)
+    hello = second.of_kind("hello")[0]
+    assert [(t.task_id, t.state) for t in hello.tasks] == [("task-fails", S.TASK_STATE_RUNNING)]
+
+    def final_after_lines() -> bool:
+        kinds = [
+            (m.WhichOneof("body"), m.task.state if m.WhichOneof("body") == "task" else None)
+            for m in list(second.received)
+        ]
+        return ("task", S.TASK_STATE_FAILED) in kinds and ("logs", None) in kinds
+
+    wait_for(
+        final_after_lines,
+        "the lines and the final report on the new stream",
+        observed=lambda: second.received,
+    )
+    order = [m.WhichOneof("body") for m in second.received if m.WhichOneof("body") in ("logs", "task")]
+    assert order.index("logs") < order.index("task"), order
+    assert "the cause: bad input" in [line.text for line in fake.log_lines("task-fails", second)]
+    assert agent.shut_down() == 0
