@@ -104,7 +104,10 @@ def test_a_restarted_agent_stops_the_orphans_reports_them_and_resends_unacked_li
     second = fake.streams[1]
     assert not alive(pid), "the orphan must be stopped before the new agent registers"
     hello = second.of_kind("hello")[0]
-    assert [(t.task_id, t.state, t.exit_code, t.message) for t in hello.tasks] == [
+    # Listed as RUNNING while its last lines are unsent; the final report follows them.
+    assert [(t.task_id, t.state) for t in hello.tasks] == [("task-orphan", S.TASK_STATE_RUNNING)]
+    wait_for(lambda: second.of_kind("task"), "the final report after the resent lines")
+    assert [(t.task_id, t.state, t.exit_code, t.message) for t in second.of_kind("task")][:1] == [
         (
             "task-orphan",
             S.TASK_STATE_FAILED,
@@ -112,6 +115,8 @@ def test_a_restarted_agent_stops_the_orphans_reports_them_and_resends_unacked_li
             "the agent restarted while this task was running; its process was stopped",
         )
     ]
+    order = [m.WhichOneof("body") for m in second.received if m.WhichOneof("body") in ("logs", "task")]
+    assert order.index("logs") < order.index("task"), order
     # The unacknowledged line comes again under its seq, then the agent's note; acked lines do not.
     wait_for(lambda: len(fake.log_lines("task-orphan", second)) == 2, "the resent lines")
     resent = [(line.seq, line.stream, line.text) for line in fake.log_lines("task-orphan", second)]
@@ -182,9 +187,15 @@ def test_a_task_that_ended_while_no_agent_ran_is_reported_with_an_unknown_exit_c
     (work_dir / "agent-state.json").write_text(json.dumps(table))
     start_agent(address, work_dir=work_dir)
     wait_for(lambda: fake.streams and fake.streams[0].of_kind("hello"), "the Hello")
-    hello = fake.streams[0].of_kind("hello")[0]
-    assert sorted((t.task_id, t.state, t.exit_code) for t in hello.tasks) == [
-        ("task-done", S.TASK_STATE_SUCCEEDED, 0),
-        ("task-gone", S.TASK_STATE_FAILED, -1),
-    ]
+    stream = fake.streams[0]
+    hello = stream.of_kind("hello")[0]
+    assert sorted(t.task_id for t in hello.tasks) == ["task-done", "task-gone"]
+
+    def finals() -> dict[str, tuple[int, int]]:
+        # In the Hello when nothing of the task is unsent, else in a report after its resent lines.
+        reports = [t for t in hello.tasks if t.state != S.TASK_STATE_RUNNING] + stream.of_kind("task")
+        return {r.task_id: (r.state, r.exit_code) for r in reports}
+
+    wait_for(lambda: len(finals()) == 2, "both final states", observed=finals)
+    assert finals() == {"task-done": (S.TASK_STATE_SUCCEEDED, 0), "task-gone": (S.TASK_STATE_FAILED, -1)}
     assert os.path.exists(work_dir / "agent-state.json")
