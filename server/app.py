@@ -9,6 +9,8 @@ from contextlib import asynccontextmanager
 
 import grpc
 from fastapi import FastAPI
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse
 
 import mwms
 from mwms.v1 import agent_pb2_grpc
@@ -25,6 +27,7 @@ from server.settings import Settings
 
 log = logging.getLogger("mwms.server")
 GRPC_MAX_MESSAGE = 16 * 1024 * 1024
+SWAGGER_UI = "swagger-ui-5.35.0"  # web/vendor/<this>: the released swagger-ui-dist files and their licence
 
 
 def _grant_reconnect_grace(db: Database, settings: Settings) -> None:
@@ -78,7 +81,20 @@ def create_app(settings: Settings) -> FastAPI:
         version=mwms.__version__,
         description="Jobs, agents, bundles, logs and metrics for MultiWorkerMirroredStrategy training.",
         lifespan=lifespan,
+        docs_url=None,  # served below from the vendored Swagger UI: training clusters are often offline
+        redoc_url=None,
     )
+
+    @app.get("/docs", include_in_schema=False)
+    def swagger_ui() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url=app.openapi_url or "/openapi.json",
+            title="mwms coordinator API",
+            swagger_js_url=f"/static/vendor/{SWAGGER_UI}/swagger-ui-bundle.js",
+            swagger_css_url=f"/static/vendor/{SWAGGER_UI}/swagger-ui.css",
+            swagger_favicon_url=f"/static/vendor/{SWAGGER_UI}/favicon-32x32.png",
+        )
+
     install_error_handlers(app)
     for router in (health.router, bundles.router, jobs.router, agents.router, dashboard.router):
         app.include_router(router)

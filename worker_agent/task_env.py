@@ -23,6 +23,7 @@ class TaskPaths:
     output_dir: Path
     checkpoint_dir: Path
     metrics_file: Path
+    tmp_dir: Path
 
     @classmethod
     def for_task(cls, work_dir: Path, start: agent_pb2.StartTask) -> TaskPaths:
@@ -38,6 +39,7 @@ class TaskPaths:
             output_dir=task_dir / "output",
             checkpoint_dir=checkpoint_dir,
             metrics_file=task_dir / "metrics.jsonl",
+            tmp_dir=task_dir / "tmp",
         )
 
     def create_fresh(self) -> None:
@@ -45,6 +47,7 @@ class TaskPaths:
         shutil.rmtree(self.task_dir, ignore_errors=True)
         self.bundle_dir.mkdir(parents=True)
         self.output_dir.mkdir(parents=True)
+        self.tmp_dir.mkdir(parents=True)
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
 
 
@@ -84,6 +87,8 @@ def child_environment(
             "MWMS_DEVICE_KIND": "gpu" if is_gpu else "cpu",
             "MWMS_NUM_GPUS": str(len(start.device_indices)) if is_gpu else "0",
             "PYTHONUNBUFFERED": "1",
+            # Temporary files (e.g. non-chief save paths) stay inside the task dir, removed with the task.
+            "TMPDIR": str(paths.tmp_dir),
         }
     )
     return env

@@ -77,6 +77,8 @@ class ApiClient:
     """Calls the coordinator at `base_url`; methods return the API's JSON objects unchanged."""
 
     def __init__(self, base_url: str = DEFAULT_API, *, timeout: float = 30.0) -> None:
+        if "://" not in base_url:  # "127.0.0.1:8080" is what people type
+            base_url = "http://" + base_url
         self.base_url = base_url.rstrip("/")
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout)
 

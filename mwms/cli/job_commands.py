@@ -28,6 +28,8 @@ from mwms.cli.packing import human_size
 # The API answers with this many of the newest lines when not told --tail.
 DEFAULT_LOG_TAIL = 1000
 
+JOB_STATES = ("PENDING", "SCHEDULED", "RUNNING", "RESTARTING", "SUCCEEDED", "FAILED", "CANCELLED")
+
 JobArgument = Annotated[
     str, typer.Argument(help="The job's id (as printed by `mwms submit` or `mwms jobs`).")
 ]
@@ -45,13 +47,20 @@ def jobs(
 ) -> None:
     """List jobs, newest first."""
     states = [value.upper() for value in state or []]
+    unknown = [value for value in states if value not in JOB_STATES]
+    if unknown:
+        raise CliError(f"unknown state {', '.join(unknown)}; use one of {', '.join(JOB_STATES)}")
     with ApiClient(api) as client:
         page = client.list_jobs(states, offset=offset, limit=limit)
     if json_output:
         print_json(page)
         return
     if not page.get("jobs"):
-        err.print("no jobs" + (f" in state {', '.join(states)}" if states else ""))
+        where = f" in state {', '.join(states)}" if states else ""
+        total = page.get("total", 0)
+        err.print(
+            f"no jobs{where}" + (f" after the first {offset} (there are {total})" if offset and total else "")
+        )
         return
     out.print(jobs_table(page["jobs"]))
     shown = len(page["jobs"])
@@ -142,6 +151,12 @@ def metrics(
         print_json(series)
         return
     points = series.get("points") or []
+    if not points and name:
+        with ApiClient(api) as client:
+            names = sorted({p["name"] for p in client.metrics(job_id, attempt=attempt).get("points") or []})
+        if names:
+            err.print(f"no points for metric {name!r} in that range; this job reported: {', '.join(names)}")
+            return
     if not points:
         err.print(
             "no metrics reported (yet); programs report them with mwms_runtime.report() or its Keras callback"
@@ -175,7 +190,9 @@ def artifacts(
     if json_output:
         print_json(found)
     elif not found:
-        err.print("no artifacts; programs save them under mwms_runtime's save paths")
+        err.print(
+            "no artifacts; the chief's files in MWMS_OUTPUT_DIR (mwms_runtime.output_dir()) become artifacts"
+        )
     elif download is None:
         out.print(artifacts_table(found))
 
@@ -183,10 +200,19 @@ def artifacts(
 def download_artifacts(client: ApiClient, job_id: str, found: list[dict], destination: Path) -> int:
     """Downloads every listed artifact under `destination`; returns the total byte count."""
     relatives = [safe_relative_path(artifact["path"]) for artifact in found]  # check all before writing any
+    try:
+        destination.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise CliError(
+            f"cannot download into {destination}: {error.strerror or error}; pass a directory"
+        ) from None
     total = 0
     for relative in relatives:
         target = destination.joinpath(*relative.parts)
-        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise CliError(f"cannot write {target}: {error.strerror or error}") from None
         total += client.download_artifact(job_id, relative.as_posix(), target)
     err.print(f"downloaded {len(relatives)} files ({human_size(total)}) to {destination}")
     return total

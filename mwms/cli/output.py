@@ -140,7 +140,7 @@ def agents_table(agents: list[dict[str, Any]]) -> Table:
             agent.get("name", ""),
             agent.get("id", ""),
             agent.get("address", ""),
-            Text("online", style="green") if agent.get("online") else Text("offline", style="red"),
+            Text("online", style="green") if agent.get("online") else Text("lost", style="red"),
             ", ".join(f"{count}×{kind}" for kind, count in kinds.items()) or "-",
             str(agent.get("devices_used", "-")),
             str(agent.get("devices_free", "-")),

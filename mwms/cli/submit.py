@@ -174,10 +174,14 @@ def report_ending(client: ApiClient, job: dict[str, Any]) -> None:
 @handles_errors()
 def submit(
     directory: Annotated[
-        Path, typer.Argument(help="Directory with the training program; it is packed and uploaded.")
+        Path,
+        typer.Argument(metavar="DIR", help="Directory with the training program; it is packed and uploaded."),
     ],
     command: Annotated[
-        list[str], typer.Argument(help="The command each worker runs in the bundle's directory (after --).")
+        list[str],
+        typer.Argument(
+            metavar="COMMAND...", help="The command each worker runs in the bundle's directory (after --)."
+        ),
     ],
     workers: Annotated[int, typer.Option("--workers", "-n", min=1, help="Number of workers (tasks).")],
     gpus_per_worker: Annotated[

@@ -87,6 +87,7 @@ async def job_logs(
     def page(cursor: int, limit: int) -> tuple[list[LogLineOut], bool]:
         with rt.db.read() as session:
             job = jobs.get_job(session, job_id)
+            jobs.check_task_and_attempt(job, task, attempt)
             rows = telemetry.read_logs(
                 session, job, task_index=task, attempt=attempt, after=cursor, tail=limit
             )
@@ -140,6 +141,7 @@ def job_metrics(
 ) -> MetricSeries:
     """The chief's reduced metric series: name, step, value, wall time and attempt of every point."""
     job = jobs.get_job(session, job_id)
+    jobs.check_task_and_attempt(job, None, attempt)
     points = telemetry.read_metrics(
         session, job, name=name, min_step=min_step, max_step=max_step, attempt=attempt
     )

@@ -55,7 +55,7 @@ def accept_hello(
                 session,
                 agent,
                 task,
-                "was lost: its agent restarted and no longer runs it",
+                "lost (its agent restarted and no longer runs it)",
                 backoff_base_s,
                 now,
             )

@@ -53,6 +53,16 @@ def get_job(session: Session, job_id: str) -> Job:
     return job
 
 
+def check_task_and_attempt(job: Job, task_index: int | None, attempt: int | None) -> None:
+    """NotFound, saying what exists, for a task index or attempt number the job does not have."""
+    if task_index is not None and not 0 <= task_index < job.num_workers:
+        raise NotFound(f"job {job.id} has tasks 0-{job.num_workers - 1}; there is no task {task_index}")
+    if attempt is not None and not 1 <= attempt <= max(1, len(job.attempts)):
+        raise NotFound(
+            f"job {job.id} has attempts 1-{max(1, len(job.attempts))}; there is no attempt {attempt}"
+        )
+
+
 def list_jobs(session: Session, states: list[JobState], offset: int, limit: int) -> tuple[list[Job], int]:
     """Jobs newest first, optionally filtered by state, with the total count for paging."""
     query = select(Job)
@@ -151,14 +161,19 @@ def fail_attempt(
     retryable: bool,
     backoff_base_s: float,
     now: datetime | None = None,
+    log_tail: list[str] | None = None,
 ) -> None:
-    """Ends an attempt after a failure: stops any task still running, then restarts or fails the job."""
+    """Ends an attempt after a failure: stops any task still running, then restarts or fails the job.
+
+    The reason people read is `reason`, then what happens next, then the failing task's last log lines.
+    """
     now = now or utcnow()
     if attempt.state != AttemptState.ACTIVE.value:
         return
     for task in attempt.tasks:
         request_stop(task, f"attempt {attempt.number} ended: another task failed")
-    _end_attempt_record(attempt, AttemptState.FAILED, reason, now)
+    tail = ("\nlast log lines:\n" + "\n".join(log_tail)) if log_tail else ""
+    _end_attempt_record(attempt, AttemptState.FAILED, reason + tail, now)
     if JobState(job.state).terminal:
         return
     policy = job.options.get("restart", {})
@@ -171,7 +186,7 @@ def fail_attempt(
             session,
             job,
             JobState.RESTARTING,
-            f"{reason}; restart {job.restarts} of {max_restarts} in {delay:.0f} s",
+            f"{reason}; restart {job.restarts} of {max_restarts} in {delay:.0f} s{tail}",
             now,
         )
         return
@@ -180,7 +195,7 @@ def fail_attempt(
     )
     if retryable and max_restarts:
         suffix = f" (all {max_restarts} restarts used)"
-    transition_job(session, job, JobState.FAILED, reason + suffix, now)
+    transition_job(session, job, JobState.FAILED, reason + suffix + tail, now)
 
 
 def replace_attempt(session: Session, job: Job, attempt: Attempt, reason: str, now: datetime | None) -> None:
@@ -208,12 +223,9 @@ def replace_attempt(session: Session, job: Job, attempt: Attempt, reason: str, n
     transition_job(session, job, JobState.PENDING, f"{reason}; placing the job again", now)
 
 
-def describe_task_failure(session: Session, task: Task, agent_name: str) -> str:
-    """'task 1 on agent X exited with code 3', followed by its last log lines."""
-    head = f"task {task.index} on agent {agent_name} " + (
+def describe_task_failure(session: Session, task: Task, agent_name: str) -> tuple[str, list[str]]:
+    """('task 1 on agent X: exited with code 3', its last log lines)."""
+    head = f"task {task.index} on agent {agent_name}: " + (
         task.message or f"exited with code {task.exit_code}"
     )
-    lines = last_log_lines(session, task)
-    if not lines:
-        return head
-    return head + "; last log lines:\n" + "\n".join(lines)
+    return head, last_log_lines(session, task)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from server.services.wording import count as wcount
+
 
 @dataclass(frozen=True)
 class AgentCapacity:
@@ -68,14 +70,15 @@ def place_gang(
     largest = max(candidates, key=lambda a: len(a.all_devices))
     if len(largest.all_devices) < count:
         return NoFit(
-            f"each worker needs {count} {unit}s but the largest agent ({largest.name}) has "
+            f"each worker needs {wcount(count, unit)} but the largest agent ({largest.name}) has "
             f"{len(largest.all_devices)}; lower --gpus-per-worker or add larger machines"
         )
     capacity_total = sum(len(a.all_devices) // count for a in candidates)
     if capacity_total < workers:
         return NoFit(
-            f"needs {workers} workers × {count} {unit}(s) but the {len(candidates)} online agent(s) "
-            f"can hold at most {capacity_total} such workers even when idle; add agents or lower --workers"
+            f"needs {wcount(workers, 'worker')} × {wcount(count, unit)} but the "
+            f"{wcount(len(candidates), 'online agent')} can hold at most {wcount(capacity_total, 'such worker')} "
+            "even when idle; add agents or lower --workers"
         )
 
     free: dict[str, list[int]] = {a.agent_id: sorted(a.free_devices) for a in candidates}
@@ -91,8 +94,8 @@ def place_gang(
         if not ranked:
             free_now = sum(len(a.free_devices) // count for a in candidates)
             return NoFit(
-                f"waiting for capacity: needs {workers} workers × {count} {unit}(s), "
-                f"{free_now} can start now on {len(candidates)} online agent(s); "
+                f"waiting for capacity: needs {wcount(workers, 'worker')} × {wcount(count, unit)}, "
+                f"{free_now} can start now on {wcount(len(candidates), 'online agent')}; "
                 "it starts when running jobs finish or agents join"
             )
         agent = by_id[ranked[0].agent_id]

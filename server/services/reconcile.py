@@ -36,7 +36,7 @@ def handle_lost_agent(session: Session, agent: Agent, backoff_base_s: float, now
             session,
             agent,
             task,
-            f"was lost: its agent stopped heartbeating for {timeout_hint(agent)}",
+            f"lost (its agent stopped heartbeating for {timeout_hint(agent)})",
             backoff_base_s,
             now,
         )

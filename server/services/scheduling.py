@@ -12,6 +12,7 @@ from server.services.agents import capacities
 from server.services.placement import NoFit, place_gang
 from server.services.tf_config import build_tf_config
 from server.services.transitions import transition_job
+from server.services.wording import count
 from server.states import AttemptState, JobState, TaskState
 
 
@@ -72,7 +73,7 @@ def schedule_pending(
             session,
             job,
             JobState.SCHEDULED,
-            f"attempt {attempt.number}: {len(placement)} workers on {len(agents)} agent(s): "
+            f"attempt {attempt.number}: {count(len(placement), 'worker')} on {count(len(agents), 'agent')}: "
             + ", ".join(endpoints),
             now,
         )

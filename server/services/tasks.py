@@ -88,7 +88,13 @@ def _after_task_change(
         if job.state == JobState.SCHEDULED.value and all(
             t.state == TaskState.RUNNING.value for t in attempt.tasks
         ):
-            transition_job(session, job, JobState.RUNNING, f"all {len(attempt.tasks)} workers running", now)
+            transition_job(
+                session,
+                job,
+                JobState.RUNNING,
+                "every worker is running" if len(attempt.tasks) > 1 else "the worker is running",
+                now,
+            )
     elif state == TaskState.SUCCEEDED:
         if all(t.state == TaskState.SUCCEEDED.value for t in attempt.tasks):
             attempt.state = AttemptState.SUCCEEDED.value
@@ -96,7 +102,13 @@ def _after_task_change(
             attempt.reason = "every task exited 0"
             if job.state == JobState.SCHEDULED.value:
                 transition_job(session, job, JobState.RUNNING, "all workers started", now)
-            transition_job(session, job, JobState.SUCCEEDED, f"all {len(attempt.tasks)} tasks exited 0", now)
+            transition_job(
+                session,
+                job,
+                JobState.SUCCEEDED,
+                "every task exited 0" if len(attempt.tasks) > 1 else "the task exited 0",
+                now,
+            )
         else:  # the last task of a failing attempt may end with 0 before its stop arrives
             _settle_failed_attempt(session, job, attempt, backoff_base_s, now)
     elif state == TaskState.REJECTED:
@@ -142,9 +154,16 @@ def _settle_failed_attempt(
         return  # only permanent causes so far: a retryable one may still explain them
     root = min(retryable or causes, key=lambda t: (t.ended_at or now, t.index))
     agent = session.get(Agent, root.agent_id)
-    reason = describe_task_failure(session, root, agent.name if agent else root.agent_id)
+    reason, tail = describe_task_failure(session, root, agent.name if agent else root.agent_id)
     fail_attempt(
-        session, job, attempt, reason, retryable=bool(retryable), backoff_base_s=backoff_base_s, now=now
+        session,
+        job,
+        attempt,
+        reason,
+        retryable=bool(retryable),
+        backoff_base_s=backoff_base_s,
+        now=now,
+        log_tail=tail,
     )
 
 

@@ -86,3 +86,24 @@ def test_zip_bundle_is_accepted(cluster):
         archive.writestr("main.py", "print('zip ok')")
     response = cluster.http.post("/api/v1/bundles", files={"file": ("b.zip", buffer.getvalue())})
     assert response.status_code in (200, 201) and response.json()["format"] == "zip"
+
+
+def test_logs_of_a_task_or_attempt_the_job_does_not_have(cluster):
+    digest = cluster.upload(pack({"a.py": "print(1)"}))
+    job_id = cluster.http.post(
+        "/api/v1/jobs",
+        json={"bundle_digest": digest, "command": ["python", "a.py"], "workers": 1, "gpus_per_worker": 8},
+    ).json()["id"]
+    response = cluster.http.get(f"/api/v1/jobs/{job_id}/logs", params={"task": 5})
+    assert response.status_code == 404 and "has tasks 0-0" in response.json()["detail"]
+    response = cluster.http.get(f"/api/v1/jobs/{job_id}/logs", params={"attempt": 3})
+    assert response.status_code == 404 and "no attempt 3" in response.json()["detail"]
+    cluster.http.post(f"/api/v1/jobs/{job_id}/cancel")
+
+
+def test_api_docs_are_served_without_internet(cluster):
+    page = cluster.http.get("/docs").text
+    assert "cdn.jsdelivr" not in page and "/static/vendor/swagger-ui-5.35.0/swagger-ui-bundle.js" in page
+    script = cluster.http.get("/static/vendor/swagger-ui-5.35.0/swagger-ui-bundle.js")
+    assert script.status_code == 200 and len(script.content) > 100_000
+    assert cluster.http.get("/openapi.json").json()["info"]["title"] == "mwms coordinator"

@@ -59,7 +59,7 @@ async function refreshOverview() {
     element.classList.toggle("zero", !value);
   }
   const now = new Date();
-  updated.textContent = `updated ${now.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit" })}`;
+  updated.textContent = `updated ${now.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit", hourCycle: "h23" })}`;
 }
 
 let failures = 0;

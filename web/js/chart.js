@@ -166,7 +166,8 @@ export class MetricChart {
     }
     grid.append(
       svg("line", { x1: MARGIN.left, x2: width - MARGIN.right, y1: HEIGHT - MARGIN.bottom, y2: HEIGHT - MARGIN.bottom, class: "axis-line" }),
-      svg("text", { x: width - MARGIN.right, y: HEIGHT - 2, class: "axis-title" }, "step"),
+      // The Keras callback reports epoch_* metrics per epoch, everything else per step.
+      svg("text", { x: width - MARGIN.right, y: HEIGHT - 2, class: "axis-title" }, this.name.startsWith("epoch_") ? "epoch" : "step"),
     );
     root.append(grid);
 

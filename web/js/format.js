@@ -112,5 +112,6 @@ export function shellJoin(argv) {
 }
 
 export function shortId(id) {
-  return String(id || "").slice(0, 8);
+  // Job ids are 12 characters: shown whole, so they can be pasted into `mwms status`.
+  return String(id || "");
 }

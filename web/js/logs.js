@@ -129,7 +129,7 @@ export class LogViewer {
         "div",
         { class: ["log-line", line.stream === "stderr" ? "stderr" : null], title: formatTime(line.at) },
         h("span", { class: "log-seq" }, String(line.seq)),
-        h("span", { class: "log-text" }, line.text),
+        h("span", { class: "log-text" }, stripTerminalCodes(line.text)),
       );
       element.hidden = !this.matches(line);
       line.element = element;
@@ -182,4 +182,11 @@ export class LogViewer {
     link.remove();
     setTimeout(() => URL.revokeObjectURL(url), 10000);
   }
+}
+
+// Colour and cursor escape sequences that programs print for terminals; shown as text they are noise.
+const TERMINAL_CODES = /\x1b\[[0-9;?]*[ -\/]*[@-~]/g;
+
+export function stripTerminalCodes(text) {
+  return text.replace(TERMINAL_CODES, "");
 }

@@ -75,7 +75,7 @@ export function mountJob(container, jobId) {
 
   replaceChildren(
     container,
-    h("nav", { class: "breadcrumb", "aria-label": "Breadcrumb" }, h("a", { href: "#/jobs" }, "Jobs"), h("span", { "aria-hidden": "true" }, " / "), h("span", { class: "mono" }, jobId.slice(0, 8))),
+    h("nav", { class: "breadcrumb", "aria-label": "Breadcrumb" }, h("a", { href: "#/jobs" }, "Jobs"), h("span", { "aria-hidden": "true" }, " / "), h("span", { class: "mono" }, jobId)),
     h(
       "div",
       { class: "page-head job-head" },
@@ -182,7 +182,7 @@ export function mountJob(container, jobId) {
         ),
       ),
     );
-    const columns = ["#", "State", "Agent", "Address", "Devices", "Exit", "Message", "Started", "Ran", "", "Config"].map((label) => ({ label }));
+    const columns = ["#", "State", "Agent", "Address", "Devices", "Exit", "Message", "Started", "Ran", "Logs", "Config"].map((label) => ({ label }));
     columns[0].class = "num";
     columns[5].class = "num";
     replaceChildren(tasksBody, table(columns, rows, { class: "tasks-table", attrs: { "data-testid": "tasks-table" } }));
@@ -257,7 +257,7 @@ export function mountJob(container, jobId) {
           chartsGrid,
           emptyState(
             isTerminal(job?.state) ? "This job reported no metrics." : "No metrics reported yet.",
-            "Report them from the training program with mwms_runtime (report(step, loss=...) or its Keras callback); they are charted here as they arrive.",
+            "Report them from the training program with mwms_runtime (report(step, {'loss': loss}) or its Keras callback); they are charted here as they arrive.",
           ),
         );
       }
