@@ -10,9 +10,11 @@ every metric of a call: SUM is the total of the sums, MEAN is total sum / total 
   ``strategy.reduce(op, value, axis=0)`` (MEAN divides by the total number of elements, so a short last
   batch gets the right denominator).
 
-report() is a collective: every worker must call it at the same steps with the same metric names. A call
-that waits longer than the report timeout for the other workers ends the process with exit code 70 and a
-message saying so, instead of hanging.
+report() is a collective: every worker must call it at the same steps with the same metric names and
+ops. The packed vector carries this worker's step and a fingerprint of (step, names, ops) on its first
+replica; a sum that is not num_workers times this worker's own ends the process with exit code 70 and a
+message naming the step and names. So does a call that waits longer than the report timeout for the
+other workers, instead of hanging. Any other collective failure (a peer crashed) is re-raised.
 """
 
 from __future__ import annotations
@@ -22,12 +24,13 @@ import re
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from mwms_runtime import writer
+from mwms_runtime import save_paths, writer
 from mwms_runtime.env import context, float_env
 from mwms_runtime.strategy_factory import current_strategy
 
@@ -91,19 +94,40 @@ def _local_components(value: Any, strategy: Any, num_local: int) -> list[tuple[f
     return [_sum_count(value)] + [(0.0, 0.0)] * (num_local - 1)
 
 
-def _abort(step: int, detail: str) -> None:
-    seconds = report_timeout_seconds()
-    print(
-        f"mwms_runtime.report() at step {step} waited {seconds:g} s for the other workers: every worker "
-        f"must call report() at the same steps (with the same metric names). {detail}".rstrip(),
-        file=sys.stderr,
-        flush=True,
-    )
+def _abort(message: str) -> None:
+    """Print ``message``, write what was reported so far and end the process with exit code 70."""
+    print(message, file=sys.stderr, flush=True)
     writer.flush(timeout=5.0)
+    save_paths.cleanup_all()  # os._exit skips atexit
     os._exit(EXIT_REPORT_MISMATCH)
 
 
-def _all_reduce_sum(strategy: Any, packed: list[np.ndarray], step: int) -> np.ndarray:
+def _abort_timeout(step: int, detail: str) -> None:
+    seconds = report_timeout_seconds()
+    _abort(
+        f"mwms_runtime.report() at step {step} waited {seconds:g} s for the other workers: every worker "
+        f"must call report() at the same steps (with the same metric names). {detail}".rstrip()
+    )
+
+
+def _first_line(exc: Exception) -> str:
+    # Drop TF's "{{function_node ...}}" prefix: the rest says what happened.
+    text = re.sub(r"\{\{.*?\}\}", "", str(exc)).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _mismatch_message(step: int, ops: dict[str, str], num_workers: int) -> str:
+    names = ", ".join(f"{name} ({ops[name]})" for name in sorted(ops))
+    return (
+        f"mwms_runtime.report() at step {step}: the {num_workers} workers did not all report this step "
+        f"with the same metric names and ops (this worker reported {names}). Every worker must call "
+        "report() at the same steps with the same metric names and reduce ops."
+    )
+
+
+def _all_reduce_sum(
+    strategy: Any, packed: list[np.ndarray], step: int, ops: dict[str, str], num_workers: int
+) -> np.ndarray:
     """SUM the per-local-replica vectors across every replica of every worker, with a timeout."""
     import tensorflow as tf
 
@@ -119,22 +143,51 @@ def _all_reduce_sum(strategy: Any, packed: list[np.ndarray], step: int) -> np.nd
     per_replica = strategy.experimental_distribute_values_from_function(value_fn)
     timeout = report_timeout_seconds()
     options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=timeout)
-    watchdog = threading.Timer(timeout + _WATCHDOG_GRACE_S, _abort, args=(step, "(watchdog)"))
+    watchdog = threading.Timer(timeout + _WATCHDOG_GRACE_S, _abort_timeout, args=(step, "(watchdog)"))
     watchdog.daemon = True
+    started = time.monotonic()
     watchdog.start()
     try:
         reduced = strategy.extended.reduce_to(
             tf.distribute.ReduceOp.SUM, per_replica, destinations="/device:CPU:0", options=options
         )
         return strategy.experimental_local_results(reduced)[0].numpy()
-    except tf.errors.OpError as exc:
-        # Drop TF's "{{function_node ...}}" prefix: the rest says what happened.
-        text = re.sub(r"\{\{.*?\}\}", "", str(exc)).strip()
-        first_line = text.splitlines()[0] if text else type(exc).__name__
-        _abort(step, f"The collective failed with {type(exc).__name__}: {first_line}")
+    except tf.errors.DeadlineExceededError as exc:
+        _abort_timeout(step, f"The collective failed with {type(exc).__name__}: {_first_line(exc)}")
         raise  # unreachable: _abort exits
+    except tf.errors.InvalidArgumentError as exc:
+        if "Shape mismatch" in str(exc):  # the workers packed different numbers of metrics
+            _abort(_mismatch_message(step, ops, num_workers))
+        _note_failure(step, started, exc)
+        raise
+    except tf.errors.OpError as exc:
+        # Not a timeout: most often a peer ended. Say where it happened and let the real error surface.
+        _note_failure(step, started, exc)
+        raise
     finally:
         watchdog.cancel()
+
+
+def _note_failure(step: int, started: float, exc: Exception) -> None:
+    print(
+        f"mwms_runtime.report() at step {step} failed after {time.monotonic() - started:.1f} s: "
+        f"{type(exc).__name__}: {_first_line(exc)}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _fingerprint(step: int, ops: dict[str, str]) -> float:
+    """24-bit CRC of the step, names and ops: exact in float64 even when summed over many workers."""
+    text = f"{step}|" + ",".join(f"{name}:{ops[name]}" for name in sorted(ops))
+    return float(zlib.crc32(text.encode("utf-8")) & 0xFFFFFF)
+
+
+def _check_agreement(header: np.ndarray, step: int, ops: dict[str, str], num_workers: int) -> None:
+    """Abort unless every worker packed the same step and fingerprint (the sums are num_workers x own)."""
+    expected = np.array([step, _fingerprint(step, ops)], dtype=np.float64) * num_workers
+    if not np.array_equal(header, expected):
+        _abort(_mismatch_message(step, ops, num_workers))
 
 
 def _reduce(metrics: Mapping[str, Any], ops: dict[str, str], step: int) -> dict[str, float]:
@@ -151,15 +204,21 @@ def _reduce(metrics: Mapping[str, Any], ops: dict[str, str], step: int) -> dict[
     names = sorted(metrics)
     num_local = len(strategy.extended.worker_devices) if strategy is not None else 1
     per_metric = [_local_components(metrics[n], strategy, num_local) for n in names]
+    # The first replica also carries (step, fingerprint) so the workers can check they agree.
+    header = [[float(step), _fingerprint(step, ops)]] + [[0.0, 0.0]] * (num_local - 1)
     packed = [
-        np.array([pm[r][0] for pm in per_metric] + [pm[r][1] for pm in per_metric], dtype=np.float64)
+        np.array(
+            [pm[r][0] for pm in per_metric] + [pm[r][1] for pm in per_metric] + header[r], dtype=np.float64
+        )
         for r in range(num_local)
     ]
     if strategy is not None and strategy.num_replicas_in_sync > 1:
-        total = _all_reduce_sum(strategy, packed, step)
+        num_workers = strategy.num_replicas_in_sync // num_local
+        total = _all_reduce_sum(strategy, packed, step, ops, num_workers)
+        _check_agreement(total[-2:], step, ops, num_workers)
     else:
         total = np.sum(packed, axis=0)
-    sums, counts = total[: len(names)], total[len(names) :]
+    sums, counts = total[: len(names)], total[len(names) : 2 * len(names)]
     result = {}
     for i, name in enumerate(names):
         if ops[name] == "SUM":

@@ -1,11 +1,13 @@
 """Save paths for multi-worker saving: every worker must save, only the chief's copy is kept.
 
 Saving a model or checkpoint under MWMS runs collectives, so every worker has to do it; to avoid races
-each non-chief worker writes to its own temporary path, which is removed after the save.
+each non-chief worker writes to its own temporary path (under TMPDIR when set), which is removed after
+the save, and at the latest when the process exits.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
@@ -17,6 +19,7 @@ from mwms_runtime.env import context
 
 _temp_roots: set[str] = set()
 _lock = threading.Lock()
+_cleanup_registered = False
 
 
 def write_path(base: str) -> str:
@@ -26,9 +29,13 @@ def write_path(base: str) -> str:
         parent = os.path.dirname(os.path.abspath(base))
         os.makedirs(parent, exist_ok=True)
         return base
+    global _cleanup_registered
     root = tempfile.mkdtemp(prefix=f"mwms-worker-{ctx.task_index}-")
     with _lock:
         _temp_roots.add(root)
+        if not _cleanup_registered:
+            atexit.register(cleanup_all)
+            _cleanup_registered = True
     name = os.path.basename(os.path.normpath(base)) or "save"
     return os.path.join(root, name)
 
@@ -51,3 +58,12 @@ def saving(base: str) -> Iterator[str]:
         yield path
     finally:
         cleanup_write_path(path)
+
+
+def cleanup_all() -> None:
+    """Remove every temporary path write_path() created in this process and that is still there."""
+    with _lock:
+        roots = list(_temp_roots)
+        _temp_roots.clear()
+    for root in roots:
+        shutil.rmtree(root, ignore_errors=True)

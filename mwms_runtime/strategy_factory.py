@@ -1,8 +1,8 @@
 """Build the job's MultiWorkerMirroredStrategy from TF_CONFIG and the MWMS_* settings, once per process.
 
-Works around the two known issues on TensorFlow's MWMS page: the cluster resolver reports the GPUs the
-agent gave this task (not every GPU on the machine), and creating the strategy after TensorFlow's eager
-context has started fails with a message that says what to do instead of an obscure one.
+Works around the two known issues on TensorFlow's MWMS page: the strategy uses the GPUs the agent gave
+this task (not every GPU TensorFlow can see), and creating the strategy after TensorFlow's eager context
+has started fails with a message that says what to do instead of an obscure one.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from mwms_runtime.env import context, float_env
 
 _lock = threading.Lock()
 _strategy: Any = None
+_strategy_options: tuple[str, float | None, int] | None = None
 _VALID_COMMUNICATION = ("AUTO", "RING", "NCCL")
 
 
@@ -28,20 +29,25 @@ def _num_gpus_given() -> int | None:
 
 
 def _make_resolver(num_gpus: int | None) -> Any:
+    """Return the cluster resolver for this task: TF_CONFIG's cluster with ``num_gpus`` GPUs per worker.
+
+    MWMS ignores ``num_accelerators()`` of a TFConfigClusterResolver (or subclass) and counts every GPU
+    TensorFlow sees, so the given count is handed over in a SimpleClusterResolver, which it does ask.
+    Without TF_CONFIG the cluster spec is empty and MWMS runs as a single local worker, as before.
+    """
     import tensorflow as tf
 
-    base: Any = tf.distribute.cluster_resolver.TFConfigClusterResolver
-
-    class TaskGpuClusterResolver(base):
-        """TFConfigClusterResolver that reports the GPUs this task was given."""
-
-        def num_accelerators(self, task_type=None, task_id=None, config_proto=None):
-            """Return {"GPU": n} for the n GPUs given to this task, {} on CPU."""
-            if num_gpus is None:
-                return super().num_accelerators(task_type, task_id, config_proto)
-            return {"GPU": num_gpus} if num_gpus > 0 else {}
-
-    return TaskGpuClusterResolver()
+    from_tf_config = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    if num_gpus is None:
+        return from_tf_config
+    return tf.distribute.cluster_resolver.SimpleClusterResolver(
+        cluster_spec=from_tf_config.cluster_spec(),
+        task_type=from_tf_config.task_type,
+        task_id=from_tf_config.task_id,
+        environment=from_tf_config.environment,
+        num_accelerators={"GPU": num_gpus} if num_gpus > 0 else {},
+        rpc_layer=from_tf_config.rpc_layer or "grpc",
+    )
 
 
 def _eager_context_started() -> bool:
@@ -87,13 +93,45 @@ def communication_options(
     )
 
 
+def _options_key(options: Any) -> tuple[str, float | None, int]:
+    return (options.implementation.name, options.timeout_seconds, int(options.bytes_per_pack))
+
+
+def _check_same_arguments(
+    communication: Any, timeout_seconds: float | None, bytes_per_pack: int | None
+) -> None:
+    """Raise if an argument given now differs from what the existing strategy was built with."""
+    built = _strategy_options
+    assert built is not None
+    asked: dict[str, tuple[Any, Any]] = {}
+    if communication is not None:
+        asked["communication"] = (_communication_name(communication, _num_gpus_given()), built[0])
+    if timeout_seconds is not None:
+        asked["timeout_seconds"] = (float(timeout_seconds), built[1])
+    if bytes_per_pack is not None:
+        asked["bytes_per_pack"] = (int(bytes_per_pack), built[2])
+    differing = [
+        f"{name}={now!r} (built with {then!r})" for name, (now, then) in asked.items() if now != then
+    ]
+    if differing:
+        raise ValueError(
+            "mwms_runtime.strategy() was already called and a process has one strategy, but this call "
+            f"asks for {', '.join(differing)}: pass the same arguments, or none to get the existing one"
+        )
+
+
 def strategy(
     communication: Any = None, timeout_seconds: float | None = None, bytes_per_pack: int | None = None
 ) -> Any:
-    """Return this process's MultiWorkerMirroredStrategy, creating it on the first call."""
-    global _strategy
+    """Return this process's MultiWorkerMirroredStrategy, creating it on the first call.
+
+    Later calls return the same strategy; an argument they give (not None) must match the one it was
+    built with, else ValueError.
+    """
+    global _strategy, _strategy_options
     with _lock:
         if _strategy is not None:
+            _check_same_arguments(communication, timeout_seconds, bytes_per_pack)
             return _strategy
         import tensorflow as tf
 
@@ -109,6 +147,7 @@ def strategy(
         _strategy = tf.distribute.MultiWorkerMirroredStrategy(
             cluster_resolver=_make_resolver(_num_gpus_given()), communication_options=options
         )
+        _strategy_options = _options_key(options)
         return _strategy
 
 

@@ -40,6 +40,16 @@ class MetricsWriter:
         self._queue: queue.Queue[MetricsRecord] = queue.Queue()
         self._events: Any = None
         self._warned = False
+        # Opened here so a file that cannot be opened is an error in the training thread, not a writer
+        # thread that dies and leaves every flush() waiting out its timeout.
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(metrics_file)), exist_ok=True)
+            self._out = open(metrics_file, "a", encoding="utf-8")  # noqa: SIM115 - the thread owns it
+        except OSError as exc:
+            raise RuntimeError(
+                f"mwms_runtime cannot open the metrics file {metrics_file} ({exc}); "
+                "check MWMS_METRICS_FILE / MWMS_OUTPUT_DIR and that the directory is writable"
+            ) from exc
         self._thread = threading.Thread(target=self._run, name="mwms-metrics-writer", daemon=True)
         self._thread.start()
 
@@ -59,8 +69,7 @@ class MetricsWriter:
         return True
 
     def _run(self) -> None:
-        os.makedirs(os.path.dirname(os.path.abspath(self.metrics_file)), exist_ok=True)
-        with open(self.metrics_file, "a", encoding="utf-8") as out:
+        with self._out as out:
             while True:
                 record = self._queue.get()
                 try:

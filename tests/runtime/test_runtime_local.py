@@ -106,6 +106,22 @@ def test_write_path_non_chief_is_unique_and_cleaned(clean_env, tmp_path):
     assert not os.path.exists(base)
 
 
+def test_write_path_left_behind_is_removed_at_exit_under_tmpdir(clean_env, tmp_path):
+    tmpdir = tmp_path / "task-tmp"
+    tmpdir.mkdir()
+    code = (
+        "import mwms_runtime; p = mwms_runtime.write_path('out/model.keras'); "
+        "open(p, 'w').write('x'); print(p)"
+    )
+    env_vars = {**os.environ, "MWMS_TASK_INDEX": "1", "TMPDIR": str(tmpdir)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path, env=env_vars
+    )
+    path = out.stdout.strip()
+    assert path.startswith(str(tmpdir / "mwms-worker-1-")), path
+    assert list(tmpdir.iterdir()) == []
+
+
 def test_cleanup_never_removes_a_path_it_did_not_create(clean_env, tmp_path):
     keep = tmp_path / "keep" / "model.keras"
     keep.parent.mkdir()
@@ -144,6 +160,13 @@ def test_writer_appends_complete_lines_without_truncating(tmp_path):
         {"name": "bad", "step": 1, "value": None, "time": 123.25},
         {"name": "loss", "step": 2, "value": 0.25, "time": 124.5},
     ]
+
+
+def test_writer_that_cannot_open_its_file_raises_in_the_caller(tmp_path):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    with pytest.raises(RuntimeError, match="cannot open the metrics file .*not-a-dir"):
+        MetricsWriter(str(blocker / "metrics.jsonl"), tensorboard_dir=None)
 
 
 def test_import_is_light_and_selects_legacy_keras(tmp_path):

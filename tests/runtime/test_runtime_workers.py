@@ -94,7 +94,14 @@ def test_custom_loop_reports_worker_mean_and_resumes(tmp_path):
 
 def test_report_sum_and_mean_across_workers(tmp_path):
     results = run_tasks([str(PROGRAMS / "report_check.py"), "reduce"], tmp_path, tmp_path, num_workers=2)
-    _assert_ok(results)
+    # The program ends with the workers reporting different steps and names: both stop with code 70.
+    for result in results:
+        assert result.returncode == 70, result.describe()
+        assert "unexpected_return" not in result.stdout
+    assert "report() at step 4: the 2 workers did not all report this step" in results[0].stderr
+    assert "this worker reported a (MEAN)" in results[0].stderr
+    assert "report() at step 5: the 2 workers did not all report this step" in results[1].stderr
+    assert "this worker reported b (MEAN)" in results[1].stderr
     first, second = (_results(r.stdout) for r in results)
     expected = {
         "plain_sum": 3.0,
@@ -107,7 +114,13 @@ def test_report_sum_and_mean_across_workers(tmp_path):
     }
     for values in (first, second):
         assert values["num_accelerators"] == {}
+        # MWMS_NUM_GPUS=0: the strategy itself runs on the CPU, whatever TensorFlow could see.
+        assert values["local_devices"] == ["device:CPU:0"]
         assert values["same_strategy"] is True
+        assert values["same_arguments"] is True
+        assert values["different_arguments"].startswith("mwms_runtime.strategy() was already called")
+        assert "communication='RING' (built with 'AUTO')" in values["different_arguments"]
+        assert "bytes_per_pack=7 (built with 0)" in values["different_arguments"]
         assert values["step1"] == expected
         assert values["step2"]["tensor_mean"] == 3.0
         assert values["default_mean"] == {"x": 1.5}
@@ -116,12 +129,33 @@ def test_report_sum_and_mean_across_workers(tmp_path):
     assert first["write_path_exists_after"] is True
     assert second["write_path"].startswith(str(tmp_path / "tmp-1" / "mwms-worker-1-"))
     assert second["write_path_exists_after"] is False
-    assert _tmp_leftovers(tmp_path, 1) == []
+    assert second["uncleaned_write_path"].startswith(str(tmp_path / "tmp-1" / "mwms-worker-1-"))
+    assert _tmp_leftovers(tmp_path, 1) == []  # removed on the way out
 
     lines = read_metrics(tmp_path / "metrics-0.jsonl")
     assert read_metrics(tmp_path / "metrics-1.jsonl") == []
     assert {(line["name"], line["step"]) for line in lines} >= {("plain_sum", 1), ("plain_sum", 2), ("x", 3)}
     assert [line["value"] for line in lines if line["name"] == "plain_sum"] == [3.0, 3.0]
+    assert not {"a", "b"} & {line["name"] for line in lines}
+
+
+def test_report_with_different_numbers_of_metrics_fails_clearly(tmp_path):
+    results = run_tasks(
+        [str(PROGRAMS / "report_check.py"), "mismatch_length"], tmp_path, tmp_path, num_workers=2
+    )
+    described = "\n".join(r.describe() for r in results)
+    clear = [
+        r
+        for r, names in zip(results, ("a (MEAN)", "a (MEAN), b (MEAN)"), strict=True)
+        if r.returncode == 70 and f"this worker reported {names})" in r.stderr
+    ]
+    # The worker whose collective sees the shape mismatch says so; its peer may instead see that
+    # worker end first, and then fails with that error and a note saying where.
+    assert clear, described
+    for result in results:
+        assert "unexpected_return" not in result.stdout
+        assert result.returncode != 0, described
+        assert "report() at step 1" in result.stderr, described
 
 
 def test_report_on_one_worker_only_fails_instead_of_hanging(tmp_path):
@@ -150,7 +184,8 @@ def test_strategy_after_another_tensorflow_api_raises_clearly(tmp_path):
     results = run_tasks([str(PROGRAMS / "report_check.py"), "after_tf"], tmp_path, tmp_path, num_workers=1)
     _assert_ok(results)
     values = _results(results[0].stdout)
-    assert values["resolver_gpus"] == {"0": {}, "3": {"GPU": 3}}
+    # TensorFlow sees no GPU here: GPU devices can only come from the count given to the resolver.
+    assert values["devices_for_gpus"] == {"0": ["device:CPU:0"], "2": ["device:GPU:0", "device:GPU:1"]}
     assert values["error"].startswith("call mwms_runtime.strategy() before any other TensorFlow API")
 
 

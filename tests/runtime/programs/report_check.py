@@ -1,7 +1,9 @@
 """Test program for mwms_runtime.report(): prints the reduced values as JSON lines tests can parse.
 
-Modes: ``reduce`` (every worker reports, also checks num_accelerators and write_path),
-``one_sided`` (only worker 0 reports; worker 1 waits), ``after_tf`` (a TF op before strategy()).
+Modes: ``reduce`` (every worker reports, also checks the strategy's devices, strategy() arguments and
+write_path, then the workers report different steps and names, which must end both with exit code 70),
+``one_sided`` (only worker 0 reports; worker 1 waits), ``after_tf`` (a TF op before strategy(), and the
+devices MWMS uses for a given GPU count), ``mismatch_length`` (workers report different numbers of metrics).
 """
 
 from __future__ import annotations
@@ -27,7 +29,14 @@ def reduce_mode() -> None:
     strategy = mwms_runtime.strategy()
     ctx = mwms_runtime.context()
     emit("num_accelerators", strategy.cluster_resolver.num_accelerators())
+    emit("local_devices", [d.rsplit("/", 1)[-1] for d in strategy.extended.worker_devices])
     emit("same_strategy", mwms_runtime.strategy() is strategy)
+    emit("same_arguments", mwms_runtime.strategy(communication="auto") is strategy)
+    try:
+        mwms_runtime.strategy(communication="RING", bytes_per_pack=7)
+        emit("different_arguments", None)
+    except ValueError as exc:
+        emit("different_arguments", str(exc))
     mine = float(ctx.task_index + 1)
 
     def replica_value():
@@ -61,6 +70,24 @@ def reduce_mode() -> None:
         emit("write_path", path)
     emit("write_path_exists_after", os.path.exists(path))
     emit("flushed", mwms_runtime.flush(timeout=30))
+    # Left for the exit path to remove.
+    emit("uncleaned_write_path", mwms_runtime.write_path(base))
+
+    # Worker 0 reports "a" at step 4, worker 1 "b" at step 5: both must stop with exit code 70.
+    if ctx.task_index == 0:
+        mwms_runtime.report(4, {"a": 1.0})
+    else:
+        mwms_runtime.report(5, {"b": 2.0})
+    emit("unexpected_return", True)
+
+
+def mismatch_length_mode() -> None:
+    """Worker 0 reports one metric, worker 1 two."""
+    mwms_runtime.strategy()
+    ctx = mwms_runtime.context()
+    metrics = {"a": 1.0} if ctx.task_index == 0 else {"a": 1.0, "b": 2.0}
+    mwms_runtime.report(1, metrics)
+    emit("unexpected_return", True)
 
 
 def one_sided_mode() -> None:
@@ -78,18 +105,29 @@ def one_sided_mode() -> None:
 
 
 def after_tf_mode() -> None:
-    """Check the resolver's GPU count, run a TensorFlow op, then ask for the strategy: must raise."""
+    """Run a TensorFlow op, then ask for the strategy: must raise. Then check the devices MWMS uses."""
     from mwms_runtime.strategy_factory import _make_resolver
 
-    emit("resolver_gpus", {str(n): _make_resolver(n).num_accelerators() for n in (0, 3)})
     tf.constant(1.0) + 1.0
     try:
         mwms_runtime.strategy()
+        emit("error", None)
     except RuntimeError as exc:
         emit("error", str(exc))
-        return
-    emit("error", None)
+    # Without TF_CONFIG MWMS runs locally and tolerates a started eager context. TensorFlow sees no GPU
+    # here, so GPU devices can only come from the count the resolver reports.
+    devices = {}
+    for gpus in (0, 2):
+        built = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=_make_resolver(gpus))
+        devices[str(gpus)] = [d.rsplit("/", 1)[-1] for d in built.extended.worker_devices]
+    emit("devices_for_gpus", devices)
 
 
 if __name__ == "__main__":
-    {"reduce": reduce_mode, "one_sided": one_sided_mode, "after_tf": after_tf_mode}[sys.argv[1]]()
+    modes = {
+        "reduce": reduce_mode,
+        "one_sided": one_sided_mode,
+        "after_tf": after_tf_mode,
+        "mismatch_length": mismatch_length_mode,
+    }
+    modes[sys.argv[1]]()
