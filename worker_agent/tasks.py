@@ -246,6 +246,10 @@ class TaskManager:
         record.logs.close()
         record.metrics.close()
         shutil.rmtree(record.outbox_dir, ignore_errors=True)
+        # The extracted bundle and temporary files are the bulk of a task dir and can be made again;
+        # the output dir and metrics file stay for inspection on this machine.
+        shutil.rmtree(record.paths.bundle_dir, ignore_errors=True)
+        shutil.rmtree(record.paths.tmp_dir, ignore_errors=True)
         self._persist()
         log.info("task %s is fully acknowledged; forgetting it", record.task_id)
 
