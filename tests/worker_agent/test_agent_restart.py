@@ -3,17 +3,17 @@ reports them FAILED in its first Hello and resends what the coordinator had not 
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import signal
 import subprocess
 import sys
-import tarfile
 import textwrap
 from pathlib import Path
 
 from mwms.v1 import agent_pb2
+
+from cluster import pack
 
 S = agent_pb2
 MWMS = Path(sys.executable).with_name("mwms")
@@ -33,17 +33,6 @@ LONG_TASK = textwrap.dedent(
     time.sleep(120)
     """
 )
-
-
-def tar_gz(files: dict[str, str]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for name, text in files.items():
-            data = text.encode()
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
 
 
 def alive(pid: int) -> bool:
@@ -68,7 +57,7 @@ def test_a_restarted_agent_stops_the_orphans_reports_them_and_resends_unacked_li
     try:
         wait_for(lambda: fake.streams and fake.streams[0].of_kind("hello"), "the first agent's Hello")
         first = fake.streams[0]
-        digest = fake.add_bundle(tar_gz({"train.py": LONG_TASK}))
+        digest = fake.add_bundle(pack({"train.py": LONG_TASK}))
         start = agent_pb2.StartTask(
             task_id="task-orphan",
             job_id="job-1",

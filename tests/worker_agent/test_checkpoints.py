@@ -10,23 +10,14 @@ from pathlib import Path
 
 import grpc
 import pytest
+from builders import connected, start_task
 
 from mwms.v1 import agent_pb2
 from worker_agent import checkpoints
 
+from cluster import pack
+
 S = agent_pb2
-
-
-def tar_gz(files: dict[str, str]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for name, text in files.items():
-            data = text.encode()
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            info.mode = 0o644
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
 
 
 def archive_files(data: bytes) -> dict[str, str]:
@@ -36,28 +27,6 @@ def archive_files(data: bytes) -> dict[str, str]:
             for m in tar.getmembers()
             if m.isfile()
         }
-
-
-def start(task_id: str, digest: str, **fields: object) -> agent_pb2.StartTask:
-    values: dict[str, object] = dict(
-        task_id=task_id,
-        job_id="job-1",
-        attempt=1,
-        task_index=0,
-        num_workers=1,
-        bundle_digest=digest,
-        command=["python", "train.py"],
-        device_kind=S.DEVICE_KIND_CPU_SLOT,
-        device_indices=[0],
-        stop_grace_seconds=1,
-    )
-    values.update(fields)
-    return agent_pb2.StartTask(**values)  # type: ignore[arg-type]
-
-
-def connected(fake, wait_for):  # type: ignore[no-untyped-def]
-    wait_for(lambda: fake.streams and fake.streams[0].of_kind("hello"), "a Hello")
-    return fake.streams[0]
 
 
 # Three saves the way a checkpoint manager makes them (data first, then the index file), a pause after
@@ -90,8 +59,8 @@ def test_each_completed_save_of_the_chief_is_uploaded_once_and_the_last_before_t
     fake, address = coordinator
     start_agent(address)
     stream = connected(fake, wait_for)
-    digest = fake.add_bundle(tar_gz({"train.py": THREE_SAVES}))
-    stream.send(start=start("task-chief", digest))
+    digest = fake.add_bundle(pack({"train.py": THREE_SAVES}))
+    stream.send(start=start_task("task-chief", digest))
     wait_for(
         lambda: S.TASK_STATE_SUCCEEDED in fake.states("task-chief"),
         "SUCCEEDED",
@@ -117,7 +86,7 @@ def test_each_completed_save_of_the_chief_is_uploaded_once_and_the_last_before_t
     assert last_upload < timeline.index(("report", "task-chief", S.TASK_STATE_SUCCEEDED))
 
     # A non-chief writing into its checkpoint dir uploads nothing.
-    stream.send(start=start("task-worker", digest, job_id="job-2", task_index=1))
+    stream.send(start=start_task("task-worker", digest, job_id="job-2", task_index=1))
     wait_for(lambda: S.TASK_STATE_SUCCEEDED in fake.states("task-worker"), "the worker SUCCEEDED")
     assert [u for u in fake.uploads if u[0] == "task-worker"] == []
 
@@ -142,15 +111,17 @@ def test_a_restarted_attempt_starts_with_the_latest_checkpoint(
     stale = work_dir / "jobs" / "job-r" / "checkpoints"
     stale.mkdir(parents=True)
     (stale / "ckpt-1.data").write_text("old")
-    fake.checkpoints["job-r"] = tar_gz({"checkpoint": "ckpt-7", "ckpt-7.data": "weights 7"})
+    fake.checkpoints["job-r"] = pack({"checkpoint": "ckpt-7", "ckpt-7.data": "weights 7"})
     start_agent(address, work_dir=work_dir)
     stream = connected(fake, wait_for)
-    digest = fake.add_bundle(tar_gz({"train.py": LIST_CHECKPOINTS}))
+    digest = fake.add_bundle(pack({"train.py": LIST_CHECKPOINTS}))
 
     # Every task of the attempt restores, the workers as well as the chief; once per job and attempt here.
     for task_id, index in (("task-r0", 0), ("task-r1", 1)):
         stream.send(
-            start=start(task_id, digest, job_id="job-r", attempt=2, task_index=index, restore_checkpoint=True)
+            start=start_task(
+                task_id, digest, job_id="job-r", attempt=2, task_index=index, restore_checkpoint=True
+            )
         )
     for task_id in ("task-r0", "task-r1"):
         wait_for(
@@ -179,13 +150,13 @@ def test_without_an_archive_the_local_checkpoint_dir_is_kept(
     if case == "fetch fails":
         fake.checkpoint_fetch_error = grpc.StatusCode.UNAVAILABLE
     if case == "shared filesystem":
-        fake.checkpoints["job-k"] = tar_gz({"checkpoint": "from the coordinator"})
+        fake.checkpoints["job-k"] = pack({"checkpoint": "from the coordinator"})
     start_agent(address, work_dir=work_dir)
     stream = connected(fake, wait_for)
-    digest = fake.add_bundle(tar_gz({"train.py": LIST_CHECKPOINTS}))
+    digest = fake.add_bundle(pack({"train.py": LIST_CHECKPOINTS}))
     shared = str(local) if case == "shared filesystem" else ""
     stream.send(
-        start=start(
+        start=start_task(
             "task-k",
             digest,
             job_id="job-k",

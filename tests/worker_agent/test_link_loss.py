@@ -3,17 +3,18 @@ coordinator that answers heartbeats and then falls silent is left for a new conn
 
 from __future__ import annotations
 
-import io
 import socket
-import tarfile
 import threading
 import time
 from collections.abc import Iterator
 
 import pytest
+from builders import start_task
 
 from mwms.v1 import agent_pb2
 from worker_agent import main, session
+
+from cluster import pack
 
 S = agent_pb2
 
@@ -26,32 +27,9 @@ WAIT_FOR_GO = (
 )
 
 
-def tar_gz(files: dict[str, str]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for name, text in files.items():
-            data = text.encode()
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
-
-
-def start_task(fake, stream, task_id: str) -> None:  # type: ignore[no-untyped-def]
-    digest = fake.add_bundle(tar_gz({"train.py": WAIT_FOR_GO}))
-    stream.send(
-        start=agent_pb2.StartTask(
-            task_id=task_id,
-            job_id="job-1",
-            attempt=1,
-            task_index=1,
-            num_workers=1,
-            bundle_digest=digest,
-            command=["python", "train.py"],
-            device_kind=S.DEVICE_KIND_CPU_SLOT,
-            device_indices=[0],
-        )
-    )
+def start_waiting_task(fake, stream, task_id: str) -> None:  # type: ignore[no-untyped-def]
+    digest = fake.add_bundle(pack({"train.py": WAIT_FOR_GO}))
+    stream.send(start=start_task(task_id, digest, task_index=1, stop_grace_seconds=0))
 
 
 class FreezingProxy:
@@ -126,7 +104,7 @@ def test_a_network_that_stops_forwarding_is_noticed_and_the_agent_reconnects(
     proxy.append(FreezingProxy(address))
     start_agent(proxy[0].address)
     wait_for(lambda: fake.streams and fake.streams[0].of_kind("hello"), "the first session")
-    start_task(fake, fake.streams[0], "task-1")
+    start_waiting_task(fake, fake.streams[0], "task-1")
     wait_for(lambda: fake.log_lines("task-1"), "the task's first line")
     pid = fake.reports("task-1")[-1].pid
 
@@ -148,7 +126,7 @@ def test_a_coordinator_that_answered_heartbeats_and_falls_silent_is_left(
     fake, address = coordinator
     start_agent(address)
     wait_for(lambda: fake.streams and fake.streams[0].of_kind("hello"), "the first session")
-    start_task(fake, fake.streams[0], "task-1")
+    start_waiting_task(fake, fake.streams[0], "task-1")
     wait_for(lambda: fake.log_lines("task-1"), "the task's first line")
     pid = fake.reports("task-1")[-1].pid
 

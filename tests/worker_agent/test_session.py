@@ -9,24 +9,18 @@ import tarfile
 import textwrap
 
 import grpc
+from builders import connected, start_task
 
 import mwms
 from mwms.v1 import agent_pb2
 
+from cluster import pack
+
 S = agent_pb2
 
 
-def bundle(files: dict[str, str]) -> bytes:
-    """A tar.gz holding `files`."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for name, text in files.items():
-            data = text.encode()
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            info.mode = 0o644
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
+def start_task_message(task_id: str, digest: str, **fields: object) -> agent_pb2.CoordinatorMessage:
+    return agent_pb2.CoordinatorMessage(start=start_task(task_id, digest, **fields))
 
 
 TRAIN_AND_SUCCEED = textwrap.dedent(
@@ -66,33 +60,6 @@ IGNORE_SIGTERM = textwrap.dedent(
 )
 
 
-def start_message(task_id: str, digest: str, **fields: object) -> agent_pb2.CoordinatorMessage:
-    values: dict[str, object] = dict(
-        task_id=task_id,
-        job_id="job-1",
-        attempt=1,
-        task_index=0,
-        num_workers=1,
-        bundle_digest=digest,
-        command=["python", "train.py"],
-        device_kind=S.DEVICE_KIND_CPU_SLOT,
-        device_indices=[0],
-        stop_grace_seconds=1,
-    )
-    values.update(fields)
-    return agent_pb2.CoordinatorMessage(start=agent_pb2.StartTask(**values))  # type: ignore[arg-type]
-
-
-def connected(fake, wait_for, count: int = 1):  # type: ignore[no-untyped-def]
-    """The `count`-th stream once its Hello has arrived."""
-    wait_for(
-        lambda: len(fake.streams) >= count and fake.streams[count - 1].of_kind("hello"),
-        f"connection {count} with a Hello",
-        observed=lambda: [s.received[:1] for s in fake.streams],
-    )
-    return fake.streams[count - 1]
-
-
 def test_register_hello_and_a_task_that_succeeds(coordinator, start_agent, wait_for) -> None:  # type: ignore[no-untyped-def]
     fake, address = coordinator
     agent = start_agent(address, join_token="s3cret")
@@ -110,8 +77,8 @@ def test_register_hello_and_a_task_that_succeeds(coordinator, start_agent, wait_
     assert stream.of_kind("hello")[0] == agent_pb2.Hello(agent_id="agent-1")
     wait_for(lambda: stream.of_kind("heartbeat"), "a heartbeat")
 
-    digest = fake.add_bundle(bundle({"train.py": TRAIN_AND_SUCCEED}))
-    stream.send(start=start_message("task-ok", digest).start)
+    digest = fake.add_bundle(pack({"train.py": TRAIN_AND_SUCCEED}))
+    stream.send(start=start_task_message("task-ok", digest).start)
     wait_for(
         lambda: S.TASK_STATE_SUCCEEDED in fake.states("task-ok"),
         "SUCCEEDED",
@@ -161,8 +128,8 @@ def test_tasks_survive_a_broken_stream_and_unacked_lines_are_resent(
     fake.auto_ack = False
     agent = start_agent(address)
     first = connected(fake, wait_for)
-    digest = fake.add_bundle(bundle({"train.py": WAIT_FOR_GO}))
-    first.send(start=start_message("task-long", digest).start)
+    digest = fake.add_bundle(pack({"train.py": WAIT_FOR_GO}))
+    first.send(start=start_task_message("task-long", digest).start)
     wait_for(
         lambda: len(fake.log_lines("task-long", first)) == 2, "two lines", observed=lambda: first.received
     )
@@ -201,8 +168,8 @@ def test_a_coordinator_restart_is_harmless_to_a_running_task(
     old.auto_ack = False
     agent = start_agent(address)
     stream = connected(old, wait_for)
-    digest = old.add_bundle(bundle({"train.py": WAIT_FOR_GO}))
-    stream.send(start=start_message("task-long", digest).start)
+    digest = old.add_bundle(pack({"train.py": WAIT_FOR_GO}))
+    stream.send(start=start_task_message("task-long", digest).start)
     wait_for(lambda: len(old.log_lines("task-long")) == 2, "two lines", observed=lambda: stream.received)
     pid = old.reports("task-long")[-1].pid
 
@@ -227,12 +194,12 @@ def test_rejections_port_in_use_bad_digest_and_unknown_format(coordinator, start
     fake, address = coordinator
     start_agent(address)
     stream = connected(fake, wait_for)
-    good = fake.add_bundle(bundle({"train.py": "print('hi')"}))
+    good = fake.add_bundle(pack({"train.py": "print('hi')"}))
     with socket.socket() as listener:
         listener.bind(("", 0))
         listener.listen()
         busy_port = listener.getsockname()[1]
-        stream.send(start=start_message("task-port", good, port=busy_port).start)
+        stream.send(start=start_task_message("task-port", good, port=busy_port).start)
         wait_for(
             lambda: S.TASK_STATE_REJECTED in fake.states("task-port"),
             "REJECTED",
@@ -240,10 +207,10 @@ def test_rejections_port_in_use_bad_digest_and_unknown_format(coordinator, start
         )
 
     wrong = "0" * 64
-    fake.bundles[wrong] = bundle({"train.py": "print('tampered')"})
-    stream.send(start=start_message("task-digest", wrong).start)
+    fake.bundles[wrong] = pack({"train.py": "print('tampered')"})
+    stream.send(start=start_task_message("task-digest", wrong).start)
     not_an_archive = fake.add_bundle(b"just some text")
-    stream.send(start=start_message("task-format", not_an_archive).start)
+    stream.send(start=start_task_message("task-format", not_an_archive).start)
     for task_id in ("task-digest", "task-format"):
         wait_for(
             lambda t=task_id: S.TASK_STATE_REJECTED in fake.states(t),
@@ -265,15 +232,15 @@ def test_a_bundle_is_fetched_once_and_a_stop_cancels_a_start(coordinator, start_
     fake, address = coordinator
     start_agent(address)
     stream = connected(fake, wait_for)
-    digest = fake.add_bundle(bundle({"train.py": "print('hi')"}))
+    digest = fake.add_bundle(pack({"train.py": "print('hi')"}))
     for task_id in ("task-a", "task-b"):
-        stream.send(start=start_message(task_id, digest, task_index=1).start)
+        stream.send(start=start_task_message(task_id, digest, task_index=1).start)
         wait_for(lambda t=task_id: S.TASK_STATE_SUCCEEDED in fake.states(t), f"{task_id} SUCCEEDED")
     assert fake.bundle_fetches == [digest]
 
     fake.bundles_released.clear()
-    held = fake.add_bundle(bundle({"train.py": "print('never')"}))
-    stream.send(start=start_message("task-held", held, task_index=1).start)
+    held = fake.add_bundle(pack({"train.py": "print('never')"}))
+    stream.send(start=start_task_message("task-held", held, task_index=1).start)
     wait_for(lambda: held in fake.bundle_fetches, "the fetch to begin")
     stream.send(stop=agent_pb2.StopTask(task_id="task-held", reason="job cancelled"))
     wait_for(lambda: S.TASK_STATE_STOPPED in fake.states("task-held"), "STOPPED while STARTING")
@@ -292,8 +259,8 @@ def test_stop_kills_a_task_that_ignores_sigterm_and_unknown_stops_are_answered(
     fake, address = coordinator
     start_agent(address)
     stream = connected(fake, wait_for)
-    digest = fake.add_bundle(bundle({"train.py": IGNORE_SIGTERM}))
-    start = start_message("task-stubborn", digest, task_index=1)
+    digest = fake.add_bundle(pack({"train.py": IGNORE_SIGTERM}))
+    start = start_task_message("task-stubborn", digest, task_index=1)
     stream.send(start=start.start)
     wait_for(lambda: any(line.text == "ready" for line in fake.log_lines("task-stubborn")), "ready")
     # A second start for the same task only repeats its report.
@@ -320,8 +287,8 @@ def test_stopping_the_agent_stops_its_tasks_and_reports_them(coordinator, start_
     fake, address = coordinator
     agent = start_agent(address, stop_grace=0.5)
     stream = connected(fake, wait_for)
-    digest = fake.add_bundle(bundle({"train.py": IGNORE_SIGTERM}))
-    stream.send(start=start_message("task-1", digest).start)
+    digest = fake.add_bundle(pack({"train.py": IGNORE_SIGTERM}))
+    stream.send(start=start_task_message("task-1", digest).start)
     wait_for(lambda: any(line.text == "ready" for line in fake.log_lines("task-1")), "ready")
     pid = fake.reports("task-1")[-1].pid
     assert agent.shut_down() == 0
@@ -372,8 +339,8 @@ def test_a_task_that_ended_unacknowledged_is_finalised_after_its_last_lines(
     agent = start_agent(address)
     first = connected(fake, wait_for)
     program = "import sys\nprint('the cause: bad input', flush=True)\nsys.exit(3)\n"
-    digest = fake.add_bundle(bundle({"train.py": program}))
-    first.send(start=start_message("task-fails", digest).start)
+    digest = fake.add_bundle(pack({"train.py": program}))
+    first.send(start=start_task_message("task-fails", digest).start)
     wait_for(lambda: S.TASK_STATE_FAILED in fake.states("task-fails"), "FAILED on the first stream")
 
     first.close()
