@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -33,25 +32,6 @@ class Backoff:
 def with_jitter(interval: float, fraction: float = 0.1) -> float:
     """`interval` moved randomly by up to `fraction` of itself, so many loops do not beat in step."""
     return interval * (1 - fraction + 2 * fraction * random.random())
-
-
-def run_every(interval: float, stop: threading.Event, body, *, backoff: Backoff | None = None) -> None:  # type: ignore[no-untyped-def]
-    """Calls `body()` every `interval` seconds until `stop` is set; on an exception waits with backoff.
-
-    `body` returning normally resets the backoff. Exceptions are handed to `body.on_error` when present.
-    """
-    backoff = backoff or Backoff(initial=interval, maximum=max(interval * 16, 5.0))
-    while not stop.is_set():
-        try:
-            body()
-        except Exception as error:  # noqa: BLE001 - a loop that must survive anything its body raises
-            handler = getattr(body, "on_error", None)
-            if handler is not None:
-                handler(error)
-            stop.wait(backoff.next_delay())
-            continue
-        backoff.reset()
-        stop.wait(with_jitter(interval))
 
 
 async def run_every_async(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -19,8 +19,8 @@ class Runtime:
 
     db: Database
     settings: Settings
-    poke_scheduler: object  # Callable[[], None]
-    wake_agents: object  # Callable[[list[str] | None], None]
+    poke_scheduler: Callable[[], None]
+    wake_agents: Callable[[Iterable[str] | None], None]
 
 
 def runtime(request: Request) -> Runtime:
@@ -32,12 +32,5 @@ def read_session(request: Request) -> Iterator[Session]:
         yield session
 
 
-def write_session(request: Request) -> Iterator[Session]:
-    """The request owns the transaction: committed when the handler returns without error."""
-    with runtime(request).db.write() as session:
-        yield session
-
-
 ReadSession = Annotated[Session, Depends(read_session)]
-WriteSession = Annotated[Session, Depends(write_session)]
 RuntimeDep = Annotated[Runtime, Depends(runtime)]

@@ -40,7 +40,7 @@ def create_job(spec: JobCreate, rt: RuntimeDep) -> JobOut:
     """Submits a job; it starts PENDING and is gang-placed when every worker fits."""
     with rt.db.write() as session:
         out = job_out(session, jobs.create_job(session, spec))
-    rt.poke_scheduler()  # type: ignore[operator]
+    rt.poke_scheduler()
     return out
 
 
@@ -67,7 +67,7 @@ def cancel_job(job_id: str, rt: RuntimeDep) -> JobOut:
     """Cancels the job and stops every task it runs."""
     with rt.db.write() as session:
         out = job_out(session, jobs.cancel_job(session, job_id))
-    rt.wake_agents(None)  # type: ignore[operator]
+    rt.wake_agents(None)
     return out
 
 

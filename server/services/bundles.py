@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import tarfile
 import tempfile
@@ -101,14 +100,3 @@ def bundle_path(session: Session, bundle_dir: Path, digest: str) -> Path:
     if session.get(Bundle, digest) is None or not (bundle_dir / digest).exists():
         raise NotFound(f"no bundle with digest {digest}; upload it with POST /api/v1/bundles first")
     return bundle_dir / digest
-
-
-def pack_bytes(files: dict[str, bytes]) -> bytes:
-    """A .tar.gz of the given relative paths (used by tests and the quickstart)."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
-        for name, content in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(content)
-            archive.addfile(info, io.BytesIO(content))
-    return buffer.getvalue()
