@@ -9,14 +9,17 @@ from contextlib import asynccontextmanager
 
 import grpc
 from fastapi import FastAPI
-from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 import mwms
 from mwms.v1 import agent_pb2_grpc
-from server.api import agents, bundles, dashboard, health, jobs
+from server.admin_token import bootstrap_admin_token
+from server.api import agents, bundles, dashboard, health, jobs, session, tokens
+from server.api.auth import AuthMiddleware
 from server.api.deps import Runtime
 from server.api.errors import install_error_handlers
+from server.api.security_headers import SecurityHeadersMiddleware
 from server.db.engine import Database
 from server.db.migrate import upgrade_to_head
 from server.loops import BackgroundLoops
@@ -28,6 +31,14 @@ from server.settings import Settings
 log = logging.getLogger("mwms.server")
 GRPC_MAX_MESSAGE = 16 * 1024 * 1024
 SWAGGER_UI = "swagger-ui-5.35.0"  # web/vendor/<this>: the released swagger-ui-dist files and their licence
+SWAGGER_PAGE = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>mwms coordinator API</title>
+<link rel="stylesheet" href="/static/vendor/{SWAGGER_UI}/swagger-ui.css">
+<link rel="icon" href="/static/vendor/{SWAGGER_UI}/favicon-32x32.png"></head>
+<body><div id="swagger-ui"></div>
+<script src="/static/vendor/{SWAGGER_UI}/swagger-ui-bundle.js"></script>
+<script src="/static/js/swagger-init.js"></script></body></html>
+"""
 
 
 def _grant_reconnect_grace(db: Database, settings: Settings) -> None:
@@ -44,6 +55,7 @@ def create_app(settings: Settings) -> FastAPI:
         db = Database(settings.database_url)
         await asyncio.to_thread(upgrade_to_head, db.engine)
         await asyncio.to_thread(_grant_reconnect_grace, db, settings)
+        await asyncio.to_thread(bootstrap_admin_token, db, settings)
         hub = AgentHub(asyncio.get_running_loop())
         loops = BackgroundLoops(db, settings, hub)
         grpc_server = grpc.aio.server(
@@ -58,17 +70,17 @@ def create_app(settings: Settings) -> FastAPI:
         agent_pb2_grpc.add_AgentServiceServicer_to_server(
             AgentService(db, settings, hub, loops.poke), grpc_server
         )
-        bound = grpc_server.add_insecure_port(f"{settings.host}:{settings.grpc_port}")
+        bound = grpc_server.add_insecure_port(f"{settings.grpc_host}:{settings.grpc_port}")
         if bound == 0:
             raise RuntimeError(
-                f"cannot listen for agents on {settings.host}:{settings.grpc_port}: the port is in use; "
+                f"cannot listen for agents on {settings.grpc_host}:{settings.grpc_port}: the port is in use; "
                 "pass another --grpc-port"
             )
         app.state.grpc_port = bound
         await grpc_server.start()
         app.state.runtime = Runtime(db=db, settings=settings, poke_scheduler=loops.poke, wake_agents=hub.wake)
         loops.start()
-        log.info("coordinator ready: gRPC for agents on %s:%d", settings.host, bound)
+        log.info("coordinator ready: gRPC for agents on %s:%d", settings.grpc_host, bound)
         try:
             yield
         finally:
@@ -87,15 +99,15 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.get("/docs", include_in_schema=False)
     def swagger_ui() -> HTMLResponse:
-        return get_swagger_ui_html(
-            openapi_url=app.openapi_url or "/openapi.json",
-            title="mwms coordinator API",
-            swagger_js_url=f"/static/vendor/{SWAGGER_UI}/swagger-ui-bundle.js",
-            swagger_css_url=f"/static/vendor/{SWAGGER_UI}/swagger-ui.css",
-            swagger_favicon_url=f"/static/vendor/{SWAGGER_UI}/favicon-32x32.png",
-        )
+        # FastAPI's own page starts Swagger UI with an inline script, which the CSP forbids.
+        return HTMLResponse(SWAGGER_PAGE)
 
     install_error_handlers(app)
-    for router in (health.router, bundles.router, jobs.router, agents.router, dashboard.router):
+    routers = (health.router, session.router, tokens.router, bundles.router, jobs.router, agents.router)
+    for router in (*routers, dashboard.router):
         app.include_router(router)
+    # The last added runs first: headers on every response, then the Host check, then authentication.
+    app.add_middleware(AuthMiddleware)
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.trusted_hosts)
+    app.add_middleware(SecurityHeadersMiddleware, tls=settings.serves_tls)
     return app

@@ -20,7 +20,11 @@ class Conflict(DomainError):
 
 
 class Unauthenticated(DomainError):
-    """An agent without the right join token."""
+    """A caller with no credential, or one that is unknown, revoked or expired."""
+
+
+class Forbidden(DomainError):
+    """An authenticated caller whose role or ownership does not allow the request."""
 
 
 class NameTaken(Conflict):

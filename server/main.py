@@ -15,7 +15,7 @@ def serve(settings: Settings) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)
     config = uvicorn.Config(
-        app, host=settings.host, port=settings.http_port, log_level="info", access_log=False, lifespan="on"
+        app, host=settings.http_host, port=settings.http_port, log_level="info", access_log=False, lifespan="on"
     )
     server = uvicorn.Server(config)
     server.run()

@@ -149,6 +149,8 @@ class JobSummary(BaseModel):
     restarts: int
     step: int | None = Field(description="latest reported step of the current attempt")
     loss: float | None = Field(description="latest reported loss")
+    submitted_by: str = Field(description="the user whose token submitted the job")
+    cancelled_by: str = Field(description="the user who cancelled the job; empty when nobody did")
 
 
 class JobOut(JobSummary):
@@ -257,3 +259,63 @@ class Overview(BaseModel):
 class ErrorOut(BaseModel):
     detail: str
     errors: list[dict[str, Any]] | None = None
+
+
+class RoleName(str, Enum):
+    ADMIN = "admin"
+    USER = "user"
+    VIEWER = "viewer"
+
+
+MAX_TOKEN_LIFETIME_S = 10 * 365 * 86400
+
+
+class TokenCreate(BaseModel):
+    """A new API token for a user."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    user: str = Field(min_length=1, max_length=200, description="who the token belongs to; owns their jobs")
+    role: RoleName = RoleName.USER
+    name: str = Field(default="", max_length=200, description="a label, e.g. the machine it is used on")
+    expires_in_seconds: int | None = Field(default=None, gt=0, le=MAX_TOKEN_LIFETIME_S)
+
+
+class JoinTokenCreate(BaseModel):
+    """A new join token that admits agents."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(default="agents", min_length=1, max_length=200)
+    expires_in_seconds: int | None = Field(default=None, gt=0, le=MAX_TOKEN_LIFETIME_S)
+
+
+class TokenOut(BaseModel):
+    """A token as listed: never its secret."""
+
+    id: str
+    kind: str
+    name: str
+    user: str
+    role: str
+    created_by: str
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+
+
+class TokenCreated(TokenOut):
+    token: str = Field(description="the secret; shown only in this response")
+
+
+class LoginRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    token: str = Field(min_length=1, max_length=500)
+
+
+class WhoAmI(BaseModel):
+    user: str
+    role: RoleName
+    token_name: str
+    via_session: bool

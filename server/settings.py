@@ -3,23 +3,44 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+def is_loopback(host: str) -> bool:
+    return host in LOOPBACK_HOSTS or host.startswith("127.")
 
 
 class Settings(BaseSettings):
-    """Everything the coordinator can be told; CLI flags override environment variables."""
+    """Everything the coordinator can be told: the defaults live here, MWMS_* variables override them,
+    and the CLI passes only the flags a user gave, which override both."""
 
     model_config = SettingsConfigDict(env_prefix="MWMS_")
 
-    host: str = "127.0.0.1"
-    http_port: int = 8080
-    grpc_port: int = 50051
+    http_host: str = "127.0.0.1"
+    grpc_host: str = "127.0.0.1"
+    http_port: int = Field(default=8080, ge=0, le=65535)
+    grpc_port: int = Field(default=50051, ge=0, le=65535)
     data_dir: Path = Path("mwms-data")
     db_url: str | None = Field(default=None, description="SQLAlchemy URL; default: SQLite in data_dir")
-    # Agents must present this token when it is set.
-    join_token: str = ""
+    # A bootstrap join token: agents presenting it may join (admins can also make revocable ones).
+    join_token: SecretStr = SecretStr("")
+    # Made an admin API token at start instead of generating one (for scripted set-ups).
+    admin_token: SecretStr = SecretStr("")
+    # Host headers the HTTP API answers (DNS rebinding); empty: loopback names when bound to loopback,
+    # any otherwise. Comma-separated in MWMS_ALLOWED_HOSTS.
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # TLS for REST and gRPC (grpc_tls_* when gRPC uses another certificate).
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    grpc_tls_cert: Path | None = None
+    grpc_tls_key: Path | None = None
+    # Make a CA and a server certificate in data_dir/tls and serve both protocols with them.
+    tls_self_signed: bool = False
     heartbeat_interval_s: float = 2.0
     # An agent that has not been heard from for this long is lost; its attempts end.
     agent_timeout_s: float = 10.0
@@ -36,6 +57,31 @@ class Settings(BaseSettings):
     max_upload_bytes: int = 2 * 1024**3
     # A shared filesystem path for checkpoints; empty: agents ship checkpoints through the coordinator.
     shared_checkpoint_dir: str = ""
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _split_hosts(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @property
+    def trusted_hosts(self) -> list[str]:
+        """The Host header values the HTTP API answers."""
+        if self.allowed_hosts:
+            return self.allowed_hosts
+        if is_loopback(self.http_host):
+            return ["127.0.0.1", "localhost", "[::1]", "::1"]
+        return ["*"]
+
+    @property
+    def serves_tls(self) -> bool:
+        """True when the HTTP API is served over TLS."""
+        return self.tls_self_signed or self.tls_cert is not None
+
+    @property
+    def admin_token_file(self) -> Path:
+        return self.data_dir / "admin-token"
 
     @property
     def database_url(self) -> str:

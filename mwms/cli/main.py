@@ -51,25 +51,66 @@ def root(
 @app.command()
 @handles_errors(api_param=None)
 def server(
-    host: Annotated[str, typer.Option(help="Address the HTTP and gRPC servers bind to.")] = "127.0.0.1",
+    host: Annotated[
+        str | None,
+        typer.Option(help="Address both servers bind to [default: 127.0.0.1]; see --http-host, --grpc-host."),
+    ] = None,
+    http_host: Annotated[
+        str | None, typer.Option(help="Address the REST API and dashboard bind to (MWMS_HTTP_HOST).")
+    ] = None,
+    grpc_host: Annotated[
+        str | None, typer.Option(help="Address the agents' gRPC endpoint binds to (MWMS_GRPC_HOST).")
+    ] = None,
     http_port: Annotated[
-        int, typer.Option(min=0, max=65535, help="Port of the REST API and dashboard.")
-    ] = 8080,
-    grpc_port: Annotated[int, typer.Option(min=0, max=65535, help="Port agents connect to.")] = 50051,
-    data_dir: Annotated[Path, typer.Option(help="Where the database, bundles and artifacts live.")] = Path(
-        "mwms-data"
-    ),
+        int | None, typer.Option(min=0, max=65535, help="Port of the REST API and dashboard [default: 8080].")
+    ] = None,
+    grpc_port: Annotated[
+        int | None, typer.Option(min=0, max=65535, help="Port agents connect to [default: 50051].")
+    ] = None,
+    data_dir: Annotated[
+        Path | None, typer.Option(help="Where the database, bundles and artifacts live [default: mwms-data].")
+    ] = None,
     db_url: Annotated[
         str | None, typer.Option(help="SQLAlchemy database URL; default: SQLite in --data-dir.")
     ] = None,
     join_token: Annotated[
-        str,
+        str | None,
         typer.Option(
-            envvar="MWMS_JOIN_TOKEN", help="Agents must present this token to join.", show_default=False
+            help="A bootstrap join token agents may present (MWMS_JOIN_TOKEN); admins can also make "
+            "revocable ones with `mwms agent-token create`.",
+            show_default=False,
         ),
-    ] = "",
+    ] = None,
+    allowed_hosts: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated Host names the HTTP API answers (DNS rebinding); default: loopback "
+            "names when bound to loopback, any otherwise."
+        ),
+    ] = None,
+    tls_cert: Annotated[
+        Path | None, typer.Option(help="PEM certificate: serve REST and gRPC over TLS.")
+    ] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="PEM private key of --tls-cert.")] = None,
+    grpc_tls_cert: Annotated[
+        Path | None, typer.Option(help="PEM certificate for gRPC when it differs from --tls-cert.")
+    ] = None,
+    grpc_tls_key: Annotated[Path | None, typer.Option(help="PEM private key of --grpc-tls-cert.")] = None,
+    tls_self_signed: Annotated[
+        bool | None,
+        typer.Option(
+            "--tls-self-signed",
+            help="Make a CA and a server certificate in <data dir>/tls and serve TLS with them; prints "
+            "the CA's path and fingerprint for agents (--ca-file) and the CLI (MWMS_CA_FILE).",
+        ),
+    ] = None,
 ) -> None:
-    """Run the coordinator: REST API + dashboard over HTTP, agent connections over gRPC."""
+    """Run the coordinator: REST API + dashboard over HTTP, agent connections over gRPC.
+
+    Every flag overrides its MWMS_* variable (MWMS_DATA_DIR, MWMS_DB_URL, ...), which overrides the
+    default. On the first start an admin token is written to <data dir>/admin-token (or MWMS_ADMIN_TOKEN
+    is made one).
+    """
     try:
         from server.main import serve
         from server.settings import Settings
@@ -77,15 +118,22 @@ def server(
         raise CliError(
             f"the coordinator cannot be loaded ({error}); install it with: pip install 'mwms[server]'"
         ) from None
-    settings = Settings(
-        host=host,
-        http_port=http_port,
-        grpc_port=grpc_port,
-        data_dir=data_dir,
-        db_url=db_url,
-        join_token=join_token,
-    )
-    serve(settings)
+    given = {
+        "http_host": http_host or host,
+        "grpc_host": grpc_host or host,
+        "http_port": http_port,
+        "grpc_port": grpc_port,
+        "data_dir": data_dir,
+        "db_url": db_url,
+        "join_token": join_token,
+        "allowed_hosts": allowed_hosts,
+        "tls_cert": tls_cert,
+        "tls_key": tls_key,
+        "grpc_tls_cert": grpc_tls_cert,
+        "grpc_tls_key": grpc_tls_key,
+        "tls_self_signed": tls_self_signed,
+    }
+    serve(Settings(**{key: value for key, value in given.items() if value is not None}))
 
 
 @app.command()

@@ -1,8 +1,9 @@
 """Serves the web dashboard: web/index.html at `/` and the files under web/ at `/static/...`.
 
 The dashboard is plain ES modules and CSS with no build step, so the files are served as they are in the
-repository. Every response carries a strict Content-Security-Policy: the page runs only our own scripts and
-talks only to this coordinator, so a job name or log line that smuggles HTML can never execute.
+repository. Every response carries a strict Content-Security-Policy (server/api/security_headers.py): the
+page runs only our own scripts and talks only to this coordinator, so a job name or log line that smuggles
+HTML can never execute. The shell and its files are public; the data they show needs a log-in.
 """
 
 from __future__ import annotations
@@ -14,20 +15,6 @@ from fastapi import APIRouter, HTTPException
 from fastapi.responses import FileResponse, Response
 
 WEB_DIR = Path(__file__).resolve().parents[2] / "web"
-
-CONTENT_SECURITY_POLICY = (
-    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-    "connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; "
-    "form-action 'self'; frame-ancestors 'none'"
-)
-
-SECURITY_HEADERS = {
-    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
-    "X-Content-Type-Options": "nosniff",
-    "Cache-Control": "no-cache",
-    "Referrer-Policy": "same-origin",
-    "X-Frame-Options": "DENY",
-}
 
 # Browsers refuse ES modules served with a non-JavaScript type under nosniff, and the platform's
 # mimetypes table varies, so the types the dashboard uses are fixed here.
@@ -76,7 +63,7 @@ def dashboard_index() -> Response:
     index = WEB_DIR / "index.html"
     if not index.is_file():
         raise HTTPException(status_code=404, detail=f"dashboard not found: {index} is missing")
-    return FileResponse(index, media_type=_MEDIA_TYPES[".html"], headers=SECURITY_HEADERS)
+    return FileResponse(index, media_type=_MEDIA_TYPES[".html"])
 
 
 @router.get("/static/{relative:path}")
@@ -88,6 +75,5 @@ def dashboard_static(relative: str) -> Response:
             status_code=404,
             content=f"not found: /static/{relative}",
             media_type="text/plain; charset=utf-8",
-            headers=SECURITY_HEADERS,
         )
-    return FileResponse(path, media_type=_media_type(path), headers=SECURITY_HEADERS)
+    return FileResponse(path, media_type=_media_type(path))

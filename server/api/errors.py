@@ -6,7 +6,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from server.errors import Conflict, DomainError, InvalidInput, NotFound, Unauthenticated
+from server.errors import Conflict, DomainError, Forbidden, InvalidInput, NotFound, Unauthenticated
 from server.states import InvalidTransition
 
 _STATUS: list[tuple[type[Exception], int]] = [
@@ -15,6 +15,7 @@ _STATUS: list[tuple[type[Exception], int]] = [
     (Conflict, 409),
     (InvalidTransition, 409),
     (Unauthenticated, 401),
+    (Forbidden, 403),
 ]
 
 

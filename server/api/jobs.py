@@ -9,6 +9,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse, StreamingResponse
 
+from server.api.auth import Caller
 from server.api.deps import ReadSession, RuntimeDep
 from server.api.views import artifact_out, job_out, job_summary
 from server.errors import NotFound
@@ -24,11 +25,14 @@ from server.schemas import (
     MetricSeries,
 )
 from server.services import files, jobs, telemetry
+from server.services.tokens import Role
 from server.states import JobState
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorOut},
+    401: {"model": ErrorOut},
+    403: {"model": ErrorOut},
     404: {"model": ErrorOut},
     409: {"model": ErrorOut},
     422: {"model": ErrorOut},
@@ -36,10 +40,10 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 @router.post("", status_code=201, response_model=JobOut, responses=ERRORS)
-def create_job(spec: JobCreate, rt: RuntimeDep) -> JobOut:
-    """Submits a job; it starts PENDING and is gang-placed when every worker fits."""
+def create_job(spec: JobCreate, rt: RuntimeDep, caller: Caller) -> JobOut:
+    """Submits a job as the caller; it starts PENDING and is gang-placed when every worker fits."""
     with rt.db.write() as session:
-        out = job_out(session, jobs.create_job(session, spec))
+        out = job_out(session, jobs.create_job(session, spec, submitted_by=caller.user))
     rt.poke_scheduler()
     return out
 
@@ -63,10 +67,11 @@ def get_job(job_id: str, session: ReadSession) -> JobOut:
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut, responses=ERRORS)
-def cancel_job(job_id: str, rt: RuntimeDep) -> JobOut:
-    """Cancels the job and stops every task it runs."""
+def cancel_job(job_id: str, rt: RuntimeDep, caller: Caller) -> JobOut:
+    """Cancels the job and stops every task it runs; users may cancel their own jobs, admins any."""
     with rt.db.write() as session:
-        out = job_out(session, jobs.cancel_job(session, job_id))
+        job = jobs.cancel_job(session, job_id, by=caller.user, any_owner=caller.may(Role.ADMIN))
+        out = job_out(session, job)
     rt.wake_agents(None)
     return out
 

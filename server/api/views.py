@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from server.db.models import Agent, Attempt, Job, StoredFile, Task
+from server.db.models import Agent, Attempt, Job, StoredFile, Task, Token
 from server.schemas import (
     AgentOut,
     AgentTaskOut,
@@ -18,6 +18,7 @@ from server.schemas import (
     JobSummary,
     RestartPolicy,
     TaskOut,
+    TokenOut,
 )
 from server.services.agents import is_online, live_tasks_by_agent
 from server.services.telemetry import latest_progress
@@ -64,6 +65,8 @@ def job_summary(session: Session, job: Job) -> JobSummary:
         restarts=job.restarts,
         step=step,
         loss=loss,
+        submitted_by=job.submitted_by,
+        cancelled_by=job.cancelled_by,
     )
 
 
@@ -148,4 +151,18 @@ def artifact_out(record: StoredFile) -> ArtifactOut:
         sha256=record.sha256,
         attempt=record.attempt,
         created_at=record.created_at,
+    )
+
+
+def token_out(token: Token) -> TokenOut:
+    return TokenOut(
+        id=token.id,
+        kind=token.kind,
+        name=token.name,
+        user=token.user,
+        role=token.role,
+        created_by=token.created_by,
+        created_at=token.created_at,
+        expires_at=token.expires_at,
+        revoked_at=token.revoked_at,
     )

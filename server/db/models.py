@@ -71,6 +71,34 @@ class Agent(Base):
     online_until: Mapped[datetime | None] = mapped_column(default=None)
     # Set when the reconciler has acted on this agent being lost; cleared when it comes back.
     lost_at: Mapped[datetime | None] = mapped_column(default=None)
+    # sha256 (hex) of the secret half of the credential issued at registration; None: none issued.
+    credential_hash: Mapped[str | None] = mapped_column(String(64), default=None)
+    # Set when an admin removed the agent: its credential is void until it joins again with a join token.
+    removed_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class Token(Base):
+    """A bearer secret, stored only as its sha256: an API token, a dashboard session or an agent join token.
+
+    API tokens belong to a user and carry a role. A dashboard session is derived from the API token that
+    logged in (parent_id) and dies with it. Join tokens admit new agents.
+    """
+
+    __tablename__ = "tokens"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    kind: Mapped[str] = mapped_column(String(10))  # "api", "session" or "join"
+    name: Mapped[str] = mapped_column(String(200), default="")
+    user: Mapped[str] = mapped_column(String(200), default="")
+    role: Mapped[str] = mapped_column(String(10), default="")  # "admin", "user", "viewer"; "" for join
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    parent_id: Mapped[str | None] = mapped_column(
+        ForeignKey("tokens.id", ondelete="CASCADE"), default=None, index=True
+    )
+    created_by: Mapped[str] = mapped_column(String(200), default="")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime | None] = mapped_column(default=None)
+    revoked_at: Mapped[datetime | None] = mapped_column(default=None)
 
 
 class Bundle(Base):
@@ -104,6 +132,9 @@ class Job(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(default=None)
     finished_at: Mapped[datetime | None] = mapped_column(default=None)
+    # The user (token owner) who submitted the job, and who cancelled it, if anyone did.
+    submitted_by: Mapped[str] = mapped_column(String(200), default="")
+    cancelled_by: Mapped[str] = mapped_column(String(200), default="")
 
     attempts: Mapped[list[Attempt]] = relationship(
         back_populates="job", order_by="Attempt.number", cascade="all, delete-orphan"

@@ -8,7 +8,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from server.db.models import Agent, Attempt, Bundle, Job, LogLine, Task, utcnow
-from server.errors import Conflict, InvalidInput, NotFound
+from server.errors import Conflict, Forbidden, InvalidInput, NotFound
 from server.schemas import JobCreate, RestartOn
 from server.services.transitions import transition_job, transition_task
 from server.states import AttemptState, JobState, TaskState
@@ -18,8 +18,8 @@ FAILURE_LOG_LINES = 10
 MAX_REFUSALS_IN_A_ROW = 5
 
 
-def create_job(session: Session, spec: JobCreate) -> Job:
-    """Stores a new PENDING job; the scheduler places it."""
+def create_job(session: Session, spec: JobCreate, submitted_by: str = "") -> Job:
+    """Stores a new PENDING job for the user `submitted_by`; the scheduler places it."""
     if session.get(Bundle, spec.bundle_digest) is None:
         raise InvalidInput(
             f"unknown bundle digest {spec.bundle_digest}: upload the program with POST /api/v1/bundles "
@@ -33,6 +33,7 @@ def create_job(session: Session, spec: JobCreate) -> Job:
         env=dict(spec.env),
         num_workers=spec.workers,
         gpus_per_worker=spec.gpus_per_worker,
+        submitted_by=submitted_by,
         options={
             "communication": spec.communication.model_dump(mode="json"),
             "restart": spec.restart.model_dump(mode="json"),
@@ -97,12 +98,23 @@ def request_stop(task: Task, reason: str) -> None:
         task.stop_reason = reason
 
 
-def cancel_job(session: Session, job_id: str, now: datetime | None = None) -> Job:
-    """Cancels a job in any non-final state and stops its tasks."""
+def cancel_job(
+    session: Session, job_id: str, by: str = "", any_owner: bool = True, now: datetime | None = None
+) -> Job:
+    """Cancels a job in any non-final state and stops its tasks.
+
+    `by` is the user who cancels; unless `any_owner` (admins), only the user who submitted the job may.
+    """
     job = get_job(session, job_id)
+    if not any_owner and job.submitted_by != by:
+        raise Forbidden(
+            f"job {job.id} was submitted by {job.submitted_by or 'another user'!r}; only that user "
+            "or an admin may cancel it"
+        )
     if JobState(job.state).terminal:
         raise Conflict(f"job {job.id} is already {job.state}; there is nothing to cancel")
-    end_job(session, job, JobState.CANCELLED, "cancelled by user", now)
+    job.cancelled_by = by
+    end_job(session, job, JobState.CANCELLED, f"cancelled by {by}" if by else "cancelled by user", now)
     return job
 
 

@@ -1,0 +1,153 @@
+"""Who may call the REST API: one middleware in front of every route, and the dependencies routes use.
+
+Every request needs an API token (`Authorization: Bearer ...`) or a dashboard session cookie, except the
+few public paths listed here. Safe methods need the viewer role, every other method the user role, unless
+a route asks for more (`AdminOnly`). Requests that authenticate with the cookie and change something must
+come from the dashboard's own origin (CSRF).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Annotated, Any
+from urllib.parse import urlsplit
+
+from fastapi import Depends, Request
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from server.errors import Forbidden, Unauthenticated
+from server.services.tokens import Principal, Role, authenticate
+
+SESSION_COOKIE = "mwms_session"
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+# Paths anyone may call: liveness, the dashboard's static shell (it shows the login form), logging in.
+PUBLIC_EXACT = frozenset(
+    {("GET", "/healthz"), ("HEAD", "/healthz"), ("GET", "/"), ("POST", "/api/v1/session")}
+)
+PUBLIC_PREFIXES = ("/static/",)
+# Non-safe requests that a viewer may make: logging out.
+VIEWER_WRITES = frozenset({("DELETE", "/api/v1/session")})
+UNAUTHENTICATED_HELP = (
+    "authentication required: send an API token as 'Authorization: Bearer <token>' (the CLI takes "
+    "--token, MWMS_TOKEN or `mwms login`), or log in to the dashboard; the coordinator wrote its first "
+    "admin token to <data dir>/admin-token"
+)
+
+
+def is_public(method: str, path: str) -> bool:
+    return (method, path) in PUBLIC_EXACT or (method in SAFE_METHODS and path.startswith(PUBLIC_PREFIXES))
+
+
+def required_role(method: str, path: str) -> Role:
+    """The least role for a request; routes may demand more with a dependency."""
+    if method in SAFE_METHODS or (method, path) in VIEWER_WRITES:
+        return Role.VIEWER
+    return Role.USER
+
+
+def _header(scope: Scope, name: bytes) -> str:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return value.decode("latin-1")
+    return ""
+
+
+def _cookie(scope: Scope, name: str) -> str:
+    for part in _header(scope, b"cookie").split(";"):
+        key, _, value = part.strip().partition("=")
+        if key == name:
+            return value
+    return ""
+
+
+def bearer_token(scope: Scope) -> str:
+    scheme, _, value = _header(scope, b"authorization").partition(" ")
+    return value.strip() if scheme.lower() == "bearer" else ""
+
+
+def same_origin(scope: Scope) -> bool:
+    """True when the request's Origin (or, lacking one, Referer) names the host it was sent to."""
+    origin = _header(scope, b"origin") or _header(scope, b"referer")
+    host = _header(scope, b"host")
+    return bool(origin and host) and urlsplit(origin).netloc == host
+
+
+async def _refuse(send: Send, status: int, detail: str) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if status == 401:
+        headers.append((b"www-authenticate", b'Bearer realm="mwms"'))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class AuthMiddleware:
+    """Authenticates every HTTP request but the public ones and applies the role that its method needs."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        method, path = scope["method"], scope["path"]
+        if is_public(method, path):
+            await self.app(scope, receive, send)
+            return
+        secret = bearer_token(scope)
+        via_cookie = False
+        if not secret:
+            secret = _cookie(scope, SESSION_COOKIE)
+            via_cookie = bool(secret)
+        if not secret:
+            await _refuse(send, 401, UNAUTHENTICATED_HELP)
+            return
+        runtime = scope["app"].state.runtime
+        try:
+            principal = await asyncio.to_thread(_authenticate, runtime, secret)
+        except Unauthenticated as error:
+            await _refuse(send, 401, str(error))
+            return
+        if via_cookie and method not in SAFE_METHODS and not same_origin(scope):
+            await _refuse(
+                send, 403, "cross-site request refused: the dashboard's requests must come from its own page"
+            )
+            return
+        needed = required_role(method, path)
+        if not principal.may(needed):
+            await _refuse(send, 403, forbidden_message(principal, needed))
+            return
+        scope.setdefault("state", {})["principal"] = principal
+        await self.app(scope, receive, send)
+
+
+def _authenticate(runtime: Any, secret: str) -> Principal:
+    with runtime.db.read() as session:
+        return authenticate(session, secret)
+
+
+def forbidden_message(principal: Principal, needed: Role) -> str:
+    return (
+        f"the {principal.role.label} role of {principal.user!r} may not do this; it needs the "
+        f"{needed.label} role: ask an admin for such a token (mwms token create --role {needed.label})"
+    )
+
+
+def current_principal(request: Request) -> Principal:
+    """The caller the middleware authenticated."""
+    principal = request.state.principal if hasattr(request.state, "principal") else None
+    if principal is None:  # a public route asked for a caller: a wiring mistake, never allow it
+        raise Unauthenticated(UNAUTHENTICATED_HELP)
+    return principal
+
+
+def require_admin(principal: Annotated[Principal, Depends(current_principal)]) -> Principal:
+    if not principal.may(Role.ADMIN):
+        raise Forbidden(forbidden_message(principal, Role.ADMIN))
+    return principal
+
+
+Caller = Annotated[Principal, Depends(current_principal)]
+AdminOnly = Annotated[Principal, Depends(require_admin)]

@@ -1,0 +1,78 @@
+"""/api/v1/tokens and /api/v1/agent-tokens: API tokens for people and join tokens for agents (admin only)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from fastapi import APIRouter
+
+from server.api.auth import AdminOnly
+from server.api.deps import ReadSession, RuntimeDep
+from server.api.views import token_out
+from server.db.models import Token, utcnow
+from server.schemas import ErrorOut, JoinTokenCreate, TokenCreate, TokenCreated, TokenOut
+from server.services import tokens
+from server.services.tokens import Role, TokenKind
+
+router = APIRouter(prefix="/api/v1", tags=["tokens"])
+ERRORS: dict[int | str, dict[str, Any]] = {403: {"model": ErrorOut}, 404: {"model": ErrorOut}}
+
+
+def _created(token: Token, secret: str) -> TokenCreated:
+    return TokenCreated(**token_out(token).model_dump(), token=secret)
+
+
+def _expiry(seconds: int | None) -> datetime | None:
+    return utcnow() + timedelta(seconds=seconds) if seconds else None
+
+
+@router.get("/tokens", response_model=list[TokenOut], responses=ERRORS)
+def list_api_tokens(_admin: AdminOnly, session: ReadSession) -> list[TokenOut]:
+    """Every API token (never its secret)."""
+    return [token_out(t) for t in tokens.list_tokens(session, TokenKind.API)]
+
+
+@router.post("/tokens", status_code=201, response_model=TokenCreated, responses=ERRORS)
+def create_api_token(body: TokenCreate, admin: AdminOnly, rt: RuntimeDep) -> TokenCreated:
+    """A new API token; its secret is in this response only."""
+    with rt.db.write() as session:
+        token, secret = tokens.create_api_token(
+            session,
+            body.user,
+            Role.parse(body.role.value),
+            body.name,
+            _expiry(body.expires_in_seconds),
+            created_by=admin.user,
+        )
+        return _created(token, secret)
+
+
+@router.delete("/tokens/{token_id}", response_model=TokenOut, responses=ERRORS)
+def revoke_api_token(token_id: str, _admin: AdminOnly, rt: RuntimeDep) -> TokenOut:
+    """Revokes an API token at once; dashboard sessions it opened end with it."""
+    with rt.db.write() as session:
+        return token_out(tokens.revoke_token(session, token_id, TokenKind.API))
+
+
+@router.get("/agent-tokens", response_model=list[TokenOut], responses=ERRORS)
+def list_join_tokens(_admin: AdminOnly, session: ReadSession) -> list[TokenOut]:
+    """Every join token (never its secret)."""
+    return [token_out(t) for t in tokens.list_tokens(session, TokenKind.JOIN)]
+
+
+@router.post("/agent-tokens", status_code=201, response_model=TokenCreated, responses=ERRORS)
+def create_join_token(body: JoinTokenCreate, admin: AdminOnly, rt: RuntimeDep) -> TokenCreated:
+    """A new join token for `mwms agent --join-token`; its secret is in this response only."""
+    with rt.db.write() as session:
+        token, secret = tokens.create_join_token(
+            session, body.name, _expiry(body.expires_in_seconds), created_by=admin.user
+        )
+        return _created(token, secret)
+
+
+@router.delete("/agent-tokens/{token_id}", response_model=TokenOut, responses=ERRORS)
+def revoke_join_token(token_id: str, _admin: AdminOnly, rt: RuntimeDep) -> TokenOut:
+    """Revokes a join token: it admits no new agent; agents that joined with it keep their credentials."""
+    with rt.db.write() as session:
+        return token_out(tokens.revoke_token(session, token_id, TokenKind.JOIN))

@@ -1,0 +1,249 @@
+"""Bearer secrets: API tokens with roles, dashboard sessions derived from them, and agent join tokens.
+
+A secret is shown once, when it is made, and stored only as its sha256. Looking a secret up by its hash
+needs no constant-time compare: the hash of a guess reveals nothing about a stored one.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from server.db.models import Token, utcnow
+from server.errors import Conflict, InvalidInput, NotFound, Unauthenticated
+
+API_PREFIX = "mwms_"
+SESSION_PREFIX = "mwmss_"
+JOIN_PREFIX = "mwmsj_"
+SECRET_BYTES = 32
+SESSION_LIFETIME = timedelta(hours=12)
+MAX_NAME = 200
+
+
+class Role(enum.IntEnum):
+    """What a token may do; a higher role may do everything a lower one may."""
+
+    VIEWER = 1
+    USER = 2
+    ADMIN = 3
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+    @classmethod
+    def parse(cls, text: str) -> Role:
+        try:
+            return cls[text.upper()]
+        except KeyError:
+            raise InvalidInput(f"unknown role {text!r}: use admin, user or viewer") from None
+
+
+class TokenKind(str, enum.Enum):
+    API = "api"
+    SESSION = "session"
+    JOIN = "join"
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: the user a token belongs to, its role, and the token that proved it."""
+
+    user: str
+    role: Role
+    token_id: str
+    token_name: str
+    via_session: bool = False
+
+    def may(self, role: Role) -> bool:
+        return self.role >= role
+
+
+def new_secret(prefix: str) -> str:
+    """A random secret of SECRET_BYTES bytes, URL-safe, with a prefix that tells what it is."""
+    return prefix + secrets.token_urlsafe(SECRET_BYTES)
+
+
+def hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def same_secret_hash(a: str, b: str) -> bool:
+    """Constant-time comparison of two hex hashes."""
+    return hmac.compare_digest(a.encode(), b.encode())
+
+
+def _check_name(value: str, what: str) -> str:
+    value = value.strip()
+    if not value or len(value) > MAX_NAME or any(ord(c) < 32 for c in value):
+        raise InvalidInput(f"{what} must be 1-{MAX_NAME} printable characters")
+    return value
+
+
+def _usable(token: Token, now: datetime) -> bool:
+    return token.revoked_at is None and (token.expires_at is None or token.expires_at > now)
+
+
+def create_api_token(
+    session: Session,
+    user: str,
+    role: Role,
+    name: str = "",
+    expires_at: datetime | None = None,
+    created_by: str = "",
+    secret: str | None = None,
+) -> tuple[Token, str]:
+    """Stores a new API token and returns it with its secret, which is not kept anywhere."""
+    user = _check_name(user, "user")
+    if expires_at is not None and expires_at <= utcnow():
+        raise InvalidInput("the expiry lies in the past: give a future time or a positive duration")
+    secret = secret or new_secret(API_PREFIX)
+    digest = hash_secret(secret)
+    if session.scalars(select(Token).where(Token.token_hash == digest)).first() is not None:
+        raise Conflict("this token already exists")
+    token = Token(
+        kind=TokenKind.API.value,
+        name=_check_name(name or user, "token name"),
+        user=user,
+        role=role.label,
+        token_hash=digest,
+        created_by=created_by,
+        expires_at=expires_at,
+    )
+    session.add(token)
+    session.flush()
+    return token, secret
+
+
+def ensure_admin_token(session: Session, secret: str) -> Token:
+    """Makes `secret` (MWMS_ADMIN_TOKEN) a usable admin token: created, or revived if it was revoked."""
+    if len(secret) < 16:
+        raise InvalidInput("MWMS_ADMIN_TOKEN is too short: use at least 16 random characters")
+    token = session.scalars(select(Token).where(Token.token_hash == hash_secret(secret))).first()
+    if token is None:
+        token, _ = create_api_token(session, "admin", Role.ADMIN, "MWMS_ADMIN_TOKEN", secret=secret)
+        return token
+    if token.kind != TokenKind.API.value:
+        raise InvalidInput("MWMS_ADMIN_TOKEN equals a session or join token: choose another secret")
+    token.role, token.revoked_at, token.expires_at = Role.ADMIN.label, None, None
+    session.flush()
+    return token
+
+
+def has_usable_admin(session: Session, now: datetime | None = None) -> bool:
+    now = now or utcnow()
+    rows = session.scalars(
+        select(Token).where(Token.kind == TokenKind.API.value, Token.role == Role.ADMIN.label)
+    ).all()
+    return any(_usable(t, now) for t in rows)
+
+
+def authenticate(session: Session, secret: str, now: datetime | None = None) -> Principal:
+    """The principal an API token or dashboard session secret stands for; Unauthenticated otherwise."""
+    now = now or utcnow()
+    token = session.scalars(select(Token).where(Token.token_hash == hash_secret(secret))).first()
+    refusal = Unauthenticated(
+        "the token is unknown, revoked or expired: ask an admin for a new one (mwms token create) "
+        "and pass it with --token, MWMS_TOKEN or mwms login"
+    )
+    if token is None or token.kind == TokenKind.JOIN.value or not _usable(token, now):
+        raise refusal
+    owner = token
+    if token.kind == TokenKind.SESSION.value:
+        parent = session.get(Token, token.parent_id) if token.parent_id else None
+        if parent is None or not _usable(parent, now):
+            raise Unauthenticated("the session has ended (its token was revoked or expired): log in again")
+        owner = parent
+    return Principal(
+        user=owner.user,
+        role=Role.parse(owner.role),
+        token_id=owner.id,
+        token_name=owner.name,
+        via_session=token.kind == TokenKind.SESSION.value,
+    )
+
+
+def start_session(session: Session, principal: Principal, now: datetime | None = None) -> tuple[Token, str]:
+    """A dashboard session for the token that logged in; it ends with that token, or after 12 h."""
+    now = now or utcnow()
+    parent = session.get(Token, principal.token_id)
+    assert parent is not None
+    expires = now + SESSION_LIFETIME
+    if parent.expires_at is not None:
+        expires = min(expires, parent.expires_at)
+    secret = new_secret(SESSION_PREFIX)
+    token = Token(
+        kind=TokenKind.SESSION.value,
+        name=f"dashboard session of {parent.name}",
+        user=parent.user,
+        role=parent.role,
+        token_hash=hash_secret(secret),
+        parent_id=parent.id,
+        created_by=parent.user,
+        expires_at=expires,
+    )
+    session.add(token)
+    session.flush()
+    return token, secret
+
+
+def end_session(session: Session, secret: str, now: datetime | None = None) -> None:
+    """Revokes a dashboard session (logout); unknown secrets are ignored."""
+    token = session.scalars(select(Token).where(Token.token_hash == hash_secret(secret))).first()
+    if token is not None and token.kind == TokenKind.SESSION.value and token.revoked_at is None:
+        token.revoked_at = now or utcnow()
+        session.flush()
+
+
+def list_tokens(session: Session, kind: TokenKind) -> list[Token]:
+    return list(
+        session.scalars(select(Token).where(Token.kind == kind.value).order_by(Token.created_at)).all()
+    )
+
+
+def revoke_token(session: Session, token_id: str, kind: TokenKind, now: datetime | None = None) -> Token:
+    """Revokes an API or join token; the sessions it opened end with it."""
+    token = session.get(Token, token_id)
+    if token is None or token.kind != kind.value:
+        listing = "mwms token list" if kind is TokenKind.API else "mwms agent-token list"
+        raise NotFound(f"no {kind.value} token with id {token_id}; see {listing}")
+    if token.revoked_at is None:
+        token.revoked_at = now or utcnow()
+        session.flush()
+    return token
+
+
+def create_join_token(
+    session: Session, name: str, expires_at: datetime | None = None, created_by: str = ""
+) -> tuple[Token, str]:
+    """A token that admits new agents (`mwms agent --join-token`)."""
+    if expires_at is not None and expires_at <= utcnow():
+        raise InvalidInput("the expiry lies in the past: give a future time or a positive duration")
+    secret = new_secret(JOIN_PREFIX)
+    token = Token(
+        kind=TokenKind.JOIN.value,
+        name=_check_name(name or "agents", "token name"),
+        token_hash=hash_secret(secret),
+        created_by=created_by,
+        expires_at=expires_at,
+    )
+    session.add(token)
+    session.flush()
+    return token, secret
+
+
+def join_token_valid(session: Session, secret: str, bootstrap: str = "", now: datetime | None = None) -> bool:
+    """True for a usable join token made by an admin, or for the coordinator's --join-token."""
+    if not secret:
+        return False
+    if bootstrap and hmac.compare_digest(secret.encode(), bootstrap.encode()):
+        return True
+    token = session.scalars(select(Token).where(Token.token_hash == hash_secret(secret))).first()
+    return token is not None and token.kind == TokenKind.JOIN.value and _usable(token, now or utcnow())
