@@ -1,4 +1,5 @@
-// Talking to the coordinator's REST API, and keeping track of whether it can be reached.
+// Talking to the coordinator's REST API, and keeping track of whether it can be reached and whether we are
+// logged in. Requests carry the HttpOnly session cookie (same-origin); the page never sees a token.
 
 export const API = "/api/v1";
 
@@ -15,7 +16,14 @@ export class ApiError extends Error {
 export class UnreachableError extends Error {}
 
 const listeners = new Set();
+const unauthenticatedListeners = new Set();
 let reachable = true;
+
+/** Calls listener(error) whenever the API answers 401: the session ended, expired or never began. */
+export function onUnauthenticated(listener) {
+  unauthenticatedListeners.add(listener);
+  return () => unauthenticatedListeners.delete(listener);
+}
 
 /** Calls listener(reachable, error) whenever reachability changes. */
 export function onReachabilityChange(listener) {
@@ -39,7 +47,7 @@ async function errorDetail(response) {
   }
 }
 
-async function request(method, path, { query = null, body = undefined, signal = undefined } = {}) {
+async function request(method, path, { query = null, body = undefined, signal = undefined, loggingIn = false } = {}) {
   let url = path;
   if (query) {
     const params = new URLSearchParams();
@@ -49,7 +57,9 @@ async function request(method, path, { query = null, body = undefined, signal = 
     const text = params.toString();
     if (text) url += `?${text}`;
   }
-  const init = { method, headers: { Accept: "application/json" }, signal, cache: "no-store" };
+  // credentials "same-origin" sends the session cookie; fetch adds the Origin header the coordinator
+  // checks on POST and DELETE.
+  const init = { method, headers: { Accept: "application/json" }, signal, cache: "no-store", credentials: "same-origin" };
   if (body !== undefined) {
     init.headers["Content-Type"] = "application/json";
     init.body = JSON.stringify(body);
@@ -69,13 +79,28 @@ async function request(method, path, { query = null, body = undefined, signal = 
     throw unreachable;
   }
   setReachable(true);
-  if (!response.ok) throw new ApiError(response.status, await errorDetail(response));
+  if (!response.ok) {
+    const error = new ApiError(response.status, await errorDetail(response));
+    // A wrong token typed into the login form is that form's business, not a logged-out session.
+    if (response.status === 401 && !loggingIn) for (const listener of unauthenticatedListeners) listener(error);
+    throw error;
+  }
   if (response.status === 204) return null;
   return response.json();
 }
 
 export const getJson = (path, options) => request("GET", path, options);
 export const postJson = (path, body, options) => request("POST", path, { ...options, body });
+export const deleteJson = (path, options) => request("DELETE", path, options);
+
+/** Who is logged in ({user, role, token_name, via_session}); an ApiError with status 401 when nobody is. */
+export const whoami = () => getJson(`${API}/whoami`);
+
+/** Exchanges an API token for the session cookie; the token is sent once and never kept. */
+export const logIn = (token) => postJson(`${API}/session`, { token }, { loggingIn: true });
+
+/** Ends the session and clears its cookie. */
+export const logOut = () => deleteJson(`${API}/session`, { loggingIn: true });
 
 /** The path of an artifact's download, each segment of its path encoded. */
 export function artifactUrl(jobId, path) {
@@ -86,6 +111,7 @@ export function artifactUrl(jobId, path) {
 /** What an error means for the user, in one sentence. */
 export function describeError(error) {
   if (error instanceof UnreachableError) return "The coordinator cannot be reached; retrying.";
+  if (error instanceof ApiError && error.status === 403) return `Not allowed: ${error.detail}`;
   if (error instanceof ApiError) return `The coordinator answered ${error.status}: ${error.detail}`;
   return String(error && error.message ? error.message : error);
 }

@@ -1,8 +1,11 @@
-// The dashboard's entry point: hash routing, the overview header, and the "coordinator unreachable" banner.
+// The dashboard's entry point: log-in, hash routing, the overview header, and the "coordinator unreachable"
+// banner. Nothing but the login form is shown, and nothing is fetched but /whoami, until a session exists.
 
-import { API, getJson, onReachabilityChange } from "./api.js";
+import { API, ApiError, describeError, getJson, onReachabilityChange, onUnauthenticated, UnreachableError } from "./api.js";
 import { formatInteger } from "./format.js";
+import { mountLogin, showSessionHeader } from "./login.js";
 import { POLL_INTERVAL_MS, startPolling } from "./poll.js";
+import { currentUser, setCurrentUser } from "./session.js";
 import { mountAgents } from "./views/agents.js";
 import { mountJob } from "./views/job.js";
 import { mountJobs } from "./views/jobs.js";
@@ -27,6 +30,7 @@ function parseRoute() {
 }
 
 function route() {
+  if (!currentUser()) return;
   const { page, id, params } = parseRoute();
   if (!location.hash) history.replaceState(null, "", "#/jobs");
   if (unmountView) unmountView();
@@ -78,9 +82,64 @@ onReachabilityChange((reachable, error) => {
 document.getElementById("banner-retry").addEventListener("click", () => {
   failures += 1;
   bannerText.textContent = `Retrying now (manual try ${failures})…`;
-  overviewPoller.now();
+  if (overviewPoller) overviewPoller.now();
+  else start();
 });
 
+/** Stops every poller and empties the page, so no data stays on screen once logged out. */
+function stopApp() {
+  if (overviewPoller) overviewPoller.stop();
+  overviewPoller = null;
+  if (unmountView) unmountView();
+  unmountView = null;
+  view.replaceChildren();
+  const dialog = document.getElementById("confirm-dialog");
+  if (dialog.open) dialog.close();
+  updated.textContent = "";
+  for (const element of document.querySelectorAll("[data-stat]")) element.textContent = "–";
+}
+
+/** Shows the app for principal (the answer of /whoami or of logging in). */
+function enterApp(principal) {
+  setCurrentUser(principal);
+  showSessionHeader(principal);
+  document.body.dataset.auth = "in";
+  overviewPoller = startPolling(refreshOverview, { onError: () => {} });
+  route();
+}
+
+/** Shows the login form, with message saying why when a session ended under the user. */
+function leaveApp(message = "") {
+  setCurrentUser(null);
+  stopApp();
+  document.body.dataset.auth = "out";
+  document.title = "Log in · mwms";
+  login.show(message);
+}
+
+const login = mountLogin({ onLoggedIn: enterApp, onLoggedOut: () => leaveApp() });
+
+// Any 401 while logged in (a session that expired, was revoked or ended in another tab) returns to the
+// login form, whichever view asked.
+onUnauthenticated(() => {
+  if (currentUser()) leaveApp("Your session has ended (expired, revoked or logged out elsewhere); log in again.");
+});
+
+let retryTimer = null;
+/** Asks who is logged in, then shows the app or the login form; retries while the coordinator is unreachable. */
+async function start() {
+  clearTimeout(retryTimer);
+  let principal;
+  try {
+    principal = await getJson(`${API}/whoami`);
+  } catch (error) {
+    if (error instanceof UnreachableError) retryTimer = setTimeout(start, POLL_INTERVAL_MS);
+    else if (error instanceof ApiError && error.status === 401) leaveApp();
+    else leaveApp(`Could not check the session: ${describeError(error)}`);
+    return;
+  }
+  enterApp(principal);
+}
+
 window.addEventListener("hashchange", route);
-overviewPoller = startPolling(refreshOverview, { onError: () => {} });
-route();
+start();

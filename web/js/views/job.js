@@ -18,6 +18,7 @@ import {
 } from "../format.js";
 import { LogViewer } from "../logs.js";
 import { startPolling } from "../poll.js";
+import { mayCancel } from "../session.js";
 
 // After a job ends, keep refreshing metrics and artifacts a little longer: the last reports and
 // uploads can land just after the final state change.
@@ -58,7 +59,8 @@ export function mountJob(container, jobId) {
   const badgeSlot = h("span", { class: "job-state", dataset: { testid: "job-state" } });
   const reason = h("div", { class: "job-reason muted" });
   const idLine = h("p", { class: "job-id mono muted small" }, jobId);
-  const cancelButton = h("button", { type: "button", class: "button danger", dataset: { testid: "cancel-job" }, disabled: true }, "Cancel job");
+  const cancelButton = h("button", { type: "button", class: "button danger", dataset: { testid: "cancel-job" }, hidden: true }, "Cancel job");
+  let cancelling = false;
   const notice = h("p", { class: "inline-error", hidden: true, role: "status" });
   const loadError = h("p", { class: "inline-error", hidden: true, role: "status" });
   const stats = h("div", { class: "kv-strip" });
@@ -102,6 +104,7 @@ export function mountJob(container, jobId) {
       cancelLabel: "Keep running",
     });
     if (!confirmed) return;
+    cancelling = true;
     cancelButton.disabled = true;
     cancelButton.textContent = "Cancelling…";
     try {
@@ -111,6 +114,7 @@ export function mountJob(container, jobId) {
       notice.textContent = `Could not cancel: ${describeError(err)}`;
       notice.hidden = false;
     }
+    cancelling = false;
     cancelButton.textContent = "Cancel job";
     await poller.now();
   });
@@ -129,10 +133,14 @@ export function mountJob(container, jobId) {
     if (changed("state", job.state)) replaceChildren(badgeSlot, stateBadge(job.state));
     if (changed("reason", job.reason)) replaceChildren(reason, clampedText(job.reason, { limit: 240 }));
     reason.hidden = !job.reason;
-    cancelButton.disabled = isTerminal(job.state);
-    cancelButton.hidden = isTerminal(job.state);
+    // Viewers never see Cancel, users only on their own jobs; the coordinator enforces the same rule.
+    const cancellable = !isTerminal(job.state) && mayCancel(job);
+    cancelButton.disabled = cancelling || !cancellable;
+    cancelButton.hidden = !cancellable;
     replaceChildren(
       stats,
+      stat("Submitted by", job.submitted_by || "–", "job-submitted-by"),
+      job.cancelled_by ? stat("Cancelled by", job.cancelled_by, "job-cancelled-by") : null,
       stat("Workers × devices", formatShape(job.workers, job.gpus_per_worker), "job-shape"),
       stat("Step", job.step === null || job.step === undefined ? "–" : formatInteger(job.step), "job-step"),
       stat("Loss", formatNumber(job.loss), "job-loss"),

@@ -19,6 +19,7 @@ const COLUMNS = [
   { label: "Name" },
   { label: "ID" },
   { label: "State" },
+  { label: "Submitted by" },
   { label: "Workers × devices" },
   { label: "Step", class: "num" },
   { label: "Loss", class: "num" },
@@ -39,12 +40,18 @@ function jobRow(job) {
     h("td", { class: "cell-name" }, h("a", { href, class: "job-link" }, job.name || job.id)),
     h("td", { class: "mono muted", title: job.id }, shortId(job.id)),
     h("td", { class: "cell-state", title: job.reason || null }, stateBadge(job.state)),
-    h("td", null, formatShape(job.workers, job.gpus_per_worker)),
+    h(
+      "td",
+      { class: "cell-user" },
+      h("span", { class: "submitted-by" }, job.submitted_by || "–"),
+      job.cancelled_by ? h("div", { class: "muted small cancelled-by" }, `cancelled by ${job.cancelled_by}`) : null,
+    ),
+    h("td", { class: "cell-shape" }, formatShape(job.workers, job.gpus_per_worker)),
     h("td", { class: "num cell-step" }, job.step === null || job.step === undefined ? "–" : formatInteger(job.step)),
     h("td", { class: "num mono cell-loss" }, formatNumber(job.loss)),
     h("td", { class: "nowrap" }, formatShortTime(job.started_at)),
     h("td", { class: "nowrap cell-duration" }, formatDuration(job.started_at, job.finished_at)),
-    h("td", { class: "num", title: `${job.restarts} restart${job.restarts === 1 ? "" : "s"}` }, String(job.attempts)),
+    h("td", { class: "num cell-attempts", title: `${job.restarts} restart${job.restarts === 1 ? "" : "s"}` }, String(job.attempts)),
   );
 }
 
