@@ -2,10 +2,13 @@
 
 It lets the browser tests check rendering, live updates, escaping and the cancel flow without agents or
 TensorFlow. The shapes follow server/schemas.py; the real coordinator is exercised by test_dashboard_e2e.py.
+Authentication is a small copy of the real rules (server/api/auth.py): three fixed tokens, session cookies,
+401 without one, 403 for a viewer's writes, someone else's cancel or a cookie write from a foreign origin.
 """
 
 from __future__ import annotations
 
+import secrets
 import socket
 import threading
 import time
@@ -14,10 +17,12 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import uvicorn
-from fastapi import FastAPI, HTTPException, Query
+from fastapi import FastAPI, HTTPException, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import BaseModel
 
 from server.api import dashboard
+from server.api.security_headers import SecurityHeadersMiddleware
 
 XSS_NAME = "<img src=x onerror=alert(1)>"
 XSS_LOG = "<script>alert('log')</script><b>bold?</b>"
@@ -26,6 +31,13 @@ FAILED_ATTEMPT_REASON = "task 1 was killed by signal 9 (SIGKILL); restarting; la
     f"I0000 worker log line {i} <tag> " + "x" * 80 for i in range(12)
 )
 T0 = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(hours=1)
+
+SESSION_COOKIE = "mwms_session"
+ADMIN_TOKEN = "fake-admin-token"
+USER_TOKEN = "fake-user-token"
+VIEWER_TOKEN = "fake-viewer-token"
+# secret -> (user, role); bob submitted two of the jobs below, alice the others.
+TOKENS = {ADMIN_TOKEN: ("alice", "admin"), USER_TOKEN: ("bob", "user"), VIEWER_TOKEN: ("carol", "viewer")}
 
 
 def _iso(moment: datetime | None) -> str | None:
@@ -73,6 +85,8 @@ class FakeJob:
     metrics: list[dict] = field(default_factory=list)
     logs: list[dict] = field(default_factory=list)
     reason: str = ""
+    submitted_by: str = "alice"
+    cancelled_by: str = ""
 
     def summary(self) -> dict[str, Any]:
         last_loss = next((p for p in reversed(self.metrics) if p["name"] == "loss"), None)
@@ -91,6 +105,8 @@ class FakeJob:
             "restarts": self.attempts - 1,
             "step": last_loss["step"] if last_loss else None,
             "loss": last_loss["value"] if last_loss else None,
+            "submitted_by": self.submitted_by,
+            "cancelled_by": self.cancelled_by,
         }
 
     def detail(self) -> dict[str, Any]:
@@ -212,12 +228,16 @@ class FakeCluster:
         self.unreachable = False
         self.empty = False
         self.jobs: dict[str, FakeJob] = {}
+        self.sessions: dict[str, tuple[str, str]] = {}  # cookie secret -> (user, role)
+        self.cancel_refusal: str | None = None  # when set, every cancel answers 403 with it
         self.reset()
 
     def reset(self) -> None:
         with self.lock:
             self.unreachable = False
             self.empty = False
+            self.sessions.clear()
+            self.cancel_refusal = None
             finishing = FakeJob(
                 "7f3c2a91d0b44c7e9a61b0c3d5e8f201",
                 "resnet50-imagenet",
@@ -227,6 +247,7 @@ class FakeCluster:
                 finish_after_polls=3,
                 metrics=_loss_curve(2, 40),
                 logs=_log_lines("resnet", 60),
+                submitted_by="bob",
             )
             xss = FakeJob(
                 "0b1e2d3c4f5a69788796a5b4c3d2e1f0",
@@ -244,6 +265,7 @@ class FakeCluster:
                 metrics=_loss_curve(1, 25),
                 logs=_log_lines("bert", 12),
                 reason="all tasks exited 0",
+                submitted_by="bob",
             )
             pending = FakeJob(
                 "aa55aa55aa55aa55aa55aa55aa55aa55", "waiting-for-gpus", "PENDING", T0 + timedelta(minutes=40)
@@ -313,15 +335,70 @@ AGENTS = [
 ]
 
 
+class LoginRequest(BaseModel):
+    token: str
+
+
+def _caller(cluster: FakeCluster, request: Request) -> tuple[str, str] | None:
+    scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer":
+        return TOKENS.get(bearer.strip())
+    return cluster.sessions.get(request.cookies.get(SESSION_COOKIE, ""))
+
+
 def create_fake_app(cluster: FakeCluster) -> FastAPI:
     """A FastAPI app serving fake /api/v1 data for cluster, then the dashboard router, as the real app does."""
     app = FastAPI()
+
+    @app.middleware("http")
+    async def authenticate(request, call_next):  # type: ignore[no-untyped-def]
+        path, method = request.url.path, request.method
+        if not path.startswith("/api/") or (method, path) == ("POST", "/api/v1/session"):
+            return await call_next(request)
+        caller = _caller(cluster, request)
+        if caller is None:
+            return JSONResponse({"detail": "authentication required (fake)"}, status_code=401)
+        if method not in ("GET", "HEAD"):
+            cookie_only = not request.headers.get("authorization")
+            origin = request.headers.get("origin", "")
+            if cookie_only and origin.split("://", 1)[-1] != request.headers.get("host"):
+                return JSONResponse({"detail": "cross-site request refused (fake)"}, status_code=403)
+            if caller[1] == "viewer" and (method, path) != ("DELETE", "/api/v1/session"):
+                return JSONResponse({"detail": f"the viewer role of {caller[0]!r} may not do this"}, 403)
+        request.state.caller = caller
+        return await call_next(request)
 
     @app.middleware("http")
     async def maybe_down(request, call_next):  # type: ignore[no-untyped-def]
         if cluster.unreachable and request.url.path.startswith("/api/"):
             return PlainTextResponse("coordinator down", status_code=503)
         return await call_next(request)
+
+    app.add_middleware(SecurityHeadersMiddleware)
+
+    def whoami_out(caller: tuple[str, str]) -> dict:
+        return {"user": caller[0], "role": caller[1], "token_name": "", "via_session": True}
+
+    @app.post("/api/v1/session")
+    def log_in(body: LoginRequest, response: Response) -> dict:
+        caller = TOKENS.get(body.token)
+        if caller is None:
+            raise HTTPException(401, "the token is unknown, revoked or expired (fake)")
+        secret = secrets.token_urlsafe(16)
+        cluster.sessions[secret] = caller
+        response.set_cookie(SESSION_COOKIE, secret, httponly=True, samesite="strict", path="/")
+        return whoami_out(caller)
+
+    @app.delete("/api/v1/session", status_code=204)
+    def log_out(request: Request) -> Response:
+        cluster.sessions.pop(request.cookies.get(SESSION_COOKIE, ""), None)
+        response = Response(status_code=204)
+        response.delete_cookie(SESSION_COOKIE, path="/")
+        return response
+
+    @app.get("/api/v1/whoami")
+    def whoami(request: Request) -> dict:
+        return whoami_out(request.state.caller)
 
     def get_job(job_id: str) -> FakeJob:
         job = cluster.jobs.get(job_id)
@@ -361,13 +438,21 @@ def create_fake_app(cluster: FakeCluster) -> FastAPI:
         return get_job(job_id).detail()
 
     @app.post("/api/v1/jobs/{job_id}/cancel")
-    def cancel(job_id: str) -> dict:
+    def cancel(job_id: str, request: Request) -> dict:
         job = get_job(job_id)
+        user, role = request.state.caller
+        if cluster.cancel_refusal:
+            raise HTTPException(403, cluster.cancel_refusal)
+        if role != "admin" and job.submitted_by != user:
+            raise HTTPException(
+                403, f"{user!r} may cancel only their own jobs; {job.submitted_by!r} submitted this one"
+            )
         with cluster.lock:
             if job.state in ("SUCCEEDED", "FAILED", "CANCELLED"):
                 raise HTTPException(409, f"job {job_id} already ended ({job.state})")
             job.state = "CANCELLED"
-            job.reason = "cancelled by user"
+            job.reason = f"cancelled by {user}"
+            job.cancelled_by = user
         return job.summary()
 
     @app.get("/api/v1/jobs/{job_id}/metrics")

@@ -1,5 +1,6 @@
-"""The dashboard in Chromium against a fake coordinator (tests/browser/fake_api.py): rendering, escaping,
-live updates, charts, logs, cancel, empty and error states, and layout at desktop and phone widths."""
+"""The dashboard in Chromium against a fake coordinator (tests/browser/fake_api.py): login and roles,
+rendering, escaping, live updates, charts, logs, cancel, empty and error states, and layout at desktop and
+phone widths."""
 
 from __future__ import annotations
 
@@ -9,7 +10,16 @@ from collections.abc import Iterator
 import pytest
 
 from .conftest import NARROW, WIDE
-from .fake_api import XSS_LOG, XSS_NAME, FakeCluster, ServerThread, create_fake_app
+from .fake_api import (
+    ADMIN_TOKEN,
+    USER_TOKEN,
+    VIEWER_TOKEN,
+    XSS_LOG,
+    XSS_NAME,
+    FakeCluster,
+    ServerThread,
+    create_fake_app,
+)
 
 pytestmark = pytest.mark.browser
 
@@ -34,6 +44,14 @@ def cluster_url(fake: tuple[FakeCluster, str]) -> Iterator[tuple[FakeCluster, st
     cluster.reset()
 
 
+def logged_in(new_page, url: str, viewport: dict[str, int] = WIDE, token: str = ADMIN_TOKEN):
+    """A watched page whose context holds a session for token (logged in through the API, not the form)."""
+    watched = new_page(viewport)
+    response = watched.page.request.post(f"{url}/api/v1/session", data={"token": token})
+    assert response.status == 200, response.text()
+    return watched
+
+
 def assert_fits_width(page) -> None:
     overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
     assert overflow <= 0, f"the page is {overflow}px wider than the window"
@@ -41,7 +59,7 @@ def assert_fits_width(page) -> None:
 
 def test_jobs_list_renders_updates_live_and_escapes_names(new_page, cluster_url) -> None:
     cluster, url = cluster_url
-    watched = new_page(WIDE)
+    watched = logged_in(new_page, url)
     page = watched.page
     page.goto(f"{url}/#/jobs")
     rows = page.locator("[data-testid=jobs-table] tbody tr")
@@ -54,8 +72,9 @@ def test_jobs_list_renders_updates_live_and_escapes_names(new_page, cluster_url)
     page.evaluate("window.__sameDocument = true")
 
     resnet = page.locator(f"tr[data-job-id='{RESNET}']")
-    expect(resnet.locator("td").nth(3)).to_have_text("2 × 1 GPU")
-    expect(resnet.locator("td").nth(8)).to_have_text("2")
+    expect(resnet.locator(".cell-shape")).to_have_text("2 × 1 GPU")
+    expect(resnet.locator(".cell-attempts")).to_have_text("2")
+    expect(resnet.locator(".cell-user")).to_have_text("bob")
     # The fake job finishes after a few polls: the row changes without a reload.
     expect(resnet.locator(".badge")).to_have_text("SUCCEEDED", timeout=15_000)
     assert page.evaluate("window.__sameDocument") is True
@@ -77,7 +96,7 @@ def test_jobs_list_renders_updates_live_and_escapes_names(new_page, cluster_url)
 def test_job_page_shows_charts_tasks_logs_and_artifacts(new_page, cluster_url) -> None:
     cluster, url = cluster_url
     cluster.jobs[RESNET].state = "SUCCEEDED"
-    watched = new_page(WIDE)
+    watched = logged_in(new_page, url)
     page = watched.page
     page.goto(f"{url}/#/jobs/{RESNET}")
     expect(page.locator("[data-testid=job-name]")).to_have_text("resnet50-imagenet")
@@ -134,7 +153,7 @@ def test_job_page_shows_charts_tasks_logs_and_artifacts(new_page, cluster_url) -
 
 def test_hostile_names_and_log_lines_stay_text_and_cancel_asks_first(new_page, cluster_url) -> None:
     cluster, url = cluster_url
-    watched = new_page(WIDE)
+    watched = logged_in(new_page, url)
     page = watched.page
     page.goto(f"{url}/#/jobs/{XSS_JOB}")
     expect(page.locator("[data-testid=job-name]")).to_have_text(XSS_NAME)
@@ -160,7 +179,7 @@ def test_hostile_names_and_log_lines_stay_text_and_cancel_asks_first(new_page, c
 
 def test_agents_page(new_page, cluster_url) -> None:
     _, url = cluster_url
-    watched = new_page(WIDE)
+    watched = logged_in(new_page, url)
     page = watched.page
     page.goto(f"{url}/#/agents")
     rows = page.locator("[data-testid=agents-table] tbody tr")
@@ -180,7 +199,7 @@ def test_agents_page(new_page, cluster_url) -> None:
 def test_empty_states_say_what_to_do(new_page, cluster_url) -> None:
     cluster, url = cluster_url
     cluster.empty = True
-    watched = new_page(WIDE)
+    watched = logged_in(new_page, url)
     page = watched.page
     page.goto(f"{url}/#/jobs")
     expect(page.locator("[data-testid=empty]")).to_contain_text(
@@ -195,7 +214,7 @@ def test_empty_states_say_what_to_do(new_page, cluster_url) -> None:
 
 def test_unreachable_coordinator_shows_a_banner_that_retries(new_page, cluster_url) -> None:
     cluster, url = cluster_url
-    watched = new_page(WIDE)
+    watched = logged_in(new_page, url)
     page = watched.page
     page.goto(f"{url}/#/jobs")
     expect(page.locator("[data-testid=jobs-table] tbody tr")).to_have_count(4)
@@ -213,7 +232,7 @@ def test_unreachable_coordinator_shows_a_banner_that_retries(new_page, cluster_u
 @pytest.mark.parametrize("route", ["jobs", "job", "agents"])
 def test_pages_fit_a_phone_screen(new_page, cluster_url, route: str) -> None:
     _, url = cluster_url
-    watched = new_page(NARROW)
+    watched = logged_in(new_page, url, NARROW)
     page = watched.page
     path = {"jobs": "#/jobs", "job": f"#/jobs/{RESNET}", "agents": "#/agents"}[route]
     page.goto(f"{url}/{path}")
@@ -236,7 +255,7 @@ def test_pages_fit_a_phone_screen(new_page, cluster_url, route: str) -> None:
 def test_csp_blocks_injected_inline_script(new_page, cluster_url) -> None:
     """The header is in force: an inline script added to the page does not run."""
     _, url = cluster_url
-    watched = new_page(WIDE)
+    watched = logged_in(new_page, url)
     page = watched.page
     response = page.goto(f"{url}/#/jobs")
     assert "script-src 'self'" in response.headers["content-security-policy"]
@@ -245,3 +264,125 @@ def test_csp_blocks_injected_inline_script(new_page, cluster_url) -> None:
     )
     assert page.evaluate("window.__ran") is None
     assert any(re.search("Content Security Policy", e) for e in watched.errors)
+
+
+def page_fetch(page, path: str, method: str = "GET") -> int:
+    """The status of a fetch() made by the page itself (its cookies, its Origin)."""
+    return page.evaluate(
+        "async ([path, method]) => (await fetch(path, {method, headers: {Accept: 'application/json'}})).status",
+        [path, method],
+    )
+
+
+def test_nothing_is_shown_before_login_and_the_token_is_not_kept(new_page, cluster_url) -> None:
+    _, url = cluster_url
+    watched = new_page(WIDE)
+    page = watched.page
+    page.goto(f"{url}/#/jobs/{RESNET}")
+    form = page.locator("[data-testid=login]")
+    expect(form).to_be_visible()
+    expect(form).to_contain_text("admin-token")
+    expect(form).to_contain_text("mwms token create")
+    for hidden in ("#overview", "#view", ".nav", "[data-testid=logout]"):
+        expect(page.locator(hidden)).to_be_hidden()
+    assert page.locator("[data-testid=jobs-table], [data-testid=job-name]").count() == 0
+    assert page_fetch(page, "/api/v1/jobs") == 401
+    watched.screenshot("fixture-login-wide")
+
+    page.locator("[data-testid=login-token]").fill("not-a-token")
+    page.locator("[data-testid=login-submit]").click()
+    error = page.locator("[data-testid=login-error]")
+    expect(error).to_be_visible()
+    expect(error).to_contain_text("not accepted")
+    expect(page.locator("#view")).to_be_hidden()
+
+    page.locator("[data-testid=login-token]").fill(ADMIN_TOKEN)
+    page.locator("[data-testid=login-token]").press("Enter")
+    # The deep link survives the detour through the login form.
+    expect(page.locator("[data-testid=job-name]")).to_have_text("resnet50-imagenet")
+    expect(form).to_be_hidden()
+    expect(page.locator("[data-testid=session-user]")).to_have_text("alice")
+    expect(page.locator("[data-testid=session-role]")).to_have_text("admin")
+    expect(page.locator("[data-testid=job-submitted-by]")).to_have_text("bob")
+    expect(page.locator("[data-testid=cancel-job]")).to_be_visible()  # admins cancel anyone's job
+    assert page.locator("[data-testid=login-token]").input_value() == ""
+    stored = page.evaluate(
+        "() => JSON.stringify([Object.entries(localStorage), Object.entries(sessionStorage), document.cookie])"
+    )
+    assert ADMIN_TOKEN not in stored and "mwms_session" not in stored, stored  # HttpOnly cookie, no storage
+    assert ADMIN_TOKEN not in page.content()
+    assert page_fetch(page, "/api/v1/jobs") == 200
+
+    page.locator("[data-testid=logout]").click()
+    expect(form).to_be_visible()
+    expect(page.locator("[data-testid=login-error]")).to_be_hidden()
+    expect(page.locator("#view")).to_be_hidden()
+    assert page.locator("[data-testid=job-name]").count() == 0
+    assert page_fetch(page, "/api/v1/jobs") == 401
+    page.reload()
+    expect(form).to_be_visible()
+    watched.assert_clean()
+
+
+def test_viewer_sees_no_cancel_and_the_api_refuses_it(new_page, cluster_url) -> None:
+    cluster, url = cluster_url
+    watched = logged_in(new_page, url, token=VIEWER_TOKEN)
+    page = watched.page
+    page.goto(f"{url}/#/jobs/{XSS_JOB}")
+    expect(page.locator("[data-testid=session-user]")).to_have_text("carol")
+    expect(page.locator("[data-testid=session-role]")).to_have_text("viewer")
+    expect(page.locator("[data-testid=job-state]")).to_have_text("RUNNING")
+    expect(page.locator("[data-testid=job-submitted-by]")).to_have_text("alice")
+    expect(page.locator("[data-testid=cancel-job]")).to_be_hidden()
+    assert page_fetch(page, f"/api/v1/jobs/{XSS_JOB}/cancel", "POST") == 403
+    assert cluster.jobs[XSS_JOB].state == "RUNNING"
+    watched.assert_clean()
+
+
+def test_user_cancels_only_own_jobs_and_sees_refusals(new_page, cluster_url) -> None:
+    cluster, url = cluster_url
+    watched = logged_in(new_page, url, token=USER_TOKEN)
+    page = watched.page
+    page.goto(f"{url}/#/jobs/{XSS_JOB}")
+    expect(page.locator("[data-testid=job-submitted-by]")).to_have_text("alice")
+    expect(page.locator("[data-testid=job-state]")).to_have_text("RUNNING")
+    expect(page.locator("[data-testid=cancel-job]")).to_be_hidden()
+
+    cluster.jobs[RESNET].finish_after_polls = None
+    page.goto(f"{url}/#/jobs/{RESNET}")
+    expect(page.locator("[data-testid=job-submitted-by]")).to_have_text("bob")
+    cancel = page.locator("[data-testid=cancel-job]")
+    expect(cancel).to_be_visible()
+    # A 403 from the coordinator is shown with its detail.
+    cluster.cancel_refusal = "cancelling is switched off for this test"
+    cancel.click()
+    page.locator("[data-testid=confirm-yes]").click()
+    expect(page.locator(".inline-error", has_text="Not allowed")).to_contain_text(
+        "cancelling is switched off for this test"
+    )
+    assert cluster.jobs[RESNET].state == "RUNNING"
+    cluster.cancel_refusal = None
+    cancel.click()
+    page.locator("[data-testid=confirm-yes]").click()
+    expect(page.locator("[data-testid=job-state]")).to_have_text("CANCELLED")
+    expect(page.locator("[data-testid=job-cancelled-by]")).to_have_text("bob")
+    page.goto(f"{url}/#/jobs?state=CANCELLED")
+    expect(page.locator(f"tr[data-job-id='{RESNET}'] .cell-user")).to_have_text("bobcancelled by bob")
+    watched.assert_clean()
+
+
+def test_an_ended_session_returns_to_the_login_form(new_page, cluster_url) -> None:
+    cluster, url = cluster_url
+    watched = logged_in(new_page, url)
+    page = watched.page
+    page.goto(f"{url}/#/jobs")
+    expect(page.locator("[data-testid=jobs-table] tbody tr")).to_have_count(4)
+    cluster.sessions.clear()  # expired or revoked on the coordinator
+    expect(page.locator("[data-testid=login]")).to_be_visible()
+    expect(page.locator("[data-testid=login-error]")).to_contain_text("session has ended")
+    assert page.locator("[data-testid=jobs-table]").count() == 0
+    page.locator("[data-testid=login-token]").fill(USER_TOKEN)
+    page.locator("[data-testid=login-submit]").click()
+    expect(page.locator("[data-testid=jobs-table] tbody tr")).to_have_count(4)
+    expect(page.locator("[data-testid=session-user]")).to_have_text("bob")
+    watched.assert_clean()

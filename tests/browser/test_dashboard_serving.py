@@ -1,4 +1,5 @@
-"""The dashboard router: index and static files, security headers, path traversal, no markup built from data."""
+"""The dashboard router (behind the security-headers middleware, as in the coordinator): index and static
+files, security headers, path traversal, no markup built from data, and the login shell's wiring."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from server.api import dashboard
+from server.api.security_headers import SecurityHeadersMiddleware
 
 WEB = Path(dashboard.__file__).resolve().parents[2] / "web"
 
@@ -18,6 +20,7 @@ WEB = Path(dashboard.__file__).resolve().parents[2] / "web"
 def client() -> TestClient:
     app = FastAPI()
     app.include_router(dashboard.router)
+    app.add_middleware(SecurityHeadersMiddleware)
     return TestClient(app)
 
 
@@ -106,3 +109,14 @@ def test_web_sources_never_build_markup_from_strings() -> None:
     assert not re.search(r"<style|\sstyle=|\son[a-z]+=", index), (
         "inline styles and handlers are blocked by the CSP"
     )
+
+
+def test_the_token_never_reaches_browser_storage() -> None:
+    """The login form posts the token once; the session lives in an HttpOnly cookie the scripts cannot read."""
+    for path in WEB.rglob("*.js"):
+        if "vendor" in path.parts:
+            continue
+        text = path.read_text()
+        assert not re.search(r"localStorage|sessionStorage|indexedDB|document\.cookie", text), (
+            f"{path.relative_to(WEB)} touches browser storage"
+        )
