@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -91,6 +92,9 @@ class Cluster:
     server: Process | None = None
     agents: dict[str, Process] = field(default_factory=dict)
     server_env: dict[str, str] = field(default_factory=dict)
+    # The coordinator is started with these as MWMS_ADMIN_TOKEN and MWMS_JOIN_TOKEN.
+    admin_token: str = field(default_factory=lambda: "mwms_" + secrets.token_urlsafe(32))
+    join_token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
 
     @property
     def api(self) -> str:
@@ -98,7 +102,25 @@ class Cluster:
 
     @property
     def http(self) -> httpx.Client:
-        return httpx.Client(base_url=self.api, timeout=30)
+        """A client that authenticates as the admin."""
+        return self.client(self.admin_token)
+
+    def client(self, token: str | None) -> httpx.Client:
+        """A client with the given bearer token (none when None)."""
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.api, timeout=30, headers=headers, trust_env=False)
+
+    def server_environment(self) -> dict[str, str]:
+        return {"MWMS_ADMIN_TOKEN": self.admin_token, "MWMS_JOIN_TOKEN": self.join_token, **self.server_env}
+
+    def agent_environment(self) -> dict[str, str]:
+        return {"MWMS_JOIN_TOKEN": self.join_token}
+
+    def create_token(self, user: str, role: str = "user") -> str:
+        """A new API token for `user` with `role`, made by the admin."""
+        response = self.http.post("/api/v1/tokens", json={"user": user, "role": role})
+        assert response.status_code == 201, response.text
+        return response.json()["token"]
 
     def _spawn(self, name: str, args: list[str], extra_env: dict[str, str] | None = None) -> Process:
         log_path = self.root / f"{name}.log"
@@ -122,7 +144,7 @@ class Cluster:
                 "--data-dir",
                 str(self.root / "data"),
             ],
-            self.server_env,
+            self.server_environment(),
         )
         wait_until(self._healthy, 60, f"coordinator health on {self.api}\n{self.server.log_tail()}")
 
@@ -153,6 +175,7 @@ class Cluster:
                 "--port-range",
                 f"{port_low}-{port_low + 99}",
             ],
+            self.agent_environment(),
         )
         self.agents[name] = agent
         wait_until(lambda: self.agent_online(name), 60, f"agent {name} online\n{agent.log_tail()}")

@@ -41,10 +41,6 @@ class NetnsCluster(Cluster):
     def api(self) -> str:
         return f"http://{self.net.bridge_address}:{self.http_port}"
 
-    @property
-    def http(self) -> httpx.Client:
-        return httpx.Client(base_url=self.api, timeout=30, trust_env=False)
-
     def _healthy(self) -> bool:
         assert self.server is not None
         if self.server.popen.poll() is not None:
@@ -79,7 +75,7 @@ class NetnsCluster(Cluster):
                 "--data-dir",
                 str(self.root / "data"),
             ],
-            self.server_env,
+            self.server_environment(),
         )
         wait_until(self._healthy, 60, f"coordinator health on {self.api}\n{self.server.log_tail()}")
 
@@ -108,6 +104,7 @@ class NetnsCluster(Cluster):
                     "24000-24099",
                 ],
             ),
+            self.agent_environment(),
         )
         self.agents[name] = agent
         wait_until(lambda: self.agent_online(name), 60, f"agent {name} online\n{agent.log_tail()}")
