@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import ssl
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -10,7 +11,8 @@ from urllib.parse import quote
 
 import httpx
 
-DEFAULT_API = "http://127.0.0.1:8080"
+from mwms.cli.connection import DEFAULT_API, Connection, normalize_api, resolve_connection
+
 API_PREFIX = "/api/v1"
 
 
@@ -74,13 +76,24 @@ class _ProgressReader:
 
 
 class ApiClient:
-    """Calls the coordinator at `base_url`; methods return the API's JSON objects unchanged."""
+    """Calls the coordinator at `base_url` with `token` as bearer; methods return the API's JSON unchanged."""
 
-    def __init__(self, base_url: str = DEFAULT_API, *, timeout: float = 30.0) -> None:
-        if "://" not in base_url:  # "127.0.0.1:8080" is what people type
-            base_url = "http://" + base_url
-        self.base_url = base_url.rstrip("/")
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout)
+    def __init__(
+        self,
+        base_url: str = DEFAULT_API,
+        *,
+        token: str = "",
+        verify: ssl.SSLContext | bool = True,
+        timeout: float = 30.0,
+    ) -> None:
+        self.base_url = normalize_api(base_url)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=self.base_url, headers=headers, verify=verify, timeout=timeout)
+
+    @classmethod
+    def for_connection(cls, connection: Connection, *, timeout: float = 30.0) -> ApiClient:
+        """A client for a resolved connection (see `connect`)."""
+        return cls(connection.api, token=connection.token, verify=connection.verify(), timeout=timeout)
 
     def close(self) -> None:
         self._http.close()
@@ -114,6 +127,11 @@ class ApiClient:
     @staticmethod
     def _params(**values: Any) -> dict[str, Any]:
         return {key: value for key, value in values.items() if value is not None}
+
+    def _delete(self, path: str) -> Any:
+        """DELETE, returning the JSON body, or {} when the API answers without one."""
+        response = self._request("DELETE", path)
+        return response.json() if response.content else {}
 
     # -- endpoints -------------------------------------------------------------------------------------
 
@@ -231,3 +249,50 @@ class ApiClient:
             raise
         partial.replace(destination)
         return written
+
+    # -- identity and tokens (admin) ----------------------------------------------------------------------
+
+    def whoami(self) -> dict[str, Any]:
+        """{"user", "role", "token_name", "via_session"} of the token this client sends."""
+        return self._json("GET", f"{API_PREFIX}/whoami")
+
+    def list_tokens(self) -> list[dict[str, Any]]:
+        return self._json("GET", f"{API_PREFIX}/tokens")
+
+    def create_token(
+        self, user: str, role: str, name: str = "", expires_in_seconds: int | None = None
+    ) -> dict[str, Any]:
+        """A new API token; the response's "token" is its secret, returned this once."""
+        body = {"user": user, "role": role, "name": name, "expires_in_seconds": expires_in_seconds}
+        return self._json("POST", f"{API_PREFIX}/tokens", json=body)
+
+    def revoke_token(self, token_id: str) -> dict[str, Any]:
+        return self._json("DELETE", f"{API_PREFIX}/tokens/{quote(token_id, safe='')}")
+
+    def list_join_tokens(self) -> list[dict[str, Any]]:
+        return self._json("GET", f"{API_PREFIX}/agent-tokens")
+
+    def create_join_token(
+        self, name: str = "agents", expires_in_seconds: int | None = None
+    ) -> dict[str, Any]:
+        """A new join token for agents; the response's "token" is its secret, returned this once."""
+        body = {"name": name, "expires_in_seconds": expires_in_seconds}
+        return self._json("POST", f"{API_PREFIX}/agent-tokens", json=body)
+
+    def revoke_join_token(self, token_id: str) -> dict[str, Any]:
+        return self._json("DELETE", f"{API_PREFIX}/agent-tokens/{quote(token_id, safe='')}")
+
+    def remove_agent(self, agent_id: str) -> Any:
+        """Removes an agent: its credential is revoked and its tasks are stopped."""
+        return self._delete(f"{API_PREFIX}/agents/{quote(agent_id, safe='')}")
+
+
+def connect(
+    api: str | None = None,
+    token: str | None = None,
+    ca_file: str | Path | None = None,
+    *,
+    timeout: float = 30.0,
+) -> ApiClient:
+    """A client for the coordinator that --api / MWMS_API / `mwms login` name, with the token in force."""
+    return ApiClient.for_connection(resolve_connection(api, token, ca_file), timeout=timeout)

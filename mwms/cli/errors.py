@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import typer
 
 from mwms.cli.client import ApiError
+from mwms.cli.connection import FIRST_ADMIN_TOKEN_HINT, ConfigError, Connection, resolve_connection
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -21,6 +22,7 @@ class ExitCode(IntEnum):
     USAGE = 2  # bad usage, or the API rejected the request
     UNREACHABLE = 3  # the coordinator cannot be reached (or failed to answer)
     NOT_FOUND = 4  # unknown job id (or other missing object)
+    NOT_AUTHORIZED = 5  # no valid token (HTTP 401) or a role that may not (HTTP 403)
     INTERRUPTED = 130  # Ctrl-C
 
 
@@ -30,6 +32,7 @@ EXIT_CODES_HELP = (
     "2 bad usage or the API rejected the request; "
     "3 the coordinator cannot be reached or failed (start one with `mwms server`); "
     "4 not found (unknown job id); "
+    "5 not logged in, the token was refused, or its role may not do this (`mwms login`, MWMS_TOKEN); "
     "130 interrupted."
 )
 
@@ -49,27 +52,63 @@ def exit_code_for(error: ApiError) -> ExitCode:
         return ExitCode.UNREACHABLE
     if error.status == 404:
         return ExitCode.NOT_FOUND
+    if error.status in (401, 403):
+        return ExitCode.NOT_AUTHORIZED
     return ExitCode.USAGE
 
 
-def message_for(error: ApiError, api: str) -> str:
-    """One line that says what went wrong and, where it helps, what to do."""
+def message_for(error: ApiError, api: str, connection: Connection | None = None) -> str:
+    """One line that says what went wrong and, where it helps, what to do; never the token itself."""
+    detail = error.detail
+    if connection is not None and connection.token:
+        detail = detail.replace(connection.token, "<token>")
     if error.status is None:
+        if "CERTIFICATE_VERIFY_FAILED" in detail:
+            return (
+                f"the coordinator at {api} has a certificate this machine does not trust ({detail}); "
+                "pass its CA certificate with --ca-file or MWMS_CA_FILE"
+            )
         return (
-            f"cannot reach the mwms coordinator at {api} ({error.detail}); "
+            f"cannot reach the mwms coordinator at {api} ({detail}); "
             "start one with `mwms server`, or point --api / MWMS_API at a running one"
         )
+    if error.status == 401:
+        return unauthenticated_message(api, connection)
+    if error.status == 403:
+        return f"not allowed: {detail}"
     if error.status >= 500:
-        return f"the coordinator at {api} failed (HTTP {error.status}): {error.detail}"
+        return f"the coordinator at {api} failed (HTTP {error.status}): {detail}"
     if error.status == 404:
-        return f"not found: {error.detail}"
-    return f"rejected by the coordinator (HTTP {error.status}): {error.detail}"
+        return f"not found: {detail}"
+    return f"rejected by the coordinator (HTTP {error.status}): {detail}"
+
+
+def unauthenticated_message(api: str, connection: Connection | None) -> str:
+    """What to do after a 401: which token was refused (by where it came from) and how to get one."""
+    how = f"log in with `mwms login --api {api}`, pass --token, or set MWMS_TOKEN ({FIRST_ADMIN_TOKEN_HINT})"
+    if connection is not None and connection.token:
+        return (
+            f"the coordinator at {api} refused the token from {connection.token_source} "
+            f"(unknown, revoked or expired); {how}"
+        )
+    elsewhere = ""
+    if connection is not None and connection.config_api and connection.config_api != api:
+        elsewhere = f" (the token saved by `mwms login` is for {connection.config_api})"
+    return f"the coordinator at {api} needs an API token and none was given{elsewhere}; {how}"
 
 
 def fail(message: str, code: ExitCode) -> typer.Exit:
     """Prints `message` on stderr and returns the typer.Exit to raise."""
     print(f"error: {message}", file=sys.stderr)
     return typer.Exit(int(code))
+
+
+def _connection_of(arguments: dict[str, Any], api_param: str) -> Connection | None:
+    """The connection a command's --api/--token/--ca-file arguments resolve to, for error messages."""
+    try:
+        return resolve_connection(arguments.get(api_param), arguments.get("token"), arguments.get("ca_file"))
+    except ConfigError:
+        return None
 
 
 def handles_errors(api_param: str | None = "api") -> Callable[[F], F]:
@@ -81,8 +120,11 @@ def handles_errors(api_param: str | None = "api") -> Callable[[F], F]:
             try:
                 return command(*args, **kwargs)
             except ApiError as error:
-                api = str(kwargs.get(api_param, "the API")) if api_param else "the API"
-                raise fail(message_for(error, api), exit_code_for(error)) from None
+                connection = _connection_of(kwargs, api_param) if api_param else None
+                api = connection.api if connection else "the API"
+                raise fail(message_for(error, api, connection), exit_code_for(error)) from None
+            except ConfigError as error:
+                raise fail(str(error), ExitCode.USAGE) from None
             except CliError as error:
                 raise fail(error.message, error.code) from None
             except KeyboardInterrupt:

@@ -8,9 +8,9 @@ from typing import Annotated
 
 import typer
 
-from mwms.cli.client import ApiClient
+from mwms.cli.client import ApiClient, connect
 from mwms.cli.errors import CliError, handles_errors
-from mwms.cli.options import DEFAULT_API, ApiOption, JsonOption
+from mwms.cli.options import ApiOption, CaFileOption, JsonOption, TokenOption
 from mwms.cli.output import (
     agents_table,
     artifacts_table,
@@ -43,14 +43,16 @@ def jobs(
     limit: Annotated[int, typer.Option(min=1, max=500, help="How many jobs to show, newest first.")] = 50,
     offset: Annotated[int, typer.Option(min=0, help="Skip this many of the newest jobs.")] = 0,
     json_output: JsonOption = False,
-    api: ApiOption = DEFAULT_API,
+    api: ApiOption = None,
+    token: TokenOption = None,
+    ca_file: CaFileOption = None,
 ) -> None:
     """List jobs, newest first."""
     states = [value.upper() for value in state or []]
     unknown = [value for value in states if value not in JOB_STATES]
     if unknown:
         raise CliError(f"unknown state {', '.join(unknown)}; use one of {', '.join(JOB_STATES)}")
-    with ApiClient(api) as client:
+    with connect(api, token, ca_file) as client:
         page = client.list_jobs(states, offset=offset, limit=limit)
     if json_output:
         print_json(page)
@@ -69,9 +71,14 @@ def jobs(
 
 
 @handles_errors()
-def agents(json_output: JsonOption = False, api: ApiOption = DEFAULT_API) -> None:
+def agents(
+    json_output: JsonOption = False,
+    api: ApiOption = None,
+    token: TokenOption = None,
+    ca_file: CaFileOption = None,
+) -> None:
     """List the agents the coordinator knows, their devices and running tasks."""
-    with ApiClient(api) as client:
+    with connect(api, token, ca_file) as client:
         found = client.list_agents()
     if json_output:
         print_json(found)
@@ -83,9 +90,15 @@ def agents(json_output: JsonOption = False, api: ApiOption = DEFAULT_API) -> Non
 
 
 @handles_errors()
-def status(job_id: JobArgument, json_output: JsonOption = False, api: ApiOption = DEFAULT_API) -> None:
+def status(
+    job_id: JobArgument,
+    json_output: JsonOption = False,
+    api: ApiOption = None,
+    token: TokenOption = None,
+    ca_file: CaFileOption = None,
+) -> None:
     """Show one job: its settings, the newest attempt's tasks and its state changes."""
-    with ApiClient(api) as client:
+    with connect(api, token, ca_file) as client:
         job = client.get_job(job_id)
     if json_output:
         print_json(job)
@@ -106,11 +119,13 @@ def logs(
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Keep printing new lines until the job ends.")
     ] = False,
-    api: ApiOption = DEFAULT_API,
+    api: ApiOption = None,
+    token: TokenOption = None,
+    ca_file: CaFileOption = None,
 ) -> None:
     """Print a job's log lines: `[task I] text`, or the bare text when --task is given."""
     prefix = task is None
-    with ApiClient(api) as client:
+    with connect(api, token, ca_file) as client:
         if follow:
             for line in client.follow_logs(job_id, task=task, attempt=attempt, tail=tail):
                 out.print(log_line_text(line, prefix=prefix))
@@ -124,9 +139,15 @@ def logs(
 
 
 @handles_errors()
-def cancel(job_id: JobArgument, json_output: JsonOption = False, api: ApiOption = DEFAULT_API) -> None:
+def cancel(
+    job_id: JobArgument,
+    json_output: JsonOption = False,
+    api: ApiOption = None,
+    token: TokenOption = None,
+    ca_file: CaFileOption = None,
+) -> None:
     """Cancel a job: its tasks are stopped (SIGTERM, then SIGKILL)."""
-    with ApiClient(api) as client:
+    with connect(api, token, ca_file) as client:
         job = client.cancel_job(job_id)
     if json_output:
         print_json(job)
@@ -142,17 +163,19 @@ def metrics(
     max_step: Annotated[int | None, typer.Option(help="Only steps <= this.")] = None,
     attempt: Annotated[int | None, typer.Option(min=1, help="Only this attempt's points.")] = None,
     json_output: JsonOption = False,
-    api: ApiOption = DEFAULT_API,
+    api: ApiOption = None,
+    token: TokenOption = None,
+    ca_file: CaFileOption = None,
 ) -> None:
     """Show the metrics a job reported: one row per step, one column per metric."""
-    with ApiClient(api) as client:
+    with connect(api, token, ca_file) as client:
         series = client.metrics(job_id, name=name, min_step=min_step, max_step=max_step, attempt=attempt)
     if json_output:
         print_json(series)
         return
     points = series.get("points") or []
     if not points and name:
-        with ApiClient(api) as client:
+        with connect(api, token, ca_file) as client:
             names = sorted({p["name"] for p in client.metrics(job_id, attempt=attempt).get("points") or []})
         if names:
             err.print(f"no points for metric {name!r} in that range; this job reported: {', '.join(names)}")
@@ -180,10 +203,12 @@ def artifacts(
         Path | None, typer.Option(help="Download every artifact into this directory, keeping relative paths.")
     ] = None,
     json_output: JsonOption = False,
-    api: ApiOption = DEFAULT_API,
+    api: ApiOption = None,
+    token: TokenOption = None,
+    ca_file: CaFileOption = None,
 ) -> None:
     """List the files a job saved (models, checkpoints); --download fetches them."""
-    with ApiClient(api) as client:
+    with connect(api, token, ca_file) as client:
         found = client.list_artifacts(job_id)
         if download is not None:
             download_artifacts(client, job_id, found, download)

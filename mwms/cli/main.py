@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from mwms import __version__
-from mwms.cli import job_commands, quickstart, submit
+from mwms.cli import admin_commands, auth_commands, job_commands, quickstart, submit
 from mwms.cli.errors import EXIT_CODES_HELP, CliError, ExitCode, handles_errors
 from mwms.cli.parsing import parse_port_range
 
@@ -234,6 +234,12 @@ app.command()(job_commands.metrics)
 app.command()(job_commands.artifacts)
 app.command()(job_commands.agents)
 app.command()(quickstart.quickstart)
+app.command()(auth_commands.login)
+app.command()(auth_commands.logout)
+app.command()(auth_commands.whoami)
+app.add_typer(admin_commands.token_app)
+app.add_typer(admin_commands.agent_token_app)
+app.command("remove-agent")(admin_commands.remove_agent)
 
 __all__ = ["app", "ExitCode"]
 

@@ -106,12 +106,14 @@ def format_devices(job: dict[str, Any]) -> str:
 
 def jobs_table(jobs: list[dict[str, Any]]) -> Table:
     table = Table(box=None, header_style="bold")
-    for column in ("ID", "NAME", "STATE", "WORKERS", "STEP", "LOSS", "CREATED", "DURATION", "ATTEMPTS"):
+    columns = ("ID", "NAME", "SUBMITTED BY", "STATE", "WORKERS", "STEP", "LOSS", "CREATED", "DURATION")
+    for column in (*columns, "ATTEMPTS"):
         table.add_column(column, no_wrap=column in {"ID", "STATE", "CREATED"})
     for job in jobs:
         table.add_row(
             job["id"],
             job.get("name", ""),
+            job.get("submitted_by") or "-",
             state_text(job.get("state")),
             format_devices(job),
             "-" if job.get("step") is None else str(job["step"]),
@@ -180,6 +182,7 @@ def print_job(job: dict[str, Any]) -> None:
     restart = job.get("restart") or {}
     rows = [
         ("reason", (job.get("reason") or "-").replace("\n", "\n" + " " * 16)),
+        ("submitted by", job.get("submitted_by") or "-"),
         ("command", " ".join(job.get("command") or [])),
         ("workers", format_devices(job)),
         ("created", format_time(job.get("created_at"))),
@@ -200,6 +203,8 @@ def print_job(job: dict[str, Any]) -> None:
         ),
         ("restart", ", ".join(f"{key}={value}" for key, value in restart.items()) or "default"),
     ]
+    if job.get("cancelled_by"):
+        rows.insert(2, ("cancelled by", job["cancelled_by"]))
     if job.get("startup_timeout_seconds") is not None:
         rows.append(("startup", f"timeout {job['startup_timeout_seconds']}s"))
     if job.get("max_runtime_seconds") is not None:

@@ -1,6 +1,8 @@
-"""Parsers for option values that need more than a type: K=V pairs and port ranges."""
+"""Parsers for option values that need more than a type: K=V pairs, port ranges, durations."""
 
 from __future__ import annotations
+
+import re
 
 from mwms.cli.errors import CliError
 
@@ -35,3 +37,24 @@ def parse_port_range(text: str) -> tuple[int, int]:
     if low > high:
         raise CliError(f"--port-range {text!r}: LO ({low}) must not be greater than HI ({high})")
     return low, high
+
+
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION = re.compile(r"(\d+)\s*([smhdw]?)")
+
+
+def parse_duration(text: str, option: str = "--expires-in") -> int:
+    """'30d' -> 2592000 seconds; also '12h', '90m', '2w', '1d12h', or bare seconds ('3600')."""
+    cleaned = text.strip().lower()
+    position, total = 0, 0
+    while position < len(cleaned):
+        match = _DURATION.match(cleaned, position)
+        if match is None:
+            break
+        total += int(match.group(1)) * DURATION_UNITS[match.group(2) or "s"]
+        position = match.end()
+    if not cleaned or position != len(cleaned):
+        raise CliError(f"{option} {text!r} must be a duration like 30d, 12h, 90m, 2w or 3600 (seconds)")
+    if total <= 0:
+        raise CliError(f"{option} {text!r} must be longer than zero")
+    return total

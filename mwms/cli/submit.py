@@ -11,10 +11,10 @@ from rich.live import Live
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 from rich.text import Text
 
-from mwms.cli.client import ApiClient
+from mwms.cli.client import ApiClient, connect
 from mwms.cli.errors import CliError, ExitCode, handles_errors
 from mwms.cli.follow import first_failed_task, tail_of_task_logs, watch_job
-from mwms.cli.options import DEFAULT_API, ApiOption, JsonOption
+from mwms.cli.options import ApiOption, CaFileOption, JsonOption, TokenOption
 from mwms.cli.output import err, first_line, format_loss, log_line_text, out, print_json, state_text
 from mwms.cli.packing import PackedBundle, human_size, pack_directory
 from mwms.cli.parsing import parse_env
@@ -216,7 +216,9 @@ def submit(
         bool, typer.Option("--wait", help="Follow the job to its end; exit 0 only if it SUCCEEDED.")
     ] = False,
     json_output: JsonOption = False,
-    api: ApiOption = DEFAULT_API,
+    api: ApiOption = None,
+    token: TokenOption = None,
+    ca_file: CaFileOption = None,
 ) -> None:
     """Pack DIR, upload it and start a job: mwms submit DIR --workers 2 -- python train.py --epochs 3.
 
@@ -235,7 +237,7 @@ def submit(
         raise CliError("give the command to run after --, e.g. mwms submit . --workers 2 -- python train.py")
     environment = parse_env(env or [])
     job_name = name or directory.resolve().name
-    with ApiClient(api) as client:
+    with connect(api, token, ca_file) as client:
         digest = pack_and_upload(client, directory, quiet=json_output)
         spec = build_job_spec(
             name=job_name,

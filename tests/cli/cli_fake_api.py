@@ -3,15 +3,20 @@
 It speaks the API contract (request bodies are validated with server.schemas.JobCreate) so the CLI can be
 tested over real HTTP before, and independently of, the real coordinator. Jobs move one state per GET:
 PENDING -> RUNNING (twice, with step/loss) -> SUCCEEDED, or FAILED when the command contains "fail".
+
+Like the real API it wants `Authorization: Bearer <token>` on every route but /healthz: 401 without a known
+token, 403 when the token's role is too low (GET: viewer, other methods: user, tokens and removing agents:
+admin). The known tokens are ADMIN_TOKEN, USER_TOKEN and VIEWER_TOKEN, plus those made through the API.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import secrets
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -24,6 +29,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from server.schemas import JobCreate
 
 DIGEST_OF_EMPTY = hashlib.sha256(b"").hexdigest()
+ADMIN_TOKEN = "mwms_fake-admin-secret-0123456789"
+USER_TOKEN = "mwms_fake-user-secret-0123456789"
+VIEWER_TOKEN = "mwms_fake-viewer-secret-0123456789"
+ROLE_RANK = {"viewer": 1, "user": 2, "admin": 3}
 
 
 def _now() -> str:
@@ -39,6 +48,34 @@ class FakeState:
     artifacts: dict[str, dict[str, bytes]] = field(default_factory=dict)
     polls: dict[str, int] = field(default_factory=dict)
     upload_content_lengths: list[int | None] = field(default_factory=list)
+    # secret -> token object (as the API lists it); the three below exist from the start
+    tokens: dict[str, dict[str, Any]] = field(default_factory=dict)
+    join_tokens: dict[str, dict[str, Any]] = field(default_factory=dict)
+    removed_agents: list[str] = field(default_factory=list)
+    authorization_headers: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for secret, user, role in (
+            (ADMIN_TOKEN, "alice", "admin"),
+            (USER_TOKEN, "bob", "user"),
+            (VIEWER_TOKEN, "carol", "viewer"),
+        ):
+            self.add_token(secret, user, role, name=f"{user}'s token")
+
+    def add_token(self, secret: str, user: str, role: str, name: str = "", **extra: Any) -> dict[str, Any]:
+        token = {
+            "id": f"tok{len(self.tokens) + 1}",
+            "kind": "api",
+            "name": name or user,
+            "user": user,
+            "role": role,
+            "created_by": extra.get("created_by", ""),
+            "created_at": _now(),
+            "expires_at": extra.get("expires_at"),
+            "revoked_at": None,
+        }
+        self.tokens[secret] = token
+        return token
 
     def add_log(self, job_id: str, task: int, text: str, stream: str = "stdout") -> None:
         lines = self.logs.setdefault(job_id, [])
@@ -56,10 +93,12 @@ class FakeState:
         )
 
 
-def _job_object(job_id: str, spec: JobCreate) -> dict[str, Any]:
+def _job_object(job_id: str, spec: JobCreate, submitted_by: str) -> dict[str, Any]:
     return {
         "id": job_id,
         "name": spec.name or "job",
+        "submitted_by": submitted_by,
+        "cancelled_by": "",
         "state": "PENDING",
         "reason": "",
         "workers": spec.workers,
@@ -135,8 +174,114 @@ def _advance(state: FakeState, job: dict[str, Any]) -> None:
         state.add_log(job["id"], 0, "done")
 
 
+def _needed_role(method: str, path: str) -> str:
+    if path.startswith(("/api/v1/tokens", "/api/v1/agent-tokens")) or (
+        method == "DELETE" and path.startswith("/api/v1/agents/")
+    ):
+        return "admin"
+    return "viewer" if method in {"GET", "HEAD"} else "user"
+
+
+def _expiry(seconds: int | None) -> str | None:
+    if not seconds:
+        return None
+    return datetime.fromtimestamp(datetime.now(timezone.utc).timestamp() + seconds, timezone.utc).isoformat()
+
+
 def create_app(state: FakeState) -> FastAPI:
     app = FastAPI()
+
+    @app.middleware("http")
+    async def authenticate(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        if request.url.path == "/healthz":
+            return await call_next(request)
+        header = request.headers.get("authorization", "")
+        state.authorization_headers.append(header)
+        scheme, _, secret = header.partition(" ")
+        token = state.tokens.get(secret) if scheme.lower() == "bearer" else None
+        if token is None or token["revoked_at"]:
+            return JSONResponse({"detail": "authentication required: send an API token"}, status_code=401)
+        needed = _needed_role(request.method, request.url.path)
+        if ROLE_RANK[token["role"]] < ROLE_RANK[needed]:
+            detail = (
+                f"the {token['role']} role of {token['user']!r} may not do this; it needs the {needed} role"
+            )
+            return JSONResponse({"detail": detail}, status_code=403)
+        request.state.token = token
+        return await call_next(request)
+
+    @app.get("/api/v1/whoami")
+    def whoami(request: Request) -> dict[str, Any]:
+        token = request.state.token
+        return {
+            "user": token["user"],
+            "role": token["role"],
+            "token_name": token["name"],
+            "via_session": False,
+        }
+
+    @app.get("/api/v1/tokens")
+    def list_tokens() -> list[dict[str, Any]]:
+        return list(state.tokens.values())
+
+    @app.post("/api/v1/tokens", status_code=201)
+    def create_token(body: dict[str, Any], request: Request) -> dict[str, Any]:
+        if body.get("role") not in ROLE_RANK or not body.get("user"):
+            raise HTTPException(422, "user and a role of admin, user or viewer are required")
+        secret = "mwms_" + secrets.token_urlsafe(16)
+        token = state.add_token(
+            secret,
+            body["user"],
+            body["role"],
+            body.get("name", ""),
+            created_by=request.state.token["user"],
+            expires_at=_expiry(body.get("expires_in_seconds")),
+        )
+        return {**token, "token": secret}
+
+    @app.delete("/api/v1/tokens/{token_id}")
+    def revoke_token(token_id: str) -> dict[str, Any]:
+        for token in state.tokens.values():
+            if token["id"] == token_id:
+                token["revoked_at"] = token["revoked_at"] or _now()
+                return token
+        raise HTTPException(404, f"no api token with id {token_id}; see mwms token list")
+
+    @app.get("/api/v1/agent-tokens")
+    def list_join_tokens() -> list[dict[str, Any]]:
+        return list(state.join_tokens.values())
+
+    @app.post("/api/v1/agent-tokens", status_code=201)
+    def create_join_token(body: dict[str, Any], request: Request) -> dict[str, Any]:
+        secret = "mwmsj_" + secrets.token_urlsafe(16)
+        token = {
+            "id": f"join{len(state.join_tokens) + 1}",
+            "kind": "join",
+            "name": body.get("name") or "agents",
+            "user": "",
+            "role": "",
+            "created_by": request.state.token["user"],
+            "created_at": _now(),
+            "expires_at": _expiry(body.get("expires_in_seconds")),
+            "revoked_at": None,
+        }
+        state.join_tokens[secret] = token
+        return {**token, "token": secret}
+
+    @app.delete("/api/v1/agent-tokens/{token_id}")
+    def revoke_join_token(token_id: str) -> dict[str, Any]:
+        for token in state.join_tokens.values():
+            if token["id"] == token_id:
+                token["revoked_at"] = token["revoked_at"] or _now()
+                return token
+        raise HTTPException(404, f"no join token with id {token_id}")
+
+    @app.delete("/api/v1/agents/{agent_id}")
+    def remove_agent(agent_id: str) -> dict[str, Any]:
+        if agent_id != "a1" or agent_id in state.removed_agents:
+            raise HTTPException(404, f"agent {agent_id} not found")
+        state.removed_agents.append(agent_id)
+        return {"id": agent_id, "name": "local-1", "removed": True}
 
     def get(job_id: str) -> dict[str, Any]:
         if job_id not in state.jobs:
@@ -164,7 +309,7 @@ def create_app(state: FakeState) -> FastAPI:
         if spec.bundle_digest not in state.bundles:
             raise HTTPException(400, f"unknown bundle {spec.bundle_digest[:12]}; upload it first")
         job_id = f"job{len(state.jobs) + 1:04d}"
-        state.jobs[job_id] = _job_object(job_id, spec)
+        state.jobs[job_id] = _job_object(job_id, spec, request.state.token["user"])
         return state.jobs[job_id]
 
     @app.get("/api/v1/jobs")
@@ -172,7 +317,7 @@ def create_app(state: FakeState) -> FastAPI:
         state_: Annotated[list[str] | None, Query(alias="state")] = None, offset: int = 0, limit: int = 50
     ) -> Any:
         jobs = [job for job in reversed(list(state.jobs.values())) if not state_ or job["state"] in state_]
-        summaries = [{key: job[key] for key in list(job)[:13]} for job in jobs[offset : offset + limit]]
+        summaries = [{key: job[key] for key in list(job)[:15]} for job in jobs[offset : offset + limit]]
         return {"jobs": summaries, "total": len(jobs), "offset": offset, "limit": limit}
 
     @app.get("/api/v1/jobs/{job_id}")
@@ -182,11 +327,16 @@ def create_app(state: FakeState) -> FastAPI:
         return job
 
     @app.post("/api/v1/jobs/{job_id}/cancel")
-    def cancel(job_id: str) -> Any:
+    def cancel(job_id: str, request: Request) -> Any:
         job = get(job_id)
         if job["state"] in {"SUCCEEDED", "FAILED", "CANCELLED"}:
             return JSONResponse({"detail": f"job {job_id} already ended {job['state']}"}, status_code=409)
-        job.update(state="CANCELLED", reason="cancelled by request", finished_at=_now())
+        job.update(
+            state="CANCELLED",
+            reason="cancelled by request",
+            finished_at=_now(),
+            cancelled_by=request.state.token["user"],
+        )
         return job
 
     @app.get("/api/v1/jobs/{job_id}/logs")

@@ -7,7 +7,7 @@ import socket
 from pathlib import Path
 
 import pytest
-from cli_fake_api import FakeState
+from cli_fake_api import USER_TOKEN, FakeState
 from typer.testing import CliRunner
 
 from mwms.cli.client import ApiClient, ApiError
@@ -40,21 +40,21 @@ def _submit(api: str, program: Path, *extra: str) -> object:
 
 
 def test_client_maps_404_with_the_apis_detail(fake_api: tuple[str, FakeState]) -> None:
-    with ApiClient(fake_api[0]) as client, pytest.raises(ApiError) as raised:
+    with ApiClient(fake_api[0], token=USER_TOKEN) as client, pytest.raises(ApiError) as raised:
         client.get_job("nope")
     assert raised.value.status == 404
     assert raised.value.detail == "job nope not found"
 
 
 def test_client_flattens_validation_errors(fake_api: tuple[str, FakeState]) -> None:
-    with ApiClient(fake_api[0]) as client, pytest.raises(ApiError) as raised:
+    with ApiClient(fake_api[0], token=USER_TOKEN) as client, pytest.raises(ApiError) as raised:
         client.create_job({"bundle_digest": "x", "command": [], "workers": 0})
     assert raised.value.status == 422
     assert "workers" in raised.value.detail and "command" in raised.value.detail
 
 
 def test_client_maps_500(fake_api: tuple[str, FakeState]) -> None:
-    with ApiClient(fake_api[0]) as client, pytest.raises(ApiError) as raised:
+    with ApiClient(fake_api[0], token=USER_TOKEN) as client, pytest.raises(ApiError) as raised:
         client._json("GET", "/api/v1/boom")
     assert (raised.value.status, raised.value.detail) == (500, "database is on fire")
 
@@ -73,7 +73,7 @@ def test_upload_sends_content_length_and_reports_progress(
     api, state = fake_api
     bundle = pack_directory(program)
     seen: list[int] = []
-    with ApiClient(api) as client:
+    with ApiClient(api, token=USER_TOKEN) as client:
         result = client.upload_bundle(bundle.file, on_bytes=seen.append)
     bundle.close()
     assert result["size"] == bundle.size == sum(seen)
