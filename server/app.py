@@ -27,6 +27,7 @@ from server.rpc.agent_service import AgentService
 from server.rpc.hub import AgentHub
 from server.services.agents import grant_reconnect_grace
 from server.settings import Settings
+from server.tls import bind_grpc_port
 
 log = logging.getLogger("mwms.server")
 GRPC_MAX_MESSAGE = 16 * 1024 * 1024
@@ -70,7 +71,7 @@ def create_app(settings: Settings) -> FastAPI:
         agent_pb2_grpc.add_AgentServiceServicer_to_server(
             AgentService(db, settings, hub, loops.poke), grpc_server
         )
-        bound = grpc_server.add_insecure_port(f"{settings.grpc_host}:{settings.grpc_port}")
+        bound = bind_grpc_port(grpc_server, settings)  # TLS when a certificate is configured
         if bound == 0:
             raise RuntimeError(
                 f"cannot listen for agents on {settings.grpc_host}:{settings.grpc_port}: the port is in use; "

@@ -1,23 +1,79 @@
-"""`mwms server`: runs the coordinator (REST + dashboard over HTTP, agents over gRPC) until stopped."""
+"""`mwms server`: runs the coordinator (REST + dashboard over HTTP(S), agents over gRPC) until stopped."""
 
 from __future__ import annotations
 
 import logging
+import socket
+import sys
 
 import uvicorn
 
 from server.app import create_app
 from server.settings import Settings
+from server.tls import TlsError, TlsPlan, plan_tls, warn_if_clear_text
+
+log = logging.getLogger("mwms.server")
 
 
 def serve(settings: Settings) -> None:
     """Blocks serving the coordinator; SIGINT/SIGTERM stop it cleanly."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        tls = plan_tls(settings)
+    except TlsError as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    log_tls(settings, tls)
     app = create_app(settings)
     config = uvicorn.Config(
-        app, host=settings.http_host, port=settings.http_port, log_level="info", access_log=False, lifespan="on"
+        app,
+        host=settings.http_host,
+        port=settings.http_port,
+        log_level="info",
+        access_log=False,
+        lifespan="on",
+        ssl_certfile=str(tls.http.cert) if tls.http else None,
+        ssl_keyfile=str(tls.http.key) if tls.http else None,
     )
     server = uvicorn.Server(config)
     server.run()
     if not server.started:
         raise SystemExit(1)
+
+
+def log_tls(settings: Settings, tls: TlsPlan) -> None:
+    """Says what REST serves, and for a self-signed CA where it is and what agents and the CLI need."""
+    if tls.http is None:
+        warn_if_clear_text("the REST API and dashboard", settings.http_host, "--tls-cert/--tls-key")
+    else:
+        log.info("REST API and dashboard serve TLS with %s", tls.http.cert)
+    signed = tls.self_signed
+    if signed is None:
+        return
+    ca = signed.ca_cert.resolve()
+    made = f"made now: {', '.join(signed.made)}" if signed.made else "reused"
+    http_host, grpc_host = _reachable(settings.http_host), _reachable(settings.grpc_host)
+    log.info(
+        "self-signed TLS (%s): CA certificate %s\n"
+        "  CA SHA-256 fingerprint: %s\n"
+        "  agents:   mwms agent --server %s:%d --ca-file %s ...\n"
+        "  CLI:      MWMS_CA_FILE=%s MWMS_API=https://%s:%d mwms ... (or --ca-file, --api)\n"
+        "  browsers: trust %s as an authority, or compare the fingerprint before accepting the certificate",
+        made,
+        ca,
+        signed.ca_fingerprint,
+        grpc_host,
+        settings.grpc_port,
+        ca,
+        ca,
+        http_host,
+        settings.http_port,
+        ca,
+    )
+
+
+def _reachable(host: str) -> str:
+    # A wildcard address is not something to dial: show this machine's name instead.
+    if host in ("", "0.0.0.0", "::", "[::]"):
+        return socket.gethostname()
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host

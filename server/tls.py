@@ -1,0 +1,376 @@
+"""TLS for the coordinator: which certificate REST and gRPC serve, the self-signed CA kept in <data dir>/tls,
+and the checks that turn a missing, unreadable or mismatched file into one message that says what to fix.
+
+`plan_tls` is the one place that reads the TLS settings; `server.main` hands its REST pair to uvicorn and
+`bind_grpc_port` (called in the app's lifespan) gives the gRPC pair to grpc.aio.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import ipaddress
+import logging
+import os
+import socket
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from server.settings import Settings, is_loopback
+
+log = logging.getLogger("mwms.server.tls")
+
+CA_VALIDITY = datetime.timedelta(days=3650)
+SERVER_VALIDITY = datetime.timedelta(days=365)
+# A server certificate this close to its end is renewed at start, so a long-running coordinator keeps a valid one.
+RENEW_BEFORE = datetime.timedelta(days=30)
+WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
+
+IPName = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+class TlsError(RuntimeError):
+    """A TLS setting that cannot be served; the message names the file or flag and what to do."""
+
+
+@dataclass(frozen=True)
+class CertificatePair:
+    cert: Path
+    key: Path
+
+
+@dataclass(frozen=True)
+class SelfSignedFiles:
+    """The files `ensure_self_signed` keeps, and what it had to make on this call."""
+
+    ca_cert: Path
+    ca_key: Path
+    server: CertificatePair
+    ca_fingerprint: str
+    made: tuple[str, ...]  # e.g. ("CA", "server certificate"); empty when everything was reused
+
+
+@dataclass(frozen=True)
+class TlsPlan:
+    """What each protocol serves: a certificate pair, or None for clear text."""
+
+    http: CertificatePair | None
+    grpc: CertificatePair | None
+    self_signed: SelfSignedFiles | None
+
+
+def plan_tls(settings: Settings) -> TlsPlan:
+    """Checks the TLS settings (making the self-signed files when asked) and says what each protocol serves."""
+    if settings.tls_self_signed and (settings.tls_cert or settings.tls_key):
+        raise TlsError(
+            "give either --tls-self-signed or --tls-cert/--tls-key (MWMS_TLS_SELF_SIGNED, MWMS_TLS_CERT), not both"
+        )
+    http = _given_pair(settings.tls_cert, settings.tls_key, "tls")
+    grpc_override = _given_pair(settings.grpc_tls_cert, settings.grpc_tls_key, "grpc-tls")
+    self_signed = None
+    if settings.tls_self_signed:
+        self_signed = ensure_self_signed(settings.data_dir / "tls", [settings.http_host, settings.grpc_host])
+        http = self_signed.server
+    return TlsPlan(http=http, grpc=grpc_override or http, self_signed=self_signed)
+
+
+def bind_grpc_port(server: grpc.aio.Server, settings: Settings) -> int:
+    """Binds the agents' port with TLS when a certificate is configured; returns the port (0: not bound)."""
+    host = settings.grpc_host
+    address = f"[{host}]:{settings.grpc_port}" if ":" in host and not host.startswith("[") else None
+    address = address or f"{host}:{settings.grpc_port}"
+    pair = plan_tls(settings).grpc
+    if pair is None:
+        warn_if_clear_text("gRPC (agents)", host, "--tls-cert/--tls-key, --grpc-tls-cert/--grpc-tls-key")
+        return server.add_insecure_port(address)
+    credentials = grpc.ssl_server_credentials([(pair.key.read_bytes(), pair.cert.read_bytes())])
+    log.info("gRPC for agents serves TLS with %s", pair.cert)
+    return server.add_secure_port(address, credentials)
+
+
+def warn_if_clear_text(what: str, host: str, fix: str) -> None:
+    """Logs a WARNING when `what` is served without TLS on an address other machines can reach."""
+    if not is_loopback(host):
+        log.warning(
+            "%s is served WITHOUT TLS on %s: join tokens, agent credentials, API tokens and job environments "
+            "cross the network in clear text; serve TLS with %s, or --tls-self-signed",
+            what,
+            host or "all addresses",
+            fix,
+        )
+
+
+def fingerprint(cert_path: Path) -> str:
+    """The SHA-256 fingerprint of the first certificate in a PEM file, as `openssl x509 -fingerprint` prints it."""
+    cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    digest = hashlib.sha256(cert.public_bytes(serialization.Encoding.DER)).hexdigest().upper()
+    return ":".join(digest[i : i + 2] for i in range(0, len(digest), 2))
+
+
+# --- given certificates ----------------------------------------------------------------------------------
+
+
+def _given_pair(cert: Path | None, key: Path | None, flag: str) -> CertificatePair | None:
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        given, missing = (f"--{flag}-cert", f"--{flag}-key") if cert else (f"--{flag}-key", f"--{flag}-cert")
+        raise TlsError(f"{given} needs {missing} as well: TLS takes a certificate and its private key")
+    check_pair(cert, key, f"--{flag}-cert", f"--{flag}-key")
+    return CertificatePair(cert=cert, key=key)
+
+
+def check_pair(cert_path: Path, key_path: Path, cert_flag: str, key_flag: str) -> None:
+    """Raises TlsError unless `key_path` holds the unencrypted private key of the PEM certificate in `cert_path`."""
+    try:
+        chain = x509.load_pem_x509_certificates(_read(cert_path, cert_flag))
+    except ValueError:
+        raise TlsError(
+            f"{cert_flag} {cert_path} holds no PEM certificate (-----BEGIN CERTIFICATE-----)"
+        ) from None
+    try:
+        key = serialization.load_pem_private_key(_read(key_path, key_flag), password=None)
+    except TypeError:
+        raise TlsError(
+            f"{key_flag} {key_path} is encrypted; the coordinator cannot ask for a passphrase, so give it "
+            f"a decrypted copy readable only by its user (e.g. `openssl pkey -in KEY -out KEY.plain`)"
+        ) from None
+    except (ValueError, UnsupportedAlgorithm):
+        raise TlsError(
+            f"{key_flag} {key_path} holds no PEM private key (-----BEGIN PRIVATE KEY-----)"
+        ) from None
+    if _public_der(key.public_key()) != _public_der(chain[0].public_key()):
+        raise TlsError(
+            f"{key_flag} {key_path} is not the private key of the certificate in {cert_flag} {cert_path} "
+            "(their public keys differ); pass the key the certificate was issued for"
+        )
+    not_after = chain[0].not_valid_after_utc
+    if not_after < _now():
+        log.warning("%s %s expired on %s; clients will refuse it", cert_flag, cert_path, not_after.date())
+
+
+def _read(path: Path, flag: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise TlsError(f"{flag} {path}: no such file") from None
+    except IsADirectoryError:
+        raise TlsError(f"{flag} {path} is a directory; give the PEM file") from None
+    except PermissionError:
+        raise TlsError(f"{flag} {path} cannot be read by this user ({_user()}): permission denied") from None
+    except OSError as error:
+        raise TlsError(f"{flag} {path} cannot be read: {error.strerror or error}") from None
+
+
+# --- the self-signed CA ----------------------------------------------------------------------------------
+
+
+def ensure_self_signed(tls_dir: Path, bound_hosts: Iterable[str]) -> SelfSignedFiles:
+    """Makes (or reuses) a CA and a server certificate it signed in `tls_dir`, covering the names agents dial."""
+    tls_dir.mkdir(parents=True, exist_ok=True)
+    ca_cert_path, ca_key_path = tls_dir / "ca.pem", tls_dir / "ca-key.pem"
+    server = CertificatePair(cert=tls_dir / "server.pem", key=tls_dir / "server-key.pem")
+    names = subject_names(bound_hosts)
+    made = []
+    ca = _load_ca(ca_cert_path, ca_key_path)
+    if ca is None:
+        ca = _make_ca()
+        _write_key(ca_key_path, ca[1])
+        _write_cert(ca_cert_path, ca[0])
+        made.append("CA")
+    ca_cert, ca_key = ca
+    if made or not _server_cert_is_current(server, ca_cert, names):
+        key = ec.generate_private_key(ec.SECP256R1())
+        _write_key(server.key, key)
+        _write_cert(server.cert, _make_server_cert(key, ca_cert, ca_key, names))
+        made.append("server certificate")
+    return SelfSignedFiles(
+        ca_cert=ca_cert_path,
+        ca_key=ca_key_path,
+        server=server,
+        ca_fingerprint=fingerprint(ca_cert_path),
+        made=tuple(made),
+    )
+
+
+def subject_names(bound_hosts: Iterable[str]) -> set[str | IPName]:
+    """The names a self-signed server certificate covers: loopback, this machine's name, concrete bound hosts."""
+    names: set[str | IPName] = {"localhost", ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1")}
+    for host in (socket.gethostname(), *bound_hosts):
+        host = host.strip().strip("[]")
+        if host in WILDCARD_HOSTS or not host.isascii():
+            continue
+        try:
+            names.add(ipaddress.ip_address(host))
+        except ValueError:
+            names.add(host.lower())
+    return names
+
+
+def _load_ca(cert_path: Path, key_path: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None:
+    """The CA kept in the tls dir; None when there is none yet or it has expired (a new one is then made)."""
+    if not cert_path.exists() and not key_path.exists():
+        return None
+    remedy = (
+        f"remove {cert_path.parent} to make a new CA (agents and CLIs then need the new ca.pem), "
+        "or restore the file"
+    )
+    if not cert_path.exists() or not key_path.exists():
+        missing = key_path if cert_path.exists() else cert_path
+        raise TlsError(f"the self-signed CA is incomplete: {missing} is missing; {remedy}")
+    try:
+        cert = x509.load_pem_x509_certificate(_read(cert_path, "the self-signed CA"))
+        key = serialization.load_pem_private_key(_read(key_path, "the self-signed CA key"), password=None)
+    except (ValueError, TypeError):
+        raise TlsError(f"the self-signed CA in {cert_path.parent} cannot be loaded; {remedy}") from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey) or _public_der(key.public_key()) != _public_der(
+        cert.public_key()
+    ):
+        raise TlsError(f"{key_path} is not the key of {cert_path}; {remedy}")
+    if cert.not_valid_after_utc < _now() + RENEW_BEFORE:
+        log.warning(
+            "the self-signed CA %s ends on %s; making a new one: give agents and CLIs the new ca.pem",
+            cert_path,
+            cert.not_valid_after_utc.date(),
+        )
+        return None
+    return cert, key
+
+
+def _server_cert_is_current(
+    pair: CertificatePair, ca_cert: x509.Certificate, names: set[str | IPName]
+) -> bool:
+    try:
+        cert = x509.load_pem_x509_certificate(pair.cert.read_bytes())
+        key = serialization.load_pem_private_key(pair.key.read_bytes(), password=None)
+        cert.verify_directly_issued_by(ca_cert)
+        covered = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except (OSError, ValueError, TypeError, InvalidSignature, x509.ExtensionNotFound):
+        return False
+    have = set(covered.get_values_for_type(x509.DNSName)) | set(covered.get_values_for_type(x509.IPAddress))
+    if not names <= have:
+        log.info("making a new server certificate: it does not name %s", sorted(map(str, names - have)))
+        return False
+    return (
+        _public_der(key.public_key()) == _public_der(cert.public_key())
+        and cert.not_valid_after_utc > _now() + RENEW_BEFORE
+    )
+
+
+def _make_ca() -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name(
+        [x509.NameAttribute(NameOID.COMMON_NAME, f"mwms self-signed CA ({socket.gethostname()})")]
+    )
+    now = _now()
+    public = key.public_key()
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(public)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))  # tolerate small clock skew
+        .not_valid_after(now + CA_VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(_key_usage(cert_sign=True), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(public), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    return cert, key
+
+
+def _make_server_cert(
+    key: ec.EllipticCurvePrivateKey,
+    ca_cert: x509.Certificate,
+    ca_key: ec.EllipticCurvePrivateKey,
+    names: set[str | IPName],
+) -> x509.Certificate:
+    general_names: list[x509.GeneralName] = [
+        x509.IPAddress(name) if not isinstance(name, str) else x509.DNSName(name)
+        for name in sorted(names, key=lambda n: (not isinstance(n, str), str(n)))
+    ]
+    now = _now()
+    return (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "mwms coordinator")]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + SERVER_VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(_key_usage(cert_sign=False), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.SubjectAlternativeName(general_names), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+
+
+def _key_usage(cert_sign: bool) -> x509.KeyUsage:
+    return x509.KeyUsage(
+        digital_signature=not cert_sign,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=cert_sign,
+        crl_sign=cert_sign,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
+def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    _write_atomically(path, pem, 0o600)
+
+
+def _write_cert(path: Path, cert: x509.Certificate) -> None:
+    _write_atomically(path, cert.public_bytes(serialization.Encoding.PEM), 0o644)
+
+
+def _write_atomically(path: Path, content: bytes, mode: int) -> None:
+    # Created with its final mode, so a private key is never readable by others, even for a moment.
+    partial = path.with_name(f".{path.name}.partial")
+    partial.unlink(missing_ok=True)
+    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    with os.fdopen(descriptor, "wb") as file:
+        file.write(content)
+    os.chmod(partial, mode)
+    os.replace(partial, path)
+
+
+def _public_der(public_key: PublicKeyTypes) -> bytes:
+    return public_key.public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+def _user() -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.getuid()).pw_name
+    except (ImportError, KeyError):
+        return str(os.getuid())
