@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import logging
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from server.errors import Conflict, DomainError, Forbidden, InvalidInput, NotFound, Unauthenticated
 from server.states import InvalidTransition
+
+log = logging.getLogger("mwms.server.api")
+INTERNAL_ERROR = "internal error: the coordinator logged the cause; try again, and report it if it persists"
 
 _STATUS: list[tuple[type[Exception], int]] = [
     (NotFound, 404),
@@ -48,6 +53,12 @@ def install_error_handlers(app: FastAPI) -> None:
         ]
         return JSONResponse(status_code=422, content={"detail": detail, "errors": clean})
 
+    async def unexpected_error(request: Request, error: Exception) -> JSONResponse:
+        # Never show SQL, tracebacks or exception class names to a caller: they help only an attacker.
+        log.error("%s %s failed", request.method, request.url.path, exc_info=error)
+        return JSONResponse(status_code=500, content={"detail": INTERNAL_ERROR})
+
+    app.add_exception_handler(Exception, unexpected_error)
     app.add_exception_handler(DomainError, domain_error)
     app.add_exception_handler(InvalidTransition, domain_error)
     app.add_exception_handler(RequestValidationError, validation_error)
