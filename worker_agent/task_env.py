@@ -58,11 +58,15 @@ def resolve_command(command: list[str]) -> list[str]:
     return list(command)
 
 
+# Secrets the agent (or the shell that started it) may hold; a task runs a job's code and gets none of them.
+AGENT_SECRETS = frozenset({"MWMS_JOIN_TOKEN", "MWMS_TOKEN", "MWMS_ADMIN_TOKEN"})
+
+
 def child_environment(
     start: agent_pb2.StartTask, paths: TaskPaths, agent_env: Mapping[str, str]
 ) -> dict[str, str]:
-    """The agent's environment, then StartTask.env, then the variables the agent owns (these win)."""
-    env = dict(agent_env)
+    """The agent's environment less its secrets, then StartTask.env, then the variables the agent owns."""
+    env = {name: value for name, value in agent_env.items() if name not in AGENT_SECRETS}
     # A single-worker job has no TF_CONFIG; one inherited from the agent's shell would mislead TensorFlow.
     env.pop("TF_CONFIG", None)
     env.update(start.env)

@@ -145,3 +145,12 @@ def test_child_environment_for_a_single_cpu_worker_drops_an_inherited_tf_config(
     assert env["MWMS_DEVICE_KIND"] == "cpu" and env["MWMS_NUM_GPUS"] == "0"
     assert env["TF_USE_LEGACY_KERAS"] == "0"
     assert env["MWMS_CHECKPOINT_DIR"] == str(tmp_path / "shared")
+
+
+def test_a_task_gets_none_of_the_agents_secrets(tmp_path: Path) -> None:
+    start = start_task(env={"MY_SETTING": "kept"})
+    paths = TaskPaths.for_task(tmp_path, start)
+    agent_env = {"PATH": "/usr/bin", "MWMS_JOIN_TOKEN": "j", "MWMS_TOKEN": "t", "MWMS_ADMIN_TOKEN": "a"}
+    env = child_environment(start, paths, agent_env)
+    assert not {"MWMS_JOIN_TOKEN", "MWMS_TOKEN", "MWMS_ADMIN_TOKEN"} & set(env)
+    assert env["MY_SETTING"] == "kept" and env["PATH"] == "/usr/bin"
