@@ -1,14 +1,15 @@
 """The dashboard in Chromium against a real coordinator and two real agents running real 2-worker jobs.
 
-Uses the session-wide `cluster` fixture of tests/conftest.py. Saves a screenshot of every page, at desktop and
-phone widths, under build/screenshots/.
+Uses the session-wide `cluster` fixture of tests/conftest.py; every page logs in with the cluster's admin token
+(test_dashboard_auth_e2e.py tests the login itself). Saves a screenshot of every page, at desktop and phone
+widths, under build/screenshots/.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from .conftest import NARROW, WIDE
+from .conftest import NARROW, WIDE, WatchedPage
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.tf]
 
@@ -36,8 +37,16 @@ XSS_NAME = "<img src=x onerror=alert(1)>"
 SLEEP_PROGRAM = "import time\nprint('waiting to be cancelled', flush=True)\ntime.sleep(600)\n"
 
 
+def admin_page(new_page, cluster, viewport: dict[str, int] = WIDE) -> WatchedPage:
+    """A watched page whose browser context is logged in to the dashboard with the admin token."""
+    watched = new_page(viewport)
+    response = watched.page.request.post(f"{cluster.api}/api/v1/session", data={"token": cluster.admin_token})
+    assert response.status == 200, response.text()
+    return watched
+
+
 def test_training_job_is_followed_live_to_success(cluster, new_page) -> None:
-    watched = new_page(WIDE)
+    watched = admin_page(new_page, cluster)
     page = watched.page
     page.goto(f"{cluster.api}/#/jobs")
     expect(page.locator("#overview [data-stat=agents_online]")).not_to_have_text("–")
@@ -48,7 +57,8 @@ def test_training_job_is_followed_live_to_success(cluster, new_page) -> None:
     )
     row = page.locator(f"tr[data-job-id='{job_id}']")
     expect(row.locator(".job-link")).to_have_text("browser-train")
-    expect(row.locator("td").nth(3)).to_have_text("2 × CPU")
+    expect(row.locator(".cell-shape")).to_have_text("2 × CPU")
+    expect(row.locator(".cell-user")).to_have_text(cluster.http.get("/api/v1/whoami").json()["user"])
     expect(row.locator(".badge")).to_have_text("SUCCEEDED", timeout=240_000)
     assert page.evaluate("window.__sameDocument") is True, "the jobs page reloaded"
     expect(row.locator(".cell-step")).to_have_text(str(STEPS - 1))
@@ -91,7 +101,7 @@ def test_training_job_is_followed_live_to_success(cluster, new_page) -> None:
         expect(agent_row).to_contain_text("1 slot")
     watched.screenshot("agents-wide")
 
-    narrow = new_page(NARROW)
+    narrow = admin_page(new_page, cluster, NARROW)
     for name, path, ready in [
         ("jobs", "#/jobs", f"tr[data-job-id='{job_id}']"),
         ("job", f"#/jobs/{job_id}", f"figure.chart[data-metric=loss][data-points='{STEPS}']"),
@@ -109,7 +119,7 @@ def test_training_job_is_followed_live_to_success(cluster, new_page) -> None:
 def test_hostile_job_name_is_shown_as_text(cluster, new_page) -> None:
     program = "print('<script>alert(2)</script>', flush=True)\n"
     job_id = cluster.submit({"p.py": program}, ["python", "p.py"], workers=1, name=XSS_NAME)
-    watched = new_page(WIDE)
+    watched = admin_page(new_page, cluster)
     page = watched.page
     page.goto(f"{cluster.api}/#/jobs")
     expect(page.locator(f"tr[data-job-id='{job_id}'] .job-link")).to_have_text(XSS_NAME)
@@ -125,7 +135,7 @@ def test_cancel_from_the_page(cluster, new_page) -> None:
     job_id = cluster.submit(
         {"sleep.py": SLEEP_PROGRAM}, ["python", "sleep.py"], workers=2, name="browser-cancel"
     )
-    watched = new_page(WIDE)
+    watched = admin_page(new_page, cluster)
     page = watched.page
     page.goto(f"{cluster.api}/#/jobs/{job_id}")
     expect(page.locator("[data-testid=job-state]")).to_have_text("RUNNING", timeout=120_000)
@@ -134,7 +144,10 @@ def test_cancel_from_the_page(cluster, new_page) -> None:
     expect(page.locator("#confirm-dialog")).to_be_visible()
     page.locator("[data-testid=confirm-yes]").click()
     expect(page.locator("[data-testid=job-state]")).to_have_text("CANCELLED", timeout=60_000)
-    assert cluster.job(job_id)["state"] == "CANCELLED"
+    admin = cluster.http.get("/api/v1/whoami").json()["user"]
+    expect(page.locator("[data-testid=job-cancelled-by]")).to_have_text(admin)
+    job = cluster.job(job_id)
+    assert job["state"] == "CANCELLED" and job["cancelled_by"] == admin
     watched.assert_clean()
 
 
@@ -160,7 +173,7 @@ def test_chart_tells_attempts_apart_after_a_restart(cluster, new_page) -> None:
     job_id = cluster.submit(
         {"train.py": RESTART_PROGRAM}, ["python", "train.py"], workers=2, name="browser-restart"
     )
-    watched = new_page(WIDE)
+    watched = admin_page(new_page, cluster)
     page = watched.page
     page.goto(f"{cluster.api}/#/jobs/{job_id}")
     expect(page.locator("[data-testid=job-state]")).to_have_text("SUCCEEDED", timeout=240_000)
