@@ -22,13 +22,17 @@ class AgentConfig:
     join_token: str = ""
     # Seconds between SIGTERM and SIGKILL when the agent itself shuts its tasks down.
     stop_grace: float = 10.0
+    # TLS to the coordinator: verified against this CA certificate (PEM), or, with `tls`, the system's roots.
+    ca_file: Path | None = None
+    tls: bool = False
 
     def __repr__(self) -> str:
-        # The join token is a secret: keep it out of logs and tracebacks.
+        # The join token is a secret: keep it out of logs and tracebacks (the credential never is in here).
         return (
             f"AgentConfig(server={self.server!r}, name={self.name!r}, work_dir={str(self.work_dir)!r}, "
             f"slots={self.slots}, advertise_address={self.advertise_address!r}, "
-            f"ports={self.port_low}-{self.port_high}, stop_grace={self.stop_grace})"
+            f"ports={self.port_low}-{self.port_high}, stop_grace={self.stop_grace}, "
+            f"ca_file={str(self.ca_file) if self.ca_file else None!r}, tls={self.tls or self.ca_file is not None})"
         )
 
 

@@ -1,7 +1,9 @@
 """The agent's life: register, keep a session with the coordinator until told to stop, then stop its tasks.
 
 Tasks outlive sessions: when the coordinator restarts or the network breaks, the agent registers again
-with backoff and opens a new session that reports every task it still knows.
+with backoff and opens a new session that reports every task it still knows. The first registration
+needs a join token and returns the agent's credential (worker_agent/credentials.py); later ones, also
+after a restart of the agent, prove the agent's identity with that credential.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import grpc
 import mwms
 from mwms.loop import Backoff
 from mwms.v1 import agent_pb2, agent_pb2_grpc
+from worker_agent.channel import CHANNEL_OPTIONS, ChannelFactory
 from worker_agent.config import AgentConfig, local_address_towards
+from worker_agent.credentials import CredentialStore
 from worker_agent.devices import detect_devices
 from worker_agent.session import AgentSession
 from worker_agent.tasks import TaskManager
@@ -31,26 +35,20 @@ DEFAULT_HEARTBEAT_SECONDS = 5.0
 HEALTHY_SESSION_SECONDS = 10.0
 # On shutdown, how long to wait for the coordinator to acknowledge the final reports.
 FINAL_ACK_WAIT_SECONDS = 5.0
-# The channel's own reconnect backoff (default: up to 120 s) must not outlast the agent's Backoff.
-# Keepalive pings notice a silently dropped network (no RST, no FIN) within about 15 s; the coordinator
-# accepts a ping every 5 s, also while no call is open.
-CHANNEL_OPTIONS = [
-    ("grpc.initial_reconnect_backoff_ms", 500),
-    ("grpc.min_reconnect_backoff_ms", 500),
-    ("grpc.max_reconnect_backoff_ms", 10_000),
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-]
 # Codes after which registering again cannot help.
 REFUSAL_CODES = frozenset(
-    {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS}
+    {
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.ALREADY_EXISTS,
+    }
 )
+__all__ = ["CHANNEL_OPTIONS", "EXIT_OK", "EXIT_REFUSED", "run_agent"]
 
 
 class RegistrationRefused(Exception):
-    """The coordinator refused this agent (bad join token, invalid request)."""
+    """The coordinator refused this agent (bad join token or credential, name taken, invalid request)."""
 
 
 def run_agent(config: AgentConfig, stop: threading.Event) -> int:
@@ -59,7 +57,11 @@ def run_agent(config: AgentConfig, stop: threading.Event) -> int:
     devices = detect_devices(config.slots)
     log.info("agent %s starting: %d device(s), coordinator %s", config.name, len(devices), config.server)
     config.work_dir.mkdir(parents=True, exist_ok=True)
-    channel = grpc.insecure_channel(config.server, options=CHANNEL_OPTIONS)
+    credential = CredentialStore(config.work_dir)
+    if credential.load():
+        log.info("presenting the credential kept in %s", credential.path)
+    channels = ChannelFactory(config, credential)
+    channel = channels.open()
     stub = agent_pb2_grpc.AgentServiceStub(channel)
     tasks = TaskManager(config.work_dir, stub, hostname, default_grace_seconds=config.stop_grace)
     # Before registering: what a previous agent process left running is stopped and reported in the Hello.
@@ -71,9 +73,10 @@ def run_agent(config: AgentConfig, stop: threading.Event) -> int:
     try:
         while not stop.is_set():
             try:
-                agent_id, heartbeat_interval = _register(stub, config, hostname, devices)
+                agent_id, heartbeat_interval = _register(stub, config, hostname, devices, credential)
             except RegistrationRefused as refusal:
-                log.error("the coordinator refused this agent: %s", refusal)
+                held = f" (it presented the credential in {credential.path})" if credential.get() else ""
+                log.error("the coordinator refused this agent%s: %s", held, refusal)
                 exit_code = EXIT_REFUSED
                 break
             except grpc.RpcError as error:
@@ -91,7 +94,7 @@ def run_agent(config: AgentConfig, stop: threading.Event) -> int:
             if went_silent:
                 # The connection under a silent stream is likely dead too: start over on a new one.
                 channel.close()
-                channel = grpc.insecure_channel(config.server, options=CHANNEL_OPTIONS)
+                channel = channels.open()
                 stub = agent_pb2_grpc.AgentServiceStub(channel)
                 tasks.use_stub(stub)
             if stop.is_set():
@@ -107,8 +110,13 @@ def run_agent(config: AgentConfig, stop: threading.Event) -> int:
 
 
 def _register(
-    stub: agent_pb2_grpc.AgentServiceStub, config: AgentConfig, hostname: str, devices: list[agent_pb2.Device]
+    stub: agent_pb2_grpc.AgentServiceStub,
+    config: AgentConfig,
+    hostname: str,
+    devices: list[agent_pb2.Device],
+    credential: CredentialStore,
 ) -> tuple[str, float]:
+    """Registers (the interceptor presents the credential, if one is held); keeps a newly issued one."""
     request = agent_pb2.RegisterRequest(
         name=config.name,
         hostname=hostname,
@@ -125,6 +133,9 @@ def _register(
         if isinstance(error, grpc.Call) and error.code() in REFUSAL_CODES:
             raise RegistrationRefused(_describe(error)) from error
         raise
+    if response.credential:
+        credential.save(response.credential)
+        log.info("joined the coordinator; the agent's credential is kept in %s", credential.path)
     interval_ms = response.heartbeat_interval_ms
     return response.agent_id, interval_ms / 1000 if interval_ms > 0 else DEFAULT_HEARTBEAT_SECONDS
 

@@ -64,7 +64,7 @@ class AgentSession:
 
     def open(self) -> None:
         """Opens the stream and starts reading commands in a background thread."""
-        call = self._stub.Connect(self._outgoing(), metadata=(("agent-id", self._agent_id),))
+        call = self._stub.Connect(self._outgoing())  # the channel presents the agent's credential
         self._call = call
         threading.Thread(target=self._read_commands, args=(call,), name="session-reader", daemon=True).start()
 
@@ -84,7 +84,11 @@ class AgentSession:
         except grpc.RpcError as error:
             if not self._closing.is_set():
                 code = error.code() if isinstance(error, grpc.Call) else None
-                log.warning("connection to the coordinator lost (%s)", code.name if code else error)
+                if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                    details = error.details() if isinstance(error, grpc.Call) else ""
+                    log.error("the coordinator ended the session: %s: %s", code.name, details)
+                else:
+                    log.warning("connection to the coordinator lost (%s)", code.name if code else error)
         except Exception:  # noqa: BLE001 - a bad command must end this session, not the agent
             log.exception("the session failed while handling a command")
         else:

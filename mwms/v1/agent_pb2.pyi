@@ -7,6 +7,13 @@ An agent calls Register once per process start, then keeps one Connect stream op
 it sends heartbeats, task state changes, log lines and metric points up; the coordinator
 sends start/stop commands and acknowledgements down. Everything an agent sends that must not
 be lost carries a per-task sequence number, so a resend after a reconnect is idempotent.
+
+Authentication: Register admits a new agent for a valid join token and returns its credential. The agent
+sends that credential as metadata `authorization: Bearer <credential>` on every call (Register included,
+where it proves that a re-registering agent is the one that holds the name). Every RPC but Register
+refuses a call without a valid credential (UNAUTHENTICATED); a valid agent asking for something that is
+not its own (another agent's task, a bundle or checkpoint of a job it runs no task of) gets
+PERMISSION_DENIED.
 """
 
 from collections import abc as _abc
@@ -165,17 +172,23 @@ class RegisterResponse(_message.Message):
 
     AGENT_ID_FIELD_NUMBER: _builtins.int
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _builtins.int
+    CREDENTIAL_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     heartbeat_interval_ms: _builtins.int
+    credential: _builtins.str
+    """Set when a credential was issued (a join with a join token): "mwmsa_<agent_id>.<secret>". The agent
+    keeps it and presents it on every call; empty on a re-registration with a valid credential.
+    """
     def __init__(
         self,
         *,
         agent_id: _builtins.str = ...,
         heartbeat_interval_ms: _builtins.int = ...,
+        credential: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "heartbeat_interval_ms", b"heartbeat_interval_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "credential", b"credential", "heartbeat_interval_ms", b"heartbeat_interval_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -219,6 +232,7 @@ class Hello(_message.Message):
     AGENT_ID_FIELD_NUMBER: _builtins.int
     TASKS_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
+    """Informational: the stream belongs to the agent that the call's credential names."""
     @_builtins.property
     def tasks(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaskReport]:
         """Tasks this agent process still runs or has finished without an acknowledgement."""

@@ -65,7 +65,7 @@ class AgentServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Register(self, request, context):
-        """Registers (or re-registers) an agent and returns its stable id.
+        """Registers (or re-registers) an agent and returns its stable id; the only RPC without a credential.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -7,6 +7,13 @@ An agent calls Register once per process start, then keeps one Connect stream op
 it sends heartbeats, task state changes, log lines and metric points up; the coordinator
 sends start/stop commands and acknowledgements down. Everything an agent sends that must not
 be lost carries a per-task sequence number, so a resend after a reconnect is idempotent.
+
+Authentication: Register admits a new agent for a valid join token and returns its credential. The agent
+sends that credential as metadata `authorization: Bearer <credential>` on every call (Register included,
+where it proves that a re-registering agent is the one that holds the name). Every RPC but Register
+refuses a call without a valid credential (UNAUTHENTICATED); a valid agent asking for something that is
+not its own (another agent's task, a bundle or checkpoint of a job it runs no task of) gets
+PERMISSION_DENIED.
 """
 
 from collections import abc as _abc
@@ -38,7 +45,7 @@ class AgentServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> AgentServiceAsyncStub: ...
     Register: _grpc.UnaryUnaryMultiCallable[_agent_pb2.RegisterRequest, _agent_pb2.RegisterResponse]
-    """Registers (or re-registers) an agent and returns its stable id."""
+    """Registers (or re-registers) an agent and returns its stable id; the only RPC without a credential."""
     Connect: _grpc.StreamStreamMultiCallable[_agent_pb2.AgentMessage, _agent_pb2.CoordinatorMessage]
     """The long-lived session: agent messages up, coordinator commands down."""
     FetchBundle: _grpc.UnaryStreamMultiCallable[_agent_pb2.FetchBundleRequest, _agent_pb2.BundleChunk]
@@ -52,7 +59,7 @@ class AgentServiceStub:
 class AgentServiceAsyncStub(AgentServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Register: _aio.UnaryUnaryMultiCallable[_agent_pb2.RegisterRequest, _agent_pb2.RegisterResponse]  # type: ignore[assignment]
-    """Registers (or re-registers) an agent and returns its stable id."""
+    """Registers (or re-registers) an agent and returns its stable id; the only RPC without a credential."""
     Connect: _aio.StreamStreamMultiCallable[_agent_pb2.AgentMessage, _agent_pb2.CoordinatorMessage]  # type: ignore[assignment]
     """The long-lived session: agent messages up, coordinator commands down."""
     FetchBundle: _aio.UnaryStreamMultiCallable[_agent_pb2.FetchBundleRequest, _agent_pb2.BundleChunk]  # type: ignore[assignment]
@@ -69,7 +76,7 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _agent_pb2.RegisterRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_agent_pb2.RegisterResponse, _abc.Awaitable[_agent_pb2.RegisterResponse]]:
-        """Registers (or re-registers) an agent and returns its stable id."""
+        """Registers (or re-registers) an agent and returns its stable id; the only RPC without a credential."""
 
     @_abc_1.abstractmethod
     def Connect(

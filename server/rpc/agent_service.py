@@ -1,4 +1,8 @@
-"""The gRPC AgentService: registration, the per-agent session stream, bundle and file transfers."""
+"""The gRPC AgentService: registration, the per-agent session stream, bundle and file transfers.
+
+Who is calling comes from the interceptor (server/rpc/auth.py), which also turns domain errors raised
+here into statuses; what the caller may do is decided in server/services/agent_auth.py.
+"""
 
 from __future__ import annotations
 
@@ -12,36 +16,22 @@ from typing import Any, TypeVar
 
 import grpc
 
+from mwms.archive import ArchiveError
 from mwms.v1 import agent_pb2 as pb
 from mwms.v1 import agent_pb2_grpc
 from server.db.engine import Database
-from server.db.models import Task
-from server.errors import DomainError, InvalidInput, NameTaken, NotFound, Unauthenticated
+from server.errors import InvalidInput
 from server.rpc import convert
+from server.rpc.agent_stream import AgentStream
+from server.rpc.auth import authenticated_agent_id, presented_credential
 from server.rpc.hub import AgentHub
-from server.services import agent_messages, files
-from server.services.agents import register_agent
-from server.services.bundles import CHUNK, bundle_path
+from server.services import agent_auth, files
+from server.services.bundles import CHUNK
 from server.settings import Settings
 
 log = logging.getLogger("mwms.server.rpc")
-HEARTBEAT_ACK = pb.CoordinatorMessage(ack=pb.Ack())
 T = TypeVar("T")
-
-_STATUS = {
-    NameTaken: grpc.StatusCode.ALREADY_EXISTS,
-    NotFound: grpc.StatusCode.NOT_FOUND,
-    InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,
-    Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
-}
-
-
-def grpc_status(error: DomainError) -> grpc.StatusCode:
-    """The one mapping from domain errors to gRPC status codes."""
-    for kind, code in _STATUS.items():
-        if isinstance(error, kind):
-            return code
-    return grpc.StatusCode.FAILED_PRECONDITION
+UPLOAD_KINDS = (pb.FILE_KIND_ARTIFACTS, pb.FILE_KIND_CHECKPOINT)
 
 
 class AgentService(agent_pb2_grpc.AgentServiceServicer):
@@ -60,59 +50,59 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
 
         return await asyncio.to_thread(run)
 
+    async def _read(self, fn: Callable[..., T], *args: Any) -> T:
+        def run() -> T:
+            with self.db.read() as session:
+                return fn(session, *args)
+
+        return await asyncio.to_thread(run)
+
     async def Register(
         self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext
     ) -> pb.RegisterResponse:
-        if self.settings.join_token and request.join_token != self.settings.join_token:
-            await context.abort(
-                grpc.StatusCode.UNAUTHENTICATED,
-                "wrong or missing join token: start the agent with the coordinator's --join-token",
-            )
-        try:
-            agent = await self._write(
-                register_agent,
-                convert.registration(request),
-                self.settings.agent_timeout_s,
-                connected=frozenset(self.hub.connected()),
-            )
-        except DomainError as error:
-            await context.abort(grpc_status(error), str(error))
+        agent, credential = await self._write(
+            agent_auth.admit_agent,
+            convert.registration(request),
+            credential=presented_credential(context.invocation_metadata()),
+            join_token=request.join_token,
+            bootstrap_join_token=self.settings.join_token.get_secret_value(),
+            timeout_s=self.settings.agent_timeout_s,
+            connected=frozenset(self.hub.connected()),
+        )
         log.info(
-            "agent %s registered (%s, %d devices)", agent.name, agent.advertise_address, len(agent.devices)
+            "agent %s %s (%s, %d devices)",
+            agent.name,
+            "joined" if credential else "registered again",
+            agent.advertise_address,
+            len(agent.devices),
         )
         self.on_change()
         return pb.RegisterResponse(
-            agent_id=agent.id, heartbeat_interval_ms=int(self.settings.heartbeat_interval_s * 1000)
+            agent_id=agent.id,
+            heartbeat_interval_ms=int(self.settings.heartbeat_interval_s * 1000),
+            credential=credential,
         )
 
     # Reads and writes through context.read()/write() instead of returning an iterator (grpc.aio allows both).
     async def Connect(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:  # type: ignore[override]
-        agent_id = dict(context.invocation_metadata() or ()).get("agent-id", "")
-        if not agent_id:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, "missing agent-id metadata: call Register first"
-            )
-        session = AgentStream(self, agent_id, context)
-        await session.run()
+        await AgentStream(self, authenticated_agent_id(), context).run()
 
     async def FetchBundle(
         self, request: pb.FetchBundleRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.BundleChunk]:
-        def locate(session: Any) -> Path:
-            return bundle_path(session, self.settings.bundle_dir, request.digest)
-
-        try:
-            path = await asyncio.to_thread(self._read, locate)
-        except DomainError as error:
-            await context.abort(grpc_status(error), str(error))
+        path = await self._read(
+            agent_auth.bundle_for_agent, self.settings.bundle_dir, authenticated_agent_id(), request.digest
+        )
         async for chunk in _file_chunks(path):
             yield pb.BundleChunk(data=chunk)
 
     async def FetchCheckpoint(
         self, request: pb.FetchCheckpointRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.BundleChunk]:
-        path = files.checkpoint_archive(self.settings.files_dir, request.job_id)
-        if not path.exists():
+        path = await self._read(
+            agent_auth.checkpoint_for_agent, self.settings.files_dir, authenticated_agent_id(), request.job_id
+        )
+        if path is None:
             return
         async for chunk in _file_chunks(path):
             yield pb.BundleChunk(data=chunk)
@@ -120,187 +110,64 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
     async def UploadFiles(
         self, request_iterator: Any, context: grpc.aio.ServicerContext
     ) -> pb.UploadFilesResponse:
+        agent_id = authenticated_agent_id()
+        chunks = aiter(request_iterator)
+        first = await anext(chunks, None)
+        if first is None or not first.task_id or first.kind not in UPLOAD_KINDS:
+            raise InvalidInput("the first chunk of an upload must name the task and the file kind")
+        checkpoint = first.kind == pb.FILE_KIND_CHECKPOINT
+        # Checked before any data is stored: nobody fills the coordinator's disk on another agent's behalf.
+        task = await self._read(agent_auth.task_for_upload, agent_id, first.task_id, checkpoint)
         self.settings.files_dir.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(dir=self.settings.files_dir, suffix=".upload")
         path = Path(name)
-        task_id, kind, size = "", pb.FILE_KIND_UNSPECIFIED, 0
         try:
             with os.fdopen(fd, "wb") as out:
-                async for chunk in request_iterator:
-                    if chunk.task_id:
-                        task_id, kind = chunk.task_id, chunk.kind
-                    size += len(chunk.data)
-                    await asyncio.to_thread(out.write, chunk.data)
-            task = await asyncio.to_thread(self._read, lambda s: s.get(Task, task_id))
-            if task is None:
-                await context.abort(grpc.StatusCode.NOT_FOUND, f"no task {task_id!r} to attach files to")
-            if kind == pb.FILE_KIND_ARTIFACTS:
-                found = await asyncio.to_thread(files.unpack_artifacts, self.settings.files_dir, task, path)
+                size = await self._spool(first, chunks, out)
+            if not checkpoint:
+                try:
+                    found = await asyncio.to_thread(
+                        files.unpack_artifacts, self.settings.files_dir, task, path
+                    )
+                except ArchiveError as error:
+                    raise InvalidInput(
+                        f"the artifacts archive of task {task.id} was refused: {error}"
+                    ) from None
                 await self._write(files.record_artifacts, task, found)
                 return pb.UploadFilesResponse(size=size)
-            if kind == pb.FILE_KIND_CHECKPOINT:
-                await asyncio.to_thread(self._read, lambda s: files.ensure_current_attempt(s, task))
-                size, digest = await asyncio.to_thread(
-                    files.install_checkpoint, self.settings.files_dir, task, path
-                )
-                await self._write(files.record_checkpoint, task, size, digest)
-                return pb.UploadFilesResponse(size=size, sha256=digest)
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "first chunk must name the file kind")
-        except DomainError as error:
-            await context.abort(grpc_status(error), str(error))
-        except ValueError as error:  # unsafe archive entries
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+            # An attempt may have started during the upload: an older checkpoint must not replace its own.
+            await self._read(agent_auth.task_for_upload, agent_id, task.id, True)
+            size, digest = await asyncio.to_thread(
+                files.install_checkpoint, self.settings.files_dir, task, path
+            )
+            await self._write(files.record_checkpoint, task, size, digest)
+            return pb.UploadFilesResponse(size=size, sha256=digest)
         finally:
             path.unlink(missing_ok=True)
-        raise AssertionError("unreachable")
 
-    def _read(self, fn: Callable[[Any], T]) -> T:
-        with self.db.read() as session:
-            return fn(session)
+    async def _spool(self, first: pb.FileChunk, chunks: AsyncIterator[pb.FileChunk], out: Any) -> int:
+        """Writes the upload's data to `out`; returns its size. Refuses a second task or kind, and excess."""
+        limit = self.settings.max_upload_bytes
+        size = 0
+        chunk: pb.FileChunk | None = first
+        while chunk is not None:
+            if (
+                chunk is not first
+                and chunk.task_id
+                and (chunk.task_id, chunk.kind) != (first.task_id, first.kind)
+            ):
+                raise InvalidInput(
+                    "an upload carries the files of one task: name the task in the first chunk only"
+                )
+            size += len(chunk.data)
+            if size > limit:
+                raise InvalidInput(f"the upload is larger than the coordinator's limit of {limit} bytes")
+            await asyncio.to_thread(out.write, chunk.data)
+            chunk = await anext(chunks, None)
+        return size
 
 
 async def _file_chunks(path: Path) -> AsyncIterator[bytes]:
     with path.open("rb") as f:
         while chunk := await asyncio.to_thread(f.read, CHUNK):
             yield chunk
-
-
-class AgentStream:
-    """One agent's Connect stream: a reader applying its messages and a dispatcher sending commands."""
-
-    def __init__(self, service: AgentService, agent_id: str, context: grpc.aio.ServicerContext) -> None:
-        self.service = service
-        self.agent_id = agent_id
-        self.context = context
-        self.settings = service.settings
-        self.sent_starts: set[str] = set()
-        self.sent_stops: set[str] = set()
-        self.write_lock = asyncio.Lock()
-
-    async def send(self, message: pb.CoordinatorMessage) -> None:
-        async with self.write_lock:
-            await self.context.write(message)
-
-    async def run(self) -> None:
-        hub = self.service.hub
-        self.wake = hub.attach(self.agent_id, self)
-        self.dispatcher: asyncio.Task[None] | None = None
-        try:
-            await self._read()
-        except DomainError as error:
-            await self.context.abort(grpc_status(error), str(error))
-        finally:
-            hub.detach(self.agent_id, self)
-            if self.dispatcher is not None:
-                self.dispatcher.cancel()
-                try:
-                    await self.dispatcher
-                except (asyncio.CancelledError, Exception):  # noqa: BLE001 - the stream is over either way
-                    pass
-
-    async def _read(self) -> None:
-        settings = self.settings
-        while True:
-            message = await self.context.read()
-            if message is grpc.aio.EOF:
-                return
-            if not self.service.hub.is_current(self.agent_id, self):
-                log.warning("agent %s opened a newer stream; closing this one", self.agent_id)
-                return
-            body = message.WhichOneof("body")
-            if body == "heartbeat":
-                await self.service._write(
-                    agent_messages.accept_heartbeat, self.agent_id, timeout_s=settings.agent_timeout_s
-                )
-                await self.send(HEARTBEAT_ACK)  # lets the agent tell a live stream from a dead one
-            elif body == "hello":
-                reports = [r for r in map(convert.task_report, message.hello.tasks) if r is not None]
-                replies = await self.service._write(
-                    agent_messages.accept_hello,
-                    self.agent_id,
-                    reports,
-                    timeout_s=settings.agent_timeout_s,
-                    backoff_base_s=settings.restart_backoff_s,
-                )
-                self.sent_starts.clear()
-                self.sent_stops.clear()
-                await self._reply(replies)
-                if self.dispatcher is None:  # commands only once the agent said what it already runs
-                    self.dispatcher = asyncio.create_task(self._dispatch(self.wake))
-            elif body == "task":
-                report = convert.task_report(message.task)
-                if report is not None:
-                    replies = await self.service._write(
-                        agent_messages.accept_report,
-                        self.agent_id,
-                        report,
-                        backoff_base_s=settings.restart_backoff_s,
-                    )
-                    await self._reply(replies)
-            elif body == "logs":
-                seq = await self.service._write(
-                    agent_messages.accept_logs,
-                    self.agent_id,
-                    message.logs.task_id,
-                    convert.log_lines(message.logs),
-                    timeout_s=settings.agent_timeout_s,
-                )
-                await self.send(convert.ack(message.logs.task_id, log_seq=seq))
-            elif body == "metrics":
-                seq = await self.service._write(
-                    agent_messages.accept_metrics,
-                    self.agent_id,
-                    message.metrics.task_id,
-                    convert.metric_points(message.metrics),
-                    timeout_s=settings.agent_timeout_s,
-                )
-                await self.send(convert.ack(message.metrics.task_id, metric_seq=seq))
-
-    async def _reply(self, replies: agent_messages.Replies) -> None:
-        for task_id in replies.final_acks:
-            await self.send(convert.ack(task_id, final_state=True))
-        for task_id in replies.stop_ids:
-            await self.send(convert.stop_unknown(task_id, self.settings.stop_grace_s))
-        if replies.changed:
-            self.service.on_change()
-            self.service.hub.wake()
-
-    async def _dispatch(self, wake: asyncio.Event) -> None:
-        """Sends start and stop commands the database asks for; woken on changes, else every second.
-
-        A failing pass (database trouble) is logged and retried: a dead dispatcher would leave a
-        healthy-looking agent that never gets commands. Ends when a newer stream of the agent took over.
-        """
-        while self.service.hub.is_current(self.agent_id, self):
-            wake.clear()  # before the pass, so a wake-up during it is not lost
-            try:
-                await self._send_pending()
-            except asyncio.CancelledError:
-                raise
-            except grpc.RpcError:
-                return  # the stream is gone; the reader ends the session
-            except Exception:  # noqa: BLE001 - keep dispatching whatever one pass hit
-                log.exception("dispatching commands to agent %s failed; retrying", self.agent_id)
-            try:
-                await asyncio.wait_for(wake.wait(), timeout=1.0)
-            except TimeoutError:
-                pass
-
-    async def _send_pending(self) -> None:
-        starts, stops = await asyncio.to_thread(self._pending)
-        for task, job in starts:
-            if task.id not in self.sent_starts:
-                self.sent_starts.add(task.id)
-                await self.send(
-                    convert.start_task(
-                        task, job, self.settings.stop_grace_s, self.settings.shared_checkpoint_dir
-                    )
-                )
-        for task in stops:
-            if task.id not in self.sent_stops:
-                self.sent_stops.add(task.id)
-                await self.send(convert.stop_task(task, self.settings.stop_grace_s))
-
-    def _pending(self) -> tuple[list, list]:
-        with self.service.db.read() as session:
-            return agent_messages.pending_commands(session, self.agent_id)

@@ -1,4 +1,4 @@
-"""Agents: registration, liveness as data (online_until), and what each one can offer."""
+"""Agents: registration, removal, liveness as data (online_until), and what each one can offer."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from server.db.models import Agent, Task, utcnow
-from server.errors import InvalidInput, NameTaken, NotFound
+from server.errors import InvalidInput, NameTaken, NotFound, Unauthenticated
 from server.services.placement import AgentCapacity
+from server.services.tasks import mark_task_lost
 from server.states import TaskState
 
 
@@ -85,10 +86,43 @@ def touch_agent(agent: Agent, timeout_s: float, now: datetime | None = None) -> 
 
 
 def get_agent(session: Session, agent_id: str) -> Agent:
+    """The agent behind a session; NotFound when unknown, Unauthenticated once an admin removed it."""
     agent = session.get(Agent, agent_id)
     if agent is None:
         raise NotFound(f"no agent with id {agent_id}; the agent must register again")
+    if agent.removed_at is not None:
+        raise Unauthenticated(f"agent {agent.name!r} was removed by an admin; its credential is void")
     return agent
+
+
+def remove_agent(
+    session: Session, agent_id: str, backoff_base_s: float, now: datetime | None = None
+) -> Agent:
+    """Revokes the agent's credential and ends its tasks as a lost agent's end; its name may join again.
+
+    Removing a removed agent changes nothing.
+    """
+    now = now or utcnow()
+    agent = session.get(Agent, agent_id)
+    if agent is None:
+        raise NotFound(f"no agent with id {agent_id}; list them with `mwms agents`")
+    if agent.removed_at is not None:
+        return agent
+    agent.credential_hash = None
+    agent.removed_at = now
+    agent.online_until = None
+    agent.lost_at = now  # handled: the reconciler must not treat it as newly lost
+    open_tasks = session.scalars(
+        select(Task).where(Task.agent_id == agent.id, Task.state.not_in(_TERMINAL_TASK_STATES))
+    ).all()
+    for task in open_tasks:
+        mark_task_lost(session, agent, task, "lost (its agent was removed by an admin)", backoff_base_s, now)
+    session.flush()
+    return agent
+
+
+def removed_agent_ids(session: Session) -> set[str]:
+    return set(session.scalars(select(Agent.id).where(Agent.removed_at.is_not(None))).all())
 
 
 def is_online(agent: Agent, now: datetime | None = None) -> bool:
@@ -114,6 +148,8 @@ def live_tasks_by_agent(session: Session) -> dict[str, list[Task]]:
         grouped.setdefault(task.agent_id, []).append(task)
     return grouped
 
+
+_TERMINAL_TASK_STATES = [s.value for s in TaskState if s.terminal]
 
 # A port an agent could not bind is avoided on that agent for this long (another program holds it).
 REFUSED_PORT_MEMORY = timedelta(minutes=10)
@@ -145,7 +181,9 @@ def capacities(
     refused = refused_ports_by_agent(session, now)
     result = []
     for agent in session.scalars(select(Agent).order_by(Agent.name)).all():
-        if not is_online(agent, now) or (connected is not None and agent.id not in connected):
+        if agent.removed_at is not None or not is_online(agent, now):
+            continue
+        if connected is not None and agent.id not in connected:
             continue
         tasks = held.get(agent.id, [])
         busy = {i for task in tasks for i in task.device_indices}
@@ -184,6 +222,7 @@ def grant_reconnect_grace(session: Session, timeout_s: float, now: datetime | No
     declared lost, and their healthy attempts ended, before they had a chance to reconnect.
     """
     now = now or utcnow()
-    for agent in session.scalars(select(Agent).where(Agent.lost_at.is_(None))).all():
+    rows = session.scalars(select(Agent).where(Agent.lost_at.is_(None), Agent.removed_at.is_(None))).all()
+    for agent in rows:
         agent.online_until = max(agent.online_until or now, now + timedelta(seconds=timeout_s))
     session.flush()

@@ -20,8 +20,11 @@ import pytest
 
 from mwms.v1 import agent_pb2, agent_pb2_grpc
 from worker_agent.config import AgentConfig
+from worker_agent.credentials import CredentialInterceptor, CredentialStore
 from worker_agent.main import run_agent
 
+# What the fake coordinator issues at the first Register and expects on every later call.
+FAKE_CREDENTIAL = "mwmsa_agent-1.fake-secret-for-tests"
 TERMINAL = {
     agent_pb2.TASK_STATE_SUCCEEDED,
     agent_pb2.TASK_STATE_FAILED,
@@ -98,19 +101,31 @@ class FakeCoordinator(agent_pb2_grpc.AgentServiceServicer):
         self.server: grpc.Server | None = None
         # Uploads and task reports in the order they arrived, to check artifacts come before the end.
         self.timeline: list[tuple[str, str, int]] = []
+        # RPCs (other than Register) that came without the credential; the fixture fails the test on any.
+        self.calls_without_credential: list[str] = []
+
+    def _check_credential(self, method: str, context: grpc.ServicerContext) -> str:
+        """The agent id the call's credential proves ("" and recorded when it carries none)."""
+        metadata = dict(context.invocation_metadata())
+        if metadata.get("authorization") == f"Bearer {FAKE_CREDENTIAL}":
+            return "agent-1"
+        self.calls_without_credential.append(method)
+        return ""
 
     # --- the RPCs -------------------------------------------------------------------------------
     def Register(self, request: agent_pb2.RegisterRequest, context: grpc.ServicerContext) -> Any:
         self.registrations.append((request, context.invocation_metadata()))
         if self.refuse_with is not None:
             context.abort(self.refuse_with, "join token does not match; ask the operator for the current one")
+        known = dict(context.invocation_metadata()).get("authorization") == f"Bearer {FAKE_CREDENTIAL}"
         return agent_pb2.RegisterResponse(
-            agent_id="agent-1", heartbeat_interval_ms=self.heartbeat_interval_ms
+            agent_id="agent-1",
+            heartbeat_interval_ms=self.heartbeat_interval_ms,
+            credential="" if known else FAKE_CREDENTIAL,
         )
 
     def Connect(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
-        metadata = dict(context.invocation_metadata())
-        stream = FakeStream(str(metadata.get("agent-id", "")))
+        stream = FakeStream(self._check_credential("Connect", context))
         self.streams.append(stream)
         threading.Thread(target=self._read, args=(stream, request_iterator), daemon=True).start()
         while context.is_active() and not stream.closed.is_set():
@@ -125,6 +140,7 @@ class FakeCoordinator(agent_pb2_grpc.AgentServiceServicer):
     def FetchBundle(
         self, request: agent_pb2.FetchBundleRequest, context: grpc.ServicerContext
     ) -> Iterator[Any]:
+        self._check_credential("FetchBundle", context)
         self.bundle_fetches.append(request.digest)
         self.bundles_released.wait(10)
         data = self.bundles.get(request.digest)
@@ -136,6 +152,7 @@ class FakeCoordinator(agent_pb2_grpc.AgentServiceServicer):
     def FetchCheckpoint(
         self, request: agent_pb2.FetchCheckpointRequest, context: grpc.ServicerContext
     ) -> Iterator[Any]:
+        self._check_credential("FetchCheckpoint", context)
         self.checkpoint_fetches.append(request.job_id)
         if self.checkpoint_fetch_error is not None:
             context.abort(self.checkpoint_fetch_error, "the checkpoint store is not reachable")
@@ -144,6 +161,7 @@ class FakeCoordinator(agent_pb2_grpc.AgentServiceServicer):
             yield agent_pb2.BundleChunk(data=data[offset : offset + 1000])
 
     def UploadFiles(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Any:
+        self._check_credential("UploadFiles", context)
         chunks = list(request_iterator)
         data = b"".join(chunk.data for chunk in chunks)
         self.uploads.append((chunks[0].task_id, chunks[0].kind, data))
@@ -230,6 +248,22 @@ def serve_coordinator() -> Iterator[Callable[..., tuple[FakeCoordinator, str]]]:
         for stream in fake.streams:
             stream.close()
         server.stop(grace=None)
+    for fake, _ in servers:
+        assert not fake.calls_without_credential, (
+            f"calls without the agent credential: {fake.calls_without_credential}"
+        )
+
+
+@pytest.fixture
+def agent_channel(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], grpc.Channel]:
+    """Opens a channel to `address` that presents the fake coordinator's credential, as an agent's does."""
+
+    def open_channel(address: str) -> grpc.Channel:
+        store = CredentialStore(tmp_path_factory.mktemp("credential"))
+        store.save(FAKE_CREDENTIAL)
+        return grpc.intercept_channel(grpc.insecure_channel(address), CredentialInterceptor(store))
+
+    return open_channel
 
 
 @pytest.fixture

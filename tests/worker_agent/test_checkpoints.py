@@ -182,13 +182,13 @@ def test_without_an_archive_the_local_checkpoint_dir_is_kept(
     assert fake.checkpoint_fetches == ([] if case == "shared filesystem" else ["job-k"])
 
 
-def test_a_fetched_file_that_is_not_a_tar_gz_is_refused(tmp_path: Path, coordinator) -> None:  # type: ignore[no-untyped-def]
+def test_a_fetched_file_that_is_not_a_tar_gz_is_refused(tmp_path: Path, coordinator, agent_channel) -> None:  # type: ignore[no-untyped-def]
     fake, address = coordinator
     fake.checkpoints["job-z"] = b"PK\x03\x04 a zip is not what the chief uploads"
     target = tmp_path / "checkpoints"
     target.mkdir()
     (target / "keep").write_text("kept")
-    with grpc.insecure_channel(address) as channel:
+    with agent_channel(address) as channel:
         from mwms.v1 import agent_pb2_grpc
 
         with pytest.raises(checkpoints.RestoreError, match="not a tar.gz"):
