@@ -24,6 +24,7 @@ from server.db.engine import Database
 from server.db.migrate import upgrade_to_head
 from server.loops import BackgroundLoops
 from server.rpc.agent_service import AgentService
+from server.rpc.auth import AgentAuthInterceptor
 from server.rpc.hub import AgentHub
 from server.services.agents import grant_reconnect_grace
 from server.settings import Settings
@@ -60,13 +61,14 @@ def create_app(settings: Settings) -> FastAPI:
         hub = AgentHub(asyncio.get_running_loop())
         loops = BackgroundLoops(db, settings, hub)
         grpc_server = grpc.aio.server(
+            interceptors=[AgentAuthInterceptor(db)],
             options=[
                 ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE),
                 ("grpc.max_send_message_length", GRPC_MAX_MESSAGE),
                 ("grpc.keepalive_time_ms", 10_000),
                 ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
                 ("grpc.keepalive_permit_without_calls", 1),
-            ]
+            ],
         )
         agent_pb2_grpc.add_AgentServiceServicer_to_server(
             AgentService(db, settings, hub, loops.poke), grpc_server

@@ -169,11 +169,40 @@ def agent(
     user: Annotated[
         str | None, typer.Option(help="With --systemd-unit: the user the service runs as.")
     ] = None,
+    ca_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--ca-file",
+            envvar="MWMS_CA_FILE",
+            help="Connect over TLS and trust this PEM CA certificate for the coordinator (e.g. the CA that "
+            "`mwms server --tls-self-signed` made).",
+            show_default=False,
+        ),
+    ] = None,
+    tls: Annotated[
+        bool,
+        typer.Option("--tls", help="Connect over TLS, trusting the system's CA certificates."),
+    ] = False,
 ) -> None:
-    """Run an agent on this machine: it joins the coordinator and runs the tasks placed on it."""
+    """Run an agent on this machine: it joins the coordinator and runs the tasks placed on it.
+
+    The first start needs a join token; the agent then keeps its own credential in <work dir>/agent-credential
+    and proves who it is with it (also after restarts). Keep that file, or an admin must remove the agent
+    (`mwms remove-agent`) before its name can join again.
+    """
     port_low, port_high = parse_port_range(port_range)
     if ":" not in server_address:
         raise CliError(f"--server {server_address!r} must be HOST:PORT, e.g. 127.0.0.1:50051")
+    if ca_file is not None:
+        ca_file = ca_file.expanduser().resolve()
+        try:
+            pem = ca_file.read_bytes()
+        except OSError as error:
+            raise CliError(f"cannot read --ca-file {ca_file}: {error.strerror or error}") from None
+        if b"-----BEGIN CERTIFICATE-----" not in pem:
+            raise CliError(
+                f"--ca-file {ca_file} holds no PEM certificate: give the coordinator's CA certificate"
+            )
     if systemd_unit:
         from worker_agent.systemd import render_unit
 
@@ -192,6 +221,10 @@ def agent(
         ]
         if advertise_address:
             args += ["--advertise-address", advertise_address]
+        if ca_file is not None:
+            args += ["--ca-file", str(ca_file)]
+        elif tls:
+            args += ["--tls"]
         launcher = Path(sys.argv[0])
         if launcher.name == "mwms":
             print(render_unit(str(launcher.resolve()), args, user), end="")
@@ -214,6 +247,8 @@ def agent(
         port_low=port_low,
         port_high=port_high,
         join_token=join_token,
+        ca_file=ca_file,
+        tls=tls,
     )
     stop_event = threading.Event()
 
