@@ -1,11 +1,16 @@
 """`mwms quickstart`: a coordinator and two agents on this machine, one Keras job across them, the results.
 
 Everything it starts is stopped again on the way out (also on Ctrl-C or an error) unless --keep-running.
+The coordinator gets an admin token and a join token through its environment (never its command line,
+where `ps` shows them); the admin token is kept in <data dir>/admin-token (0600) for the dashboard's
+log-in and for the CLI, and reused on the next run.
 """
 
 from __future__ import annotations
 
+import os
 import random
+import secrets
 import signal
 import sys
 import time
@@ -36,6 +41,29 @@ AGENT_NAMES = ("local-1", "local-2")
 SERVER_START_TIMEOUT_S = 60.0
 AGENTS_ONLINE_TIMEOUT_S = 60.0
 PORTS_PER_AGENT = 50
+ADMIN_TOKEN_FILE = "admin-token"
+MIN_TOKEN_LENGTH = 16  # what the coordinator accepts as MWMS_ADMIN_TOKEN
+
+
+def new_secret() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def quickstart_admin_token(path: Path) -> str:
+    """The admin token saved in `path` by an earlier run, else a new one written there (0600)."""
+    try:
+        saved = path.read_text().strip()
+    except OSError:
+        saved = ""
+    if len(saved) >= MIN_TOKEN_LENGTH and not any(character.isspace() for character in saved):
+        path.chmod(0o600)
+        return saved
+    secret = new_secret()
+    path.unlink(missing_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        file.write(secret + "\n")
+    return secret
 
 
 def example_dir() -> Path:
@@ -61,6 +89,13 @@ class LocalCluster:
         self.processes: list[ManagedProcess] = []
         self.http_port = 0
         self.grpc_port = 0
+        self.admin_token_file = data_dir / ADMIN_TOKEN_FILE
+        self.admin_token = quickstart_admin_token(self.admin_token_file)
+        self.join_token = new_secret()  # lives as long as this coordinator process
+
+    def client(self, timeout: float = 30.0) -> ApiClient:
+        """A client of the local coordinator with the admin token (the user's own settings do not apply)."""
+        return ApiClient(self.api, token=self.admin_token, timeout=timeout)
 
     @property
     def api(self) -> str:
@@ -82,7 +117,8 @@ class LocalCluster:
                 "--data-dir",
                 str(self.data_dir / "coordinator"),
             ]
-            coordinator = start_process("coordinator", argv, self.log_dir / "coordinator.log")
+            secrets_env = {"MWMS_ADMIN_TOKEN": self.admin_token, "MWMS_JOIN_TOKEN": self.join_token}
+            coordinator = start_process("coordinator", argv, self.log_dir / "coordinator.log", secrets_env)
             self.processes.append(coordinator)
             healthy = self._wait_healthy(coordinator)
             if healthy:
@@ -99,7 +135,7 @@ class LocalCluster:
 
     def _wait_healthy(self, coordinator: ManagedProcess) -> bool:
         """True once /healthz answers; False if the process exits or the time runs out first."""
-        with ApiClient(self.api, timeout=2.0) as client:
+        with self.client(timeout=2.0) as client:
             _wait_until(lambda: client.health() or not coordinator.running(), SERVER_START_TIMEOUT_S)
             return coordinator.running() and client.health()
 
@@ -124,8 +160,9 @@ class LocalCluster:
                 "--port-range",
                 f"{low}-{low + PORTS_PER_AGENT - 1}",
             ]
-            self.processes.append(start_process(name, argv, self.log_dir / f"{name}.log"))
-        with ApiClient(self.api) as client:
+            join_env = {"MWMS_JOIN_TOKEN": self.join_token}
+            self.processes.append(start_process(name, argv, self.log_dir / f"{name}.log", join_env))
+        with self.client() as client:
 
             def both_online() -> bool:
                 for process in self.processes:
@@ -239,7 +276,7 @@ def quickstart(
         cluster.start_coordinator()
         cluster.start_agents()
         err.print(f"coordinator at {cluster.api}/, agents {', '.join(AGENT_NAMES)} online")
-        with ApiClient(cluster.api) as client:
+        with cluster.client() as client:
             job = _run_example(client, example, epochs, steps_per_epoch)
             out.print(Text.assemble("job ", (job["id"], "bold"), " ended ", state_text(job.get("state"))))
             if job.get("state") == "SUCCEEDED":
@@ -249,9 +286,14 @@ def quickstart(
             else:
                 explain_failure(client, job, cluster)
         out.print(f"dashboard and API: {cluster.api}/")
+        out.print(f"log in with the admin token in {cluster.admin_token_file}")
         leave_running = keep_running
-        if not keep_running and sys.stdin.isatty():
-            _hold_for_the_dashboard(cluster.api, job.get("id", ""))
+        if keep_running:
+            err.print(
+                f"use the CLI with it: mwms login --api {cluster.api} --token-file {cluster.admin_token_file}"
+            )
+        elif sys.stdin.isatty():
+            _hold_for_the_dashboard(cluster.api, job.get("id", ""), cluster.admin_token_file)
     except ApiError as error:
         raise CliError(
             f"the local coordinator at {cluster.api} failed: {error.detail}; see {cluster.log_dir}",
@@ -281,10 +323,11 @@ def _run_example(client: ApiClient, example: Path, epochs: int, steps_per_epoch:
     return follow_with_progress(client, job["id"], epochs * steps_per_epoch)
 
 
-def _hold_for_the_dashboard(api: str, job_id: str) -> None:
+def _hold_for_the_dashboard(api: str, job_id: str, token_file: Path) -> None:
     """On a terminal, keeps everything up until Enter or Ctrl-C, so the printed address can be opened."""
     err.print(
-        f"the dashboard stays up: open {api}/#/jobs/{job_id} — press Enter or Ctrl-C to stop everything"
+        f"the dashboard stays up: open {api}/#/jobs/{job_id} and log in with the token in {token_file} "
+        "— press Enter or Ctrl-C to stop everything"
     )
     try:
         input()
