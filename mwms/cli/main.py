@@ -105,7 +105,7 @@ def server(
         ),
     ] = None,
 ) -> None:
-    """Run the coordinator: REST API + dashboard over HTTP, agent connections over gRPC.
+    """Run the coordinator: REST API + dashboard over HTTP(S), agent connections over gRPC.
 
     Every flag overrides its MWMS_* variable (MWMS_DATA_DIR, MWMS_DB_URL, ...), which overrides the
     default. On the first start an admin token is written to <data dir>/admin-token (or MWMS_ADMIN_TOKEN
@@ -118,7 +118,7 @@ def server(
         raise CliError(
             f"the coordinator cannot be loaded ({error}); install it with: pip install 'mwms[server]'"
         ) from None
-    given = {
+    given: dict[str, object] = {
         "http_host": http_host or host,
         "grpc_host": grpc_host or host,
         "http_port": http_port,
@@ -133,7 +133,7 @@ def server(
         "grpc_tls_key": grpc_tls_key,
         "tls_self_signed": tls_self_signed,
     }
-    serve(Settings(**{key: value for key, value in given.items() if value is not None}))
+    serve(Settings.model_validate({key: value for key, value in given.items() if value is not None}))
 
 
 @app.command()
