@@ -386,3 +386,24 @@ def test_an_ended_session_returns_to_the_login_form(new_page, cluster_url) -> No
     expect(page.locator("[data-testid=jobs-table] tbody tr")).to_have_count(4)
     expect(page.locator("[data-testid=session-user]")).to_have_text("bob")
     watched.assert_clean()
+
+
+def test_login_waits_for_an_unreachable_coordinator_and_fits_a_phone(new_page, cluster_url) -> None:
+    cluster, url = cluster_url
+    cluster.unreachable = True
+    watched = new_page(NARROW)
+    page = watched.page
+    page.goto(f"{url}/#/jobs")
+    expect(page.locator("#banner")).to_be_visible()
+    expect(page.locator("[data-testid=login]")).to_be_hidden()
+    expect(page.locator("#view")).to_be_hidden()
+    cluster.unreachable = False
+    expect(page.locator("[data-testid=login]")).to_be_visible()
+    expect(page.locator("#banner")).to_be_hidden()
+    assert_fits_width(page)
+    watched.screenshot("fixture-login-narrow")
+    page.locator("[data-testid=login-token]").fill(VIEWER_TOKEN)
+    page.locator("[data-testid=login-submit]").click()
+    expect(page.locator("[data-testid=jobs-table] tbody tr")).to_have_count(4)
+    assert_fits_width(page)
+    watched.assert_clean()
