@@ -11,7 +11,9 @@ from typer.testing import CliRunner
 from mwms.cli.main import app
 
 COMMANDS = ["server", "agent", "submit", "jobs", "agents", "status", "logs", "cancel", "metrics", "artifacts"]
-COMMANDS.append("quickstart")
+COMMANDS += ["quickstart", "login", "logout", "whoami", "token", "agent-token", "remove-agent"]
+SUBCOMMANDS = [["token", name] for name in ("create", "list", "revoke")]
+SUBCOMMANDS += [["agent-token", name] for name in ("create", "list", "revoke")]
 
 runner = CliRunner()
 
@@ -29,6 +31,24 @@ def test_command_help(command: str) -> None:
     result = runner.invoke(app, [command, "--help"])
     assert result.exit_code == 0, result.output
     assert "Usage" in result.output
+
+
+@pytest.mark.parametrize("argv", SUBCOMMANDS, ids=" ".join)
+def test_subcommand_help(argv: list[str]) -> None:
+    result = runner.invoke(app, [*argv, "--help"])
+    assert result.exit_code == 0, result.output
+    assert "Usage" in result.output
+
+
+@pytest.mark.parametrize("group", ["token", "agent-token"])
+def test_command_groups_list_their_subcommands(group: str) -> None:
+    result = runner.invoke(app, [group])
+    assert all(name in result.output for name in ("create", "list", "revoke")), result.output
+
+
+def test_exit_codes_include_not_authorized() -> None:
+    result = runner.invoke(app, ["--help"])
+    assert "5 not logged in" in " ".join(result.output.split())
 
 
 def test_help_does_not_import_the_server_or_tensorflow() -> None:

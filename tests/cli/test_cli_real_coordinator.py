@@ -1,8 +1,11 @@
-"""The CLI's error handling against the real coordinator, started as a process with `mwms server`."""
+"""The CLI against the real coordinator, started as a process with `mwms server`: error handling, and tokens
+end to end (the first admin token from <data dir>/admin-token, users and viewers, revocation)."""
 
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 import time
@@ -13,6 +16,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
+from mwms.cli.connection import load_config
 from mwms.cli.main import app
 from mwms.cli.processes import free_port
 
@@ -22,13 +26,15 @@ runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
-def coordinator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def coordinator_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """A coordinator on free ports; yields its API address and data dir (with the first admin token)."""
     data_dir = tmp_path_factory.mktemp("coordinator")
     http_port, grpc_port = free_port(), free_port()
     argv = [sys.executable, "-m", "mwms.cli.main", "server", "--http-port", str(http_port)]
     argv += ["--grpc-port", str(grpc_port), "--data-dir", str(data_dir)]
     log = (data_dir / "server.log").open("wb")
-    process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    env = {key: value for key, value in os.environ.items() if not key.startswith("MWMS_")}
+    process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
     api = f"http://127.0.0.1:{http_port}"
     try:
         deadline = time.monotonic() + 60
@@ -40,11 +46,26 @@ def coordinator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 time.sleep(0.2)
         else:
             pytest.fail(f"coordinator did not start: {(data_dir / 'server.log').read_text()[-2000:]}")
-        yield api
+        yield api, data_dir
     finally:
         process.terminate()
         process.wait(timeout=15)
         log.close()
+
+
+@pytest.fixture
+def admin_token(coordinator_process: tuple[str, Path]) -> str:
+    """The admin token the coordinator wrote on its first start."""
+    return (coordinator_process[1] / "admin-token").read_text().strip()
+
+
+@pytest.fixture
+def coordinator(
+    coordinator_process: tuple[str, Path], admin_token: str, monkeypatch: pytest.MonkeyPatch
+) -> str:
+    """The coordinator's API address; commands send the admin token (MWMS_TOKEN)."""
+    monkeypatch.setenv("MWMS_TOKEN", admin_token)
+    return coordinator_process[0]
 
 
 @pytest.fixture
@@ -105,3 +126,97 @@ def test_submit_then_read_and_cancel(coordinator: str, program: Path) -> None:
     assert logs.exit_code == 0  # the stream ends because the job has ended
     again = runner.invoke(app, ["cancel", job_id, "--api", coordinator])
     assert again.exit_code == 2, again.output
+
+
+# -- tokens end to end -------------------------------------------------------------------------------------
+
+
+def _token(api: str, user: str, role: str) -> tuple[str, str]:
+    """Creates a token as the admin (MWMS_TOKEN); returns (id, secret)."""
+    created = runner.invoke(app, ["token", "create", "--user", user, "--role", role, "--json", "--api", api])
+    assert created.exit_code == 0, created.output
+    body = json.loads(created.stdout)
+    return body["id"], body["token"]
+
+
+def test_without_a_token_the_cli_says_where_the_first_one_is(
+    coordinator_process: tuple[str, Path], admin_token: str
+) -> None:
+    api, data_dir = coordinator_process
+    result = runner.invoke(app, ["jobs", "--api", api])
+    assert result.exit_code == 5
+    assert "mwms login" in result.stderr and "admin-token" in result.stderr
+    assert stat.S_IMODE((data_dir / "admin-token").stat().st_mode) == 0o600
+
+
+def test_login_with_the_first_admin_token_file(
+    coordinator_process: tuple[str, Path], admin_token: str, private_config: Path
+) -> None:
+    api, data_dir = coordinator_process
+    result = runner.invoke(app, ["login", "--api", api, "--token-file", str(data_dir / "admin-token")])
+    assert result.exit_code == 0, result.output
+    assert "as admin (admin)" in result.stdout and admin_token not in result.output
+    assert stat.S_IMODE(private_config.stat().st_mode) == 0o600
+    saved = load_config(private_config)
+    assert saved is not None and (saved.api, saved.token) == (api, admin_token)
+    whoami = runner.invoke(app, ["whoami", "--json"])  # no --api, no MWMS_TOKEN: the config file
+    assert whoami.exit_code == 0 and json.loads(whoami.stdout)["role"] == "admin"
+    assert runner.invoke(app, ["logout"]).exit_code == 0
+    assert runner.invoke(app, ["jobs"]).exit_code == 5
+
+
+def test_users_viewers_and_revocation(coordinator: str, program: Path) -> None:
+    api = coordinator
+    user_id, user_secret = _token(api, "uma", "user")
+    _, viewer_secret = _token(api, "vic", "viewer")
+    listed = runner.invoke(app, ["token", "list", "--api", api])
+    assert listed.exit_code == 0 and "uma" in listed.stdout and "vic" in listed.stdout
+    assert user_secret not in listed.output and viewer_secret not in listed.output
+
+    as_viewer = ["--api", api, "--token", viewer_secret]
+    as_user = ["--api", api, "--token", user_secret]
+    refused = runner.invoke(app, ["submit", str(program), "-n", "1", *as_viewer, "--", "python", "t.py"])
+    assert refused.exit_code == 5, refused.output
+    assert "not allowed" in refused.stderr and "viewer" in refused.stderr
+    assert viewer_secret not in refused.output
+
+    submitted = runner.invoke(app, ["submit", str(program), "-n", "1", *as_user, "--", "python", "t.py"])
+    assert submitted.exit_code == 0, submitted.output
+    job_id = submitted.stdout.splitlines()[0]
+    jobs = runner.invoke(app, ["jobs", *as_viewer])  # a viewer may read
+    assert jobs.exit_code == 0 and "SUBMITTED BY" in jobs.stdout
+    assert any(job_id in line and "uma" in line for line in jobs.stdout.splitlines()), jobs.stdout
+    assert (
+        json.loads(runner.invoke(app, ["status", job_id, "--json", *as_viewer]).stdout)["submitted_by"]
+        == "uma"
+    )
+
+    not_cancelled = runner.invoke(app, ["cancel", job_id, *as_viewer])
+    assert not_cancelled.exit_code == 5 and "not allowed" in not_cancelled.stderr
+    cancelled = runner.invoke(app, ["cancel", job_id, *as_user])
+    assert cancelled.exit_code == 0, cancelled.output
+    status = runner.invoke(app, ["status", job_id, *as_user])
+    assert "cancelled by" in status.stdout and "uma" in status.stdout
+
+    assert runner.invoke(app, ["token", "create", "--user", "x", *as_user]).exit_code == 5
+    revoked = runner.invoke(app, ["token", "revoke", user_id, "--api", api])
+    assert revoked.exit_code == 0 and user_id in revoked.stdout
+    after = runner.invoke(app, ["whoami", *as_user])
+    assert after.exit_code == 5 and "refused the token from --token" in after.stderr
+    assert user_secret not in after.output
+
+
+def test_agent_tokens_and_remove_agent(coordinator: str) -> None:
+    created = runner.invoke(
+        app, ["agent-token", "create", "--name", "rack-7", "--expires-in", "1d", "--api", coordinator]
+    )
+    assert created.exit_code == 0, created.output
+    secret = created.stdout.strip()
+    assert secret and "shown only this once" in created.stderr
+    listed = runner.invoke(app, ["agent-token", "list", "--json", "--api", coordinator])
+    ours = [item for item in json.loads(listed.stdout) if item["name"] == "rack-7"]
+    assert len(ours) == 1 and ours[0]["expires_at"] and "token" not in ours[0]
+    revoked = runner.invoke(app, ["agent-token", "revoke", ours[0]["id"], "--api", coordinator])
+    assert revoked.exit_code == 0, revoked.output
+    missing = runner.invoke(app, ["remove-agent", "no-such-agent", "--api", coordinator])
+    assert missing.exit_code == 4 and "mwms agents" in missing.stderr
