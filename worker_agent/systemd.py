@@ -7,6 +7,9 @@ task would get SIGTERM at the same moment as the agent, racing the agent's own o
 KillMode=process, tasks of a crashed agent would keep running unsupervised until the next agent process
 stops them (see agent_state); that stays the safety net for crashes and for setups without systemd, but
 mixed leaves no process of the unit behind on a stop.
+
+Exit code 2 means the coordinator refused the agent (join token, credential, name): restarting cannot help
+until someone changes something, so it is not restarted (RestartPreventExitStatus=2).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ def render_unit(executable: str, args: list[str], user: str | None) -> str:
         f"ExecStart={command}",
         "Restart=always",
         "RestartSec=2",
+        "RestartPreventExitStatus=2",
         "KillMode=mixed",
         "KillSignal=SIGTERM",
         f"TimeoutStopSec={TIMEOUT_STOP_SECONDS}",

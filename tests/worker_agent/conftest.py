@@ -233,11 +233,15 @@ def serve_coordinator() -> Iterator[Callable[..., tuple[FakeCoordinator, str]]]:
     """Starts fake coordinators on real gRPC servers (port 0: a free one); all are stopped at teardown."""
     servers: list[tuple[FakeCoordinator, grpc.Server]] = []
 
-    def serve(port: int = 0) -> tuple[FakeCoordinator, str]:
+    def serve(port: int = 0, tls: tuple[bytes, bytes] | None = None) -> tuple[FakeCoordinator, str]:
+        """`tls`: (private key, certificate chain) in PEM to serve TLS with; clear text when None."""
         fake = FakeCoordinator()
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
         agent_pb2_grpc.add_AgentServiceServicer_to_server(fake, server)
-        bound = server.add_insecure_port(f"127.0.0.1:{port}")
+        if tls is None:
+            bound = server.add_insecure_port(f"127.0.0.1:{port}")
+        else:
+            bound = server.add_secure_port(f"127.0.0.1:{port}", grpc.ssl_server_credentials([tls]))
         server.start()
         fake.server = server
         servers.append((fake, server))

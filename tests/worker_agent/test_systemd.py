@@ -22,6 +22,7 @@ def test_the_unit_restarts_the_agent_and_lets_it_stop_its_tasks() -> None:
     assert values["ExecStart"] == "/opt/mwms/bin/mwms agent --server 10.0.0.1:50051"
     assert (values["Restart"], values["RestartSec"], values["KillMode"]) == ("always", "2", "mixed")
     assert values["User"] == "mwms"
+    assert values["RestartPreventExitStatus"] == "2"  # refused by the coordinator: a restart cannot help
     assert values["StartLimitIntervalSec"] == "0"
     assert "User" not in directives(render_unit("/opt/mwms/bin/mwms", ["agent"], None))
 
