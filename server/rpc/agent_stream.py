@@ -63,12 +63,13 @@ class AgentStream:
         finally:
             hub.detach(self.agent_id, self)
             for task in (reader, closing, self.dispatcher):
-                if task is not None and not task.done():
-                    task.cancel()
-                    try:
-                        await task
-                    except (asyncio.CancelledError, Exception):  # noqa: BLE001 - the stream is over either way
-                        pass
+                if task is None:
+                    continue
+                task.cancel()  # a no-op for a finished task, whose outcome the await below collects
+                try:
+                    await task
+                except (asyncio.CancelledError, Exception):  # noqa: BLE001 - the stream is over either way
+                    pass
 
     async def _read(self) -> None:
         settings = self.settings

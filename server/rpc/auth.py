@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 import grpc
 
 from server.db.engine import Database
-from server.errors import DomainError, Unauthenticated
+from server.errors import DomainError, Forbidden, Unauthenticated
 from server.rpc.status import grpc_status
 from server.services.agent_auth import authenticate_agent
 
@@ -51,7 +51,7 @@ def authenticated_agent_id() -> str:
 
 async def _abort_for(context: grpc.aio.ServicerContext, method: str, error: Exception) -> NoReturn:
     if isinstance(error, DomainError):
-        if isinstance(error, Unauthenticated):
+        if isinstance(error, (Unauthenticated, Forbidden)):
             log.warning("refused %s from %s: %s", method, context.peer(), error)
         await context.abort(grpc_status(error), str(error))
     log.error("%s failed", method, exc_info=error)

@@ -128,7 +128,7 @@ def admit_agent(
         raise Forbidden(
             f"agent name {reg.name!r} belongs to a registered agent (id {holder.id}): start that agent with "
             f"the credential from its work dir ({CREDENTIAL_FILE_HINT}), pick another --name, or have an "
-            f"admin remove the agent (DELETE /api/v1/agents/{holder.id}) so the name can join again"
+            f"admin remove the agent (`mwms remove-agent {holder.id}`) so the name can join again"
         )
     if not join_token_valid(session, join_token, bootstrap_join_token):
         if not join_token_exists(session, bootstrap_join_token, now):
