@@ -20,7 +20,7 @@ from mwms.cli.connection import (
     resolve_connection,
     save_config,
 )
-from mwms.cli.errors import CliError, ExitCode, handles_errors
+from mwms.cli.errors import CliError, ExitCode, exit_code_for, handles_errors, message_for
 from mwms.cli.options import ApiOption, CaFileOption, JsonOption, TokenOption
 from mwms.cli.output import err, out, print_json
 
@@ -97,7 +97,7 @@ def login(
                 f"{FIRST_ADMIN_TOKEN_HINT}",
                 ExitCode.NOT_AUTHORIZED,
             ) from None
-        raise
+        raise CliError(message_for(error, connection.api, connection), exit_code_for(error)) from None
     path = save_config(StoredConfig(api=connection.api, token=secret, ca_file=connection.ca_file))
     if json_output:
         print_json({**identity, "api": connection.api, "config_file": str(path)})

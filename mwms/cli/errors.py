@@ -26,6 +26,9 @@ class ExitCode(IntEnum):
     INTERRUPTED = 130  # Ctrl-C
 
 
+# Shorter "tokens" (typos, '-') are not searched for in messages: they would garble them.
+MIN_SCRUBBED_LENGTH = 8
+
 EXIT_CODES_HELP = (
     "Exit codes: 0 success; "
     "1 the job ended but not SUCCEEDED (submit --wait, quickstart); "
@@ -60,7 +63,7 @@ def exit_code_for(error: ApiError) -> ExitCode:
 def message_for(error: ApiError, api: str, connection: Connection | None = None) -> str:
     """One line that says what went wrong and, where it helps, what to do; never the token itself."""
     detail = error.detail
-    if connection is not None and connection.token:
+    if connection is not None and len(connection.token) >= MIN_SCRUBBED_LENGTH:
         detail = detail.replace(connection.token, "<token>")
     if error.status is None:
         if "CERTIFICATE_VERIFY_FAILED" in detail:

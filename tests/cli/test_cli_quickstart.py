@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 import textwrap
@@ -54,6 +55,25 @@ def test_quickstart_reports_a_failed_job_and_stops_everything(tmp_path: Path) ->
     assert str(data_dir / "logs") in result.stderr
     assert (data_dir / "logs" / "coordinator.log").exists()
     assert not _processes_mentioning(str(data_dir)), "quickstart left processes behind"
+    # The dashboard's log-in token is in a private file whose path is printed; the token itself never is.
+    token_file = data_dir / "admin-token"
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+    assert f"log in with the admin token in {token_file}" in result.stdout
+    token = token_file.read_text().strip()
+    logs = "".join(path.read_text() for path in (data_dir / "logs").iterdir())
+    assert token not in result.stdout + result.stderr + logs
+
+
+def test_quickstart_reuses_its_admin_token(tmp_path: Path) -> None:
+    example = tmp_path / "failing"
+    example.mkdir()
+    (example / "train.py").write_text(FAILING_PROGRAM)
+    data_dir = tmp_path / "qs"
+    data_dir.mkdir()
+    (data_dir / "admin-token").write_text("an-earlier-runs-admin-token-value\n")
+    result = _run_quickstart(data_dir, example)
+    assert result.returncode == 1, result.stderr  # the agents joined and the job ran: the token worked
+    assert (data_dir / "admin-token").read_text().strip() == "an-earlier-runs-admin-token-value"
 
 
 @pytest.mark.tf
