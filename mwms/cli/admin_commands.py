@@ -114,7 +114,7 @@ def create_token(
     print(created["token"], flush=True)
     err.print(
         f"created API token {created['id']} for {created['user']} (role {created['role']}, "
-        f"{_lifetime(created)}). The token above is shown only this once: hand it over now; "
+        f"{_lifetime(created)}). Its secret, printed on stdout, is shown only this once: hand it over now; "
         f"its user runs `mwms login --api {client.base_url}` or sets MWMS_TOKEN."
     )
 
@@ -181,7 +181,7 @@ def create_join_token(
     print(created["token"], flush=True)
     err.print(
         f"created join token {created['id']} ({created.get('name', '')}, {_lifetime(created)}). "
-        "The token above is shown only this once. Give it to agents in their environment, not on "
+        "Its secret, printed on stdout, is shown only this once. Give it to agents in their environment, not on "
         "their command line: MWMS_JOIN_TOKEN=... mwms agent --server HOST:GRPC_PORT "
         "(for systemd: an EnvironmentFile)."
     )
