@@ -36,7 +36,7 @@ class ChannelFactory:
         if config.ca_file is not None:
             self._tls = grpc.ssl_channel_credentials(root_certificates=config.ca_file.read_bytes())
         elif config.tls:
-            self._tls = grpc.ssl_channel_credentials()  # the system's trusted roots
+            self._tls = grpc.ssl_channel_credentials()  # gRPC's bundled public roots
         elif not is_loopback(config.server):
             log.warning(
                 "talking to %s in clear text: the join token and the agent credential can be read on the "

@@ -22,7 +22,7 @@ class AgentConfig:
     join_token: str = ""
     # Seconds between SIGTERM and SIGKILL when the agent itself shuts its tasks down.
     stop_grace: float = 10.0
-    # TLS to the coordinator: verified against this CA certificate (PEM), or, with `tls`, the system's roots.
+    # TLS to the coordinator: verified against this CA certificate (PEM), or, with `tls`, public CAs.
     ca_file: Path | None = None
     tls: bool = False
 

@@ -181,7 +181,11 @@ def agent(
     ] = None,
     tls: Annotated[
         bool,
-        typer.Option("--tls", help="Connect over TLS, trusting the system's CA certificates."),
+        typer.Option(
+            "--tls",
+            help="Connect over TLS, trusting the public CAs gRPC ships with (GRPC_DEFAULT_SSL_ROOTS_FILE_PATH "
+            "names another bundle); for a private CA use --ca-file.",
+        ),
     ] = False,
 ) -> None:
     """Run an agent on this machine: it joins the coordinator and runs the tasks placed on it.
