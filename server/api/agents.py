@@ -6,30 +6,23 @@ from typing import Any
 
 from fastapi import APIRouter
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session
 
 from server.api.auth import AdminOnly
 from server.api.deps import ReadSession, RuntimeDep
 from server.api.views import agents_out
 from server.db.models import Job
 from server.schemas import AgentOut, ErrorOut, Overview
-from server.services.agents import remove_agent, removed_agent_ids
+from server.services.agents import remove_agent
 from server.states import JobState
 
 router = APIRouter(prefix="/api/v1", tags=["agents"])
 ERRORS: dict[int | str, dict[str, Any]] = {403: {"model": ErrorOut}, 404: {"model": ErrorOut}}
 
 
-def _present_agents(session: Session) -> list[AgentOut]:
-    """Agents an admin has not removed."""
-    removed = removed_agent_ids(session)
-    return [a for a in agents_out(session) if a.id not in removed]
-
-
 @router.get("/agents", response_model=list[AgentOut])
 def list_agents(session: ReadSession) -> list[AgentOut]:
     """Every agent that registered and was not removed, with its devices, usage and liveness."""
-    return _present_agents(session)
+    return agents_out(session)
 
 
 @router.delete("/agents/{agent_id}", response_model=AgentOut, responses=ERRORS)
@@ -38,7 +31,7 @@ def delete_agent(agent_id: str, _admin: AdminOnly, rt: RuntimeDep) -> AgentOut:
     lost agent's do (their jobs restart under their policy). Its name may join again with a join token."""
     with rt.db.write() as session:
         remove_agent(session, agent_id, rt.settings.restart_backoff_s)
-        removed = next(a for a in agents_out(session) if a.id == agent_id)
+        [removed] = agents_out(session, agent_id)
     rt.poke_scheduler()
     rt.wake_agents(None)  # its session notices the removal and ends; the other tasks of its jobs get stops
     return removed
@@ -47,7 +40,7 @@ def delete_agent(agent_id: str, _admin: AdminOnly, rt: RuntimeDep) -> AgentOut:
 @router.get("/overview", response_model=Overview)
 def overview(session: ReadSession) -> Overview:
     """Agents online/lost, devices busy/free, jobs running/pending."""
-    agents = _present_agents(session)
+    agents = agents_out(session)
     online = [a for a in agents if a.online]
     counts = dict(session.execute(select(Job.state, func.count()).group_by(Job.state)).tuples().all())
     return Overview(

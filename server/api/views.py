@@ -103,7 +103,10 @@ def job_out(session: Session, job: Job) -> JobOut:
     )
 
 
-def agents_out(session: Session) -> list[AgentOut]:
+def agents_out(session: Session, agent_id: str | None = None) -> list[AgentOut]:
+    """Agents an admin has not removed, or only the agent `agent_id` (removed or not)."""
+    query = select(Agent).order_by(Agent.name)
+    query = query.where(Agent.id == agent_id) if agent_id else query.where(Agent.removed_at.is_(None))
     held = live_tasks_by_agent(session)
     jobs = {
         job.id: job.name
@@ -112,7 +115,7 @@ def agents_out(session: Session) -> list[AgentOut]:
         ).all()
     }
     result = []
-    for agent in session.scalars(select(Agent).order_by(Agent.name)).all():
+    for agent in session.scalars(query).all():
         tasks = held.get(agent.id, [])
         used = len({i for t in tasks for i in t.device_indices})
         result.append(

@@ -121,10 +121,6 @@ def remove_agent(
     return agent
 
 
-def removed_agent_ids(session: Session) -> set[str]:
-    return set(session.scalars(select(Agent.id).where(Agent.removed_at.is_not(None))).all())
-
-
 def is_online(agent: Agent, now: datetime | None = None) -> bool:
     """Derived liveness: online while now < online_until."""
     now = now or utcnow()
