@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,3 +27,25 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
         yield instance
     finally:
         instance.stop()
+
+
+CHROMIUM = os.environ.get("MWMS_CHROMIUM", "/usr/bin/chromium")
+
+
+@pytest.fixture(scope="session")
+def chromium_executable() -> str:
+    """The chromium binary, installed with apt-get by browser/install_chromium.sh when it is missing."""
+    if not os.access(CHROMIUM, os.X_OK):
+        script = Path(__file__).parent / "browser" / "install_chromium.sh"
+        result = subprocess.run(["sh", str(script)], capture_output=True, text=True, timeout=900)
+        if result.returncode != 0 or not os.access(CHROMIUM, os.X_OK):
+            pytest.skip(f"chromium could not be installed ({script}): {result.stderr.strip()[-500:]}")
+    return CHROMIUM
+
+
+@pytest.fixture(scope="session")
+def playwright_instance() -> Iterator[object]:
+    """The one sync Playwright of this test process (a second one in the same thread cannot start)."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the dev extra)")
+    with sync_api.sync_playwright() as playwright:
+        yield playwright

@@ -1,9 +1,11 @@
-"""Browser fixtures: Debian's chromium driven by Playwright, with every page watched for dialogs and CSP errors."""
+"""Browser fixtures: Debian's chromium driven by Playwright, with every page watched for dialogs and CSP errors.
+
+The Playwright driver and the chromium binary are session fixtures of tests/conftest.py: one sync
+Playwright per process, shared with the TLS test that launches its own pinned browser.
+"""
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,7 +14,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCREENSHOTS = REPO / "build" / "screenshots"
-CHROMIUM = os.environ.get("MWMS_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -28,23 +29,10 @@ NARROW = {"width": 390, "height": 844}
 
 
 @pytest.fixture(scope="session")
-def chromium_executable() -> str:
-    """The chromium binary, installed with apt-get by install_chromium.sh when it is missing."""
-    if not os.access(CHROMIUM, os.X_OK):
-        script = Path(__file__).with_name("install_chromium.sh")
-        result = subprocess.run(["sh", str(script)], capture_output=True, text=True, timeout=900)
-        if result.returncode != 0 or not os.access(CHROMIUM, os.X_OK):
-            pytest.skip(f"chromium could not be installed ({script}): {result.stderr.strip()[-500:]}")
-    return CHROMIUM
-
-
-@pytest.fixture(scope="session")
-def browser(chromium_executable: str) -> Iterator[object]:
-    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the dev extra)")
-    with sync_api.sync_playwright() as playwright:
-        instance = playwright.chromium.launch(executable_path=chromium_executable, args=CHROMIUM_ARGS)
-        yield instance
-        instance.close()
+def browser(playwright_instance: object, chromium_executable: str) -> Iterator[object]:
+    instance = playwright_instance.chromium.launch(executable_path=chromium_executable, args=CHROMIUM_ARGS)
+    yield instance
+    instance.close()
 
 
 @dataclass

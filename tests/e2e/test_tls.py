@@ -168,11 +168,7 @@ def test_two_agents_with_the_ca_run_a_two_worker_job_over_tls(tls_cluster):
 
 
 @pytest.mark.browser
-def test_the_dashboard_loads_over_tls_in_chromium(tls_cluster):
-    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the dev extra)")
-    chromium = os.environ.get("MWMS_CHROMIUM", "/usr/bin/chromium")
-    if not os.access(chromium, os.X_OK):
-        pytest.skip(f"no chromium at {chromium} (tests/browser/install_chromium.sh installs it)")
+def test_the_dashboard_works_over_tls_in_chromium(tls_cluster, playwright_instance, chromium_executable):
     # Trust exactly this server's key, not every certificate: Chromium's pin on the SPKI's SHA-256.
     server_cert = x509.load_pem_x509_certificate((tls_cluster.ca_file.parent / "server.pem").read_bytes())
     spki = server_cert.public_key().public_bytes(
@@ -180,17 +176,21 @@ def test_the_dashboard_loads_over_tls_in_chromium(tls_cluster):
     )
     pin = base64.b64encode(hashlib.sha256(spki).digest()).decode()
     args = ["--headless", "--no-sandbox", "--disable-gpu", f"--ignore-certificate-errors-spki-list={pin}"]
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium, args=args)
-        try:
-            page = browser.new_page()
-            errors: list[str] = []
-            page.on("pageerror", lambda error: errors.append(str(error)))
-            response = page.goto(f"{tls_cluster.api}/", wait_until="networkidle")
-            assert response is not None and response.ok, response
-            assert page.url.startswith("https://")
-            assert "max-age=" in response.headers["strict-transport-security"]
-            page.wait_for_selector("input[type=password]", timeout=10_000)  # the login form
-            assert not errors, errors
-        finally:
-            browser.close()
+    browser = playwright_instance.chromium.launch(executable_path=chromium_executable, args=args)
+    try:
+        page = browser.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        response = page.goto(f"{tls_cluster.api}/", wait_until="networkidle")
+        assert response is not None and response.ok, response
+        assert page.url.startswith("https://")
+        assert "max-age=" in response.headers["strict-transport-security"]
+        page.locator("[data-testid=login-token]").fill(tls_cluster.admin_token)
+        page.locator("[data-testid=login-submit]").click()
+        page.locator("[data-testid=login]").wait_for(state="hidden", timeout=10_000)
+        cookie = next(c for c in page.context.cookies() if c["name"] == "mwms_session")
+        assert cookie["secure"] and cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+        page.goto(f"{tls_cluster.api}/#/agents", wait_until="networkidle")
+        assert not errors, errors
+    finally:
+        browser.close()
