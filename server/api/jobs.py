@@ -152,7 +152,7 @@ def job_metrics(
     )
     return MetricSeries(
         points=[
-            MetricPointOut(name=p.name, step=p.step, value=p.value, wall_time=p.wall_time, attempt=p.attempt)
+            MetricPointOut(name=p.name, step=p.step, value=p.value if p.value is not None else float("nan"), wall_time=p.wall_time, attempt=p.attempt)
             for p in points
         ]
     )

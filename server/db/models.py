@@ -113,7 +113,10 @@ class Bundle(Base):
 
 class Job(Base):
     __tablename__ = "jobs"
-    __table_args__ = (Index("ix_jobs_state_created", "state", "created_at"),)
+    __table_args__ = (
+        Index("ix_jobs_state_created", "state", "created_at"),
+        UniqueConstraint("submitted_by", "idempotency_key", name="uq_jobs_submitter_idempotency_key"),
+    )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
     name: Mapped[str] = mapped_column(String(200))
@@ -135,6 +138,8 @@ class Job(Base):
     # The user (token owner) who submitted the job, and who cancelled it, if anyone did.
     submitted_by: Mapped[str] = mapped_column(String(200), default="")
     cancelled_by: Mapped[str] = mapped_column(String(200), default="")
+    # A client-generated key that makes a retried submit return the job the first one created.
+    idempotency_key: Mapped[str | None] = mapped_column(String(100), default=None)
 
     attempts: Mapped[list[Attempt]] = relationship(
         back_populates="job", order_by="Attempt.number", cascade="all, delete-orphan"
@@ -227,7 +232,8 @@ class MetricPoint(Base):
     seq: Mapped[int] = mapped_column(Integer)
     name: Mapped[str] = mapped_column(String(200))
     step: Mapped[int] = mapped_column(Integer)
-    value: Mapped[float] = mapped_column(Float)
+    # NaN is stored as NULL (SQLite turns NaN into NULL anyway); +-Infinity are stored as they are.
+    value: Mapped[float | None] = mapped_column(Float, nullable=True)
     wall_time: Mapped[datetime] = mapped_column()
 
 
