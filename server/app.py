@@ -17,6 +17,7 @@ from mwms.v1 import agent_pb2_grpc
 from server.admin_token import bootstrap_admin_token
 from server.api import agents, bundles, dashboard, health, jobs, session, tokens
 from server.api.auth import AuthMiddleware
+from server.api.body_limit import BodyLimitMiddleware
 from server.api.deps import Runtime
 from server.api.errors import install_error_handlers
 from server.api.security_headers import SecurityHeadersMiddleware
@@ -27,6 +28,7 @@ from server.rpc.agent_service import AgentService
 from server.rpc.auth import AgentAuthInterceptor
 from server.rpc.hub import AgentHub
 from server.services.agents import grant_reconnect_grace
+from server.services.follows import FollowSlots
 from server.settings import Settings
 from server.tls import bind_grpc_port
 
@@ -106,10 +108,13 @@ def create_app(settings: Settings) -> FastAPI:
         return HTMLResponse(SWAGGER_PAGE)
 
     install_error_handlers(app)
+    app.state.follow_slots = FollowSlots(settings.max_follows_per_user, settings.max_follows_total)
     routers = (health.router, session.router, tokens.router, bundles.router, jobs.router, agents.router)
     for router in (*routers, dashboard.router):
         app.include_router(router)
-    # The last added runs first: headers on every response, then the Host check, then authentication.
+    # The last added runs first: headers on every response, then the Host check, then authentication,
+    # then the bound on request bodies.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_body_bytes)
     app.add_middleware(AuthMiddleware)
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.trusted_hosts)
     app.add_middleware(SecurityHeadersMiddleware, tls=settings.serves_tls)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import Enum
-from typing import Any
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
+from server.limits import INT64_MAX, MAX_NAME_CHARS, MAX_WORKERS
 from server.states import JobState
 
 DIGEST_PATTERN = r"^[0-9a-f]{64}$"
@@ -35,6 +36,17 @@ SPEC_ENV = {
 }
 
 
+def _no_nul(value: str) -> str:
+    # A program argument or environment value cannot hold NUL, and PostgreSQL text cannot store it.
+    if "\x00" in value:
+        raise ValueError("must not contain a NUL character (\\x00)")
+    return value
+
+
+Text = Annotated[str, AfterValidator(_no_nul)]
+TIMEOUT_HELP = "seconds, finite; at most MWMS_MAX_TIMEOUT_SECONDS (default 30 days)"
+
+
 class CommunicationImplementation(str, Enum):
     AUTO = "AUTO"
     RING = "RING"
@@ -49,8 +61,8 @@ class CommunicationOptions(BaseModel):
     implementation: CommunicationImplementation | None = Field(
         default=None, description="AUTO, RING or NCCL; default NCCL when tasks have GPUs, else AUTO"
     )
-    timeout_seconds: float | None = Field(default=None, gt=0)
-    bytes_per_pack: int | None = Field(default=None, ge=0)
+    timeout_seconds: float | None = Field(default=None, gt=0, allow_inf_nan=False, description=TIMEOUT_HELP)
+    bytes_per_pack: int | None = Field(default=None, ge=0, le=INT64_MAX)
 
 
 class RestartOn(str, Enum):
@@ -70,16 +82,28 @@ class JobCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str | None = Field(default=None, max_length=200)
+    name: Text | None = Field(default=None, max_length=MAX_NAME_CHARS)
     bundle_digest: str = Field(pattern=DIGEST_PATTERN, description="sha256 of an uploaded bundle")
-    command: list[str] = Field(min_length=1, description="argv run in the bundle's directory")
-    workers: int = Field(ge=1, le=4096, description="number of MWMS workers (tasks)")
+    command: list[Text] = Field(
+        min_length=1,
+        description="argv run in the bundle's directory; at most MWMS_MAX_COMMAND_ARGS arguments and "
+        "MWMS_MAX_COMMAND_BYTES bytes",
+    )
+    workers: int = Field(ge=1, le=MAX_WORKERS, description="number of MWMS workers (tasks)")
     gpus_per_worker: int = Field(default=0, ge=0, le=64, description="0 runs on CPU slots")
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, Text] = Field(
+        default_factory=dict,
+        description="at most MWMS_MAX_ENV_VARS variables; names, values and their total bounded by "
+        "MWMS_MAX_ENV_NAME_BYTES, MWMS_MAX_ENV_VALUE_BYTES and MWMS_MAX_ENV_TOTAL_BYTES",
+    )
     communication: CommunicationOptions = Field(default_factory=CommunicationOptions)
     restart: RestartPolicy = Field(default_factory=RestartPolicy)
-    startup_timeout_seconds: float | None = Field(default=None, gt=0)
-    max_runtime_seconds: float | None = Field(default=None, gt=0)
+    startup_timeout_seconds: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False, description=TIMEOUT_HELP
+    )
+    max_runtime_seconds: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False, description=TIMEOUT_HELP
+    )
 
     @field_validator("command")
     @classmethod
@@ -257,8 +281,22 @@ class Overview(BaseModel):
 
 
 class ErrorOut(BaseModel):
+    """Every error response but 422: what was wrong and what to do about it."""
+
     detail: str
-    errors: list[dict[str, Any]] | None = None
+
+
+class ValidationIssue(BaseModel):
+    loc: list[str | int] = Field(description="where: 'body', 'query' or 'path', then the field's path")
+    msg: str
+    type: str
+
+
+class ValidationErrorOut(BaseModel):
+    """A 422: every problem in one sentence (`detail`), and each one on its own (`errors`)."""
+
+    detail: str
+    errors: list[ValidationIssue]
 
 
 class RoleName(str, Enum):

@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from server.limits import AGENT_RECEIVE_LIMIT_BYTES, ARG_STRLEN_MAX, SpecLimits, start_task_bound
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 
@@ -57,6 +59,39 @@ class Settings(BaseSettings):
     max_upload_bytes: int = 2 * 1024**3
     # A shared filesystem path for checkpoints; empty: agents ship checkpoints through the coordinator.
     shared_checkpoint_dir: str = ""
+
+    # --- request limits (issue 9) ---
+    # Every request body but bundle uploads (a job spec, a token request): refused with 413 before it is
+    # read when its Content-Length says more, and cut off at the limit when it has none.
+    max_request_body_bytes: int = Field(default=1024 * 1024, ge=4096, le=64 * 1024 * 1024)
+    # A job's env: variables, bytes of one name, of one value, and of all names and values together.
+    max_env_vars: int = Field(default=1000, ge=0, le=100_000)
+    max_env_name_bytes: int = Field(default=256, ge=1, le=4096)
+    max_env_value_bytes: int = Field(default=64 * 1024, ge=0, le=ARG_STRLEN_MAX - 4096 - 2)
+    max_env_total_bytes: int = Field(default=256 * 1024, ge=0)
+    # A job's command: arguments, and bytes of all of them together.
+    max_command_args: int = Field(default=1000, ge=1, le=100_000)
+    max_command_bytes: int = Field(default=256 * 1024, ge=1)
+    # Every timeout in a job spec (startup, runtime, collectives); finite, so deadlines never overflow.
+    max_timeout_seconds: float = Field(default=30 * 86400, gt=0, le=3650 * 86400)
+    # Log follows (GET /api/v1/jobs/{id}/logs?follow=true) open at once, per user and in all; a follow
+    # that has sent no line for follow_idle_timeout_s ends (clients follow again from their cursor).
+    max_follows_per_user: int = Field(default=8, ge=1, le=10_000)
+    max_follows_total: int = Field(default=200, ge=1, le=100_000)
+    follow_idle_timeout_s: float = Field(default=600.0, gt=0, le=86400)
+
+    @model_validator(mode="after")
+    def _start_task_fits(self) -> Settings:
+        bound = start_task_bound(SpecLimits.of(self))
+        if bound > AGENT_RECEIVE_LIMIT_BYTES:
+            raise ValueError(
+                f"with these MWMS_MAX_ENV_* and MWMS_MAX_COMMAND_* limits a task's StartTask message may take "
+                f"{bound} bytes, over the agents' gRPC receive limit of {AGENT_RECEIVE_LIMIT_BYTES}: lower "
+                "MWMS_MAX_ENV_TOTAL_BYTES, MWMS_MAX_COMMAND_BYTES, MWMS_MAX_ENV_VARS or MWMS_MAX_COMMAND_ARGS"
+            )
+        return self
+
+    # --- end of request limits ---
 
     @field_validator("allowed_hosts", mode="before")
     @classmethod

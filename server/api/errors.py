@@ -1,14 +1,21 @@
-"""The one mapping from domain errors to HTTP responses, and readable validation errors."""
+"""The one mapping from domain errors to HTTP responses, readable validation errors, and their schema.
+
+Every 422 has one shape, `ValidationErrorOut` ({"detail": str, "errors": [...]}), whether pydantic or a
+request limit refused the request, and the OpenAPI document says so for every operation.
+"""
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from server.errors import Conflict, DomainError, Forbidden, InvalidInput, NotFound, Unauthenticated
+from server.limits import LimitExceeded, TooManyRequests
+from server.schemas import ValidationErrorOut
 from server.states import InvalidTransition
 
 log = logging.getLogger("mwms.server.api")
@@ -21,7 +28,11 @@ _STATUS: list[tuple[type[Exception], int]] = [
     (InvalidTransition, 409),
     (Unauthenticated, 401),
     (Forbidden, 403),
+    (LimitExceeded, 422),
+    (TooManyRequests, 429),
 ]
+_FASTAPI_422 = "#/components/schemas/HTTPValidationError"
+_OUR_422 = "#/components/schemas/ValidationErrorOut"
 
 
 def http_status(error: Exception) -> int:
@@ -39,8 +50,20 @@ def _describe(error: dict) -> str:
     return f"{location}: {message}" if location else message
 
 
+def validation_body(detail: str, errors: list[dict[str, Any]]) -> dict[str, Any]:
+    """A 422 body in the documented shape."""
+    return ValidationErrorOut.model_validate({"detail": detail, "errors": errors}).model_dump(mode="json")
+
+
+def _loc_part(part: Any) -> str | int:
+    return part if isinstance(part, int) and not isinstance(part, bool) else str(part)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     async def domain_error(_request: Request, error: Exception) -> JSONResponse:
+        if isinstance(error, LimitExceeded):
+            issue = {"loc": [_loc_part(p) for p in error.loc], "msg": str(error), "type": "limit_exceeded"}
+            return JSONResponse(status_code=422, content=validation_body(str(error), [issue]))
         return JSONResponse(status_code=http_status(error), content={"detail": str(error)})
 
     async def validation_error(_request: Request, error: Exception) -> JSONResponse:
@@ -48,10 +71,14 @@ def install_error_handlers(app: FastAPI) -> None:
         errors = list(error.errors())
         detail = "invalid request: " + "; ".join(_describe(e) for e in errors)
         clean = [
-            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+            {
+                "loc": [_loc_part(p) for p in e.get("loc", ())],
+                "msg": str(e.get("msg", "")),
+                "type": str(e.get("type", "")),
+            }
             for e in errors
         ]
-        return JSONResponse(status_code=422, content={"detail": detail, "errors": clean})
+        return JSONResponse(status_code=422, content=validation_body(detail, clean))
 
     async def unexpected_error(request: Request, error: Exception) -> JSONResponse:
         # Never show SQL, tracebacks or exception class names to a caller: they help only an attacker.
@@ -62,3 +89,32 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(DomainError, domain_error)
     app.add_exception_handler(InvalidTransition, domain_error)
     app.add_exception_handler(RequestValidationError, validation_error)
+    _document_validation_errors(app)
+
+
+def _document_validation_errors(app: FastAPI) -> None:
+    """Makes /openapi.json describe the 422 body the handler above sends, not FastAPI's default one."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = generate()
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        model = ValidationErrorOut.model_json_schema(ref_template="#/components/schemas/{model}")
+        components.update(model.pop("$defs", {}))
+        components["ValidationErrorOut"] = model
+        for path in schema.get("paths", {}).values():
+            for operation in path.values():
+                response = operation.get("responses", {}).get("422")
+                if response is None:
+                    continue
+                for content in response.get("content", {}).values():
+                    if content.get("schema", {}).get("$ref") == _FASTAPI_422:
+                        content["schema"] = {"$ref": _OUR_422}
+        for unused in ("HTTPValidationError", "ValidationError"):
+            components.pop(unused, None)
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import FileResponse, StreamingResponse
+from starlette.background import BackgroundTask
 
 from server.api.auth import Caller
 from server.api.deps import ReadSession, RuntimeDep
 from server.api.views import artifact_out, job_out, job_summary
 from server.errors import NotFound
+from server.limits import INT64_MAX, INT64_MIN, MAX_NAME_CHARS, MAX_WORKERS, SpecLimits, check_job_spec
 from server.schemas import (
     ArtifactOut,
     ErrorOut,
@@ -23,8 +25,10 @@ from server.schemas import (
     LogPage,
     MetricPointOut,
     MetricSeries,
+    ValidationErrorOut,
 )
 from server.services import files, jobs, telemetry
+from server.services.follows import FollowSlots, follow_lines
 from server.services.tokens import Role
 from server.states import JobState
 
@@ -35,12 +39,36 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     403: {"model": ErrorOut},
     404: {"model": ErrorOut},
     409: {"model": ErrorOut},
-    422: {"model": ErrorOut},
+    422: {"model": ValidationErrorOut},
 }
+FOLLOW_BUSY: dict[int | str, dict[str, Any]] = {
+    429: {"model": ErrorOut, "description": "too many log follows open (per user or in all)"}
+}
+BODY_TOO_LARGE: dict[int | str, dict[str, Any]] = {
+    413: {"model": ErrorOut, "description": "the body is over MWMS_MAX_REQUEST_BODY_BYTES"}
+}
+Offset = Annotated[int, Query(ge=0, le=INT64_MAX)]
+Cursor = Annotated[int, Query(ge=0, le=INT64_MAX, description="only lines newer than this cursor")]
+AttemptNumber = Annotated[int | None, Query(ge=1, le=INT64_MAX)]
+Step = Annotated[int | None, Query(ge=INT64_MIN, le=INT64_MAX)]
 
 
-@router.post("", status_code=201, response_model=JobOut, responses=ERRORS)
-def create_job(spec: JobCreate, rt: RuntimeDep, caller: Caller) -> JobOut:
+def bounded_spec(spec: JobCreate, rt: RuntimeDep) -> JobCreate:
+    """The request's job spec, refused (422 naming the limit) when it is over a request limit."""
+    check_job_spec(spec, SpecLimits.of(rt.settings))
+    return spec
+
+
+def follow_slots(request: Request) -> FollowSlots:
+    return request.app.state.follow_slots
+
+
+def ndjson(lines: Sequence[LogLineOut]) -> bytes:
+    return b"".join((line.model_dump_json() + "\n").encode() for line in lines)
+
+
+@router.post("", status_code=201, response_model=JobOut, responses=ERRORS | BODY_TOO_LARGE)
+def create_job(spec: Annotated[JobCreate, Depends(bounded_spec)], rt: RuntimeDep, caller: Caller) -> JobOut:
     """Submits a job as the caller; it starts PENDING and is gang-placed when every worker fits."""
     with rt.db.write() as session:
         out = job_out(session, jobs.create_job(session, spec, submitted_by=caller.user))
@@ -52,7 +80,7 @@ def create_job(spec: JobCreate, rt: RuntimeDep, caller: Caller) -> JobOut:
 def list_jobs(
     session: ReadSession,
     state: Annotated[list[JobState] | None, Query(description="filter; repeat for several")] = None,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> JobPage:
     """Jobs, newest first."""
@@ -76,18 +104,24 @@ def cancel_job(job_id: str, rt: RuntimeDep, caller: Caller) -> JobOut:
     return out
 
 
-@router.get("/{job_id}/logs", response_model=LogPage, responses=ERRORS)
+@router.get("/{job_id}/logs", response_model=LogPage, responses=ERRORS | FOLLOW_BUSY)
 async def job_logs(
     job_id: str,
     request: Request,
     rt: RuntimeDep,
-    task: Annotated[int | None, Query(ge=0, description="task index; all tasks when absent")] = None,
-    attempt: Annotated[int | None, Query(ge=1)] = None,
+    caller: Caller,
+    slots: Annotated[FollowSlots, Depends(follow_slots)],
+    task: Annotated[
+        int | None, Query(ge=0, le=MAX_WORKERS - 1, description="task index; all tasks when absent")
+    ] = None,
+    attempt: AttemptNumber = None,
     tail: Annotated[int, Query(ge=1, le=10000)] = 1000,
-    after: Annotated[int, Query(ge=0, description="only lines newer than this cursor")] = 0,
+    after: Cursor = 0,
     follow: bool = False,
 ) -> LogPage | StreamingResponse:
-    """Log lines (tail, or after a cursor). With follow=true: NDJSON lines until the job has finished."""
+    """Log lines (tail, or after a cursor). With follow=true: NDJSON lines until the job has finished,
+    or until none has come for MWMS_FOLLOW_IDLE_TIMEOUT_S (follow again from the last line's id); at most
+    MWMS_MAX_FOLLOWS_PER_USER follows per user and MWMS_MAX_FOLLOWS_TOTAL in all (429 beyond)."""
 
     def page(cursor: int, limit: int) -> tuple[list[LogLineOut], bool]:
         with rt.db.read() as session:
@@ -114,35 +148,39 @@ async def job_logs(
     if not follow:
         return LogPage(lines=lines, next_after=lines[-1].id if lines else after)
 
-    async def stream() -> AsyncIterator[bytes]:
-        cursor = lines[-1].id if lines else after
-        for line in lines:
-            yield (line.model_dump_json() + "\n").encode()
-        finished_seen = 0
-        while not await request.is_disconnected():
-            batch, finished = await asyncio.to_thread(page, cursor, 1000)
-            for line in batch:
-                yield (line.model_dump_json() + "\n").encode()
-            if batch:
-                cursor = batch[-1].id
-                continue
-            # After the job ends, give the agents a moment to deliver their last lines.
-            finished_seen = finished_seen + 1 if finished else 0
-            if finished_seen >= 4:
-                return
-            await asyncio.sleep(0.5)
+    slot = slots.acquire(caller.user)
 
-    return StreamingResponse(stream(), media_type="application/x-ndjson")
+    async def newer(cursor: int) -> tuple[list[LogLineOut], bool]:
+        return await asyncio.to_thread(page, cursor, 1000)
+
+    async def stream() -> AsyncIterator[bytes]:
+        try:
+            if lines:
+                yield ndjson(lines)
+            batches = follow_lines(
+                newer,
+                lines[-1].id if lines else after,
+                request.is_disconnected,
+                idle_timeout_s=rt.settings.follow_idle_timeout_s,
+            )
+            async for batch in batches:
+                yield ndjson(batch)
+        finally:
+            slot.release()
+
+    return StreamingResponse(
+        stream(), media_type="application/x-ndjson", background=BackgroundTask(slot.release)
+    )
 
 
 @router.get("/{job_id}/metrics", response_model=MetricSeries, responses=ERRORS)
 def job_metrics(
     job_id: str,
     session: ReadSession,
-    name: str | None = None,
-    min_step: int | None = None,
-    max_step: int | None = None,
-    attempt: Annotated[int | None, Query(ge=1)] = None,
+    name: Annotated[str | None, Query(max_length=MAX_NAME_CHARS)] = None,
+    min_step: Step = None,
+    max_step: Step = None,
+    attempt: AttemptNumber = None,
 ) -> MetricSeries:
     """The chief's reduced metric series: name, step, value, wall time and attempt of every point."""
     job = jobs.get_job(session, job_id)
@@ -152,7 +190,13 @@ def job_metrics(
     )
     return MetricSeries(
         points=[
-            MetricPointOut(name=p.name, step=p.step, value=p.value if p.value is not None else float("nan"), wall_time=p.wall_time, attempt=p.attempt)
+            MetricPointOut(
+                name=p.name,
+                step=p.step,
+                value=telemetry.value_out(p.value),
+                wall_time=p.wall_time,
+                attempt=p.attempt,
+            )
             for p in points
         ]
     )
@@ -166,7 +210,7 @@ def job_artifacts(job_id: str, session: ReadSession) -> list[ArtifactOut]:
 
 @router.get("/{job_id}/artifacts/{path:path}", response_class=FileResponse, responses=ERRORS)
 def job_artifact(
-    job_id: str, path: str, session: ReadSession, rt: RuntimeDep, attempt: int | None = None
+    job_id: str, path: str, session: ReadSession, rt: RuntimeDep, attempt: AttemptNumber = None
 ) -> FileResponse:
     """One artifact file (the newest attempt's unless ?attempt= is given)."""
     job = jobs.get_job(session, job_id)
