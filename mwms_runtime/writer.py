@@ -1,15 +1,14 @@
 """Append reported metrics to the metrics file and TensorBoard event files from a background thread.
 
 The training thread only enqueues; a daemon thread does all file I/O. The metrics file is the agent's
-contract: one complete JSON object per line, appended and flushed, never rewritten or truncated.
+contract: one complete line per point in the format of ``mwms.metrics_line`` (non-finite values as
+"NaN"/"Infinity"/"-Infinity"), appended and flushed, never rewritten or truncated.
 TensorBoard events are written as a TFRecord file of ``Event`` protos (public TF API, no graph ops).
 """
 
 from __future__ import annotations
 
 import atexit
-import json
-import math
 import os
 import queue
 import socket
@@ -19,6 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from mwms import metrics_line
 from mwms_runtime.env import context
 
 
@@ -39,7 +39,7 @@ class MetricsWriter:
         self.tensorboard_dir = tensorboard_dir
         self._queue: queue.Queue[MetricsRecord] = queue.Queue()
         self._events: Any = None
-        self._warned = False
+        self._warned: set[str] = set()
         # Opened here so a file that cannot be opened is an error in the training thread, not a writer
         # thread that dies and leaves every flush() waiting out its timeout.
         try:
@@ -76,16 +76,20 @@ class MetricsWriter:
                     self._write_lines(out, record)
                     self._write_events(record)
                 except Exception as exc:  # noqa: BLE001 - a failed write must not kill training
-                    self._warn(f"could not write metrics at step {record.step}: {exc}")
+                    self._warn("write", f"could not write metrics at step {record.step}: {exc}")
                 finally:
                     self._queue.task_done()
 
     def _write_lines(self, out, record: MetricsRecord) -> None:
         for name, value in record.values.items():
-            # JSON has no NaN/Infinity; the agent's parser would reject such a line.
-            json_value = value if math.isfinite(value) else None
-            line = {"name": name, "step": record.step, "value": json_value, "time": record.time}
-            out.write(json.dumps(line) + "\n")
+            try:
+                line = metrics_line.encode(name, record.step, value, record.time)
+            except metrics_line.InvalidMetricLine as problem:
+                self._warn(
+                    f"name:{name[:60]}", f"metric {name[:60]!r} at step {record.step} not recorded: {problem}"
+                )
+                continue
+            out.write(line)
             out.flush()
 
     def _write_events(self, record: MetricsRecord) -> None:
@@ -106,10 +110,11 @@ class MetricsWriter:
         self._events.write(event.SerializeToString())
         self._events.flush()
 
-    def _warn(self, message: str) -> None:
-        if not self._warned:
+    def _warn(self, key: str, message: str) -> None:
+        """Prints `message` the first time a problem `key` (a failed write, one bad metric name) is seen."""
+        if key not in self._warned and len(self._warned) < 100:
             print(f"mwms_runtime: {message}", file=sys.stderr, flush=True)
-            self._warned = True
+            self._warned.add(key)
 
 
 _writer: MetricsWriter | None = None

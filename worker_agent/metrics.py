@@ -1,4 +1,4 @@
-"""Tails a task's metrics file (JSON lines written by mwms_runtime) into MetricPoints.
+"""Tails a task's metrics file (lines in the mwms.metrics_line format, written by mwms_runtime) into MetricPoints.
 
 The seq of a point is its line number (1-based), so it is the same however often the agent reconnects.
 Only complete lines are consumed; a line still being written is read on a later poll.
@@ -6,11 +6,9 @@ Only complete lines are consumed; a line still being written is read on a later 
 
 from __future__ import annotations
 
-import json
-import math
-import time
 from pathlib import Path
 
+from mwms import metrics_line
 from mwms.v1 import agent_pb2
 
 # Read at most this much per poll, so one huge file cannot stall the task's other work.
@@ -50,23 +48,8 @@ class MetricsTail:
 
 
 def parse_metric_line(raw: bytes, seq: int) -> agent_pb2.MetricPoint:
-    """One JSON metric line: {"name": str, "step": int, "value": number, "time": unix seconds}."""
-    try:
-        record = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError("not JSON") from error
-    if not isinstance(record, dict):
-        raise ValueError("not a JSON object")
-    name, step, value = record.get("name"), record.get("step", 0), record.get("value")
-    if not isinstance(name, str) or not name:
-        raise ValueError("no name")
-    if isinstance(step, bool) or not isinstance(step, (int, float)):
-        raise ValueError("step is not a number")
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError("value is not a number")
-    when = record.get("time", time.time())
-    if isinstance(when, bool) or not isinstance(when, (int, float)) or not math.isfinite(when):
-        raise ValueError("time is not a number")
+    """One metrics line (the contract in mwms.metrics_line) as the point with sequence number `seq`."""
+    point = metrics_line.decode(raw)
     return agent_pb2.MetricPoint(
-        seq=seq, name=name, step=int(step), value=float(value), unix_ms=int(when * 1000)
+        seq=seq, name=point.name, step=point.step, value=point.value, unix_ms=int(point.time * 1000)
     )

@@ -177,6 +177,21 @@ class TaskManager:
             return
         record.logs.ack(ack.log_seq)
         record.metrics.ack(ack.metric_seq)
+        if ack.rejected:
+            # Refused as invalid: acknowledged all the same, so dropped here and never sent again.
+            kind = "metric point(s)" if ack.metric_seq else "log line(s)"
+            log.warning(
+                "task %s: the coordinator refused %d %s: %s",
+                record.task_id,
+                ack.rejected,
+                kind,
+                ack.reject_reason,
+            )
+            if ack.metric_seq:
+                record.add_log(
+                    "stderr",
+                    f"mwms-agent: the coordinator refused {ack.rejected} {kind}: {ack.reject_reason}",
+                )
         newly_final = False
         with record.lock:
             if ack.final_state and record.ended and not record.final_acked:

@@ -533,6 +533,8 @@ class Ack(_message.Message):
     LOG_SEQ_FIELD_NUMBER: _builtins.int
     METRIC_SEQ_FIELD_NUMBER: _builtins.int
     FINAL_STATE_FIELD_NUMBER: _builtins.int
+    REJECTED_FIELD_NUMBER: _builtins.int
+    REJECT_REASON_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     log_seq: _builtins.int
     """every log line up to and including this seq is stored"""
@@ -540,6 +542,12 @@ class Ack(_message.Message):
     """every metric point up to and including this seq is stored"""
     final_state: _builtins.bool
     """the terminal task state is stored; the agent may forget the task"""
+    rejected: _builtins.int
+    """How many log lines or metric points of the acknowledged batch the coordinator refused as invalid
+    (a metric time out of range, a name too long) and why. They are acknowledged all the same: the agent
+    drops them, logs the reason and never resends them, and the stream goes on.
+    """
+    reject_reason: _builtins.str
     def __init__(
         self,
         *,
@@ -547,10 +555,12 @@ class Ack(_message.Message):
         log_seq: _builtins.int = ...,
         metric_seq: _builtins.int = ...,
         final_state: _builtins.bool = ...,
+        rejected: _builtins.int = ...,
+        reject_reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["final_state", b"final_state", "log_seq", b"log_seq", "metric_seq", b"metric_seq", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["final_state", b"final_state", "log_seq", b"log_seq", "metric_seq", b"metric_seq", "reject_reason", b"reject_reason", "rejected", b"rejected", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,4 +1,11 @@
-"""One agent's Connect stream: a reader applying its messages and a dispatcher sending commands."""
+"""One agent's Connect stream: a reader applying its messages and a dispatcher sending commands.
+
+A message that cannot be applied never ends the stream (which would make the agent reconnect and resend
+it forever): a log or metric batch is acknowledged with what was refused and why, so the agent drops it;
+a task report is skipped. A start command that cannot be built or would not fit the agent's receive limit
+fails its job with the reason. Each is logged and counted (server.poison). Only a refused credential and
+database trouble end the stream.
+"""
 
 from __future__ import annotations
 
@@ -10,16 +17,20 @@ import grpc
 
 from mwms.v1 import agent_pb2 as pb
 from server.errors import DomainError, Unauthenticated
+from server.poison import contain, count_poison, is_transient
 from server.rpc import convert
 from server.rpc.status import grpc_status
 from server.services import agent_messages
 from server.services.agents import get_agent
+from server.services.telemetry import StoreOutcome
 
 if TYPE_CHECKING:
     from server.rpc.agent_service import AgentService
 
 log = logging.getLogger("mwms.server.rpc")
 HEARTBEAT_ACK = pb.CoordinatorMessage(ack=pb.Ack())
+# gRPC's default max_receive_message_length, which the agents' channel keeps (worker_agent/channel.py).
+AGENT_RECEIVE_LIMIT_BYTES = 4 * 1024 * 1024
 
 
 class AgentStream:
@@ -72,8 +83,6 @@ class AgentStream:
                     pass
 
     async def _read(self) -> None:
-        settings = self.settings
-        write = self.service._write
         while True:
             message = await self.context.read()
             if message is grpc.aio.EOF:
@@ -82,19 +91,28 @@ class AgentStream:
                 log.warning("agent %s opened a newer stream; closing this one", self.agent_id)
                 return
             body = message.WhichOneof("body")
-            if body == "heartbeat":
-                await write(
-                    agent_messages.accept_heartbeat, self.agent_id, timeout_s=settings.agent_timeout_s
+            try:
+                await self._apply(message, body)
+            except (DomainError, grpc.RpcError):
+                raise  # a refused credential, or the stream itself is gone
+            except Exception as error:  # noqa: BLE001 - one bad message must not end the stream
+                if is_transient(error):
+                    raise  # the database is in trouble: the agent resends once it reconnects
+                await self._refuse(message, body)
+
+    async def _apply(self, message: pb.AgentMessage, body: str | None) -> None:
+        settings = self.settings
+        write = self.service._write
+        if body == "heartbeat":
+            await write(agent_messages.accept_heartbeat, self.agent_id, timeout_s=settings.agent_timeout_s)
+            await self.send(HEARTBEAT_ACK)  # lets the agent tell a live stream from a dead one
+        elif body == "hello":
+            if message.hello.agent_id and message.hello.agent_id != self.agent_id:
+                log.warning(
+                    "agent %s says hello as %r; its credential decides", self.agent_id, message.hello.agent_id
                 )
-                await self.send(HEARTBEAT_ACK)  # lets the agent tell a live stream from a dead one
-            elif body == "hello":
-                if message.hello.agent_id and message.hello.agent_id != self.agent_id:
-                    log.warning(
-                        "agent %s says hello as %r; its credential decides",
-                        self.agent_id,
-                        message.hello.agent_id,
-                    )
-                reports = [r for r in map(convert.task_report, message.hello.tasks) if r is not None]
+            reports = [r for r in map(convert.task_report, message.hello.tasks) if r is not None]
+            try:
                 replies = await write(
                     agent_messages.accept_hello,
                     self.agent_id,
@@ -102,39 +120,59 @@ class AgentStream:
                     timeout_s=settings.agent_timeout_s,
                     backoff_base_s=settings.restart_backoff_s,
                 )
+            finally:
+                # Commands flow once the agent said what it already runs, even after a hello that failed.
                 self.sent_starts.clear()
                 self.sent_stops.clear()
-                await self._reply(replies)
-                if self.dispatcher is None:  # commands only once the agent said what it already runs
+                if self.dispatcher is None:
                     self.dispatcher = asyncio.create_task(self._dispatch(self.wake))
-            elif body == "task":
-                report = convert.task_report(message.task)
-                if report is not None:
-                    replies = await write(
-                        agent_messages.accept_report,
-                        self.agent_id,
-                        report,
-                        backoff_base_s=settings.restart_backoff_s,
-                    )
-                    await self._reply(replies)
-            elif body == "logs":
-                seq = await write(
-                    agent_messages.accept_logs,
+            await self._reply(replies)
+        elif body == "task":
+            report = convert.task_report(message.task)
+            if report is not None:
+                replies = await write(
+                    agent_messages.accept_report,
                     self.agent_id,
-                    message.logs.task_id,
-                    convert.log_lines(message.logs),
-                    timeout_s=settings.agent_timeout_s,
+                    report,
+                    backoff_base_s=settings.restart_backoff_s,
                 )
-                await self.send(convert.ack(message.logs.task_id, log_seq=seq))
-            elif body == "metrics":
-                seq = await write(
-                    agent_messages.accept_metrics,
-                    self.agent_id,
-                    message.metrics.task_id,
-                    convert.metric_points(message.metrics),
-                    timeout_s=settings.agent_timeout_s,
-                )
-                await self.send(convert.ack(message.metrics.task_id, metric_seq=seq))
+                await self._reply(replies)
+        elif body == "logs":
+            stored = await write(
+                agent_messages.accept_logs,
+                self.agent_id,
+                message.logs.task_id,
+                convert.log_lines(message.logs),
+                timeout_s=settings.agent_timeout_s,
+            )
+            await self.send(convert.ack(message.logs.task_id, log_seq=stored.acked_seq, stored=stored))
+        elif body == "metrics":
+            stored = await write(
+                agent_messages.accept_metrics,
+                self.agent_id,
+                message.metrics.task_id,
+                convert.metric_points(message.metrics),
+                timeout_s=settings.agent_timeout_s,
+            )
+            await self.send(convert.ack(message.metrics.task_id, metric_seq=stored.acked_seq, stored=stored))
+            if stored.changed:
+                self.service.on_change()
+                self.service.hub.wake()
+
+    async def _refuse(self, message: pb.AgentMessage, body: str | None) -> None:
+        """Contains a message that could not be applied: a batch is acknowledged as refused, so the agent
+        drops it instead of resending it forever; a report or hello is skipped (logged and counted)."""
+        what = f"a {body} message from agent {self.agent_id}"
+        contain(log, f"agent_{body}", f"{self.agent_id}/{body}", what)
+        reason = "the coordinator could not store this batch (an internal error, logged there)"
+        if body == "logs":
+            batch = message.logs
+            refused = StoreOutcome(max((x.seq for x in batch.lines), default=0), len(batch.lines), reason)
+            await self.send(convert.ack(batch.task_id, log_seq=refused.acked_seq, stored=refused))
+        elif body == "metrics":
+            points = message.metrics
+            refused = StoreOutcome(max((x.seq for x in points.points), default=0), len(points.points), reason)
+            await self.send(convert.ack(points.task_id, metric_seq=refused.acked_seq, stored=refused))
 
     async def _reply(self, replies: agent_messages.Replies) -> None:
         for task_id in replies.final_acks:
@@ -175,15 +213,37 @@ class AgentStream:
         for task, job in starts:
             if task.id not in self.sent_starts:
                 self.sent_starts.add(task.id)
-                await self.send(
-                    convert.start_task(
-                        task, job, self.settings.stop_grace_s, self.settings.shared_checkpoint_dir
-                    )
-                )
+                command = await self._start_command(task, job)
+                if command is not None:
+                    await self.send(command)
         for task in stops:
             if task.id not in self.sent_stops:
                 self.sent_stops.add(task.id)
                 await self.send(convert.stop_task(task, self.settings.stop_grace_s))
+
+    async def _start_command(self, task: Any, job: Any) -> pb.CoordinatorMessage | None:
+        """The StartTask for `task`, or None when its job's row cannot make one (the job is failed)."""
+        try:
+            command = convert.start_task(
+                task, job, self.settings.stop_grace_s, self.settings.shared_checkpoint_dir
+            )
+        except Exception as error:  # noqa: BLE001 - a damaged job row must not stop this agent's commands
+            contain(log, "start_task", task.id, f"the start command of task {task.id} (job {job.id})")
+            reason = f"its start command cannot be built ({type(error).__name__}: {str(error)[:200]})"
+        else:
+            size = command.ByteSize()
+            if size <= AGENT_RECEIVE_LIMIT_BYTES:
+                return command
+            count_poison("start_task")
+            reason = (
+                f"its start command is {size} bytes, over the agents' receive limit of "
+                f"{AGENT_RECEIVE_LIMIT_BYTES} bytes: make env and command smaller"
+            )
+            log.warning("task %s of job %s: %s", task.id, job.id, reason)
+        if await self.service._write(agent_messages.refuse_start, task.id, reason):
+            self.service.on_change()
+            self.service.hub.wake()
+        return None
 
     def _pending(self) -> tuple[list[Any], list[Any]]:
         with self.service.db.read() as session:

@@ -7,7 +7,7 @@ from server.db.models import Job, Task
 from server.services.agents import Registration
 from server.services.jobs import job_env
 from server.services.tasks import TaskReport
-from server.services.telemetry import IncomingLine, IncomingPoint
+from server.services.telemetry import IncomingLine, IncomingPoint, StoreOutcome
 from server.states import TaskState
 
 _DEVICE_KINDS = {pb.DEVICE_KIND_GPU: "gpu", pb.DEVICE_KIND_CPU_SLOT: "cpu"}
@@ -103,8 +103,21 @@ def stop_unknown(task_id: str, grace_s: int) -> pb.CoordinatorMessage:
 
 
 def ack(
-    task_id: str, *, log_seq: int = 0, metric_seq: int = 0, final_state: bool = False
+    task_id: str,
+    *,
+    log_seq: int = 0,
+    metric_seq: int = 0,
+    final_state: bool = False,
+    stored: StoreOutcome | None = None,
 ) -> pb.CoordinatorMessage:
+    """An acknowledgement; `stored` (the outcome of storing a batch) adds what was refused and why."""
     return pb.CoordinatorMessage(
-        ack=pb.Ack(task_id=task_id, log_seq=log_seq, metric_seq=metric_seq, final_state=final_state)
+        ack=pb.Ack(
+            task_id=task_id,
+            log_seq=log_seq,
+            metric_seq=metric_seq,
+            final_state=final_state,
+            rejected=stored.rejected if stored else 0,
+            reject_reason=stored.reason[:500] if stored else "",
+        )
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timedelta
 
 from sqlalchemy import func, select
@@ -14,6 +15,8 @@ from server.services.transitions import transition_job, transition_task
 from server.states import AttemptState, JobState, TaskState
 
 FAILURE_LOG_LINES = 10
+# A time limit this long is never reached; past it the datetime arithmetic would overflow instead.
+NEVER_S = 100 * 365 * 86400.0
 # A port can be busy by chance; a bundle or command that cannot start will not start on the next try either.
 MAX_REFUSALS_IN_A_ROW = 5
 
@@ -72,6 +75,51 @@ def list_jobs(session: Session, states: list[JobState], offset: int, limit: int)
     total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
     jobs = session.scalars(query.order_by(Job.created_at.desc(), Job.id).offset(offset).limit(limit)).all()
     return list(jobs), total
+
+
+def time_limit(job: Job, key: str, default: float | None = None) -> float | None:
+    """A stored time limit in seconds (`key` of job.options), `default` when unset, None when never reached.
+
+    +Infinity or anything over NEVER_S is no limit. A value that is no positive number (a damaged row)
+    raises ValueError, which the reconciler contains to this job.
+    """
+    value = job.options.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value <= 0:
+        raise ValueError(f"job {job.id} has {key}={value!r}, which is not a positive number of seconds")
+    return None if value > NEVER_S else float(value)
+
+
+def fail_on_nan_names(job: Job) -> list[str]:
+    """Metric names whose NaN value fails the job at once (restart.fail_on_nan)."""
+    names = job.options.get("restart", {}).get("fail_on_nan") or []
+    if isinstance(names, str):
+        return [names]
+    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+
+
+def fail_on_nan_metric(
+    session: Session, job: Job, task: Task, name: str, step: int, now: datetime | None = None
+) -> bool:
+    """restart.fail_on_nan: a NaN value of a named metric from the current attempt fails the job, no restart.
+
+    Returns True when the job was failed (its tasks are asked to stop).
+    """
+    if name not in fail_on_nan_names(job) or JobState(job.state).terminal:
+        return False
+    attempt = current_attempt(job)
+    if attempt is None or attempt.id != task.attempt_id or attempt.state != AttemptState.ACTIVE.value:
+        return False
+    end_job(
+        session,
+        job,
+        JobState.FAILED,
+        f"metric {name!r} was NaN at step {step} in attempt {attempt.number}; restart.fail_on_nan "
+        "fails the job without a restart",
+        now,
+    )
+    return True
 
 
 def current_attempt(job: Job) -> Attempt | None:

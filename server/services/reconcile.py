@@ -1,17 +1,26 @@
-"""The reconciler pass: acts on lost agents, start-up timeouts and runtime limits."""
+"""The reconciler pass: acts on lost agents, start-up timeouts and runtime limits.
+
+Each agent and job is handled in its own savepoint (server.poison.isolated): a row that cannot be
+handled (a limit the datetime arithmetic cannot take, a damaged option) is logged once, counted and
+skipped, and every other agent and job is still handled on this pass.
+"""
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timedelta
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from server.db.models import Agent, Attempt, Job, Task, utcnow
+from server.poison import isolated
 from server.services.agents import newly_lost_agents
-from server.services.jobs import end_job, fail_attempt
+from server.services.jobs import end_job, fail_attempt, time_limit
 from server.services.tasks import mark_task_lost
 from server.states import AttemptState, JobState, TaskState
+
+log = logging.getLogger("mwms.server.reconcile")
 
 
 def reconcile(
@@ -20,7 +29,8 @@ def reconcile(
     """One pass over everything time can change."""
     now = now or utcnow()
     for agent in newly_lost_agents(session, now):
-        handle_lost_agent(session, agent, backoff_base_s, now)
+        with isolated(session, log, "reconcile_agent", agent.id, f"lost agent {agent.name} ({agent.id})"):
+            handle_lost_agent(session, agent, backoff_base_s, now)
     _check_startup_timeouts(session, backoff_base_s, default_startup_timeout_s, now)
     _check_max_runtime(session, now)
 
@@ -60,19 +70,20 @@ def _check_startup_timeouts(session: Session, backoff_base_s: float, default_s: 
         .where(Job.state == JobState.SCHEDULED.value, Attempt.state == AttemptState.ACTIVE.value)
     ).all()
     for job, attempt in rows:
-        limit = job.options.get("startup_timeout_seconds") or default_s
-        if attempt.created_at + timedelta(seconds=limit) > now:
-            continue
-        waiting = [t.index for t in attempt.tasks if t.started_at is None]
-        fail_attempt(
-            session,
-            job,
-            attempt,
-            f"workers {waiting} did not start within the start-up timeout of {limit:.0f} s",
-            retryable=True,
-            backoff_base_s=backoff_base_s,
-            now=now,
-        )
+        with isolated(session, log, "reconcile_job", job.id, f"start-up timeout of job {job.id}"):
+            limit = time_limit(job, "startup_timeout_seconds", default_s)
+            if limit is None or attempt.created_at + timedelta(seconds=limit) > now:
+                continue
+            waiting = [t.index for t in attempt.tasks if t.started_at is None]
+            fail_attempt(
+                session,
+                job,
+                attempt,
+                f"workers {waiting} did not start within the start-up timeout of {limit:.0f} s",
+                retryable=True,
+                backoff_base_s=backoff_base_s,
+                now=now,
+            )
 
 
 def _check_max_runtime(session: Session, now: datetime) -> None:
@@ -82,8 +93,13 @@ def _check_max_runtime(session: Session, now: datetime) -> None:
         )
     ).all()
     for job in jobs:
-        limit = job.options.get("max_runtime_seconds")
-        if limit and job.started_at is not None and job.started_at + timedelta(seconds=limit) <= now:
-            end_job(
-                session, job, JobState.FAILED, f"ran longer than max_runtime_seconds={limit:g}; stopped", now
-            )
+        with isolated(session, log, "reconcile_job", job.id, f"runtime limit of job {job.id}"):
+            limit = time_limit(job, "max_runtime_seconds")
+            if limit and job.started_at is not None and job.started_at + timedelta(seconds=limit) <= now:
+                end_job(
+                    session,
+                    job,
+                    JobState.FAILED,
+                    f"ran longer than max_runtime_seconds={limit:g}; stopped",
+                    now,
+                )

@@ -1,13 +1,19 @@
-"""The scheduler pass: restarts whose backoff has passed go back to PENDING; PENDING jobs are gang-placed."""
+"""The scheduler pass: restarts whose backoff has passed go back to PENDING; PENDING jobs are gang-placed.
+
+Each job is handled in its own savepoint (server.poison.isolated): a job whose row cannot be placed is
+logged once, counted and skipped, and the jobs behind it are still placed on this pass.
+"""
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from server.db.models import Attempt, Job, Task, utcnow
+from server.poison import isolated
 from server.services.agents import capacities
 from server.services.placement import NoFit, place_gang
 from server.services.tf_config import build_tf_config
@@ -15,16 +21,19 @@ from server.services.transitions import transition_job
 from server.services.wording import count
 from server.states import AttemptState, JobState, TaskState
 
+log = logging.getLogger("mwms.server.scheduling")
+
 
 def release_restarts(session: Session, now: datetime) -> None:
     """RESTARTING jobs whose backoff is over and whose old tasks have all ended become PENDING."""
     jobs = session.scalars(select(Job).where(Job.state == JobState.RESTARTING.value)).all()
     for job in jobs:
-        if job.not_before is not None and job.not_before > now:
-            continue
-        if any(not TaskState(t.state).terminal for a in job.attempts for t in a.tasks):
-            continue
-        transition_job(session, job, JobState.PENDING, f"placing attempt {len(job.attempts) + 1}", now)
+        with isolated(session, log, "restart_job", job.id, f"restart of job {job.id}"):
+            if job.not_before is not None and job.not_before > now:
+                continue
+            if any(not TaskState(t.state).terminal for a in job.attempts for t in a.tasks):
+                continue
+            transition_job(session, job, JobState.PENDING, f"placing attempt {len(job.attempts) + 1}", now)
 
 
 def schedule_pending(
@@ -41,40 +50,46 @@ def schedule_pending(
     ).all()
     touched: set[str] = set()
     for job in jobs:
-        placement = place_gang(capacities(session, now, connected), job.num_workers, job.gpus_per_worker)
-        if isinstance(placement, NoFit):
-            if job.reason != placement.reason:
-                job.reason = placement.reason  # same state, newer explanation: not a transition
-            continue
-        attempt = Attempt(job_id=job.id, number=len(job.attempts) + 1, state=AttemptState.ACTIVE.value)
-        job.attempts.append(attempt)
-        session.flush()
-        endpoints = [p.endpoint for p in placement]
-        for p in placement:
-            attempt.tasks.append(
-                Task(
-                    job_id=job.id,
-                    attempt_id=attempt.id,
-                    attempt_number=attempt.number,
-                    index=p.index,
-                    agent_id=p.agent_id,
-                    host=p.address,
-                    port=p.port,
-                    device_kind=p.device_kind,
-                    device_indices=list(p.device_indices),
-                    tf_config=build_tf_config(endpoints, p.index),
-                    state=TaskState.ASSIGNED.value,
-                )
-            )
-            touched.add(p.agent_id)
-        session.flush()
-        agents = sorted({p.agent_id for p in placement})
-        transition_job(
-            session,
-            job,
-            JobState.SCHEDULED,
-            f"attempt {attempt.number}: {count(len(placement), 'worker')} on {count(len(agents), 'agent')}: "
-            + ", ".join(endpoints),
-            now,
-        )
+        with isolated(session, log, "schedule_job", job.id, f"placement of job {job.id}"):
+            touched.update(_place(session, job, now, connected))
     return sorted(touched)
+
+
+def _place(session: Session, job: Job, now: datetime, connected: frozenset[str] | None) -> list[str]:
+    """Places one PENDING job if it fits; returns the ids of the agents that got its tasks."""
+    placement = place_gang(capacities(session, now, connected), job.num_workers, job.gpus_per_worker)
+    if isinstance(placement, NoFit):
+        if job.reason != placement.reason:
+            job.reason = placement.reason  # same state, newer explanation: not a transition
+        return []
+    attempt = Attempt(job_id=job.id, number=len(job.attempts) + 1, state=AttemptState.ACTIVE.value)
+    job.attempts.append(attempt)
+    session.flush()
+    endpoints = [p.endpoint for p in placement]
+    for p in placement:
+        attempt.tasks.append(
+            Task(
+                job_id=job.id,
+                attempt_id=attempt.id,
+                attempt_number=attempt.number,
+                index=p.index,
+                agent_id=p.agent_id,
+                host=p.address,
+                port=p.port,
+                device_kind=p.device_kind,
+                device_indices=list(p.device_indices),
+                tf_config=build_tf_config(endpoints, p.index),
+                state=TaskState.ASSIGNED.value,
+            )
+        )
+    session.flush()
+    agents = sorted({p.agent_id for p in placement})
+    transition_job(
+        session,
+        job,
+        JobState.SCHEDULED,
+        f"attempt {attempt.number}: {count(len(placement), 'worker')} on {count(len(agents), 'agent')}: "
+        + ", ".join(endpoints),
+        now,
+    )
+    return agents

@@ -1,16 +1,36 @@
-"""Log lines and metric points from agents: stored once per (task, seq), read back for users."""
+"""Log lines and metric points from agents: stored once per (task, seq), read back for users.
+
+A batch is stored as far as it can be: a line or point that breaks the contract (mwms.metrics_line's
+bounds, a seq or time the database cannot hold) is refused with a reason, and a row the database refuses
+anyway is found by storing the batch row by row; both are counted, and the rest of the batch is stored.
+Only a database that cannot be written at all (OperationalError) fails the batch, so the agent resends it.
+
+Metric values: NaN is stored as NULL (SQLite turns NaN into NULL anyway), +-Infinity as they are.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+import math
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from mwms import metrics_line
 from server.db.models import Job, LogLine, MetricPoint, Task
+from server.poison import count_poison, is_transient
+
+log = logging.getLogger("mwms.server.telemetry")
+
+# The seq columns are 32-bit integers on PostgreSQL.
+MAX_SEQ = 2**31 - 1
+MAX_UNIX_MS = int(metrics_line.MAX_TIME * 1000)
+STREAMS = ("stdout", "stderr")
 
 
 @dataclass(frozen=True)
@@ -30,8 +50,63 @@ class IncomingPoint:
     unix_ms: int
 
 
+@dataclass
+class StoreOutcome:
+    """What became of a batch: the seq to acknowledge, and how many items were refused and why."""
+
+    acked_seq: int = 0
+    rejected: int = 0
+    reason: str = ""
+    nan_points: list[IncomingPoint] = field(default_factory=list)  # stored points whose value is NaN
+    changed: bool = False  # a job's state changed because of the batch (restart.fail_on_nan)
+
+    def refuse(self, seq: int, reason: str) -> None:
+        self.rejected += 1
+        if not self.reason:
+            self.reason = f"seq {seq}: {reason}"
+        elif self.rejected == 2:
+            self.reason += " (and more)"
+
+
 def _from_ms(unix_ms: int) -> datetime:
     return datetime.fromtimestamp(unix_ms / 1000, tz=timezone.utc)
+
+
+def _seq_and_time_problem(seq: int, unix_ms: int) -> str | None:
+    if not 1 <= seq <= MAX_SEQ:
+        return f"seq {seq} is outside [1, {MAX_SEQ}]"
+    if not 0 <= unix_ms <= MAX_UNIX_MS:
+        return f"time {unix_ms} ms is outside [0, {MAX_UNIX_MS}] unix milliseconds"
+    return None
+
+
+def point_problem(point: IncomingPoint) -> str | None:
+    """Why the coordinator refuses `point`, or None (the metrics line's bounds, plus the database's)."""
+    return _seq_and_time_problem(point.seq, point.unix_ms) or metrics_line.point_problem(
+        point.name, point.step, point.unix_ms / 1000
+    )
+
+
+def line_problem(line: IncomingLine) -> str | None:
+    """Why the coordinator refuses a log line, or None."""
+    return _seq_and_time_problem(line.seq, line.unix_ms)
+
+
+def stored_value(value: float) -> float | None:
+    """A metric value as the database keeps it: NaN as NULL."""
+    return None if math.isnan(value) else value
+
+
+def value_out(stored: float | None) -> float | metrics_line.NonFinite:
+    """A stored metric value as the API shows it: a number, or "NaN" / "Infinity" / "-Infinity"."""
+    return metrics_line.json_value(math.nan if stored is None else stored)
+
+
+def _short(error: BaseException) -> str:
+    """What went wrong, without the SQL statement or its parameters."""
+    cause = getattr(error, "orig", None) or error
+    text = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+    return f"{type(cause).__name__}: {text[:160]}" if text else type(cause).__name__
 
 
 def _insert_ignoring_duplicates(session: Session, model: type, rows: list[dict]) -> None:
@@ -42,40 +117,86 @@ def _insert_ignoring_duplicates(session: Session, model: type, rows: list[dict])
     session.execute(insert(model).values(rows).on_conflict_do_nothing())  # type: ignore[attr-defined]
 
 
-def store_log_lines(session: Session, task: Task, lines: list[IncomingLine]) -> int:
-    """Stores lines not stored before; returns the highest seq now acknowledged."""
-    rows = [
-        {
-            "job_id": task.job_id,
-            "task_id": task.id,
-            "seq": line.seq,
-            "stream": line.stream[:10],
-            "text": line.text,
-            "at": _from_ms(line.unix_ms),
-        }
-        for line in lines
-    ]
-    _insert_ignoring_duplicates(session, LogLine, rows)
-    return max((line.seq for line in lines), default=0)
+def _insert_contained(
+    session: Session, model: type, rows: list[dict], outcome: StoreOutcome, kind: str
+) -> None:
+    """Inserts `rows`; when the database refuses the batch, row by row, refusing only the rows it refuses."""
+    if not rows:
+        return
+    try:
+        with session.begin_nested():
+            _insert_ignoring_duplicates(session, model, rows)
+        return
+    except (SQLAlchemyError, ValueError, TypeError, OverflowError) as error:
+        if is_transient(error):
+            raise
+        log.warning("the database refused a %s batch (%s); storing it row by row", kind, _short(error))
+    for row in rows:
+        try:
+            with session.begin_nested():
+                _insert_ignoring_duplicates(session, model, [row])
+        except (SQLAlchemyError, ValueError, TypeError, OverflowError) as error:
+            if is_transient(error):
+                raise
+            count_poison(kind)
+            outcome.refuse(row["seq"], f"the database refused it ({_short(error)})")
 
 
-def store_metric_points(session: Session, task: Task, points: list[IncomingPoint]) -> int:
-    """Stores points not stored before; returns the highest seq now acknowledged."""
-    rows = [
-        {
-            "job_id": task.job_id,
-            "task_id": task.id,
-            "attempt": task.attempt_number,
-            "seq": p.seq,
-            "name": p.name[:200],
-            "step": p.step,
-            "value": p.value,
-            "wall_time": _from_ms(p.unix_ms),
-        }
-        for p in points
-    ]
-    _insert_ignoring_duplicates(session, MetricPoint, rows)
-    return max((p.seq for p in points), default=0)
+def store_log_lines(session: Session, task: Task, lines: list[IncomingLine]) -> StoreOutcome:
+    """Stores lines not stored before; all of them are acknowledged, the refused ones with a reason."""
+    outcome = StoreOutcome(acked_seq=max((line.seq for line in lines), default=0))
+    rows = []
+    for line in lines:
+        problem = line_problem(line)
+        if problem:
+            count_poison("log_line")
+            outcome.refuse(line.seq, problem)
+            continue
+        rows.append(
+            {
+                "job_id": task.job_id,
+                "task_id": task.id,
+                "seq": line.seq,
+                "stream": line.stream if line.stream in STREAMS else line.stream[:10],
+                # PostgreSQL text cannot hold NUL; a program that prints one keeps the rest of its line.
+                "text": line.text.replace("\x00", "\ufffd"),
+                "at": _from_ms(line.unix_ms),
+            }
+        )
+    _insert_contained(session, LogLine, rows, outcome, "log_line")
+    if outcome.rejected:
+        log.warning("task %s: refused %d log line(s): %s", task.id, outcome.rejected, outcome.reason)
+    return outcome
+
+
+def store_metric_points(session: Session, task: Task, points: list[IncomingPoint]) -> StoreOutcome:
+    """Stores points not stored before; all of them are acknowledged, the refused ones with a reason."""
+    outcome = StoreOutcome(acked_seq=max((p.seq for p in points), default=0))
+    rows = []
+    for p in points:
+        problem = point_problem(p)
+        if problem:
+            count_poison("metric_point")
+            outcome.refuse(p.seq, problem)
+            continue
+        rows.append(
+            {
+                "job_id": task.job_id,
+                "task_id": task.id,
+                "attempt": task.attempt_number,
+                "seq": p.seq,
+                "name": p.name,
+                "step": p.step,
+                "value": stored_value(p.value),
+                "wall_time": _from_ms(p.unix_ms),
+            }
+        )
+        if math.isnan(p.value):
+            outcome.nan_points.append(p)
+    _insert_contained(session, MetricPoint, rows, outcome, "metric_point")
+    if outcome.rejected:
+        log.warning("task %s: refused %d metric point(s): %s", task.id, outcome.rejected, outcome.reason)
+    return outcome
 
 
 def read_logs(
@@ -121,8 +242,12 @@ def read_metrics(
     )
 
 
-def latest_progress(session: Session, job: Job) -> tuple[int | None, float | None]:
-    """(latest step, latest loss) reported by the job's newest attempt that reported anything."""
+def latest_progress(session: Session, job: Job) -> tuple[int | None, float | metrics_line.NonFinite | None]:
+    """(latest step, latest loss) reported by the job's newest attempt that reported anything.
+
+    The loss is as the API shows it (`value_out`): a number or "NaN"/"Infinity"/"-Infinity"; None when
+    no loss was reported.
+    """
     newest = session.scalar(select(func.max(MetricPoint.attempt)).where(MetricPoint.job_id == job.id))
     if newest is None:
         return None, None
@@ -133,10 +258,10 @@ def latest_progress(session: Session, job: Job) -> tuple[int | None, float | Non
             ~MetricPoint.name.startswith("epoch_"),
         )
     )
-    loss = session.scalar(
+    loss = session.execute(
         select(MetricPoint.value)
         .where(MetricPoint.job_id == job.id, MetricPoint.attempt == newest, MetricPoint.name == "loss")
         .order_by(MetricPoint.step.desc(), MetricPoint.id.desc())
         .limit(1)
-    )
-    return step, loss
+    ).first()
+    return step, (value_out(loss[0]) if loss is not None else None)

@@ -157,7 +157,7 @@ def test_writer_appends_complete_lines_without_truncating(tmp_path):
     assert lines == [
         {"name": "old", "step": 0, "value": 1.0, "time": 1.0},
         {"name": "loss", "step": 1, "value": 0.5, "time": 123.25},
-        {"name": "bad", "step": 1, "value": None, "time": 123.25},
+        {"name": "bad", "step": 1, "value": "NaN", "time": 123.25},
         {"name": "loss", "step": 2, "value": 0.25, "time": 124.5},
     ]
 

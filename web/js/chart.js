@@ -1,5 +1,10 @@
 // A small hand-written SVG line chart: one metric over steps, one line per attempt, restarts marked.
-// Written here instead of vendoring a chart library: it is ~250 lines and keeps the dashboard dependency-free.
+// Written here instead of vendoring a chart library: it is ~300 lines and keeps the dashboard dependency-free.
+//
+// Non-finite values are data (a diverging loss is what a user must see): the API sends them as the
+// strings "NaN", "Infinity" and "-Infinity" (mwms/metrics_line.py). They break the line and are marked
+// at the plot's edge with their label: NaN and +Infinity at the top, -Infinity at the bottom; the
+// y axis is scaled to the finite values only.
 
 import { h, svg, replaceChildren } from "./dom.js";
 import { formatNumber } from "./format.js";
@@ -35,6 +40,22 @@ function markerShape(kind, x, y, className) {
   return svg("circle", { cx: x, cy: y, r, class: className });
 }
 
+/** A non-finite point at the plot's top (NaN, +Infinity) or bottom (-Infinity) edge, labelled, with a title. */
+function nonFiniteMarker(point, at, attempt) {
+  const low = point.value === -Infinity;
+  const edge = low ? HEIGHT - MARGIN.bottom : MARGIN.top;
+  const label = formatMetric(point.value);
+  const tip = low ? `M${at},${edge}L${at - 5},${edge - 8}L${at + 5},${edge - 8}Z` : `M${at},${edge}L${at - 5},${edge + 8}L${at + 5},${edge + 8}Z`;
+  return svg(
+    "g",
+    { class: "nonfinite-marker", dataset: { step: String(point.step), value: label, attempt: String(attempt) } },
+    svg("title", {}, `step ${point.step}: ${label} (attempt ${attempt})`),
+    svg("line", { x1: at, x2: at, y1: MARGIN.top, y2: HEIGHT - MARGIN.bottom, class: "nonfinite-line" }),
+    svg("path", { d: tip, class: "nonfinite-tip" }),
+    svg("text", { x: at + 7, y: low ? edge - 4 : edge + 9, class: "nonfinite-label" }, label === "NaN" ? "NaN" : label === "Infinity" ? "+∞" : "−∞"),
+  );
+}
+
 function legendSwatch(attemptSlot) {
   const colour = `attempt-${attemptSlot % 6}`;
   return svg(
@@ -45,11 +66,26 @@ function legendSwatch(attemptSlot) {
   );
 }
 
-/** Groups points by attempt, each group sorted by step, attempts in order. */
+/** A metric value from the API as a number: "NaN", "Infinity", "-Infinity" (and a legacy null: NaN). */
+export function metricNumber(value) {
+  if (value === null || value === undefined) return NaN;
+  return typeof value === "string" ? Number(value) : value;
+}
+
+/** How a value reads in the chart: non-finite values by name, as the API spells them. */
+export function formatMetric(value) {
+  if (Number.isNaN(value)) return "NaN";
+  if (value === Infinity) return "Infinity";
+  if (value === -Infinity) return "-Infinity";
+  return formatNumber(value);
+}
+
+/** Groups points by attempt, each group sorted by step, attempts in order; values become numbers. */
 function seriesByAttempt(points) {
   const byAttempt = new Map();
-  for (const point of points) {
-    if (!Number.isFinite(point.value) || !Number.isFinite(point.step)) continue;
+  for (const raw of points) {
+    const point = { ...raw, value: metricNumber(raw.value) };
+    if (typeof point.value !== "number" || !Number.isFinite(point.step)) continue;
     if (!byAttempt.has(point.attempt)) byAttempt.set(point.attempt, []);
     byAttempt.get(point.attempt).push(point);
   }
@@ -60,7 +96,8 @@ function seriesByAttempt(points) {
 
 /**
  * A chart of one metric that can be redrawn with new points. The figure carries data-points (how many
- * points are drawn) and data-attempts (how many attempts are told apart), for tests and tooling.
+ * points are drawn, non-finite ones included), data-nonfinite (how many of those are marked at an edge of
+ * the plot) and data-attempts (how many attempts are told apart), for tests and tooling.
  */
 export class MetricChart {
   constructor(name) {
@@ -74,7 +111,7 @@ export class MetricChart {
     this.tooltip = h("div", { class: "chart-tooltip", hidden: true, role: "status" });
     this.element = h(
       "figure",
-      { class: "chart", dataset: { metric: name, points: "0", attempts: "0" } },
+      { class: "chart", dataset: { metric: name, points: "0", nonfinite: "0", attempts: "0" } },
       h("figcaption", { class: "chart-head" }, h("span", { class: "chart-name" }, name), this.latest),
       this.plot,
       this.tooltip,
@@ -103,27 +140,31 @@ export class MetricChart {
   draw() {
     const series = seriesByAttempt(this.points);
     const drawnCount = series.reduce((sum, s) => sum + s.points.length, 0);
+    const all = series.flatMap((s) => s.points);
+    const finite = all.filter((p) => Number.isFinite(p.value));
     this.element.dataset.points = String(drawnCount);
+    this.element.dataset.nonfinite = String(drawnCount - finite.length);
     this.element.dataset.attempts = String(series.length);
     const newest = series.length ? series[series.length - 1].points.at(-1) : null;
-    this.latest.textContent = newest ? `${formatNumber(newest.value)} @ step ${newest.step}` : "";
+    this.latest.textContent = newest ? `${formatMetric(newest.value)} @ step ${newest.step}` : "";
+    this.latest.classList.toggle("chart-latest-nonfinite", Boolean(newest) && !Number.isFinite(newest.value));
 
     const width = Math.max(240, this.plot.clientWidth || 600);
     this.width = width;
     if (!drawnCount) {
-      replaceChildren(this.plot, h("p", { class: "chart-empty" }, "No finite values reported yet."));
+      replaceChildren(this.plot, h("p", { class: "chart-empty" }, "No values reported yet."));
       replaceChildren(this.legend);
       return;
     }
-    const all = series.flatMap((s) => s.points);
     let minStep = Math.min(...all.map((p) => p.step));
     let maxStep = Math.max(...all.map((p) => p.step));
     if (minStep === maxStep) {
       minStep -= 1;
       maxStep += 1;
     }
-    let minValue = Math.min(...all.map((p) => p.value));
-    let maxValue = Math.max(...all.map((p) => p.value));
+    // Only finite values set the scale; with none, an arbitrary [0, 1] holds the edge markers.
+    let minValue = finite.length ? Math.min(...finite.map((p) => p.value)) : 0;
+    let maxValue = finite.length ? Math.max(...finite.map((p) => p.value)) : 1;
     if (minValue === maxValue) {
       const pad = Math.abs(minValue) * 0.1 || 1;
       minValue -= pad;
@@ -186,10 +227,24 @@ export class MetricChart {
     series.forEach((s, slot) => {
       const colour = `attempt-${slot % 6}`;
       const group = svg("g", { class: "series", dataset: { attempt: String(s.attempt), points: String(s.points.length) } });
-      const d = s.points.map((p, i) => `${i ? "L" : "M"}${x(p.step).toFixed(1)},${y(p.value).toFixed(1)}`).join("");
+      // A non-finite value breaks the line: the next finite point starts a new segment.
+      let d = "";
+      let pen = "M";
+      for (const p of s.points) {
+        if (!Number.isFinite(p.value)) {
+          pen = "M";
+          continue;
+        }
+        d += `${pen}${x(p.step).toFixed(1)},${y(p.value).toFixed(1)}`;
+        pen = "L";
+      }
       group.append(svg("path", { d, class: `series-line ${colour} dash-${slot % 4}` }));
-      if (withMarkers || s.points.length === 1) {
-        for (const p of s.points) group.append(markerShape(MARKERS[slot % MARKERS.length], x(p.step), y(p.value), `series-marker ${colour}`));
+      const finitePoints = s.points.filter((p) => Number.isFinite(p.value));
+      if (withMarkers || finitePoints.length === 1) {
+        for (const p of finitePoints) group.append(markerShape(MARKERS[slot % MARKERS.length], x(p.step), y(p.value), `series-marker ${colour}`));
+      }
+      for (const p of s.points) {
+        if (!Number.isFinite(p.value)) group.append(nonFiniteMarker(p, x(p.step), s.attempt));
       }
       root.append(group);
     });
@@ -209,7 +264,7 @@ export class MetricChart {
       const rows = series
         .map((s, slot) => ({ s, slot, point: s.points.find((p) => p.step === nearest) }))
         .filter((r) => r.point)
-        .map((r) => h("div", { class: "tooltip-row" }, legendSwatch(r.slot), `attempt ${r.s.attempt}: ${formatNumber(r.point.value)}`));
+        .map((r) => h("div", { class: "tooltip-row" }, legendSwatch(r.slot), `attempt ${r.s.attempt}: ${formatMetric(r.point.value)}`));
       replaceChildren(this.tooltip, h("div", { class: "tooltip-step" }, `step ${nearest}`), rows);
       this.tooltip.hidden = false;
       const left = (x(nearest) / width) * box.width;
