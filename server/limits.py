@@ -148,9 +148,9 @@ def check_job_spec(spec: JobCreate, limits: SpecLimits) -> None:
         if seconds is not None and not (math.isfinite(seconds) and seconds <= limits.timeout_seconds):
             name = ".".join(str(part) for part in loc[1:])
             raise LimitExceeded(
-                f"{name} is {seconds:g}; timeouts are at most {limits.timeout_seconds:g} s "
-                f"({_duration(limits.timeout_seconds)}, MWMS_MAX_TIMEOUT_SECONDS): leave it out for no limit "
-                "where the field allows that",
+                f"{name} is {seconds:g} s; a timeout may be at most {limits.timeout_seconds:.0f} s "
+                f"({_duration(limits.timeout_seconds)}, MWMS_MAX_TIMEOUT_SECONDS): give a shorter one, or "
+                "leave it out",
                 loc,
             )
 

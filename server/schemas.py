@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from enum import Enum
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from server.limits import INT64_MAX, MAX_NAME_CHARS, MAX_WORKERS
-from mwms.metrics_line import NonFinite
 from server.states import JobState
 
 DIGEST_PATTERN = r"^[0-9a-f]{64}$"
@@ -44,8 +44,17 @@ def _no_nul(value: str) -> str:
     return value
 
 
+def _finite(value: object) -> object:
+    # Before the bounds are checked: NaN passes no comparison and would get a misleading message.
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{value} is not a timeout: {TIMEOUT_HELP}")
+    return value
+
+
 Text = Annotated[str, AfterValidator(_no_nul)]
-TIMEOUT_HELP = "seconds, finite; at most MWMS_MAX_TIMEOUT_SECONDS (default 30 days)"
+Name = Annotated[str, Field(max_length=MAX_NAME_CHARS), AfterValidator(_no_nul)]
+TIMEOUT_HELP = "a finite number of seconds, at most MWMS_MAX_TIMEOUT_SECONDS (default 30 days)"
+Timeout = Annotated[float, BeforeValidator(_finite), Field(gt=0, description=TIMEOUT_HELP)]
 
 
 class CommunicationImplementation(str, Enum):
@@ -62,7 +71,7 @@ class CommunicationOptions(BaseModel):
     implementation: CommunicationImplementation | None = Field(
         default=None, description="AUTO, RING or NCCL; default NCCL when tasks have GPUs, else AUTO"
     )
-    timeout_seconds: float | None = Field(default=None, gt=0, allow_inf_nan=False, description=TIMEOUT_HELP)
+    timeout_seconds: Timeout | None = None
     bytes_per_pack: int | None = Field(default=None, ge=0, le=INT64_MAX)
 
 
@@ -76,11 +85,6 @@ class RestartPolicy(BaseModel):
 
     max_restarts: int = Field(default=3, ge=0, le=1000)
     restart_on: RestartOn = RestartOn.RETRYABLE
-    fail_on_nan: list[str] = Field(
-        default_factory=list,
-        max_length=32,
-        description="metric names (e.g. ['loss']) whose NaN value fails the job at once, without a restart",
-    )
 
 
 class JobCreate(BaseModel):
@@ -88,7 +92,7 @@ class JobCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: Text | None = Field(default=None, max_length=MAX_NAME_CHARS)
+    name: Name | None = None
     bundle_digest: str = Field(pattern=DIGEST_PATTERN, description="sha256 of an uploaded bundle")
     command: list[Text] = Field(
         min_length=1,
@@ -104,12 +108,8 @@ class JobCreate(BaseModel):
     )
     communication: CommunicationOptions = Field(default_factory=CommunicationOptions)
     restart: RestartPolicy = Field(default_factory=RestartPolicy)
-    startup_timeout_seconds: float | None = Field(
-        default=None, gt=0, allow_inf_nan=False, description=TIMEOUT_HELP
-    )
-    max_runtime_seconds: float | None = Field(
-        default=None, gt=0, allow_inf_nan=False, description=TIMEOUT_HELP
-    )
+    startup_timeout_seconds: Timeout | None = None
+    max_runtime_seconds: Timeout | None = None
 
     @field_validator("command")
     @classmethod
@@ -178,9 +178,7 @@ class JobSummary(BaseModel):
     attempts: int
     restarts: int
     step: int | None = Field(description="latest reported step of the current attempt")
-    loss: float | NonFinite | None = Field(
-        description='latest reported loss: a number, or "NaN", "Infinity" or "-Infinity"'
-    )
+    loss: float | None = Field(description="latest reported loss")
     submitted_by: str = Field(description="the user whose token submitted the job")
     cancelled_by: str = Field(description="the user who cancelled the job; empty when nobody did")
 
@@ -223,7 +221,7 @@ class LogPage(BaseModel):
 class MetricPointOut(BaseModel):
     name: str
     step: int
-    value: float | NonFinite = Field(description='a number, or "NaN", "Infinity" or "-Infinity"')
+    value: float
     wall_time: datetime
     attempt: int
 
