@@ -13,7 +13,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from mwms.cli.client import connect
+from mwms.cli.connect import connect
 from mwms.cli.errors import CliError, ExitCode, handles_errors
 from mwms.cli.options import ApiOption, CaFileOption, JsonOption, TokenOption
 from mwms.cli.output import err, format_time, out, parse_time, print_json
@@ -107,7 +107,7 @@ def create_token(
         raise CliError(f"--role {role!r} must be one of {', '.join(ROLES)}")
     seconds = parse_duration(expires_in) if expires_in else None
     with connect(api, token, ca_file) as client:
-        created = client.create_token(user, role, name, seconds)
+        created = client.rest.create_token(user, role, name, seconds)
     if json_output:
         print_json(created)
         return
@@ -115,7 +115,7 @@ def create_token(
     err.print(
         f"created API token {created['id']} for {created['user']} (role {created['role']}, "
         f"{_lifetime(created)}). Its secret, printed on stdout, is shown only this once: hand it over now; "
-        f"its user runs `mwms login --api {client.base_url}` or sets MWMS_TOKEN."
+        f"its user runs `mwms login --api {client.api}` or sets MWMS_TOKEN."
     )
 
 
@@ -129,7 +129,7 @@ def list_tokens(
 ) -> None:
     """List API tokens (never their secrets), revoked and expired ones included."""
     with connect(api, token, ca_file) as client:
-        found = client.list_tokens()
+        found = client.rest.list_tokens()
     if json_output:
         print_json(found)
     elif not found:
@@ -149,7 +149,7 @@ def revoke_token(
 ) -> None:
     """Revoke an API token at once; dashboard sessions opened with it end too."""
     with connect(api, token, ca_file) as client:
-        revoked = client.revoke_token(token_id)
+        revoked = client.rest.revoke_token(token_id)
     if json_output:
         print_json(revoked)
         return
@@ -174,7 +174,7 @@ def create_join_token(
     """Create a join token for agents and print its secret, which cannot be shown again."""
     seconds = parse_duration(expires_in) if expires_in else None
     with connect(api, token, ca_file) as client:
-        created = client.create_join_token(name, seconds)
+        created = client.rest.create_join_token(name, seconds)
     if json_output:
         print_json(created)
         return
@@ -197,7 +197,7 @@ def list_join_tokens(
 ) -> None:
     """List join tokens (never their secrets), revoked and expired ones included."""
     with connect(api, token, ca_file) as client:
-        found = client.list_join_tokens()
+        found = client.rest.list_join_tokens()
     if json_output:
         print_json(found)
     elif not found:
@@ -217,7 +217,7 @@ def revoke_join_token(
 ) -> None:
     """Revoke a join token: no new agent joins with it; to shut out a joined agent use `mwms remove-agent`."""
     with connect(api, token, ca_file) as client:
-        revoked = client.revoke_join_token(token_id)
+        revoked = client.rest.revoke_join_token(token_id)
     if json_output:
         print_json(revoked)
         return
@@ -254,8 +254,8 @@ def remove_agent(
     To let the machine join again it needs a valid join token.
     """
     with connect(api, token, ca_file) as client:
-        target = find_agent(client.list_agents(), agent)
-        result = client.remove_agent(target["id"])
+        target = find_agent(client.rest.list_agents(), agent)
+        result = client.rest.remove_agent(target["id"])
     if json_output:
         print_json(result)
         return

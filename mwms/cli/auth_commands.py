@@ -9,8 +9,12 @@ from typing import Annotated
 
 import typer
 
-from mwms.cli.client import ApiClient, ApiError
-from mwms.cli.connection import (
+from mwms.cli import connect
+from mwms.cli.errors import CliError, ExitCode, exit_code_for, handles_errors, message_for
+from mwms.cli.options import ApiOption, CaFileOption, JsonOption, TokenOption
+from mwms.cli.output import err, out, print_json
+from mwms.client import Client
+from mwms.connection import (
     API_ENV,
     FIRST_ADMIN_TOKEN_HINT,
     TOKEN_ENV,
@@ -20,9 +24,7 @@ from mwms.cli.connection import (
     resolve_connection,
     save_config,
 )
-from mwms.cli.errors import CliError, ExitCode, exit_code_for, handles_errors, message_for
-from mwms.cli.options import ApiOption, CaFileOption, JsonOption, TokenOption
-from mwms.cli.output import err, out, print_json
+from mwms.errors import MwmsError
 
 STDIN = "-"
 
@@ -87,9 +89,9 @@ def login(
         ca_file = ca_file.expanduser().resolve()
     connection = resolve_connection(api, secret, ca_file)
     try:
-        with ApiClient.for_connection(connection) as client:
-            identity = client.whoami()
-    except ApiError as error:
+        with Client.for_connection(connection, retry_seconds=connect.RETRY_SECONDS) as client:
+            identity = client.rest.whoami()
+    except MwmsError as error:
         if error.status == 401:
             raise CliError(
                 f"the coordinator at {connection.api} refused this token (unknown, revoked or expired); "
@@ -132,8 +134,8 @@ def whoami(
 ) -> None:
     """Show the user and role of the token in force, and where it came from."""
     connection = resolve_connection(api, token, ca_file)
-    with ApiClient.for_connection(connection) as client:
-        identity = client.whoami()
+    with Client.for_connection(connection, retry_seconds=connect.RETRY_SECONDS) as client:
+        identity = client.rest.whoami()
     if json_output:
         print_json(identity)
         return

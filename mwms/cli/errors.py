@@ -10,8 +10,16 @@ from typing import Any, TypeVar
 
 import typer
 
-from mwms.cli.client import ApiError
-from mwms.cli.connection import FIRST_ADMIN_TOKEN_HINT, ConfigError, Connection, resolve_connection
+from mwms.connection import FIRST_ADMIN_TOKEN_HINT, Connection, resolve_connection
+from mwms.errors import (
+    ConfigError,
+    CoordinatorUnreachable,
+    Forbidden,
+    MwmsError,
+    NotFound,
+    ServerError,
+    Unauthorized,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -49,22 +57,28 @@ class CliError(Exception):
         self.code = code
 
 
-def exit_code_for(error: ApiError) -> ExitCode:
-    """The exit code that an API error maps to."""
-    if error.status is None or error.status >= 500:
+def exit_code_for(error: MwmsError) -> ExitCode:
+    """The exit code that a client error maps to."""
+    if isinstance(error, (CoordinatorUnreachable, ServerError)):
         return ExitCode.UNREACHABLE
-    if error.status == 404:
+    if isinstance(error, NotFound):
         return ExitCode.NOT_FOUND
-    if error.status in (401, 403):
+    if isinstance(error, Unauthorized):
         return ExitCode.NOT_AUTHORIZED
     return ExitCode.USAGE
 
 
-def message_for(error: ApiError, api: str, connection: Connection | None = None) -> str:
+def message_for(error: MwmsError, api: str, connection: Connection | None = None) -> str:
     """One line that says what went wrong and, where it helps, what to do; never the token itself."""
     detail = error.detail
     if connection is not None and len(connection.token) >= MIN_SCRUBBED_LENGTH:
         detail = detail.replace(connection.token, "<token>")
+    if isinstance(error, ConfigError):
+        return detail
+    if isinstance(error, CoordinatorUnreachable) and error.status is not None:
+        return f"the coordinator at {api} is unavailable (HTTP {error.status}): {detail}"
+    if error.status is None and not isinstance(error, CoordinatorUnreachable):
+        return detail  # found on this side, e.g. a program directory that does not exist
     if error.status is None:
         if "CERTIFICATE_VERIFY_FAILED" in detail:
             return (
@@ -75,10 +89,10 @@ def message_for(error: ApiError, api: str, connection: Connection | None = None)
             f"cannot reach the mwms coordinator at {api} ({detail}); "
             "start one with `mwms server`, or point --api / MWMS_API at a running one"
         )
-    if error.status == 401:
-        return unauthenticated_message(api, connection)
-    if error.status == 403:
+    if isinstance(error, Forbidden):
         return f"not allowed: {detail}"
+    if isinstance(error, Unauthorized):
+        return unauthenticated_message(api, connection)
     if error.status >= 500:
         return f"the coordinator at {api} failed (HTTP {error.status}): {detail}"
     if error.status == 404:
@@ -115,19 +129,19 @@ def _connection_of(arguments: dict[str, Any], api_param: str) -> Connection | No
 
 
 def handles_errors(api_param: str | None = "api") -> Callable[[F], F]:
-    """Decorates a command so ApiError / CliError / Ctrl-C end it with one stderr line and the right code."""
+    """Decorates a command so MwmsError / CliError / Ctrl-C end it with one stderr line and the right code."""
 
     def decorate(command: F) -> F:
         @functools.wraps(command)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             try:
                 return command(*args, **kwargs)
-            except ApiError as error:
+            except ConfigError as error:
+                raise fail(str(error), ExitCode.USAGE) from None
+            except MwmsError as error:
                 connection = _connection_of(kwargs, api_param) if api_param else None
                 api = connection.api if connection else "the API"
                 raise fail(message_for(error, api, connection), exit_code_for(error)) from None
-            except ConfigError as error:
-                raise fail(str(error), ExitCode.USAGE) from None
             except CliError as error:
                 raise fail(error.message, error.code) from None
             except KeyboardInterrupt:

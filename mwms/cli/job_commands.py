@@ -3,12 +3,12 @@ metrics, artifacts."""
 
 from __future__ import annotations
 
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from mwms.cli.client import ApiClient, connect
+from mwms.cli.connect import connect
 from mwms.cli.errors import CliError, handles_errors
 from mwms.cli.options import ApiOption, CaFileOption, JsonOption, TokenOption
 from mwms.cli.output import (
@@ -23,7 +23,8 @@ from mwms.cli.output import (
     print_json,
     state_text,
 )
-from mwms.cli.packing import human_size
+from mwms.client import Artifact, Client, Job
+from mwms.client.packing import human_size
 
 # The API answers with this many of the newest lines when not told --tail.
 DEFAULT_LOG_TAIL = 1000
@@ -53,7 +54,7 @@ def jobs(
     if unknown:
         raise CliError(f"unknown state {', '.join(unknown)}; use one of {', '.join(JOB_STATES)}")
     with connect(api, token, ca_file) as client:
-        page = client.list_jobs(states, offset=offset, limit=limit)
+        page = client.rest.list_jobs(states, offset=offset, limit=limit)
     if json_output:
         print_json(page)
         return
@@ -79,7 +80,7 @@ def agents(
 ) -> None:
     """List the agents the coordinator knows, their devices and running tasks."""
     with connect(api, token, ca_file) as client:
-        found = client.list_agents()
+        found = client.rest.list_agents()
     if json_output:
         print_json(found)
         return
@@ -99,7 +100,7 @@ def status(
 ) -> None:
     """Show one job: its settings, the newest attempt's tasks and its state changes."""
     with connect(api, token, ca_file) as client:
-        job = client.get_job(job_id)
+        job = client.rest.get_job(job_id)
     if json_output:
         print_json(job)
     else:
@@ -127,10 +128,10 @@ def logs(
     prefix = task is None
     with connect(api, token, ca_file) as client:
         if follow:
-            for line in client.follow_logs(job_id, task=task, attempt=attempt, tail=tail):
+            for line in client.rest.follow_logs(job_id, task=task, attempt=attempt, tail=tail):
                 out.print(log_line_text(line, prefix=prefix))
             return
-        page = client.logs(job_id, task=task, attempt=attempt, tail=tail)
+        page = client.rest.logs(job_id, task=task, attempt=attempt, tail=tail)
     lines = page.get("lines") or []
     for line in lines:
         out.print(log_line_text(line, prefix=prefix))
@@ -148,7 +149,7 @@ def cancel(
 ) -> None:
     """Cancel a job: its tasks are stopped (SIGTERM, then SIGKILL)."""
     with connect(api, token, ca_file) as client:
-        job = client.cancel_job(job_id)
+        job = client.rest.cancel_job(job_id)
     if json_output:
         print_json(job)
         return
@@ -169,14 +170,16 @@ def metrics(
 ) -> None:
     """Show the metrics a job reported: one row per step, one column per metric."""
     with connect(api, token, ca_file) as client:
-        series = client.metrics(job_id, name=name, min_step=min_step, max_step=max_step, attempt=attempt)
+        series = client.rest.metrics(job_id, name=name, min_step=min_step, max_step=max_step, attempt=attempt)
     if json_output:
         print_json(series)
         return
     points = series.get("points") or []
     if not points and name:
         with connect(api, token, ca_file) as client:
-            names = sorted({p["name"] for p in client.metrics(job_id, attempt=attempt).get("points") or []})
+            names = sorted(
+                {p["name"] for p in client.rest.metrics(job_id, attempt=attempt).get("points") or []}
+            )
         if names:
             err.print(f"no points for metric {name!r} in that range; this job reported: {', '.join(names)}")
             return
@@ -186,14 +189,6 @@ def metrics(
         )
         return
     out.print(metrics_table(points))
-
-
-def safe_relative_path(path: str) -> PurePosixPath:
-    """An artifact path as a relative path that stays inside the download directory, or CliError."""
-    candidate = PurePosixPath(path)
-    if not path or candidate.is_absolute() or ".." in candidate.parts or "\\" in path:
-        raise CliError(f"refusing artifact path {path!r}: it would be written outside the download directory")
-    return candidate
 
 
 @handles_errors()
@@ -209,7 +204,7 @@ def artifacts(
 ) -> None:
     """List the files a job saved (models, checkpoints); --download fetches them."""
     with connect(api, token, ca_file) as client:
-        found = client.list_artifacts(job_id)
+        found = client.rest.list_artifacts(job_id)
         if download is not None:
             download_artifacts(client, job_id, found, download)
     if json_output:
@@ -222,22 +217,12 @@ def artifacts(
         out.print(artifacts_table(found))
 
 
-def download_artifacts(client: ApiClient, job_id: str, found: list[dict], destination: Path) -> int:
+def download_artifacts(client: Client, job_id: str, found: list[dict], destination: Path) -> int:
     """Downloads every listed artifact under `destination`; returns the total byte count."""
-    relatives = [safe_relative_path(artifact["path"]) for artifact in found]  # check all before writing any
     try:
-        destination.mkdir(parents=True, exist_ok=True)
+        written = Job(client, {"id": job_id}).download(destination, [Artifact.from_api(a) for a in found])
     except OSError as error:
-        raise CliError(
-            f"cannot download into {destination}: {error.strerror or error}; pass a directory"
-        ) from None
-    total = 0
-    for relative in relatives:
-        target = destination.joinpath(*relative.parts)
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            raise CliError(f"cannot write {target}: {error.strerror or error}") from None
-        total += client.download_artifact(job_id, relative.as_posix(), target)
-    err.print(f"downloaded {len(relatives)} files ({human_size(total)}) to {destination}")
+        raise CliError(f"cannot write {error.filename or destination}: {error.strerror or error}") from None
+    total = sum(path.stat().st_size for path in written)
+    err.print(f"downloaded {len(written)} files ({human_size(total)}) to {destination}")
     return total

@@ -1,6 +1,6 @@
 """Options shared by several commands, declared once.
 
---api, --token and --ca-file default to "not given": `mwms.cli.connection.resolve_connection` then takes
+--api, --token and --ca-file default to "not given": `mwms.connection.resolve_connection` then takes
 MWMS_API / MWMS_TOKEN / MWMS_CA_FILE, else what `mwms login` saved, in that one place.
 """
 
@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from mwms.cli.connection import DEFAULT_API
+from mwms.connection import DEFAULT_API
 
 ApiOption = Annotated[
     str | None,

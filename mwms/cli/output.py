@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from datetime import datetime, timezone
@@ -11,6 +12,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+
+from mwms.client.models import parse_number
 
 # stdout carries results (tables, JSON, job ids, log text); stderr carries progress and errors.
 # Piped output is not cut to 80 columns: scripts and files want whole rows.
@@ -95,8 +98,16 @@ def first_line(text: str | None) -> str:
     return lines[0] + (" …" if len(lines) > 1 else "")
 
 
-def format_loss(loss: float | None) -> str:
-    return "-" if loss is None else f"{loss:.4g}"
+def format_loss(loss: float | str | None) -> str:
+    """A job's loss: a number, "nan", "inf" or "-inf" ("NaN"/"Infinity" from the API), "-" when unknown."""
+    value = parse_number(loss)
+    return "-" if value is None else f"{value:.4g}"
+
+
+def metric_value(point: dict[str, Any]) -> float:
+    """A metric point's value as a float; NaN and ±inf come as "NaN"/"Infinity"/"-Infinity" (or null)."""
+    value = parse_number(point.get("value"))
+    return math.nan if value is None else value
 
 
 def format_devices(job: dict[str, Any]) -> str:
@@ -238,7 +249,7 @@ def metrics_table(points: list[dict[str, Any]]) -> Table:
     names = sorted({point["name"] for point in points})
     by_step: dict[int, dict[str, float]] = {}
     for point in sorted(points, key=lambda item: (item["step"], item.get("attempt", 0))):
-        by_step.setdefault(point["step"], {})[point["name"]] = point["value"]
+        by_step.setdefault(point["step"], {})[point["name"]] = metric_value(point)
     table = Table(box=None, header_style="bold")
     table.add_column("STEP", justify="right")
     for name in names:
@@ -260,18 +271,19 @@ def metrics_summary_table(points: list[dict[str, Any]]) -> Table:
     for name in sorted(series):
         ordered = sorted(series[name], key=lambda item: (item.get("attempt", 0), item["step"]))
         first, last = ordered[0], ordered[-1]
+        finite = [value for value in map(metric_value, ordered) if not math.isnan(value)]
         table.add_row(
             name,
-            f"{first['value']:.6g} @{first['step']}",
-            f"{last['value']:.6g} @{last['step']}",
-            f"{min(item['value'] for item in ordered):.6g}",
+            f"{metric_value(first):.6g} @{first['step']}",
+            f"{metric_value(last):.6g} @{last['step']}",
+            f"{min(finite):.6g}" if finite else "nan",
             str(len(ordered)),
         )
     return table
 
 
 def artifacts_table(artifacts: list[dict[str, Any]]) -> Table:
-    from mwms.cli.packing import human_size
+    from mwms.client.packing import human_size
 
     table = Table(box=None, header_style="bold")
     for column in ("PATH", "SIZE", "ATTEMPT", "CREATED", "SHA256"):

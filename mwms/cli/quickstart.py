@@ -22,7 +22,6 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 import mwms
-from mwms.cli.client import ApiClient, ApiError
 from mwms.cli.errors import CliError, ExitCode, handles_errors
 from mwms.cli.follow import first_failed_task, tail_of_task_logs, watch_job
 from mwms.cli.job_commands import download_artifacts
@@ -36,6 +35,9 @@ from mwms.cli.processes import (
     stop_processes,
 )
 from mwms.cli.submit import build_job_spec, pack_and_upload
+from mwms.client import Client
+from mwms.connection import Connection
+from mwms.errors import MwmsError
 
 AGENT_NAMES = ("local-1", "local-2")
 SERVER_START_TIMEOUT_S = 60.0
@@ -93,9 +95,9 @@ class LocalCluster:
         self.admin_token = quickstart_admin_token(self.admin_token_file)
         self.join_token = new_secret()  # lives as long as this coordinator process
 
-    def client(self, timeout: float = 30.0) -> ApiClient:
+    def client(self, timeout: float = 30.0) -> Client:
         """A client of the local coordinator with the admin token (the user's own settings do not apply)."""
-        return ApiClient(self.api, token=self.admin_token, timeout=timeout)
+        return Client.for_connection(Connection(api=self.api, token=self.admin_token), timeout=timeout)
 
     @property
     def api(self) -> str:
@@ -136,8 +138,8 @@ class LocalCluster:
     def _wait_healthy(self, coordinator: ManagedProcess) -> bool:
         """True once /healthz answers; False if the process exits or the time runs out first."""
         with self.client(timeout=2.0) as client:
-            _wait_until(lambda: client.health() or not coordinator.running(), SERVER_START_TIMEOUT_S)
-            return coordinator.running() and client.health()
+            _wait_until(lambda: client.rest.health() or not coordinator.running(), SERVER_START_TIMEOUT_S)
+            return coordinator.running() and client.rest.health()
 
     def start_agents(self) -> None:
         """Starts one agent per name, each with its own work dir and port range, and waits until both are online."""
@@ -168,7 +170,7 @@ class LocalCluster:
                 for process in self.processes:
                     if not process.running():
                         raise CliError(self._failure(f"{process.name} exited", process), ExitCode.UNREACHABLE)
-                online = {agent["name"] for agent in client.list_agents() if agent.get("online")}
+                online = {agent["name"] for agent in client.rest.list_agents() if agent.get("online")}
                 return online.issuperset(AGENT_NAMES)
 
             if not _wait_until(both_online, AGENTS_ONLINE_TIMEOUT_S, 0.5):
@@ -188,7 +190,7 @@ class LocalCluster:
         stop_processes(self.processes)
 
 
-def follow_with_progress(client: ApiClient, job_id: str, total_steps: int) -> dict[str, Any]:
+def follow_with_progress(client: Client, job_id: str, total_steps: int) -> dict[str, Any]:
     """Follows the job with a progress bar of its step and loss; state changes are printed above it."""
     columns = (
         TextColumn("[progress.description]{task.description}"),
@@ -222,13 +224,13 @@ def follow_with_progress(client: ApiClient, job_id: str, total_steps: int) -> di
         return watch_job(client, job_id, on_job=on_job)
 
 
-def report_results(client: ApiClient, job: dict[str, Any], data_dir: Path) -> Path | None:
+def report_results(client: Client, job: dict[str, Any], data_dir: Path) -> Path | None:
     """Prints the final metrics and downloads the artifacts; returns where they went."""
-    points = client.metrics(job["id"]).get("points") or []
+    points = client.rest.metrics(job["id"]).get("points") or []
     if points:
         out.print(Text("Metrics", style="bold"))
         out.print(metrics_summary_table(points))
-    found = client.list_artifacts(job["id"])
+    found = client.rest.list_artifacts(job["id"])
     if not found:
         err.print("the job saved no artifacts")
         return None
@@ -237,7 +239,7 @@ def report_results(client: ApiClient, job: dict[str, Any], data_dir: Path) -> Pa
     return destination
 
 
-def explain_failure(client: ApiClient, job: dict[str, Any], cluster: LocalCluster) -> None:
+def explain_failure(client: Client, job: dict[str, Any], cluster: LocalCluster) -> None:
     if job.get("reason"):
         err.print(f"reason: {job['reason']}")
     culprit = first_failed_task(job)
@@ -294,7 +296,7 @@ def quickstart(
             )
         elif sys.stdin.isatty():
             _hold_for_the_dashboard(cluster.api, job.get("id", ""), cluster.admin_token_file)
-    except ApiError as error:
+    except MwmsError as error:
         raise CliError(
             f"the local coordinator at {cluster.api} failed: {error.detail}; see {cluster.log_dir}",
             ExitCode.UNREACHABLE,
@@ -312,14 +314,14 @@ def quickstart(
         raise typer.Exit(int(ExitCode.JOB_NOT_SUCCEEDED))
 
 
-def _run_example(client: ApiClient, example: Path, epochs: int, steps_per_epoch: int) -> dict[str, Any]:
+def _run_example(client: Client, example: Path, epochs: int, steps_per_epoch: int) -> dict[str, Any]:
     digest = pack_and_upload(client, example, quiet=True)
     # The agents run on this machine, so this interpreter (and its packages) is the one to use.
     command = ["python", "train.py", "--epochs", str(epochs), "--steps-per-epoch", str(steps_per_epoch)]
     spec = build_job_spec(name="quickstart-keras-fit", bundle_digest=digest, command=command, workers=2)
-    job = client.create_job(spec)
+    job = client.create_job(spec).raw
     err.print(f"submitted job {job['id']}: 2 workers, {epochs} epochs × {steps_per_epoch} steps")
-    err.print(f"follow it live at {client.base_url}/#/jobs/{job['id']}")
+    err.print(f"follow it live at {client.api}/#/jobs/{job['id']}")
     return follow_with_progress(client, job["id"], epochs * steps_per_epoch)
 
 

@@ -11,13 +11,14 @@ from rich.live import Live
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 from rich.text import Text
 
-from mwms.cli.client import ApiClient, connect
+from mwms.cli.connect import connect
 from mwms.cli.errors import CliError, ExitCode, handles_errors
 from mwms.cli.follow import first_failed_task, tail_of_task_logs, watch_job
 from mwms.cli.options import ApiOption, CaFileOption, JsonOption, TokenOption
 from mwms.cli.output import err, first_line, format_loss, log_line_text, out, print_json, state_text
-from mwms.cli.packing import PackedBundle, human_size, pack_directory
 from mwms.cli.parsing import parse_env
+from mwms.client import Client
+from mwms.client.packing import PackedBundle, human_size, pack_directory
 
 # Below this size an upload is over before a progress bar could tell anyone anything.
 PROGRESS_BAR_MIN_BYTES = 4 * 1024 * 1024
@@ -40,6 +41,7 @@ def build_job_spec(
     bytes_per_pack: int | None = None,
     max_restarts: int | None = None,
     restart_on: str | None = None,
+    fail_on_nan: list[str] | None = None,
     startup_timeout: float | None = None,
     max_runtime: float | None = None,
 ) -> dict[str, Any]:
@@ -63,7 +65,9 @@ def build_job_spec(
     )
     if collectives:
         spec["communication"] = collectives
-    restart = _without_none({"max_restarts": max_restarts, "restart_on": restart_on})
+    restart = _without_none(
+        {"max_restarts": max_restarts, "restart_on": restart_on, "fail_on_nan": fail_on_nan or None}
+    )
     if restart:
         spec["restart"] = restart
     if startup_timeout is not None:
@@ -73,10 +77,10 @@ def build_job_spec(
     return spec
 
 
-def upload(client: ApiClient, bundle: PackedBundle, *, show_progress: bool) -> dict[str, Any]:
+def upload(client: Client, bundle: PackedBundle, *, show_progress: bool) -> dict[str, Any]:
     """Uploads a packed bundle, with a progress bar on stderr for big ones."""
     if not show_progress or bundle.size < PROGRESS_BAR_MIN_BYTES:
-        return client.upload_bundle(bundle.file)
+        return client.rest.upload_bundle(bundle.file)
     columns = (
         "[progress.description]{task.description}",
         BarColumn(),
@@ -85,10 +89,10 @@ def upload(client: ApiClient, bundle: PackedBundle, *, show_progress: bool) -> d
     )
     with Progress(*columns, console=err, transient=True) as progress:
         task = progress.add_task("uploading", total=bundle.size)
-        return client.upload_bundle(bundle.file, on_bytes=lambda count: progress.advance(task, count))
+        return client.rest.upload_bundle(bundle.file, on_bytes=lambda count: progress.advance(task, count))
 
 
-def pack_and_upload(client: ApiClient, directory: Path, *, quiet: bool = False) -> str:
+def pack_and_upload(client: Client, directory: Path, *, quiet: bool = False) -> str:
     """Packs `directory`, uploads it, and returns the bundle digest."""
     bundle = pack_directory(directory)
     try:
@@ -138,7 +142,7 @@ class TextFollower:
             self._logs_console.print(log_line_text(line, prefix=False))
 
 
-def follow_to_end(client: ApiClient, job_id: str, *, logs_to_stdout: bool) -> dict[str, Any]:
+def follow_to_end(client: Client, job_id: str, *, logs_to_stdout: bool) -> dict[str, Any]:
     """Follows the job until it ends, explaining how to keep watching when interrupted."""
     try:
         with TextFollower(logs_to_stdout) as follower:
@@ -151,7 +155,7 @@ def follow_to_end(client: ApiClient, job_id: str, *, logs_to_stdout: bool) -> di
         ) from None
 
 
-def report_ending(client: ApiClient, job: dict[str, Any]) -> None:
+def report_ending(client: Client, job: dict[str, Any]) -> None:
     """On stderr: how the job ended and, if it failed, the end of the likeliest culprit's log."""
     state = job.get("state")
     line = Text.assemble("job ", (job["id"], "bold"), " ended ", state_text(state))
@@ -206,6 +210,14 @@ def submit(
     restart_on: Annotated[
         str | None, typer.Option(help="'retryable' (signals, lost agents) or 'any' non-zero exit.")
     ] = None,
+    fail_on_nan: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--fail-on-nan",
+            metavar="NAME",
+            help="Fail the job at once, without a restart, when metric NAME is reported as NaN (restart.fail_on_nan); repeatable.",
+        ),
+    ] = None,
     startup_timeout: Annotated[
         float | None, typer.Option(help="Seconds for all workers to start running.", min=0.0)
     ] = None,
@@ -251,10 +263,11 @@ def submit(
             bytes_per_pack=bytes_per_pack,
             max_restarts=max_restarts,
             restart_on=restart_on,
+            fail_on_nan=fail_on_nan,
             startup_timeout=startup_timeout,
             max_runtime=max_runtime,
         )
-        job = client.create_job(spec)
+        job = client.create_job(spec).raw
         if not json_output:
             print(job["id"], flush=True)
         if not wait:

@@ -10,8 +10,10 @@ import pytest
 from cli_fake_api import USER_TOKEN, FakeState
 from typer.testing import CliRunner
 
-from mwms.cli.client import ApiClient, ApiError
+from mwms.cli import connect
 from mwms.cli.main import app
+from mwms.client import Client
+from mwms.errors import CoordinatorUnreachable, InvalidSpec, NotFound, ServerError
 
 runner = CliRunner()
 
@@ -36,45 +38,52 @@ def _submit(api: str, program: Path, *extra: str) -> object:
     return runner.invoke(app, ["submit", str(program), "--workers", "2", "--api", api, *extra])
 
 
-# -- ApiClient error mapping -------------------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def short_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Commands give up on an unreachable coordinator after 1 s here, not after RETRY_SECONDS."""
+    monkeypatch.setattr(connect, "RETRY_SECONDS", 1.0)
+
+
+# -- client error mapping ----------------------------------------------------------------------------------
 
 
 def test_client_maps_404_with_the_apis_detail(fake_api: tuple[str, FakeState]) -> None:
-    with ApiClient(fake_api[0], token=USER_TOKEN) as client, pytest.raises(ApiError) as raised:
-        client.get_job("nope")
+    with Client(fake_api[0], token=USER_TOKEN) as client, pytest.raises(NotFound) as raised:
+        client.job("nope")
     assert raised.value.status == 404
     assert raised.value.detail == "job nope not found"
 
 
 def test_client_flattens_validation_errors(fake_api: tuple[str, FakeState]) -> None:
-    with ApiClient(fake_api[0], token=USER_TOKEN) as client, pytest.raises(ApiError) as raised:
+    with Client(fake_api[0], token=USER_TOKEN) as client, pytest.raises(InvalidSpec) as raised:
         client.create_job({"bundle_digest": "x", "command": [], "workers": 0})
     assert raised.value.status == 422
     assert "workers" in raised.value.detail and "command" in raised.value.detail
 
 
 def test_client_maps_500(fake_api: tuple[str, FakeState]) -> None:
-    with ApiClient(fake_api[0], token=USER_TOKEN) as client, pytest.raises(ApiError) as raised:
-        client._json("GET", "/api/v1/boom")
+    with Client(fake_api[0], token=USER_TOKEN) as client, pytest.raises(ServerError) as raised:
+        client.rest._json("GET", "/api/v1/boom")
     assert (raised.value.status, raised.value.detail) == (500, "database is on fire")
 
 
 def test_client_reports_unreachable_coordinator() -> None:
-    with ApiClient(f"http://127.0.0.1:{_unused_port()}") as client, pytest.raises(ApiError) as raised:
-        client.list_jobs()
-    assert raised.value.unreachable
+    client = Client(f"http://127.0.0.1:{_unused_port()}", retry_seconds=0.5)
+    with client, pytest.raises(CoordinatorUnreachable) as raised:
+        client.jobs()
+    assert raised.value.status is None
 
 
 def test_upload_sends_content_length_and_reports_progress(
     fake_api: tuple[str, FakeState], program: Path
 ) -> None:
-    from mwms.cli.packing import pack_directory
+    from mwms.client.packing import pack_directory
 
     api, state = fake_api
     bundle = pack_directory(program)
     seen: list[int] = []
-    with ApiClient(api, token=USER_TOKEN) as client:
-        result = client.upload_bundle(bundle.file, on_bytes=seen.append)
+    with Client(api, token=USER_TOKEN) as client:
+        result = client.rest.upload_bundle(bundle.file, on_bytes=seen.append)
     bundle.close()
     assert result["size"] == bundle.size == sum(seen)
     assert state.upload_content_lengths[-1] is not None

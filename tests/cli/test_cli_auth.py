@@ -11,7 +11,9 @@ import pytest
 from cli_fake_api import ADMIN_TOKEN, USER_TOKEN, VIEWER_TOKEN, FakeState
 from typer.testing import CliRunner
 
-from mwms.cli.connection import (
+from mwms.cli.errors import ExitCode
+from mwms.cli.main import app
+from mwms.connection import (
     DEFAULT_API,
     ConfigError,
     StoredConfig,
@@ -20,8 +22,6 @@ from mwms.cli.connection import (
     resolve_connection,
     save_config,
 )
-from mwms.cli.errors import ExitCode
-from mwms.cli.main import app
 
 runner = CliRunner()
 SECRETS = (ADMIN_TOKEN, USER_TOKEN, VIEWER_TOKEN)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from mwms.cli.errors import CliError
-from mwms.cli.packing import human_size, pack_directory
+from mwms.client.packing import human_size, pack_directory
+from mwms.errors import InvalidSpec
 
 
 def _names(directory: Path) -> list[str]:
@@ -56,25 +56,25 @@ def test_gzip_header_has_no_timestamp(tmp_path: Path) -> None:
 
 
 def test_missing_directory_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(CliError, match="does not exist"):
+    with pytest.raises(InvalidSpec, match="does not exist"):
         pack_directory(tmp_path / "nope")
 
 
 def test_file_instead_of_directory_is_refused(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text("")
-    with pytest.raises(CliError, match="not a directory"):
+    with pytest.raises(InvalidSpec, match="not a directory"):
         pack_directory(tmp_path / "train.py")
 
 
 def test_empty_directory_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(CliError, match="no files to pack"):
+    with pytest.raises(InvalidSpec, match="no files to pack"):
         pack_directory(tmp_path)
 
 
 def test_directory_with_only_skipped_content_is_refused(tmp_path: Path) -> None:
     (tmp_path / "__pycache__").mkdir()
     (tmp_path / "__pycache__" / "x.pyc").write_bytes(b"\0")
-    with pytest.raises(CliError, match="no files to pack"):
+    with pytest.raises(InvalidSpec, match="no files to pack"):
         pack_directory(tmp_path)
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from mwms.cli.client import ApiError
 from mwms.cli.errors import CliError, ExitCode, exit_code_for, message_for
 from mwms.cli.parsing import parse_env, parse_port_range
 from mwms.cli.submit import build_job_spec
+from mwms.errors import CoordinatorUnreachable, InvalidSpec, error_for_status
 
 
 def test_env_pairs() -> None:
@@ -58,11 +58,18 @@ def test_bad_port_range(text: str, complaint: str) -> None:
     ],
 )
 def test_exit_code_mapping(status: int | None, code: ExitCode) -> None:
-    assert exit_code_for(ApiError(status, "x")) == code
+    error = CoordinatorUnreachable("x") if status is None else error_for_status(status, "x")
+    assert exit_code_for(error) == code
+
+
+def test_errors_found_locally_exit_2_with_their_own_message() -> None:
+    error = InvalidSpec("/nope does not exist; pass the directory that holds your training program")
+    assert exit_code_for(error) == ExitCode.USAGE
+    assert message_for(error, "http://127.0.0.1:9") == error.detail
 
 
 def test_unreachable_message_says_where_and_what_to_do() -> None:
-    message = message_for(ApiError(None, "ConnectError: refused"), "http://127.0.0.1:9")
+    message = message_for(CoordinatorUnreachable("ConnectError: refused"), "http://127.0.0.1:9")
     assert "http://127.0.0.1:9" in message and "mwms server" in message
 
 
@@ -84,10 +91,11 @@ def test_job_spec_with_everything() -> None:
         bytes_per_pack=0,
         max_restarts=0,
         restart_on="any",
+        fail_on_nan=["loss", "val_loss"],
         startup_timeout=60.0,
         max_runtime=3600.0,
     )
     assert spec["communication"] == {"implementation": "NCCL", "timeout_seconds": 30.0, "bytes_per_pack": 0}
-    assert spec["restart"] == {"max_restarts": 0, "restart_on": "any"}
+    assert spec["restart"] == {"max_restarts": 0, "restart_on": "any", "fail_on_nan": ["loss", "val_loss"]}
     assert spec["gpus_per_worker"] == 2 and spec["env"] == {"A": "1"}
     assert spec["startup_timeout_seconds"] == 60.0 and spec["max_runtime_seconds"] == 3600.0

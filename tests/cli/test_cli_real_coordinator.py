@@ -16,9 +16,9 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from mwms.cli.connection import load_config
 from mwms.cli.main import app
 from mwms.cli.processes import free_port
+from mwms.connection import load_config
 
 pytestmark = pytest.mark.e2e
 

@@ -5,7 +5,7 @@ per-user config file that `mwms login` writes, else a default. The config file d
 its token and CA file are used only when talking to the address saved with them, so a token is never sent
 to another coordinator named with --api.
 
-Standard library only, so a programmatic client can share it.
+Standard library only: `mwms.Client` and the CLI resolve connections here, the same way.
 """
 
 from __future__ import annotations
@@ -18,16 +18,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mwms.errors import ConfigError
+
 DEFAULT_API = "http://127.0.0.1:8080"
 API_ENV = "MWMS_API"
 TOKEN_ENV = "MWMS_TOKEN"
 CA_FILE_ENV = "MWMS_CA_FILE"
 CONFIG_ENV = "MWMS_CONFIG"  # an explicit config file path, e.g. one per cluster
 FIRST_ADMIN_TOKEN_HINT = "a new coordinator writes its first admin token to <data dir>/admin-token"
-
-
-class ConfigError(Exception):
-    """The config file or CA file cannot be used; the message says why and what to do."""
 
 
 def normalize_api(address: str) -> str:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from mwms.cli.errors import CliError
+from mwms.errors import InvalidSpec
 
 # Directories that never belong in a bundle: version control, bytecode caches, local virtualenvs.
 SKIPPED_DIRS = frozenset({".git", "__pycache__", ".venv"})
@@ -48,13 +48,15 @@ def _normalise(info: tarfile.TarInfo) -> tarfile.TarInfo:
 def pack_directory(directory: Path) -> PackedBundle:
     """Packs `directory` (skipping SKIPPED_DIRS); refuses a missing, non-directory or empty one."""
     if not directory.exists():
-        raise CliError(f"{directory} does not exist; pass the directory that holds your training program")
+        raise InvalidSpec(f"{directory} does not exist; pass the directory that holds your training program")
     if not directory.is_dir():
-        raise CliError(f"{directory} is not a directory; pass the directory that holds your training program")
+        raise InvalidSpec(
+            f"{directory} is not a directory; pass the directory that holds your training program"
+        )
     members = bundle_members(directory)
     if not members:
         skipped = ", ".join(sorted(SKIPPED_DIRS))
-        raise CliError(f"{directory} has no files to pack (it is empty, or holds only {skipped})")
+        raise InvalidSpec(f"{directory} has no files to pack (it is empty, or holds only {skipped})")
     spooled = tempfile.TemporaryFile(prefix="mwms-bundle-", suffix=".tar.gz")
     try:
         # mtime=0 in the gzip header keeps the archive byte-identical across runs.

@@ -1,0 +1,10 @@
+"""The Python client of the mwms coordinator: `Client`, `Job`, and the typed objects they return.
+
+`from mwms import Client` is the short way in; errors live in `mwms.errors` (also exported by `mwms`).
+"""
+
+from mwms.client.client import Client
+from mwms.client.job import Job
+from mwms.client.models import Agent, Artifact, LogLine, MetricPoint, Metrics
+
+__all__ = ["Client", "Job", "Agent", "Artifact", "LogLine", "MetricPoint", "Metrics"]

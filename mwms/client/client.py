@@ -1,0 +1,176 @@
+"""`Client`: submit and watch mwms jobs from Python (notebooks, scripts, pipeline steps).
+
+from mwms import Client
+
+client = Client()  # the coordinator and token that `mwms login` / MWMS_API / MWMS_TOKEN name
+job = client.submit("examples/keras_fit", ["python", "train.py"], workers=2)
+job.wait(on_progress=lambda job: print(job.state, job.step, job.loss))
+print(job.metrics().to_pandas())
+job.download("artifacts/")
+"""
+
+from __future__ import annotations
+
+import shlex
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from mwms.client.job import Job
+from mwms.client.models import Agent
+from mwms.client.packing import pack_directory
+from mwms.client.rest import RestApi
+from mwms.client.transport import Transport
+from mwms.connection import Connection, resolve_connection
+
+DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_RETRY_S = 30.0
+
+
+def new_idempotency_key() -> str:
+    """A fresh key for one submit: resends of that submit carry it, a new submit gets a new one."""
+    return uuid.uuid4().hex
+
+
+class Client:
+    """A connection to one mwms coordinator.
+
+    `api`, `token` and `ca_file` default to what the CLI uses: MWMS_API / MWMS_TOKEN / MWMS_CA_FILE,
+    else what `mwms login` saved, else http://127.0.0.1:8080 without a token. Requests that cannot
+    do harm twice are retried for up to `retry_seconds` while the coordinator is unreachable (e.g.
+    restarting); every failure is an `mwms.errors.MwmsError`. Use it as a context manager, or `close()`.
+    """
+
+    def __init__(
+        self,
+        api: str | None = None,
+        token: str | None = None,
+        ca_file: str | Path | None = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        retry_seconds: float = DEFAULT_RETRY_S,
+        connection: Connection | None = None,
+    ) -> None:
+        self.connection = connection or resolve_connection(api, token, ca_file)
+        self._transport = Transport(
+            self.connection.api,
+            token=self.connection.token,
+            verify=self.connection.verify(),
+            timeout=timeout,
+            retry_seconds=retry_seconds,
+        )
+        self.rest = RestApi(self._transport)
+
+    @classmethod
+    def for_connection(
+        cls,
+        connection: Connection,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        retry_seconds: float = DEFAULT_RETRY_S,
+    ) -> Client:
+        """A client for an already resolved connection (no lookup of flags, environment or config)."""
+        return cls(connection=connection, timeout=timeout, retry_seconds=retry_seconds)
+
+    @property
+    def api(self) -> str:
+        """The coordinator's address, e.g. http://127.0.0.1:8080."""
+        return self.connection.api
+
+    def close(self) -> None:
+        """Closes the HTTP connections."""
+        self._transport.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Client(api={self.api!r})"
+
+    # -- jobs --------------------------------------------------------------------------------------------
+
+    def upload(self, directory: str | Path, *, on_bytes: Callable[[int], None] | None = None) -> str:
+        """Packs `directory` like `mwms submit` does (skipping .git, __pycache__, .venv), uploads it and
+        returns the bundle's digest."""
+        bundle = pack_directory(Path(directory))
+        try:
+            result = self.rest.upload_bundle(bundle.file, on_bytes=on_bytes)
+        finally:
+            bundle.close()
+        return str(result["digest"])
+
+    def submit(
+        self,
+        directory: str | Path,
+        command: str | Sequence[str],
+        *,
+        workers: int,
+        gpus_per_worker: int | None = None,
+        env: Mapping[str, str] | None = None,
+        name: str | None = None,
+        restart: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+        **options: Any,
+    ) -> Job:
+        """Packs and uploads `directory` and starts `command` on `workers` workers; returns the Job.
+
+        `command` is an argv list, or a string split like a shell would. `restart` is the restart policy,
+        e.g. {"max_restarts": 0} or {"restart_on": "any", "fail_on_nan": ["loss"]}. `options` are
+        further job spec fields, passed as given: communication={"implementation": "RING"},
+        startup_timeout_seconds=..., max_runtime_seconds=... (see the API's JobCreate at /docs).
+        The job's name defaults to the directory's name. The submit carries an idempotency key (a new one
+        unless given), so resending it after a dropped connection never creates a second job.
+        """
+        argv = shlex.split(command) if isinstance(command, str) else list(command)
+        spec: dict[str, Any] = {
+            "name": name or Path(directory).resolve().name,
+            "bundle_digest": self.upload(directory),
+            "command": argv,
+            "workers": workers,
+        }
+        if gpus_per_worker is not None:
+            spec["gpus_per_worker"] = gpus_per_worker
+        if env:
+            spec["env"] = dict(env)
+        if restart:
+            spec["restart"] = dict(restart)
+        spec.update(options)
+        return self.create_job(spec, idempotency_key=idempotency_key)
+
+    def create_job(self, spec: Mapping[str, Any], *, idempotency_key: str | None = None) -> Job:
+        """Starts a job from a full spec (the body of POST /api/v1/jobs) whose bundle is uploaded already."""
+        key = idempotency_key or new_idempotency_key()
+        return Job(self, self.rest.create_job(dict(spec), idempotency_key=key))
+
+    def job(self, job_id: str) -> Job:
+        """The job with this id; `NotFound` if there is none."""
+        return Job(self, self.rest.get_job(job_id))
+
+    def jobs(
+        self, state: str | Sequence[str] | None = None, *, limit: int = 50, offset: int = 0
+    ) -> list[Job]:
+        """Jobs, newest first, optionally only those in `state` (one state or several).
+
+        The list entries are summaries (no tasks or events); `refresh()` one for everything.
+        """
+        states = [state] if isinstance(state, str) else list(state or [])
+        page = self.rest.list_jobs([value.upper() for value in states], offset=offset, limit=limit)
+        return [Job(self, raw) for raw in page.get("jobs") or []]
+
+    # -- the cluster -------------------------------------------------------------------------------------
+
+    def agents(self) -> list[Agent]:
+        """The agents the coordinator knows: online or lost, their devices and running tasks."""
+        return [Agent.from_api(raw) for raw in self.rest.list_agents()]
+
+    def whoami(self) -> dict[str, Any]:
+        """{"user", "role", "token_name", "via_session"} of the token this client sends."""
+        return self.rest.whoami()
+
+    def health(self) -> bool:
+        """True when the coordinator answers /healthz (asked once, without retries)."""
+        return self.rest.health()

@@ -1,0 +1,225 @@
+"""`Job`: one job on the coordinator, with what a script does with it: wait, logs, metrics, artifacts."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
+
+from mwms.client.models import Artifact, LogLine, MetricPoint, Metrics, parse_number
+from mwms.errors import CoordinatorUnreachable, InvalidSpec, JobFailed, WaitTimeout
+
+if TYPE_CHECKING:
+    from mwms.client.client import Client
+
+TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+FAILURE_LOG_LINES = 20
+# How long `wait` keeps polling while the coordinator cannot be reached (e.g. while it restarts).
+UNREACHABLE_GRACE_S = 120.0
+
+
+def first_failed_task(job: dict[str, Any]) -> dict[str, Any] | None:
+    """The task that most likely caused the job to end badly: a failed one, else any non-successful one."""
+    tasks = sorted(job.get("tasks") or [], key=lambda task: task.get("index", 0))
+    for wanted in ({"FAILED"}, {"LOST", "REJECTED"}, {"STOPPED"}):
+        for task in tasks:
+            if task.get("state") in wanted:
+                return task
+    return tasks[0] if tasks else None
+
+
+def safe_relative_path(path: str) -> PurePosixPath:
+    """An artifact path as a relative path that stays inside the download directory, or InvalidSpec."""
+    candidate = PurePosixPath(path)
+    if not path or candidate.is_absolute() or ".." in candidate.parts or "\\" in path:
+        raise InvalidSpec(
+            f"refusing artifact path {path!r}: it would be written outside the download directory"
+        )
+    return candidate
+
+
+class Job:
+    """A job as last fetched from the coordinator; `refresh()` fetches it again.
+
+    `raw` is the API's job object; the properties read from it.
+    """
+
+    def __init__(self, client: Client, raw: dict[str, Any]) -> None:
+        self._client = client
+        self.raw = raw
+
+    def __repr__(self) -> str:
+        return f"Job(id={self.id!r}, name={self.name!r}, state={self.state!r})"
+
+    # -- what the job is ---------------------------------------------------------------------------------
+
+    @property
+    def id(self) -> str:
+        """The job's id."""
+        return str(self.raw["id"])
+
+    @property
+    def name(self) -> str:
+        """The job's name."""
+        return str(self.raw.get("name") or "")
+
+    @property
+    def state(self) -> str:
+        """PENDING, SCHEDULED, RUNNING, RESTARTING, SUCCEEDED, FAILED or CANCELLED (as last fetched)."""
+        return str(self.raw.get("state") or "")
+
+    @property
+    def done(self) -> bool:
+        """True once the job has ended (SUCCEEDED, FAILED or CANCELLED)."""
+        return self.state in TERMINAL_STATES
+
+    @property
+    def reason(self) -> str:
+        """Why the job is in its state (a failure's explanation), or ""."""
+        return str(self.raw.get("reason") or "")
+
+    @property
+    def step(self) -> int | None:
+        """The newest step the chief reported, or None."""
+        step = self.raw.get("step")
+        return None if step is None else int(step)
+
+    @property
+    def loss(self) -> float | None:
+        """The newest loss the chief reported (NaN and ±inf as floats), or None."""
+        return parse_number(self.raw.get("loss"))
+
+    @property
+    def attempts(self) -> int:
+        """How many attempts the job has had (restarts + 1 once it started)."""
+        return int(self.raw.get("attempts") or 0)
+
+    @property
+    def tasks(self) -> list[dict[str, Any]]:
+        """The newest attempt's tasks, as the API describes them."""
+        return list(self.raw.get("tasks") or [])
+
+    # -- following it ------------------------------------------------------------------------------------
+
+    def refresh(self) -> Job:
+        """Fetches the job again; returns itself."""
+        self.raw = self._client.rest.get_job(self.id)
+        return self
+
+    def wait(
+        self,
+        timeout: float | None = None,
+        on_progress: Callable[[Job], None] | None = None,
+        *,
+        poll_interval: float = 1.0,
+        raise_on_failure: bool = True,
+        unreachable_grace: float = UNREACHABLE_GRACE_S,
+    ) -> str:
+        """Polls until the job ends and returns its final state ("SUCCEEDED" or "CANCELLED").
+
+        Calls `on_progress(job)` after every poll. A job that ends FAILED raises `JobFailed` with the
+        reason and the end of the failing task's log (returns "FAILED" with raise_on_failure=False).
+        `timeout` (seconds) raises `WaitTimeout` while the job keeps running. While the coordinator
+        cannot be reached (a restart), polling goes on for up to `unreachable_grace` seconds.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        unreachable_since: float | None = None
+        while True:
+            started = time.monotonic()
+            try:
+                self.refresh()
+                if on_progress is not None:
+                    on_progress(self)
+                unreachable_since = None
+            except CoordinatorUnreachable:
+                unreachable_since = unreachable_since or started
+                if time.monotonic() - unreachable_since > unreachable_grace:
+                    raise
+            else:
+                if self.done:
+                    break
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                raise WaitTimeout(
+                    f"job {self.id} is still {self.state} after {timeout:g} s; it keeps running"
+                )
+            pause = max(0.0, poll_interval - (now - started))
+            time.sleep(pause if deadline is None else min(pause, max(0.0, deadline - now)))
+        if self.state == "FAILED" and raise_on_failure:
+            raise self.failure()
+        return self.state
+
+    def failure(self) -> JobFailed:
+        """A `JobFailed` describing how this job ended: its reason and the failing task's last log lines."""
+        culprit = first_failed_task(self.raw)
+        task = None if culprit is None else int(culprit.get("index", 0))
+        lines: list[str] = []
+        if culprit is not None:
+            page = self._client.rest.logs(
+                self.id, task=task, attempt=culprit.get("attempt"), tail=FAILURE_LOG_LINES
+            )
+            lines = [str(line.get("text", "")).rstrip("\n") for line in page.get("lines") or []]
+        return JobFailed(self.id, self.reason, state=self.state, task=task, log_lines=lines)
+
+    def logs(
+        self,
+        task: int | None = None,
+        follow: bool = False,
+        *,
+        attempt: int | None = None,
+        tail: int | None = None,
+    ) -> Iterator[LogLine]:
+        """The job's log lines, oldest first: the newest `tail` (the API's default: 1000) of them, or, with
+        follow=True, those and every new one until the job ends (reconnecting if the coordinator restarts).
+        """
+        rest = self._client.rest
+        if not follow:
+            page = rest.logs(self.id, task=task, attempt=attempt, tail=tail)
+            yield from (LogLine.from_api(line) for line in page.get("lines") or [])
+            return
+        after: int | None = None
+        unreachable_since: float | None = None
+        while True:
+            try:
+                for raw in rest.follow_logs(
+                    self.id, task=task, attempt=attempt, tail=tail if after is None else None, after=after
+                ):
+                    line = LogLine.from_api(raw)
+                    after = line.id or after
+                    unreachable_since = None
+                    yield line
+                return
+            except CoordinatorUnreachable:
+                unreachable_since = unreachable_since or time.monotonic()
+                if time.monotonic() - unreachable_since > UNREACHABLE_GRACE_S:
+                    raise
+                time.sleep(1.0)
+
+    def metrics(self, name: str | None = None, *, attempt: int | None = None) -> Metrics:
+        """The metric points the chief reported (all names, or `name`): a list with `to_pandas()`."""
+        series = self._client.rest.metrics(self.id, name=name, attempt=attempt)
+        return Metrics(MetricPoint.from_api(point) for point in series.get("points") or [])
+
+    def artifacts(self) -> list[Artifact]:
+        """The files the chief saved in MWMS_OUTPUT_DIR (`mwms_runtime.output_dir()`)."""
+        return [Artifact.from_api(raw) for raw in self._client.rest.list_artifacts(self.id)]
+
+    def download(self, dest: str | Path, artifacts: list[Artifact] | None = None) -> list[Path]:
+        """Downloads every artifact (or those given) under `dest`, keeping relative paths; returns the files."""
+        destination = Path(dest).expanduser()
+        chosen = self.artifacts() if artifacts is None else artifacts
+        relatives = [safe_relative_path(artifact.path) for artifact in chosen]  # check all before writing
+        destination.mkdir(parents=True, exist_ok=True)
+        written: list[Path] = []
+        for relative in relatives:
+            target = destination.joinpath(*relative.parts)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            self._client.rest.download_artifact(self.id, relative.as_posix(), target)
+            written.append(target)
+        return written
+
+    def cancel(self) -> Job:
+        """Cancels the job (its tasks are stopped); returns itself, refreshed. `Conflict` if it had ended."""
+        self.raw = self._client.rest.cancel_job(self.id)
+        return self

@@ -1,0 +1,224 @@
+"""The coordinator's REST endpoints, one method each, returning the API's JSON unchanged.
+
+`mwms.Client` builds its typed objects on these; the CLI prints them (`--json`) as they are.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any
+from urllib.parse import quote
+
+import httpx
+
+from mwms.client.transport import Transport
+from mwms.errors import MwmsError
+
+API_PREFIX = "/api/v1"
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+
+
+class _ProgressReader:
+    """Wraps a binary file so that each read reports how many bytes went out."""
+
+    def __init__(self, file: IO[bytes], on_bytes: Callable[[int], None]) -> None:
+        self._file = file
+        self._on_bytes = on_bytes
+
+    def read(self, size: int = -1) -> bytes:
+        chunk = self._file.read(size)
+        self._on_bytes(len(chunk))
+        return chunk
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._file.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._file.tell()
+
+    def fileno(self) -> int:
+        # Lets httpx learn the length and send Content-Length instead of a chunked body.
+        return self._file.fileno()
+
+
+def _params(**values: Any) -> dict[str, Any]:
+    return {key: value for key, value in values.items() if value is not None}
+
+
+class RestApi:
+    """One method per endpoint; every call goes through the client's `Transport`."""
+
+    def __init__(self, transport: Transport) -> None:
+        self.transport = transport
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = self.transport.request(method, path, **kwargs)
+        if not response.content and method == "DELETE":
+            return {}
+        try:
+            return response.json()
+        except ValueError as error:
+            raise MwmsError(
+                f"expected JSON from {path}, got {response.text[:100]!r}", response.status_code
+            ) from error
+
+    # -- health, bundles, jobs --------------------------------------------------------------------------
+
+    def health(self, timeout: float = 2.0) -> bool:
+        """True when /healthz answers 2xx (asked once, without retries)."""
+        try:
+            self.transport.request("GET", "/healthz", timeout=timeout, retry_seconds=0)
+        except MwmsError:
+            return False
+        return True
+
+    def upload_bundle(
+        self, file: IO[bytes], *, on_bytes: Callable[[int], None] | None = None
+    ) -> dict[str, Any]:
+        """Uploads a .tar.gz bundle; returns {"digest", "size", "format", "created"}.
+
+        Bundles are stored by content digest, so a resent upload is harmless: it is retried.
+        """
+        body: Any = _ProgressReader(file, on_bytes) if on_bytes else file
+        files = {"file": ("bundle.tar.gz", body, "application/gzip")}
+        # Large bundles over slow links: allow the body as long as it needs.
+        return self._json(
+            "POST",
+            f"{API_PREFIX}/bundles",
+            files=files,
+            timeout=httpx.Timeout(30.0, write=None),
+            replayable=True,
+            rewind=file,
+        )
+
+    def create_job(self, spec: dict[str, Any], *, idempotency_key: str | None = None) -> dict[str, Any]:
+        """Creates a job; with an idempotency key the request is resent after a failure, and the
+        coordinator answers every resend with the job the first one created."""
+        headers = {IDEMPOTENCY_HEADER: idempotency_key} if idempotency_key else {}
+        return self._json(
+            "POST", f"{API_PREFIX}/jobs", json=spec, headers=headers, replayable=bool(idempotency_key)
+        )
+
+    def list_jobs(
+        self, states: list[str] | None = None, *, offset: int = 0, limit: int = 50
+    ) -> dict[str, Any]:
+        """{"jobs": [...], "total", "offset", "limit"}, newest first."""
+        params: list[tuple[str, Any]] = [("state", state) for state in states or []]
+        params += [("offset", offset), ("limit", limit)]
+        return self._json("GET", f"{API_PREFIX}/jobs", params=params)
+
+    def get_job(self, job_id: str) -> dict[str, Any]:
+        return self._json("GET", f"{API_PREFIX}/jobs/{quote(job_id, safe='')}")
+
+    def cancel_job(self, job_id: str) -> dict[str, Any]:
+        return self._json("POST", f"{API_PREFIX}/jobs/{quote(job_id, safe='')}/cancel")
+
+    def list_agents(self) -> list[dict[str, Any]]:
+        return self._json("GET", f"{API_PREFIX}/agents")
+
+    def logs(
+        self,
+        job_id: str,
+        *,
+        task: int | None = None,
+        attempt: int | None = None,
+        tail: int | None = None,
+        after: int | None = None,
+    ) -> dict[str, Any]:
+        """One page of log lines: {"lines": [...], "next_after"}."""
+        params = _params(task=task, attempt=attempt, tail=tail, after=after)
+        return self._json("GET", f"{API_PREFIX}/jobs/{quote(job_id, safe='')}/logs", params=params)
+
+    def follow_logs(
+        self,
+        job_id: str,
+        *,
+        task: int | None = None,
+        attempt: int | None = None,
+        tail: int | None = None,
+        after: int | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """Yields log line objects from the streaming endpoint until the job has finished.
+
+        The stream ends with `CoordinatorUnreachable` if the connection drops; resume with `after`.
+        """
+        params = _params(task=task, attempt=attempt, tail=tail, after=after)
+        params["follow"] = "true"
+        url = f"{API_PREFIX}/jobs/{quote(job_id, safe='')}/logs"
+        with self.transport.stream(
+            "GET", url, params=params, timeout=httpx.Timeout(30.0, read=None)
+        ) as response:
+            for raw in response.iter_lines():
+                if raw.strip():
+                    yield json.loads(raw)
+
+    def metrics(
+        self,
+        job_id: str,
+        *,
+        name: str | None = None,
+        min_step: int | None = None,
+        max_step: int | None = None,
+        attempt: int | None = None,
+    ) -> dict[str, Any]:
+        """{"points": [{"name", "step", "value", "wall_time", "attempt"}, ...]}."""
+        params = _params(name=name, min_step=min_step, max_step=max_step, attempt=attempt)
+        return self._json("GET", f"{API_PREFIX}/jobs/{quote(job_id, safe='')}/metrics", params=params)
+
+    def list_artifacts(self, job_id: str) -> list[dict[str, Any]]:
+        return self._json("GET", f"{API_PREFIX}/jobs/{quote(job_id, safe='')}/artifacts")
+
+    def download_artifact(self, job_id: str, path: str, destination: Path) -> int:
+        """Streams one artifact into `destination` (written via a temp file); returns the byte count."""
+        partial = destination.with_name(destination.name + ".part")
+        url = f"{API_PREFIX}/jobs/{quote(job_id, safe='')}/artifacts/{quote(path)}"
+        written = 0
+        try:
+            with self.transport.stream("GET", url, timeout=httpx.Timeout(30.0, read=300.0)) as response:
+                with partial.open("wb") as out:
+                    for chunk in response.iter_bytes():
+                        out.write(chunk)
+                        written += len(chunk)
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+        partial.replace(destination)
+        return written
+
+    # -- identity and tokens (admin) ----------------------------------------------------------------------
+
+    def whoami(self) -> dict[str, Any]:
+        """{"user", "role", "token_name", "via_session"} of the token this client sends."""
+        return self._json("GET", f"{API_PREFIX}/whoami")
+
+    def list_tokens(self) -> list[dict[str, Any]]:
+        return self._json("GET", f"{API_PREFIX}/tokens")
+
+    def create_token(
+        self, user: str, role: str, name: str = "", expires_in_seconds: int | None = None
+    ) -> dict[str, Any]:
+        """A new API token; the response's "token" is its secret, returned this once."""
+        body = {"user": user, "role": role, "name": name, "expires_in_seconds": expires_in_seconds}
+        return self._json("POST", f"{API_PREFIX}/tokens", json=body)
+
+    def revoke_token(self, token_id: str) -> dict[str, Any]:
+        return self._json("DELETE", f"{API_PREFIX}/tokens/{quote(token_id, safe='')}")
+
+    def list_join_tokens(self) -> list[dict[str, Any]]:
+        return self._json("GET", f"{API_PREFIX}/agent-tokens")
+
+    def create_join_token(
+        self, name: str = "agents", expires_in_seconds: int | None = None
+    ) -> dict[str, Any]:
+        """A new join token for agents; the response's "token" is its secret, returned this once."""
+        body = {"name": name, "expires_in_seconds": expires_in_seconds}
+        return self._json("POST", f"{API_PREFIX}/agent-tokens", json=body)
+
+    def revoke_join_token(self, token_id: str) -> dict[str, Any]:
+        return self._json("DELETE", f"{API_PREFIX}/agent-tokens/{quote(token_id, safe='')}")
+
+    def remove_agent(self, agent_id: str) -> Any:
+        """Removes an agent: its credential is revoked and its tasks are stopped."""
+        return self._json("DELETE", f"{API_PREFIX}/agents/{quote(agent_id, safe='')}")
