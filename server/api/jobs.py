@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import FileResponse, StreamingResponse
 from starlette.background import BackgroundTask
 
@@ -27,7 +27,7 @@ from server.schemas import (
     MetricSeries,
     ValidationErrorOut,
 )
-from server.services import files, jobs, telemetry
+from server.services import files, idempotency, jobs, telemetry
 from server.services.follows import FollowSlots, follow_lines
 from server.services.tokens import Role
 from server.states import JobState
@@ -67,11 +67,35 @@ def ndjson(lines: Sequence[LogLineOut]) -> bytes:
     return b"".join((line.model_dump_json() + "\n").encode() for line in lines)
 
 
-@router.post("", status_code=201, response_model=JobOut, responses=ERRORS | BODY_TOO_LARGE)
-def create_job(spec: Annotated[JobCreate, Depends(bounded_spec)], rt: RuntimeDep, caller: Caller) -> JobOut:
+@router.post(
+    "",
+    status_code=201,
+    response_model=JobOut,
+    responses=ERRORS | BODY_TOO_LARGE | {200: {"model": JobOut, "description": "the job this key created"}},
+)
+def create_job(
+    spec: Annotated[JobCreate, Depends(bounded_spec)],
+    rt: RuntimeDep,
+    caller: Caller,
+    response: Response,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            max_length=idempotency.IDEMPOTENCY_KEY_MAX_LENGTH,
+            pattern=idempotency.IDEMPOTENCY_KEY_PATTERN,
+            description="a client-chosen key (letters, digits, . _ : -): resending the same spec with it "
+            "returns the job it created (200) instead of a new one; another spec with it is a 409",
+        ),
+    ] = None,
+) -> JobOut:
     """Submits a job as the caller; it starts PENDING and is gang-placed when every worker fits."""
     with rt.db.write() as session:
-        out = job_out(session, jobs.create_job(session, spec, submitted_by=caller.user))
+        job, created = idempotency.find_or_create_job(session, spec, caller.user, idempotency_key)
+        out = job_out(session, job)
+    if not created:
+        response.status_code = 200
+        return out
     rt.poke_scheduler()
     return out
 
