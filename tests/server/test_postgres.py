@@ -16,12 +16,19 @@ from sqlalchemy import func, inspect, select
 
 from server.db.engine import Database
 from server.db.migrate import downgrade_to, upgrade_to_head
-from server.db.models import Base, Bundle, Job, LogLine
+from server.db.models import Base, Bundle, Job, LogLine, MetricPoint
 from server.schemas import JobCreate
 from server.services.agents import Registration, register_agent
 from server.services.jobs import cancel_job, create_job
 from server.services.scheduling import schedule_pending
-from server.services.telemetry import IncomingLine, store_log_lines
+from server.services.telemetry import (
+    IncomingLine,
+    IncomingPoint,
+    read_metrics,
+    store_log_lines,
+    store_metric_points,
+    value_out,
+)
 
 from cluster import free_port
 
@@ -109,11 +116,67 @@ def test_jobs_are_placed_and_cancelled_on_postgres(postgres_url):
     with db.write() as session:
         task = session.get(Job, job.id).attempts[0].tasks[0]
         lines = [IncomingLine(seq, "stdout", f"line {seq}", 0) for seq in (1, 2, 3)]
-        assert store_log_lines(session, task, lines) == 3
-        assert store_log_lines(session, task, lines[1:]) == 3  # a resend stores nothing twice
+        assert store_log_lines(session, task, lines).acked_seq == 3
+        assert store_log_lines(session, task, lines[1:]).acked_seq == 3  # a resend stores nothing twice
         assert session.scalar(select(func.count()).select_from(LogLine)) == 3
     with db.write() as session:
         placed = cancel_job(session, job.id)
         assert placed.state == "CANCELLED"
         assert all(t.stop_requested for t in placed.attempts[0].tasks)
+    db.dispose()
+
+
+def test_non_finite_metrics_and_poison_rows_on_postgres(postgres_url):
+    """NaN is stored as NULL, +-Infinity as themselves; a NUL or an out-of-range value refuses only its row."""
+    pytest.importorskip("psycopg")
+    db = Database(postgres_url)
+    upgrade_to_head(db.engine)
+    with db.write() as session:
+        if session.get(Bundle, "d" * 64) is None:
+            session.add(Bundle(digest="d" * 64, size=1, archive_format="tar.gz"))
+        register_agent(
+            session,
+            Registration(
+                "pg-nan", "h", "127.0.0.1", 20000, 20010, [{"kind": "cpu", "index": 0, "name": "s"}], "t"
+            ),
+            30,
+        )
+        job = create_job(session, JobCreate(bundle_digest="d" * 64, command=["python", "x.py"], workers=1))
+    with db.write() as session:
+        schedule_pending(session)
+    with db.write() as session:
+        job = session.get(Job, job.id)
+        task = job.attempts[0].tasks[0]
+        values = [1.5, float("nan"), float("inf"), float("-inf"), -0.0, 1e308, 5e-324]
+        points = [IncomingPoint(i + 1, "loss", i, v, 1764500000000) for i, v in enumerate(values)]
+        points.append(IncomingPoint(len(values) + 1, "loss", 2**31, 1.0, 1764500000000))  # step over int4
+        outcome = store_metric_points(session, task, points)
+        assert (outcome.acked_seq, outcome.rejected) == (len(values) + 1, 1), outcome
+        lines = [
+            IncomingLine(1, "stdout", "a\x00b", 0),
+            IncomingLine(2, "stdout", "ok", 10**18),  # refused by its bounds
+            IncomingLine(3, "std\x00", "x", 0),  # refused by the database: the batch is stored row by row
+            IncomingLine(4, "stderr", "after", 0),
+        ]
+        logged = store_log_lines(session, task, lines)
+        assert (logged.acked_seq, logged.rejected) == (4, 2), logged
+        assert "seq 2: time" in logged.reason and "INSERT" not in logged.reason
+    with db.read() as session:
+        stored = read_metrics(
+            session, session.get(Job, job.id), name="loss", min_step=None, max_step=None, attempt=None
+        )
+        assert [value_out(p.value) for p in stored] == [
+            1.5,
+            "NaN",
+            "Infinity",
+            "-Infinity",
+            -0.0,
+            1e308,
+            5e-324,
+        ]
+        assert (
+            session.scalar(select(func.count()).select_from(MetricPoint).where(MetricPoint.value.is_(None)))
+            == 1
+        )
+        assert session.scalars(select(LogLine.text).where(LogLine.task_id == task.id)).all() == ["a\ufffdb", "after"]
     db.dispose()
