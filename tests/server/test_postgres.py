@@ -178,5 +178,8 @@ def test_non_finite_metrics_and_poison_rows_on_postgres(postgres_url):
             session.scalar(select(func.count()).select_from(MetricPoint).where(MetricPoint.value.is_(None)))
             == 1
         )
-        assert session.scalars(select(LogLine.text).where(LogLine.task_id == task.id)).all() == ["a\ufffdb", "after"]
+        assert session.scalars(select(LogLine.text).where(LogLine.task_id == task.id)).all() == [
+            "a\ufffdb",
+            "after",
+        ]
     db.dispose()
