@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from mwms.client.models import parse_number
+from mwms.metrics_line import parse_value
 
 # stdout carries results (tables, JSON, job ids, log text); stderr carries progress and errors.
 # Piped output is not cut to 80 columns: scripts and files want whole rows.
@@ -106,8 +107,7 @@ def format_loss(loss: float | str | None) -> str:
 
 def metric_value(point: dict[str, Any]) -> float:
     """A metric point's value as a float; NaN and ±inf come as "NaN"/"Infinity"/"-Infinity" (or null)."""
-    value = parse_number(point.get("value"))
-    return math.nan if value is None else value
+    return parse_value(point.get("value"))
 
 
 def format_devices(job: dict[str, Any]) -> str:

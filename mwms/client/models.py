@@ -3,30 +3,23 @@
 Each keeps the object as the API sent it in `raw`, so nothing the API adds later is lost.
 
 Non-finite numbers: the API sends a metric `value` (and a job's `loss`) as a JSON number or as one of
-the strings "NaN", "Infinity", "-Infinity" (JSON has no literal for them). The client turns those back
-into `float("nan")`, `float("inf")` and `float("-inf")`, so values are always floats that numpy and
-pandas understand; `raw` keeps the API's form.
+the strings "NaN", "Infinity", "-Infinity" (JSON has no literal for them; see mwms.metrics_line). The
+client turns those back into `float("nan")`, `float("inf")` and `float("-inf")`, so values are always
+floats that numpy and pandas understand; `raw` keeps the API's form.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+from mwms.metrics_line import parse_value
 
 
 def parse_number(value: Any) -> float | None:
-    """A JSON number or "NaN"/"Infinity"/"-Infinity" as a float; None stays None."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        if value in NON_FINITE:
-            return NON_FINITE[value]
-        return float(value)  # "nan", "inf", or a number sent as text
-    return float(value)
+    """A JSON number or "NaN"/"Infinity"/"-Infinity" as a float; None (not reported) stays None."""
+    return None if value is None else parse_value(value)
 
 
 def parse_time(value: str | None) -> datetime | None:
@@ -53,11 +46,10 @@ class MetricPoint:
 
     @classmethod
     def from_api(cls, raw: dict[str, Any]) -> MetricPoint:
-        value = parse_number(raw.get("value"))
         return cls(
             name=str(raw["name"]),
             step=int(raw["step"]),
-            value=math.nan if value is None else value,  # older coordinators sent null for NaN
+            value=parse_value(raw.get("value")),  # null (older coordinators) reads as NaN
             attempt=int(raw.get("attempt") or 1),
             wall_time=parse_time(raw.get("wall_time")),
             raw=raw,

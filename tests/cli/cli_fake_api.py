@@ -53,6 +53,10 @@ class FakeState:
     join_tokens: dict[str, dict[str, Any]] = field(default_factory=dict)
     removed_agents: list[str] = field(default_factory=list)
     authorization_headers: list[str] = field(default_factory=list)
+    # The Idempotency-Key header of every job submit (None when absent).
+    idempotency_keys: list[str | None] = field(default_factory=list)
+    # job id -> the points its metrics endpoint returns instead of the scripted ones
+    metric_points: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for secret, user, role in (
@@ -306,6 +310,7 @@ def create_app(state: FakeState) -> FastAPI:
 
     @app.post("/api/v1/jobs", status_code=201)
     def create(spec: JobCreate, request: Request) -> dict[str, Any]:
+        state.idempotency_keys.append(request.headers.get("idempotency-key"))
         if spec.bundle_digest not in state.bundles:
             raise HTTPException(400, f"unknown bundle {spec.bundle_digest[:12]}; upload it first")
         job_id = f"job{len(state.jobs) + 1:04d}"
@@ -377,6 +382,8 @@ def create_app(state: FakeState) -> FastAPI:
     @app.get("/api/v1/jobs/{job_id}/metrics")
     def metrics(job_id: str, name: str | None = None) -> Any:
         get(job_id)
+        if job_id in state.metric_points:
+            return {"points": [p for p in state.metric_points[job_id] if name is None or p["name"] == name]}
         points = [
             {"name": metric, "step": step, "value": value, "wall_time": _now(), "attempt": 1}
             for step, loss in ((10, 0.5), (20, 0.25))

@@ -1,0 +1,75 @@
+"""`Job.wait()` outlives a coordinator restart: a coordinator and an agent of this test's own, a job that runs
+while the coordinator is stopped and started again on the same ports."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mwms import Client
+
+from cluster import Cluster, free_port, wait_until
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def own_cluster(tmp_path: Path) -> Iterator[Cluster]:
+    instance = Cluster(root=tmp_path / "cluster", http_port=free_port(), grpc_port=free_port())
+    instance.root.mkdir()
+    try:
+        instance.start_server()
+        instance.start_agent("restart-1", 23000)
+        yield instance
+    finally:
+        instance.stop()
+
+
+def test_wait_survives_a_coordinator_restart(
+    own_cluster: Cluster, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    program = tmp_path / "p"
+    program.mkdir()
+    (program / "main.py").write_text(
+        "import pathlib, time\n"
+        "go = pathlib.Path(__file__).parent / 'go'\n"
+        "print('waiting for the restart', flush=True)\n"
+        f"flag = pathlib.Path({str(tmp_path / 'restarted')!r})\n"
+        "deadline = time.monotonic() + 60\n"
+        "while not flag.exists() and time.monotonic() < deadline:\n"
+        "    time.sleep(0.1)\n"
+        "print('done', flush=True)\n"
+    )
+    caplog.set_level(logging.INFO, logger="mwms.client")
+    with Client(own_cluster.api, token=own_cluster.admin_token) as client:
+        job = client.submit(program, "python main.py", workers=1, restart={"max_restarts": 0})
+        states: list[str] = []
+        outcome: dict[str, object] = {}
+
+        def wait() -> None:
+            try:
+                outcome["state"] = job.wait(timeout=120, on_progress=lambda j: states.append(j.state))
+            except Exception as error:  # reported by the assertion below
+                outcome["error"] = error
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        wait_until(lambda: "RUNNING" in states, 60, "the job to run", interval=0.1)
+        before = len(states)
+        own_cluster.restart_server()  # stop (SIGTERM), then start on the same ports; /healthz answers
+        assert waiter.is_alive(), outcome
+        (tmp_path / "restarted").touch()
+        waiter.join(90)
+    assert not waiter.is_alive()
+    assert outcome == {"state": "SUCCEEDED"}, (
+        outcome,
+        own_cluster.server.log_tail() if own_cluster.server else "",
+    )
+    assert len(states) > before and states[-1] == "SUCCEEDED"
+    retries = [record.getMessage() for record in caplog.records if "retry" in record.getMessage()]
+    assert retries, "the client should have waited out the restart"
+    assert all(message.startswith("GET /api/v1/jobs/") for message in retries)
