@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -81,6 +84,11 @@ def attempt_out(attempt: Attempt, names: dict[str, str]) -> AttemptOut:
     )
 
 
+def _finite_values(stored: dict[str, Any]) -> dict[str, Any]:
+    # Jobs stored before timeouts had to be finite may hold Infinity: show such a value as unset.
+    return {k: v for k, v in stored.items() if not (isinstance(v, float) and not math.isfinite(v))}
+
+
 def job_out(session: Session, job: Job) -> JobOut:
     names = agent_names(session)
     summary = job_summary(session, job)
@@ -90,7 +98,7 @@ def job_out(session: Session, job: Job) -> JobOut:
         command=list(job.command),
         bundle_digest=job.bundle_digest,
         env_names=sorted(job.env),
-        communication=CommunicationOptions(**options.get("communication", {})),
+        communication=CommunicationOptions(**_finite_values(options.get("communication", {}))),
         restart=RestartPolicy(**options.get("restart", {})),
         startup_timeout_seconds=options.get("startup_timeout_seconds"),
         max_runtime_seconds=options.get("max_runtime_seconds"),
