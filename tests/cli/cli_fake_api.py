@@ -440,12 +440,12 @@ def create_app(state: FakeState) -> FastAPI:
 
 
 @contextmanager
-def serve_fake_api() -> Iterator[tuple[str, FakeState]]:
-    """Serves a fresh fake API on 127.0.0.1:<free port> in a thread; yields (base url, its state)."""
+def serve_fake_api(port: int = 0) -> Iterator[tuple[str, FakeState]]:
+    """Serves a fresh fake API on 127.0.0.1:<port, default free> in a thread; yields (base url, its state)."""
     state = FakeState()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+    sock.bind(("127.0.0.1", port))
     port = sock.getsockname()[1]
     config = uvicorn.Config(create_app(state), log_level="warning", lifespan="off")
     server = uvicorn.Server(config)

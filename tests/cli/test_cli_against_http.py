@@ -274,3 +274,63 @@ def test_artifacts_download_refuses_escaping_paths(
     assert result.exit_code == 2
     assert "refusing artifact path" in result.stderr
     assert not (tmp_path / "evil.txt").exists() and not (target / "ok.txt").exists()
+
+
+# -- on top of mwms.Client ---------------------------------------------------------------------------------
+
+
+def test_submit_sends_fail_on_nan_and_an_idempotency_key(
+    fake_api: tuple[str, FakeState], program: Path
+) -> None:
+    api, state = fake_api
+    result = _submit(
+        api, program, "--fail-on-nan", "loss", "--fail-on-nan", "val_loss", "--", "python", "t.py"
+    )
+    assert result.exit_code == 0, result.output
+    job = state.jobs[result.stdout.splitlines()[0]]
+    assert job["restart"]["fail_on_nan"] == ["loss", "val_loss"]
+    again = _submit(api, program, "--", "python", "t.py")
+    assert state.jobs[again.stdout.splitlines()[0]]["restart"]["fail_on_nan"] == []
+    first_key, second_key = state.idempotency_keys
+    assert first_key and second_key and first_key != second_key, "one key per submit"
+
+
+def test_metrics_show_non_finite_values(fake_api: tuple[str, FakeState], program: Path) -> None:
+    api, state = fake_api
+    job_id = _finished_job(api, program)
+    state.metric_points[job_id] = [
+        {"name": "loss", "step": step, "value": value, "wall_time": "2026-01-01T00:00:00Z", "attempt": 1}
+        for step, value in ((1, 0.5), (2, "NaN"), (3, "Infinity"), (4, "-Infinity"))
+    ]
+    table = runner.invoke(app, ["metrics", job_id, "--api", api])
+    assert table.exit_code == 0, table.output
+    rows = [line.split() for line in table.stdout.splitlines()[1:]]
+    assert rows == [["1", "0.5"], ["2", "nan"], ["3", "inf"], ["4", "-inf"]]
+    as_json = json.loads(runner.invoke(app, ["metrics", job_id, "--api", api, "--json"]).stdout)
+    assert [point["value"] for point in as_json["points"]] == [0.5, "NaN", "Infinity", "-Infinity"]
+    state.jobs[job_id]["loss"] = "NaN"
+    assert "nan" in runner.invoke(app, ["jobs", "--api", api]).stdout
+
+
+def test_commands_wait_out_a_short_outage(
+    fake_api: tuple[str, FakeState], program: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read command retries while the address refuses connections, then answers once something listens."""
+    import threading
+
+    from cli_fake_api import serve_fake_api
+
+    monkeypatch.setattr(connect, "RETRY_SECONDS", 15.0)
+    port = _unused_port()
+    started = threading.Event()
+
+    def serve_later() -> None:
+        threading.Event().wait(1.0)
+        with serve_fake_api(port=port):
+            started.set()
+            threading.Event().wait(10)
+
+    threading.Thread(target=serve_later, daemon=True).start()
+    result = runner.invoke(app, ["jobs", "--api", f"http://127.0.0.1:{port}", "--json"])
+    assert started.is_set() and result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["total"] == 0

@@ -3,6 +3,9 @@ downloaded artifacts, a failing job, typed errors, and idempotent submits throug
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -159,3 +162,23 @@ def test_the_api_returns_the_keyed_job_and_refuses_the_key_for_another_spec(clus
         refused = cluster.http.post("/api/v1/jobs", json=spec, headers={"Idempotency-Key": bad})
         assert refused.status_code == 422 and "Idempotency-Key" in refused.text, (bad, refused.text)
     assert len(_jobs_named(cluster, "keyed")) == 2
+
+
+@pytest.mark.tf
+def test_the_notebook_example_runs_end_to_end(cluster, tmp_path: Path) -> None:
+    script = EXAMPLE.parent / "notebook_submit.py"
+    token_file = tmp_path / "token"
+    token_file.write_text(cluster.admin_token + "\n")
+    argv = [sys.executable, str(script), "--api", cluster.api, "--token-file", str(token_file)]
+    argv += ["--epochs", "1", "--steps-per-epoch", "3", "--output", str(tmp_path / "out")]
+    env = {key: value for key, value in os.environ.items() if not key.startswith("MWMS_")}
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    job_id = out.split("submitted job ", 1)[1].split()[0]
+    assert "RUNNING" in out and f"job {job_id} ended SUCCEEDED" in out
+    header = next(line for line in out.splitlines() if line.split()[:1] == ["step"])
+    assert "loss" in header.split()
+    assert f"artifacts to {tmp_path / 'out' / job_id}" in out
+    assert any((tmp_path / "out" / job_id).rglob("*")), "the artifacts were downloaded"
+    assert cluster.admin_token not in out + result.stderr
