@@ -128,8 +128,9 @@ def logs(
     prefix = task is None
     with connect(api, token, ca_file) as client:
         if follow:
-            for line in client.rest.follow_logs(job_id, task=task, attempt=attempt, tail=tail):
-                out.print(log_line_text(line, prefix=prefix))
+            # Job.logs reconnects from the last line it saw if the coordinator restarts meanwhile.
+            for line in Job(client, {"id": job_id}).logs(task, follow=True, attempt=attempt, tail=tail):
+                out.print(log_line_text(line.raw, prefix=prefix))
             return
         page = client.rest.logs(job_id, task=task, attempt=attempt, tail=tail)
     lines = page.get("lines") or []

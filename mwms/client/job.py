@@ -121,7 +121,8 @@ class Job:
         Calls `on_progress(job)` after every poll. A job that ends FAILED raises `JobFailed` with the
         reason and the end of the failing task's log (returns "FAILED" with raise_on_failure=False).
         `timeout` (seconds) raises `WaitTimeout` while the job keeps running. While the coordinator
-        cannot be reached (a restart), polling goes on for up to `unreachable_grace` seconds.
+        cannot be reached (a restart), polling goes on for up to `unreachable_grace` seconds; a
+        `CoordinatorUnreachable` raised by `on_progress` (e.g. fetching logs) counts as the same outage.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         unreachable_since: float | None = None
