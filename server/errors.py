@@ -15,6 +15,10 @@ class InvalidInput(DomainError):
     """A request that cannot be carried out as given."""
 
 
+class UploadTooLarge(InvalidInput):
+    """An upload over the size limit (HTTP 413 for bundle uploads)."""
+
+
 class Conflict(DomainError):
     """A request that contradicts the current state (e.g. cancelling a finished job)."""
 

@@ -8,6 +8,7 @@ from typing import Annotated
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from mwms.archive import DEFAULT_LIMITS, ArchiveLimits
 from server.limits import AGENT_RECEIVE_LIMIT_BYTES, ARG_STRLEN_MAX, SpecLimits, start_task_bound
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
@@ -56,9 +57,32 @@ class Settings(BaseSettings):
     restart_backoff_s: float = 2.0
     # Default for jobs that do not set startup_timeout_s.
     startup_timeout_s: float = 300.0
-    max_upload_bytes: int = 2 * 1024**3
     # A shared filesystem path for checkpoints; empty: agents ship checkpoints through the coordinator.
     shared_checkpoint_dir: str = ""
+
+    # --- archive and upload limits (issue 9) ---
+    # Defaults live in mwms/archive.py (ArchiveLimits), which agents use as they are.
+    # Bundle uploads (POST /api/v1/bundles) and agent uploads (artifacts, checkpoints) above this are refused.
+    max_upload_bytes: int = Field(default=DEFAULT_LIMITS.max_archive_bytes, ge=1)
+    archive_max_entries: int = Field(default=DEFAULT_LIMITS.max_entries, ge=1)
+    archive_max_unpacked_bytes: int = Field(default=DEFAULT_LIMITS.max_unpacked_bytes, ge=1)
+    archive_max_ratio: float = Field(default=DEFAULT_LIMITS.max_ratio, gt=1, allow_inf_nan=False)
+    archive_time_budget_s: float = Field(default=DEFAULT_LIMITS.time_budget_s, gt=0, allow_inf_nan=False)
+    # Threads of their own that write uploads and check archives, apart from the ones heartbeats use.
+    archive_workers: int = Field(default=2, ge=1, le=64)
+
+    @property
+    def archive_limits(self) -> ArchiveLimits:
+        """The coordinator's archive limits: the shared defaults, as overridden by these settings."""
+        return ArchiveLimits(
+            max_archive_bytes=self.max_upload_bytes,
+            max_entries=self.archive_max_entries,
+            max_unpacked_bytes=self.archive_max_unpacked_bytes,
+            max_ratio=self.archive_max_ratio,
+            time_budget_s=self.archive_time_budget_s,
+        )
+
+    # --- end of archive and upload limits ---
 
     # --- request limits (issue 9) ---
     # Every request body but bundle uploads (a job spec, a token request): refused with 413 before it is

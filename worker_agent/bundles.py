@@ -14,6 +14,7 @@ from pathlib import Path
 
 import grpc
 
+from mwms.archive import DEFAULT_LIMITS, ArchiveLimits, limit_exceeded
 from mwms.v1 import agent_pb2, agent_pb2_grpc
 
 log = logging.getLogger("mwms.agent.bundles")
@@ -29,9 +30,12 @@ class BundleError(Exception):
 class BundleCache:
     """Bundles under `directory`, named by digest, fetched through `stub` when missing."""
 
-    def __init__(self, directory: Path, stub: agent_pb2_grpc.AgentServiceStub) -> None:
+    def __init__(
+        self, directory: Path, stub: agent_pb2_grpc.AgentServiceStub, limits: ArchiveLimits = DEFAULT_LIMITS
+    ) -> None:
         self.directory = directory
         self._stub = stub
+        self._limits = limits
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
 
@@ -63,9 +67,14 @@ class BundleCache:
             with partial.open("wb") as out:
                 request = agent_pb2.FetchBundleRequest(digest=digest)
                 for chunk in self._stub.FetchBundle(request, timeout=FETCH_TIMEOUT_SECONDS):
+                    size += len(chunk.data)
+                    if size > self._limits.max_archive_bytes:
+                        partial.unlink(missing_ok=True)
+                        raise BundleError(
+                            f"bundle {digest[:12]} was refused: {too_large(size, self._limits)}"
+                        )
                     out.write(chunk.data)
                     sha256.update(chunk.data)
-                    size += len(chunk.data)
         except grpc.RpcError as error:
             partial.unlink(missing_ok=True)
             raise BundleError(f"could not fetch bundle {digest[:12]}: {_rpc_reason(error)}") from error
@@ -80,6 +89,10 @@ class BundleCache:
             )
         partial.replace(path)
         log.info("fetched bundle %s (%d bytes)", digest[:12], size)
+
+
+def too_large(size: int, limits: ArchiveLimits) -> str:
+    return str(limit_exceeded("max_archive_bytes", size, limits))
 
 
 def _rpc_reason(error: grpc.RpcError) -> str:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import grpc
 
-from mwms.archive import archive_format, extract_archive
+from mwms.archive import DEFAULT_LIMITS, ArchiveLimits, archive_format, extract_archive, limit_exceeded
 from mwms.v1 import agent_pb2, agent_pb2_grpc
 from worker_agent import artifacts
 
@@ -136,7 +136,12 @@ def upload_checkpoint(stub: agent_pb2_grpc.AgentServiceStub, task_id: str, archi
     log.info("uploaded the checkpoint of task %s (%d bytes)", task_id, response.size)
 
 
-def restore_checkpoint(stub: agent_pb2_grpc.AgentServiceStub, job_id: str, checkpoint_dir: Path) -> int:
+def restore_checkpoint(
+    stub: agent_pb2_grpc.AgentServiceStub,
+    job_id: str,
+    checkpoint_dir: Path,
+    limits: ArchiveLimits = DEFAULT_LIMITS,
+) -> int:
     """Replaces `checkpoint_dir`'s contents with the job's latest archive; returns its size (0: none stored).
 
     With no archive stored the local dir is left as it is. The archive is fetched and extracted next to
@@ -153,8 +158,13 @@ def restore_checkpoint(stub: agent_pb2_grpc.AgentServiceStub, job_id: str, check
             with os.fdopen(fd, "wb") as out:
                 request = agent_pb2.FetchCheckpointRequest(job_id=job_id)
                 for chunk in stub.FetchCheckpoint(request, timeout=FETCH_TIMEOUT_SECONDS):
-                    out.write(chunk.data)
                     size += len(chunk.data)
+                    if size > limits.max_archive_bytes:
+                        raise RestoreError(
+                            f"the checkpoint of job {job_id} was refused: "
+                            f"{limit_exceeded('max_archive_bytes', size, limits)}"
+                        )
+                    out.write(chunk.data)
         except grpc.RpcError as error:
             raise RestoreError(
                 f"could not fetch the checkpoint of job {job_id}: {_rpc_reason(error)}"
@@ -163,7 +173,7 @@ def restore_checkpoint(stub: agent_pb2_grpc.AgentServiceStub, job_id: str, check
             return 0
         if archive_format(archive) != "tar.gz":
             raise RestoreError(f"the checkpoint of job {job_id} is not a tar.gz archive")
-        extract_archive(archive, staging)
+        extract_archive(archive, staging, limits)
         _replace_directory(checkpoint_dir, staging)
         return size
     finally:

@@ -1,43 +1,227 @@
-"""/api/v1/bundles: program archives, stored once per sha256."""
+"""/api/v1/bundles: program archives, stored once per sha256.
+
+The body is parsed here as it streams in, never spooled whole first: an upload whose Content-Length is
+over the limit is refused before a byte of it is read, and one without (chunked) is cut off at the limit.
+Writing and checking the archive run in the archive workers' pool, never on the threads heartbeats use.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated
+from pathlib import Path
 
-from fastapi import APIRouter, File, UploadFile
+from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse
+from python_multipart.exceptions import FormParserError
+from python_multipart.multipart import MultipartParser, parse_options_header
 
+from mwms.archive import ArchiveWorkers, archive_workers
 from server.api.deps import RuntimeDep
+from server.errors import InvalidInput, UploadTooLarge
 from server.schemas import BundleOut, ErrorOut
-from server.services.bundles import record_bundle, spool_upload
+from server.services.bundles import check_bundle, record_bundle
+from server.services.uploads import UploadSpool, too_large_message
 
 router = APIRouter(prefix="/api/v1/bundles", tags=["bundles"])
+
+# Room for the multipart boundaries and part headers around the archive itself.
+MULTIPART_OVERHEAD = 64 * 1024
+# Received archive bytes are handed to the pool in pieces of about this size.
+WRITE_BATCH = 1024 * 1024
+FILE_FIELD = "file"
+# The unread rest of a refused body is not drained: the connection ends with the answer.
+CLOSE = {"Connection": "close"}
+RAW_ARCHIVE_TYPES = {"application/gzip", "application/x-gzip", "application/zip", "application/octet-stream"}
+WRONG_BODY = (
+    "send the archive as the multipart/form-data field 'file', or as the whole body with "
+    "Content-Type application/gzip or application/zip"
+)
+_BINARY = {"schema": {"type": "string", "format": "binary"}}
+REQUEST_BODY = {
+    "required": True,
+    "content": {
+        "multipart/form-data": {
+            "schema": {
+                "type": "object",
+                "required": [FILE_FIELD],
+                "properties": {
+                    FILE_FIELD: {
+                        "type": "string",
+                        "format": "binary",
+                        "description": ".tar.gz or .zip of the program",
+                    }
+                },
+            }
+        },
+        "application/gzip": _BINARY,
+        "application/zip": _BINARY,
+    },
+}
 
 
 @router.post(
     "",
     status_code=201,
     response_model=BundleOut,
-    responses={200: {"model": BundleOut}, 400: {"model": ErrorOut}},
+    responses={
+        200: {"model": BundleOut},
+        400: {"model": ErrorOut},
+        413: {"model": ErrorOut, "description": "the upload is over MWMS_MAX_UPLOAD_BYTES"},
+    },
+    openapi_extra={"requestBody": REQUEST_BODY},
 )
-async def upload_bundle(
-    rt: RuntimeDep, file: Annotated[UploadFile, File(description=".tar.gz or .zip of the program")]
-) -> JSONResponse:
-    """Stores a program bundle; 201 when new, 200 when the same content was already stored."""
+async def upload_bundle(rt: RuntimeDep, request: Request) -> JSONResponse:
+    """Stores a program bundle (multipart field `file`, or a raw gzip/zip body); 201 when new, 200 when
+    the same content was already stored; 413 over the upload limit, refused before the body is read
+    when its Content-Length says so."""
     settings = rt.settings
+    limit = settings.max_upload_bytes
+    declared = _content_length(request)
+    if declared is not None and declared > limit + MULTIPART_OVERHEAD:
+        raise HTTPException(status_code=413, detail=too_large_message(limit), headers=CLOSE)
+    workers = archive_workers(settings.archive_workers)
+    spool = await workers.run(UploadSpool, settings.bundle_dir, limit)
+    try:
+        filename = await _receive_archive(request, spool, workers)
+        spooled, digest, size, archive_format = await workers.run(
+            check_bundle, spool, settings.archive_limits
+        )
+    except UploadTooLarge as error:
+        spool.discard()
+        raise HTTPException(status_code=413, detail=str(error), headers=CLOSE) from None
+    except BaseException:
+        spool.discard()
+        raise
 
     def store() -> BundleOut:
-        spooled, digest, size, archive_format = spool_upload(
-            file.file, settings.bundle_dir, settings.max_upload_bytes
-        )
-        with rt.db.write() as session:
-            bundle, created = record_bundle(
-                session, settings.bundle_dir, spooled, digest, size, archive_format, file.filename or ""
-            )
-            return BundleOut(
-                digest=bundle.digest, size=bundle.size, format=bundle.archive_format, created=created
-            )
+        try:
+            with rt.db.write() as session:
+                bundle, created = record_bundle(
+                    session, settings.bundle_dir, spooled, digest, size, archive_format, filename
+                )
+                return BundleOut(
+                    digest=bundle.digest, size=bundle.size, format=bundle.archive_format, created=created
+                )
+        finally:
+            spooled.unlink(missing_ok=True)  # moved into place unless something failed
 
     out = await asyncio.to_thread(store)
     return JSONResponse(status_code=201 if out.created else 200, content=out.model_dump())
+
+
+def _content_length(request: Request) -> int | None:
+    value = request.headers.get("content-length")
+    if value is None:
+        return None
+    if not value.isdigit():
+        raise InvalidInput(f"the Content-Length header {value[:40]!r} is not a number of bytes")
+    return int(value)
+
+
+async def _receive_archive(request: Request, spool: UploadSpool, workers: ArchiveWorkers) -> str:
+    """Streams the archive in the body into `spool`; returns the uploaded file's name ("" when none)."""
+    content_type, options = parse_options_header(request.headers.get("content-type", ""))
+    kind = content_type.decode("latin-1").lower()
+    if kind in RAW_ARCHIVE_TYPES:
+        await _receive(request, _Passthrough(), spool, workers)
+        return ""
+    if kind != "multipart/form-data" or not options.get(b"boundary"):
+        raise InvalidInput(WRONG_BODY)
+    form = _FilePart(options[b"boundary"])
+    await _receive(request, form, spool, workers)
+    try:
+        form.parser.finalize()
+    except FormParserError as error:
+        raise InvalidInput(f"the multipart body is malformed ({error}); {WRONG_BODY}") from None
+    if not form.complete:
+        raise InvalidInput(f"the upload has no complete '{FILE_FIELD}' part; {WRONG_BODY}")
+    return Path(form.filename).name[:255]
+
+
+async def _receive(
+    request: Request, body: _Passthrough | _FilePart, spool: UploadSpool, workers: ArchiveWorkers
+) -> None:
+    """Feeds the body through `body`, writing archive bytes to `spool` in batches; stops at the limit."""
+    received = 0
+    ceiling = spool.max_bytes + MULTIPART_OVERHEAD
+    async for chunk in request.stream():
+        received += len(chunk)
+        if received > ceiling:
+            raise UploadTooLarge(too_large_message(spool.max_bytes))
+        body.feed(chunk)
+        if len(body.pending) >= WRITE_BATCH:
+            await workers.run(spool.write, bytes(body.pending))
+            body.pending.clear()
+    if body.pending:
+        await workers.run(spool.write, bytes(body.pending))
+        body.pending.clear()
+
+
+class _Passthrough:
+    """A raw archive body: every byte is the archive's."""
+
+    def __init__(self) -> None:
+        self.pending = bytearray()
+
+    def feed(self, chunk: bytes) -> None:
+        self.pending += chunk
+
+
+class _FilePart:
+    """A streaming multipart parse that keeps the bytes of the one `file` part and drops the rest."""
+
+    def __init__(self, boundary: bytes) -> None:
+        self.pending = bytearray()
+        self.filename = ""
+        self.complete = False
+        self._header_field = bytearray()
+        self._header_value = bytearray()
+        self._disposition = b""
+        self._in_file = False
+        self._seen_file = False
+        self.parser = MultipartParser(
+            boundary,
+            {
+                "on_part_begin": self._part_begin,
+                "on_header_field": lambda data, start, end: self._header_field.extend(data[start:end]),
+                "on_header_value": lambda data, start, end: self._header_value.extend(data[start:end]),
+                "on_header_end": self._header_end,
+                "on_headers_finished": self._headers_finished,
+                "on_part_data": self._part_data,
+                "on_part_end": self._part_end,
+            },
+        )
+
+    def feed(self, chunk: bytes) -> None:
+        try:
+            self.parser.write(chunk)
+        except FormParserError as error:
+            raise InvalidInput(f"the multipart body is malformed ({error}); {WRONG_BODY}") from None
+
+    def _part_begin(self) -> None:
+        self._disposition = b""
+        self._in_file = False
+
+    def _header_end(self) -> None:
+        if bytes(self._header_field).lower() == b"content-disposition":
+            self._disposition = bytes(self._header_value)
+        self._header_field.clear()
+        self._header_value.clear()
+
+    def _headers_finished(self) -> None:
+        _, params = parse_options_header(self._disposition)
+        if params.get(b"name", b"").decode("utf-8", "replace") != FILE_FIELD:
+            return
+        if self._seen_file:
+            raise InvalidInput(f"the upload has more than one '{FILE_FIELD}' part: send one archive")
+        self._seen_file = self._in_file = True
+        self.filename = params.get(b"filename", b"").decode("utf-8", "replace")
+
+    def _part_data(self, data: bytes, start: int, end: int) -> None:
+        if self._in_file:
+            self.pending += data[start:end]
+
+    def _part_end(self) -> None:
+        if self._in_file:
+            self.complete = True
+            self._in_file = False

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import tempfile
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
 
-from mwms.archive import ArchiveError
+from mwms.archive import ArchiveWorkers, archive_workers
 from mwms.v1 import agent_pb2 as pb
 from mwms.v1 import agent_pb2_grpc
 from server.db.engine import Database
@@ -27,6 +25,7 @@ from server.rpc.auth import authenticated_agent_id, presented_credential
 from server.rpc.hub import AgentHub
 from server.services import agent_auth, files
 from server.services.bundles import CHUNK
+from server.services.uploads import UploadSpool
 from server.settings import Settings
 
 log = logging.getLogger("mwms.server.rpc")
@@ -118,37 +117,35 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         checkpoint = first.kind == pb.FILE_KIND_CHECKPOINT
         # Checked before any data is stored: nobody fills the coordinator's disk on another agent's behalf.
         task = await self._read(agent_auth.task_for_upload, agent_id, first.task_id, checkpoint)
-        self.settings.files_dir.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(dir=self.settings.files_dir, suffix=".upload")
-        path = Path(name)
+        # Writing and checking run in the archive pool: an upload never holds the threads heartbeats need.
+        workers = archive_workers(self.settings.archive_workers)
+        limits = self.settings.archive_limits
+        spool = await workers.run(UploadSpool, self.settings.files_dir, self.settings.max_upload_bytes)
         try:
-            with os.fdopen(fd, "wb") as out:
-                size = await self._spool(first, chunks, out)
+            await self._receive(first, chunks, spool, workers)
+            path, digest, size = spool.finish()
             if not checkpoint:
-                try:
-                    found = await asyncio.to_thread(
-                        files.unpack_artifacts, self.settings.files_dir, task, path
-                    )
-                except ArchiveError as error:
-                    raise InvalidInput(
-                        f"the artifacts archive of task {task.id} was refused: {error}"
-                    ) from None
+                found = await workers.run(files.unpack_artifacts, self.settings.files_dir, task, path, limits)
                 await self._write(files.record_artifacts, task, found)
                 return pb.UploadFilesResponse(size=size)
+            await workers.run(files.check_checkpoint, path, task, limits)
             # An attempt may have started during the upload: an older checkpoint must not replace its own.
             await self._read(agent_auth.task_for_upload, agent_id, task.id, True)
-            size, digest = await asyncio.to_thread(
-                files.install_checkpoint, self.settings.files_dir, task, path
-            )
+            await workers.run(files.install_checkpoint, self.settings.files_dir, task, path)
             await self._write(files.record_checkpoint, task, size, digest)
             return pb.UploadFilesResponse(size=size, sha256=digest)
         finally:
-            path.unlink(missing_ok=True)
+            spool.discard()  # nothing left when refused; a no-op once the file was moved into place
 
-    async def _spool(self, first: pb.FileChunk, chunks: AsyncIterator[pb.FileChunk], out: Any) -> int:
-        """Writes the upload's data to `out`; returns its size. Refuses a second task or kind, and excess."""
-        limit = self.settings.max_upload_bytes
-        size = 0
+    async def _receive(
+        self,
+        first: pb.FileChunk,
+        chunks: AsyncIterator[pb.FileChunk],
+        spool: UploadSpool,
+        workers: ArchiveWorkers,
+    ) -> None:
+        """Writes the upload's data to `spool`, which refuses it past the upload limit before reading on.
+        Refuses a second task or kind."""
         chunk: pb.FileChunk | None = first
         while chunk is not None:
             if (
@@ -159,12 +156,8 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 raise InvalidInput(
                     "an upload carries the files of one task: name the task in the first chunk only"
                 )
-            size += len(chunk.data)
-            if size > limit:
-                raise InvalidInput(f"the upload is larger than the coordinator's limit of {limit} bytes")
-            await asyncio.to_thread(out.write, chunk.data)
+            await workers.run(spool.write, chunk.data)
             chunk = await anext(chunks, None)
-        return size
 
 
 async def _file_chunks(path: Path) -> AsyncIterator[bytes]:

@@ -2,73 +2,44 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
-import tarfile
-import tempfile
-import zipfile
 from pathlib import Path
-from typing import BinaryIO
 
 from sqlalchemy.orm import Session
 
+from mwms.archive import ArchiveError, ArchiveLimits, UnsupportedArchiveError, inspect_archive
 from server.db.models import Bundle
 from server.errors import InvalidInput, NotFound
+from server.services.uploads import UploadSpool
 
 CHUNK = 1024 * 1024
 
 
-def sniff_format(head: bytes) -> str | None:
-    """ "tar.gz" or "zip" from an archive's first bytes, None for anything else."""
-    if head.startswith(b"\x1f\x8b"):
-        return "tar.gz"
-    if head.startswith(b"PK\x03\x04"):
-        return "zip"
-    return None
+def check_bundle(spool: UploadSpool, limits: ArchiveLimits) -> tuple[Path, str, int, str]:
+    """Closes a received upload and checks it is an archive with files, within `limits`.
 
-
-def spool_upload(source: BinaryIO, bundle_dir: Path, max_bytes: int) -> tuple[Path, str, int, str]:
-    """Copies an upload to a temp file under bundle_dir, hashing as it goes; checks the archive.
-
-    Returns (temp path, digest, size, format). Raises InvalidInput for empty, oversized or
-    non-archive uploads, and for archives with no files in them.
+    Returns (temp path, digest, size, format). Raises InvalidInput (and removes the file) for empty,
+    non-archive, damaged or oversized archives, bombs, and archives with no files in them. CPU-bound and
+    bounded by `limits`: run it in the archive workers' pool.
     """
-    bundle_dir.mkdir(parents=True, exist_ok=True)
-    digest = hashlib.sha256()
-    size = 0
-    fd, name = tempfile.mkstemp(dir=bundle_dir, suffix=".upload")
-    path = Path(name)
     try:
-        with os.fdopen(fd, "wb") as out:
-            while chunk := source.read(CHUNK):
-                size += len(chunk)
-                if size > max_bytes:
-                    raise InvalidInput(f"bundle is larger than the limit of {max_bytes} bytes")
-                digest.update(chunk)
-                out.write(chunk)
+        path, digest, size = spool.finish()
         if size == 0:
             raise InvalidInput("the bundle is empty: upload a .tar.gz or .zip of your program's directory")
-        with path.open("rb") as f:
-            archive_format = sniff_format(f.read(8))
-        if archive_format is None:
-            raise InvalidInput("the bundle is not a .tar.gz or .zip archive: pack your program directory")
-        if _count_files(path, archive_format) == 0:
+        try:
+            summary = inspect_archive(path, limits)
+        except UnsupportedArchiveError:
+            raise InvalidInput(
+                "the bundle is not a .tar.gz or .zip archive: pack your program directory"
+            ) from None
+        except ArchiveError as error:
+            raise InvalidInput(f"the bundle was refused: {error}") from None
+        if summary.files == 0:
             raise InvalidInput("the bundle holds no files: pack the directory that contains your program")
-        return path, digest.hexdigest(), size, archive_format
+        return path, digest, size, summary.format
     except BaseException:
-        path.unlink(missing_ok=True)
+        spool.discard()
         raise
-
-
-def _count_files(path: Path, archive_format: str) -> int:
-    try:
-        if archive_format == "zip":
-            with zipfile.ZipFile(path) as archive:
-                return sum(1 for info in archive.infolist() if not info.is_dir())
-        with tarfile.open(path, "r:gz") as archive:
-            return sum(1 for member in archive if member.isfile())
-    except (tarfile.TarError, zipfile.BadZipFile, OSError, EOFError) as error:
-        raise InvalidInput(f"the bundle is not a readable {archive_format} archive ({error})") from error
 
 
 def record_bundle(

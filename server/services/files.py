@@ -10,7 +10,7 @@ from pathlib import Path
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
-from mwms.archive import extract_archive
+from mwms.archive import ArchiveError, ArchiveLimits, archive_format, extract_archive, inspect_archive
 from server.db.models import Attempt, Job, StoredFile, Task
 from server.errors import Conflict, InvalidInput, NotFound
 
@@ -26,19 +26,45 @@ def checkpoint_archive(files_dir: Path, job_id: str) -> Path:
     return files_dir / job_id / "checkpoint.tar.gz"
 
 
-def unpack_artifacts(files_dir: Path, task: Task, archive: Path) -> list[tuple[str, int, str]]:
-    """Extracts an uploaded artifacts archive (no database work); returns (path, size, sha256) per file."""
+def unpack_artifacts(
+    files_dir: Path, task: Task, archive: Path, limits: ArchiveLimits
+) -> list[tuple[str, int, str]]:
+    """Extracts an uploaded artifacts archive within `limits` (no database work); returns (path, size, sha256)
+    per file. InvalidInput, with nothing left behind, when the archive is refused."""
     root = artifact_root(files_dir, task.job_id, task.attempt_number)
     staging = root.with_name(root.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
-    extract_archive(archive, staging)
+    try:
+        extract_archive(archive, staging, limits)
+    except ArchiveError as error:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise InvalidInput(f"the artifacts archive of task {task.id} was refused: {error}") from None
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     shutil.rmtree(root, ignore_errors=True)
     os.replace(staging, root)
     found = []
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
-        found.append((path.relative_to(root).as_posix(), path.stat().st_size, digest))
+        found.append((path.relative_to(root).as_posix(), path.stat().st_size, file_sha256(path)))
     return found
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file, read in chunks (never the whole file in memory)."""
+    with path.open("rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()
+
+
+def check_checkpoint(archive: Path, task: Task, limits: ArchiveLimits) -> None:
+    """Refuses (InvalidInput) a checkpoint archive the agents would refuse to restore: not a tar.gz, or over
+    `limits`. CPU-bound and bounded by `limits`: run it in the archive workers' pool."""
+    try:
+        if archive_format(archive) != "tar.gz":
+            raise InvalidInput(f"the checkpoint of task {task.id} is not a tar.gz archive")
+        inspect_archive(archive, limits)
+    except ArchiveError as error:
+        raise InvalidInput(f"the checkpoint archive of task {task.id} was refused: {error}") from None
 
 
 def record_artifacts(session: Session, task: Task, files: list[tuple[str, int, str]]) -> None:
@@ -73,14 +99,11 @@ def ensure_current_attempt(session: Session, task: Task) -> None:
         )
 
 
-def install_checkpoint(files_dir: Path, task: Task, archive: Path) -> tuple[int, str]:
-    """Makes an uploaded checkpoint archive the job's latest one; returns (size, sha256)."""
+def install_checkpoint(files_dir: Path, task: Task, archive: Path) -> None:
+    """Makes an uploaded (and checked) checkpoint archive the job's latest one."""
     target = checkpoint_archive(files_dir, task.job_id)
     target.parent.mkdir(parents=True, exist_ok=True)
-    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
-    size = archive.stat().st_size
     os.replace(archive, target)
-    return size, digest
 
 
 def record_checkpoint(session: Session, task: Task, size: int, digest: str) -> None:
