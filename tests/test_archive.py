@@ -1,17 +1,28 @@
-"""Safe extraction of tar.gz and zip bundles."""
+"""Safe and bounded extraction of tar.gz and zip bundles (the agent's and the coordinator's)."""
 
 from __future__ import annotations
 
+import gzip
 import io
 import os
 import stat
 import tarfile
+import time
 import zipfile
 from pathlib import Path
 
 import pytest
+from bombs import GIB, MIB, gzip_bomb, many_entries_bomb, tar_header, zip_bomb
 
-from mwms.archive import UnsafeArchiveError, UnsupportedArchiveError, extract_archive
+from mwms.archive import (
+    ArchiveError,
+    ArchiveLimitError,
+    ArchiveLimits,
+    UnsafeArchiveError,
+    UnsupportedArchiveError,
+    extract_archive,
+    inspect_archive,
+)
 
 
 def make_tar(path: Path, entries: list[tuple[tarfile.TarInfo, bytes | None]]) -> Path:
@@ -135,3 +146,94 @@ def test_unknown_format_is_refused_with_a_clear_message(tmp_path: Path) -> None:
     archive.write_bytes(b"hello world")
     with pytest.raises(UnsupportedArchiveError, match="neither a tar.gz nor a zip"):
         extract_archive(archive, tmp_path / "dest")
+
+
+# --- limits: bombs are refused in one bounded pass, before anything is written ----------------------
+
+SMALL = ArchiveLimits(max_entries=1000, max_unpacked_bytes=256 * MIB, max_ratio=50, time_budget_s=10)
+
+
+@pytest.mark.parametrize(
+    ("make", "limit"),
+    [
+        (lambda path: gzip_bomb(path / "g.tar.gz", 10 * GIB), "MWMS_ARCHIVE_MAX_RATIO"),
+        (lambda path: zip_bomb(path / "z.zip", 64), "MWMS_ARCHIVE_MAX_RATIO"),
+        (lambda path: many_entries_bomb(path / "t.tar.gz", 1 << 20), "MWMS_ARCHIVE_MAX_ENTRIES"),
+    ],
+)
+def test_bombs_are_refused_quickly_with_the_default_limits(tmp_path: Path, make, limit: str) -> None:
+    archive = make(tmp_path)
+    dest = tmp_path / "dest"
+    started = time.monotonic()
+    with pytest.raises(ArchiveLimitError, match=limit):
+        extract_archive(archive, dest)
+    assert time.monotonic() - started < 5
+    assert not any(dest.iterdir())
+
+
+def test_each_limit_is_enforced_and_named(tmp_path: Path) -> None:
+    ratio_free = ArchiveLimits(max_ratio=1e9, max_unpacked_bytes=200 * MIB)
+    cases = [
+        (gzip_bomb(tmp_path / "g.tar.gz", 256 * MIB), ratio_free, "unpacks to more than 200 MiB"),
+        (zip_bomb(tmp_path / "z.zip", 4), ratio_free, "unpacks to more than 200 MiB"),
+        (many_entries_bomb(tmp_path / "t.tar.gz", 4096), SMALL, "more than 1000 entries"),
+        (
+            make_tar(tmp_path / "big.tar.gz", [file_entry("a.txt", b"x" * 5000)]),
+            ArchiveLimits(max_archive_bytes=100),
+            "MWMS_MAX_UPLOAD_BYTES",
+        ),
+        (
+            make_tar(tmp_path / "ok.tar.gz", [file_entry("a.txt")]),
+            ArchiveLimits(time_budget_s=1e-9),
+            "took longer",
+        ),
+    ]
+    for archive, limits, message in cases:
+        dest = tmp_path / f"dest-{archive.name}"
+        with pytest.raises(ArchiveLimitError, match=message):
+            extract_archive(archive, dest, limits)
+        assert not any(dest.iterdir()), archive.name
+
+
+def test_a_huge_declared_entry_is_refused_from_its_header(tmp_path: Path) -> None:
+    # A tar header may claim any size: 1 TiB is refused at once, without inflating anything.
+    archive = tmp_path / "huge.tar.gz"
+    archive.write_bytes(gzip.compress(tar_header("huge.bin", 1024**4) + bytes(1 << 20)))
+    started = time.monotonic()
+    with pytest.raises(ArchiveLimitError, match="'huge.bin' alone is 1024 GiB"):
+        inspect_archive(archive)
+    assert time.monotonic() - started < 1
+
+
+def test_zip_entry_count_is_read_from_the_end_record_before_the_directory(tmp_path: Path) -> None:
+    archive = tmp_path / "many.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        for index in range(1001):
+            zf.writestr(f"f{index}", "")
+    with pytest.raises(ArchiveLimitError, match="more than 1000 entries"):
+        inspect_archive(archive, SMALL)
+    assert inspect_archive(archive).entries == 1001
+
+
+def test_archives_within_the_limits_are_summarised_and_extracted(tmp_path: Path) -> None:
+    # 32 MiB of zeros is a legitimate (if odd) file: under the ratio floor, whatever its ratio.
+    archive = gzip_bomb(tmp_path / "zeros.tar.gz", 32 * MIB, piece=32 * MIB)
+    summary = inspect_archive(archive, SMALL)
+    assert (summary.format, summary.files, summary.unpacked_bytes) == ("tar.gz", 1, 32 * MIB)
+    dest = tmp_path / "dest"
+    extract_archive(archive, dest, SMALL)
+    assert (dest / "zeros.bin").stat().st_size == 32 * MIB
+    multi = make_tar(tmp_path / "m.tar.gz", [file_entry("a/b.txt", b"b"), file_entry("c.txt", b"c")])
+    assert inspect_archive(multi).files == 2
+
+
+def test_a_failed_write_removes_what_it_wrote(tmp_path: Path) -> None:
+    archive = tmp_path / "b.tar.gz"
+    data = make_tar(tmp_path / "ok.tar.gz", [file_entry("a.txt", b"a" * 100_000), file_entry("b.txt")])
+    archive.write_bytes(data.read_bytes()[:-200])  # the gzip trailer and the end blocks cut off
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "kept.txt").write_text("was here before")
+    with pytest.raises(ArchiveError):
+        extract_archive(archive, dest)
+    assert [p.name for p in dest.iterdir()] == ["kept.txt"]

@@ -36,11 +36,11 @@ def unpack_artifacts(
     shutil.rmtree(staging, ignore_errors=True)
     try:
         extract_archive(archive, staging, limits)
-    except ArchiveError as error:
+    except BaseException as error:
         shutil.rmtree(staging, ignore_errors=True)
-        raise InvalidInput(f"the artifacts archive of task {task.id} was refused: {error}") from None
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        _remove_empty_parents(staging, files_dir)
+        if isinstance(error, ArchiveError):
+            raise InvalidInput(f"the artifacts archive of task {task.id} was refused: {error}") from None
         raise
     shutil.rmtree(root, ignore_errors=True)
     os.replace(staging, root)
@@ -48,6 +48,17 @@ def unpack_artifacts(
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         found.append((path.relative_to(root).as_posix(), path.stat().st_size, file_sha256(path)))
     return found
+
+
+def _remove_empty_parents(path: Path, top: Path) -> None:
+    """Removes the directories between `path` and `top` that are empty (a refused upload leaves none)."""
+    for parent in path.parents:
+        if parent == top or top not in parent.parents:
+            return
+        try:
+            parent.rmdir()
+        except OSError:  # not empty: earlier attempts' files live there
+            return
 
 
 def file_sha256(path: Path) -> str:

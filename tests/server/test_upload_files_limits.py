@@ -1,0 +1,172 @@
+"""UploadFiles on a real coordinator (its own gRPC server on loopback): the size cap, archive bombs in
+artifacts and checkpoints refused with nothing left behind, and files hashed in chunks, not in memory."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import grpc
+import pytest
+from bombs import GIB, MIB, PIECE, gzip_bomb, tar_header
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+
+from mwms.v1 import agent_pb2 as pb
+from mwms.v1 import agent_pb2_grpc
+from server.app import create_app
+from server.db.models import Attempt, Bundle, Job, StoredFile, Task
+from server.settings import Settings
+
+JOIN_TOKEN = "join-token-for-upload-limit-tests-0123456789"
+ADMIN_TOKEN = "mwms_admin-token-for-upload-limit-tests-01"
+
+
+class Coordinator:
+    def __init__(self, settings: Settings, stack: ExitStack) -> None:
+        self.settings = settings
+        app = create_app(settings)
+        stack.enter_context(TestClient(app, base_url="http://127.0.0.1"))
+        self.db = app.state.runtime.db
+        channel = stack.enter_context(grpc.insecure_channel(f"127.0.0.1:{app.state.grpc_port}"))
+        self.stub = agent_pb2_grpc.AgentServiceStub(channel)
+        registered = self.stub.Register(
+            pb.RegisterRequest(
+                name="uploader",
+                hostname="host",
+                advertise_address="127.0.0.1",
+                port_range_low=20000,
+                port_range_high=20099,
+                devices=[pb.Device(kind=pb.DEVICE_KIND_CPU_SLOT, index=0, name="cpu-slot-0")],
+                version="test",
+                join_token=JOIN_TOKEN,
+            ),
+            timeout=10,
+        )
+        self.metadata = (("authorization", f"Bearer {registered.credential}"),)
+        self.task_id, self.job_id = self._place(registered.agent_id)
+
+    def _place(self, agent_id: str) -> tuple[str, str]:
+        with self.db.write() as session:
+            session.add(Bundle(digest="d" * 64, size=1, archive_format="tar.gz"))
+            job = Job(name="j", state="RUNNING", bundle_digest="d" * 64, command=["python"], num_workers=1)
+            session.add(job)
+            session.flush()
+            attempt = Attempt(job_id=job.id, number=1, state="ACTIVE")
+            session.add(attempt)
+            session.flush()
+            task = Task(
+                job_id=job.id,
+                attempt_id=attempt.id,
+                attempt_number=1,
+                index=0,
+                agent_id=agent_id,
+                host="127.0.0.1",
+                port=20000,
+                device_kind="cpu",
+                device_indices=[0],
+                state="RUNNING",
+            )
+            session.add(task)
+            session.flush()
+            return task.id, job.id
+
+    def upload(self, kind: pb.FileKind.ValueType, archive: Path) -> pb.UploadFilesResponse:
+        def chunks() -> Iterator[pb.FileChunk]:
+            with archive.open("rb") as file:
+                yield pb.FileChunk(task_id=self.task_id, kind=kind, data=file.read(MIB))
+                while data := file.read(MIB):
+                    yield pb.FileChunk(data=data)
+
+        return self.stub.UploadFiles(chunks(), metadata=self.metadata, timeout=60)
+
+    def stored(self) -> list[tuple[str, str, int, str]]:
+        with self.db.read() as session:
+            rows = session.scalars(select(StoredFile).where(StoredFile.job_id == self.job_id)).all()
+            return sorted((r.kind, r.path, r.size, r.sha256) for r in rows)
+
+    def files_left(self) -> list[str]:
+        root = self.settings.files_dir
+        return sorted(p.relative_to(root).as_posix() for p in root.rglob("*")) if root.exists() else []
+
+
+@pytest.fixture
+def start(tmp_path: Path) -> Iterator:
+    with ExitStack() as stack:
+
+        def started(**limits: object) -> Coordinator:
+            settings = Settings(
+                data_dir=tmp_path / "coordinator",
+                grpc_port=0,
+                join_token=JOIN_TOKEN,
+                admin_token=ADMIN_TOKEN,
+                agent_timeout_s=300,
+                **limits,
+            )
+            return Coordinator(settings, stack)
+
+        yield started
+
+
+def refused(call) -> str:
+    with pytest.raises(grpc.RpcError) as caught:
+        call()
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value
+    return caught.value.details()
+
+
+def test_an_upload_over_the_cap_is_refused_and_leaves_nothing(start, tmp_path: Path) -> None:
+    coordinator = start(max_upload_bytes=2 * MIB)
+    archive = tmp_path / "big.tar.gz"
+    archive.write_bytes(b"\x1f\x8b" + bytes(5 * MIB))
+    for kind in (pb.FILE_KIND_ARTIFACTS, pb.FILE_KIND_CHECKPOINT):
+        detail = refused(lambda kind=kind: coordinator.upload(kind, archive))
+        assert "MWMS_MAX_UPLOAD_BYTES" in detail and "2097152 bytes" in detail
+    assert coordinator.stored() == [] and coordinator.files_left() == []
+
+
+def test_bombs_in_artifacts_and_checkpoints_are_refused_and_leave_nothing(start, tmp_path: Path) -> None:
+    coordinator = start()
+    bomb = gzip_bomb(tmp_path / "bomb.tar.gz", 4 * GIB)
+    for kind in (pb.FILE_KIND_ARTIFACTS, pb.FILE_KIND_CHECKPOINT):
+        detail = refused(lambda kind=kind: coordinator.upload(kind, bomb))
+        assert "was refused" in detail and "MWMS_ARCHIVE_MAX_RATIO" in detail, detail
+    assert coordinator.stored() == [] and coordinator.files_left() == []
+
+
+def test_large_files_are_hashed_in_chunks(start, tmp_path: Path) -> None:
+    """A 512 MiB artifact (from a 512 KiB archive: the ratio limit raised) must not add 512 MiB of memory."""
+    coordinator = start(archive_max_ratio=1e6)
+    archive = gzip_bomb(tmp_path / "artifacts.tar.gz", 512 * MIB, piece=512 * MIB)
+    checkpoint = tmp_path / "checkpoint.tar.gz"
+    checkpoint.write_bytes(gzip.compress(tar_header("ckpt.index", 10) + b"0123456789" + bytes(502 + 1024)))
+    status = Path("/proc/self/status")
+    Path("/proc/self/clear_refs").write_text("5")
+    before = _kib(status, "VmRSS")
+    response = coordinator.upload(pb.FILE_KIND_ARTIFACTS, archive)
+    peak = _kib(status, "VmHWM")
+    assert response.size == archive.stat().st_size
+    zeros = hashlib.sha256()
+    for _ in range(512 * MIB // PIECE):
+        zeros.update(bytes(PIECE))
+    assert coordinator.stored() == [("artifact", "zeros.bin", 512 * MIB, zeros.hexdigest())]
+    assert peak - before < 100 * 1024, f"RSS {before} KiB before, peak {peak} KiB"
+    response = coordinator.upload(pb.FILE_KIND_CHECKPOINT, checkpoint)
+    assert response.sha256 == hashlib.sha256(checkpoint.read_bytes()).hexdigest()
+    assert (
+        "checkpoint",
+        "checkpoint.tar.gz",
+        checkpoint.stat().st_size,
+        response.sha256,
+    ) in coordinator.stored()
+    assert not [name for name in coordinator.files_left() if name.endswith((".upload", ".partial"))]
+
+
+def _kib(status: Path, field: str) -> int:
+    for line in status.read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field} in {status}")
