@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -27,12 +28,48 @@ class Registration:
     version: str
 
 
+# Bounds of what an agent says about itself; the columns' sizes, and an address that fits TF_CONFIG.
+MAX_AGENT_NAME = 200
+MAX_HOSTNAME = 255
+MAX_VERSION = 50
+MAX_DEVICES = 1024
+MAX_DEVICE_TEXT = 200
+_ADDRESS = re.compile(r"[A-Za-z0-9.:\-\[\]%_]+")
+
+
+def _printable(text: str) -> bool:
+    return text.isprintable() and "\x00" not in text
+
+
 def validate_registration(reg: Registration) -> None:
     """Raises InvalidInput with what to fix when a registration cannot be used."""
     if not reg.name.strip():
         raise InvalidInput("agent name is empty: pass --name")
+    if len(reg.name) > MAX_AGENT_NAME or not _printable(reg.name):
+        raise InvalidInput(f"agent name must be at most {MAX_AGENT_NAME} printable characters: pass --name")
     if not reg.advertise_address.strip():
         raise InvalidInput("advertise address is empty: pass --advertise-address")
+    if len(reg.advertise_address) > MAX_HOSTNAME or not _ADDRESS.fullmatch(reg.advertise_address):
+        raise InvalidInput(
+            f"advertise address {reg.advertise_address[:60]!r} is not a host name or IP address of at most "
+            f"{MAX_HOSTNAME} ASCII characters: pass --advertise-address"
+        )
+    if len(reg.hostname) > MAX_HOSTNAME or not _printable(reg.hostname):
+        raise InvalidInput(f"hostname must be at most {MAX_HOSTNAME} printable characters")
+    if len(reg.version) > MAX_VERSION or not _printable(reg.version):
+        raise InvalidInput(f"version must be at most {MAX_VERSION} printable characters")
+    if len(reg.devices) > MAX_DEVICES:
+        raise InvalidInput(f"an agent offers at most {MAX_DEVICES} devices; lower --slots")
+    for device in reg.devices:
+        if (
+            len(str(device.get("name", ""))) > MAX_DEVICE_TEXT
+            or len(str(device.get("uuid", ""))) > MAX_DEVICE_TEXT
+        ):
+            raise InvalidInput(f"device names and uuids are at most {MAX_DEVICE_TEXT} characters")
+        if not 0 <= int(device["index"]) < MAX_DEVICES:
+            raise InvalidInput(f"device indices must lie in 0-{MAX_DEVICES - 1}")
+    if len({int(d["index"]) for d in reg.devices}) != len(reg.devices):
+        raise InvalidInput("device indices must be distinct")
     if not (1 <= reg.port_low <= reg.port_high <= 65535):
         raise InvalidInput(f"port range {reg.port_low}-{reg.port_high} is invalid: use LO-HI within 1-65535")
     if not reg.devices:
