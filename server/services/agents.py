@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -12,9 +13,12 @@ from sqlalchemy.orm import Session
 
 from server.db.models import Agent, Task, utcnow
 from server.errors import InvalidInput, NameTaken, NotFound, Unauthenticated
+from server.poison import contain
 from server.services.placement import AgentCapacity
 from server.services.tasks import mark_task_lost
 from server.states import TaskState
+
+log = logging.getLogger("mwms.server.agents")
 
 
 @dataclass(frozen=True)
@@ -218,23 +222,27 @@ def capacities(
             continue
         if connected is not None and agent.id not in connected:
             continue
-        tasks = held.get(agent.id, [])
-        busy = {i for task in tasks for i in task.device_indices}
-        indices = tuple(int(d["index"]) for d in agent.devices)
-        result.append(
-            AgentCapacity(
-                agent_id=agent.id,
-                name=agent.name,
-                address=agent.advertise_address,
-                device_kind=device_kind(agent),
-                all_devices=indices,
-                free_devices=tuple(i for i in indices if i not in busy),
-                port_low=agent.port_low,
-                port_high=agent.port_high,
-                used_ports=frozenset({task.port for task in tasks} | refused.get(agent.id, set())),
-            )
-        )
+        try:
+            result.append(_capacity(agent, held.get(agent.id, []), refused.get(agent.id, set())))
+        except Exception:  # noqa: BLE001 - one damaged agent row must not stall placement for everyone
+            contain(log, "agent_capacity", agent.id, f"agent {agent.id}")
     return result
+
+
+def _capacity(agent: Agent, tasks: list[Task], refused: set[int]) -> AgentCapacity:
+    busy = {i for task in tasks for i in task.device_indices}
+    indices = tuple(int(d["index"]) for d in agent.devices)
+    return AgentCapacity(
+        agent_id=agent.id,
+        name=agent.name,
+        address=agent.advertise_address,
+        device_kind=device_kind(agent),
+        all_devices=indices,
+        free_devices=tuple(i for i in indices if i not in busy),
+        port_low=agent.port_low,
+        port_high=agent.port_high,
+        used_ports=frozenset({task.port for task in tasks} | refused),
+    )
 
 
 def newly_lost_agents(session: Session, now: datetime | None = None) -> list[Agent]:

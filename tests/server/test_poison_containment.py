@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import update
+from sqlalchemy import select, update
 
 from mwms.v1 import agent_pb2 as pb
 from mwms.v1 import agent_pb2_grpc
@@ -429,3 +429,16 @@ def test_a_poisoned_job_does_not_slow_lost_agent_detection_in_the_running_coordi
             f"lost-agent detection with poisoned jobs: {detected_after:.1f} s (agent timeout {timeout_s} s)"
         )
         assert detected_after < timeout_s + 4
+
+
+def test_a_damaged_agent_row_does_not_stall_placement(db: Database) -> None:
+    with db.write() as session:
+        broken = session.scalars(select(Agent).where(Agent.name == "a")).one()
+        broken.devices = [{"kind": "cpu", "name": "no index"}]
+    before = poison_count("agent_capacity")
+    job_id = submit(db, workers=2)
+    with db.read() as session:
+        job = session.get(Job, job_id)
+        assert job.state == "SCHEDULED"
+        assert broken.id not in {t.agent_id for t in job.attempts[0].tasks}
+    assert poison_count("agent_capacity") == before + 1
