@@ -13,7 +13,15 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from server.errors import Conflict, DomainError, Forbidden, InvalidInput, NotFound, Unauthenticated
+from server.errors import (
+    Conflict,
+    DomainError,
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    Unauthenticated,
+    UploadTooLarge,
+)
 from server.limits import LimitExceeded, TooManyRequests
 from server.schemas import ValidationErrorOut
 from server.states import InvalidTransition
@@ -23,6 +31,7 @@ INTERNAL_ERROR = "internal error: the coordinator logged the cause; try again, a
 
 _STATUS: list[tuple[type[Exception], int]] = [
     (NotFound, 404),
+    (UploadTooLarge, 413),
     (InvalidInput, 400),
     (Conflict, 409),
     (InvalidTransition, 409),

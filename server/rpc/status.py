@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import grpc
 
-from server.errors import DomainError, Forbidden, InvalidInput, NameTaken, NotFound, Unauthenticated
+from server.errors import (
+    DomainError,
+    Forbidden,
+    InvalidInput,
+    NameTaken,
+    NotFound,
+    Unauthenticated,
+    UploadTooLarge,
+)
 
 _STATUS: list[tuple[type[DomainError], grpc.StatusCode]] = [
     (NameTaken, grpc.StatusCode.ALREADY_EXISTS),
     (NotFound, grpc.StatusCode.NOT_FOUND),
+    (UploadTooLarge, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (InvalidInput, grpc.StatusCode.INVALID_ARGUMENT),
     (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (Forbidden, grpc.StatusCode.PERMISSION_DENIED),
