@@ -190,7 +190,9 @@ class Job:
                     after = line.id or after
                     unreachable_since = None
                     yield line
-                return
+                # The coordinator also ends a follow that stayed idle for long, or when it shuts down.
+                if self.refresh().done:
+                    return
             except CoordinatorUnreachable:
                 unreachable_since = unreachable_since or time.monotonic()
                 if time.monotonic() - unreachable_since > UNREACHABLE_GRACE_S:
