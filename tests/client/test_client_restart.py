@@ -1,5 +1,5 @@
-"""`Job.wait()` outlives a coordinator restart: a coordinator and an agent of this test's own, a job that runs
-while the coordinator is stopped and started again on the same ports."""
+"""`Job.wait()` and `Job.logs(follow=True)` outlive a coordinator restart: a coordinator and an agent of this
+test's own, a job that runs while the coordinator is stopped and started again on the same ports."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def own_cluster(tmp_path: Path) -> Iterator[Cluster]:
         instance.stop()
 
 
-def test_wait_survives_a_coordinator_restart(
+def test_wait_and_follow_survive_a_coordinator_restart(
     own_cluster: Cluster, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     program = tmp_path / "p"
@@ -56,15 +56,28 @@ def test_wait_survives_a_coordinator_restart(
             except Exception as error:  # reported by the assertion below
                 outcome["error"] = error
 
-        waiter = threading.Thread(target=wait)
+        followed: list[str] = []
+
+        def follow() -> None:
+            try:
+                followed.extend(line.text for line in job.logs(follow=True))
+            except Exception as error:  # reported by the assertion below
+                followed.append(f"error: {error!r}")
+
+        waiter, follower = threading.Thread(target=wait), threading.Thread(target=follow)
         waiter.start()
+        follower.start()
         wait_until(lambda: "RUNNING" in states, 60, "the job to run", interval=0.1)
         before = len(states)
-        own_cluster.restart_server()  # stop (SIGTERM), then start on the same ports; /healthz answers
+        # Stop (SIGTERM; SIGKILL after 10 s: the coordinator waits for the open log follow), then start on
+        # the same ports until /healthz answers.
+        own_cluster.restart_server()
         assert waiter.is_alive(), outcome
         (tmp_path / "restarted").touch()
         waiter.join(90)
-    assert not waiter.is_alive()
+        follower.join(30)
+    assert not waiter.is_alive() and not follower.is_alive()
+    assert followed == ["waiting for the restart", "done"]
     assert outcome == {"state": "SUCCEEDED"}, (
         outcome,
         own_cluster.server.log_tail() if own_cluster.server else "",
@@ -72,4 +85,4 @@ def test_wait_survives_a_coordinator_restart(
     assert len(states) > before and states[-1] == "SUCCEEDED"
     retries = [record.getMessage() for record in caplog.records if "retry" in record.getMessage()]
     assert retries, "the client should have waited out the restart"
-    assert all(message.startswith("GET /api/v1/jobs/") for message in retries)
+    assert all(message.startswith("GET /api/v1/jobs/") for message in retries), retries
