@@ -54,6 +54,7 @@ class StoredConfig:
     ca_file: str = ""
 
     def to_json(self) -> dict[str, str]:
+        """The fields that are set, as the config file stores them."""
         values = {"api": self.api, "token": self.token, "ca_file": self.ca_file}
         return {key: value for key, value in values.items() if value}
 

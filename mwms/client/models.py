@@ -46,6 +46,7 @@ class MetricPoint:
 
     @classmethod
     def from_api(cls, raw: dict[str, Any]) -> MetricPoint:
+        """The MetricPoint an API object describes (kept as `raw`)."""
         return cls(
             name=str(raw["name"]),
             step=int(raw["step"]),
@@ -103,6 +104,7 @@ class LogLine:
 
     @classmethod
     def from_api(cls, raw: dict[str, Any]) -> LogLine:
+        """The LogLine an API object describes (kept as `raw`)."""
         return cls(
             id=int(raw.get("id") or 0),
             task=int(raw.get("task") or 0),
@@ -127,6 +129,7 @@ class Artifact:
 
     @classmethod
     def from_api(cls, raw: dict[str, Any]) -> Artifact:
+        """The Artifact an API object describes (kept as `raw`)."""
         return cls(
             path=str(raw["path"]),
             size=int(raw.get("size") or 0),
@@ -152,6 +155,7 @@ class Agent:
 
     @classmethod
     def from_api(cls, raw: dict[str, Any]) -> Agent:
+        """The Agent an API object describes (kept as `raw`)."""
         return cls(
             id=str(raw["id"]),
             name=str(raw.get("name") or ""),

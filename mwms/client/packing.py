@@ -25,6 +25,7 @@ class PackedBundle:
     file_count: int
 
     def close(self) -> None:
+        """Deletes the temporary file."""
         self.file.close()
 
 

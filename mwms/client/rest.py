@@ -110,12 +110,15 @@ class RestApi:
         return self._json("GET", f"{API_PREFIX}/jobs", params=params)
 
     def get_job(self, job_id: str) -> dict[str, Any]:
+        """A job with its tasks, attempts and state changes."""
         return self._json("GET", f"{API_PREFIX}/jobs/{quote(job_id, safe='')}")
 
     def cancel_job(self, job_id: str) -> dict[str, Any]:
+        """Cancels a job (never resent: a second cancel would be a 409); returns the job."""
         return self._json("POST", f"{API_PREFIX}/jobs/{quote(job_id, safe='')}/cancel")
 
     def list_agents(self) -> list[dict[str, Any]]:
+        """Every agent the coordinator knows, online or not."""
         return self._json("GET", f"{API_PREFIX}/agents")
 
     def logs(
@@ -168,6 +171,7 @@ class RestApi:
         return self._json("GET", f"{API_PREFIX}/jobs/{quote(job_id, safe='')}/metrics", params=params)
 
     def list_artifacts(self, job_id: str) -> list[dict[str, Any]]:
+        """[{"path", "size", "sha256", "attempt", "created_at"}, ...] of a job."""
         return self._json("GET", f"{API_PREFIX}/jobs/{quote(job_id, safe='')}/artifacts")
 
     def download_artifact(self, job_id: str, path: str, destination: Path) -> int:
@@ -194,6 +198,7 @@ class RestApi:
         return self._json("GET", f"{API_PREFIX}/whoami")
 
     def list_tokens(self) -> list[dict[str, Any]]:
+        """API tokens (never their secrets), revoked and expired ones included."""
         return self._json("GET", f"{API_PREFIX}/tokens")
 
     def create_token(
@@ -204,9 +209,11 @@ class RestApi:
         return self._json("POST", f"{API_PREFIX}/tokens", json=body)
 
     def revoke_token(self, token_id: str) -> dict[str, Any]:
+        """Revokes an API token; returns it."""
         return self._json("DELETE", f"{API_PREFIX}/tokens/{quote(token_id, safe='')}")
 
     def list_join_tokens(self) -> list[dict[str, Any]]:
+        """Join tokens for agents (never their secrets)."""
         return self._json("GET", f"{API_PREFIX}/agent-tokens")
 
     def create_join_token(
@@ -217,6 +224,7 @@ class RestApi:
         return self._json("POST", f"{API_PREFIX}/agent-tokens", json=body)
 
     def revoke_join_token(self, token_id: str) -> dict[str, Any]:
+        """Revokes a join token; returns it."""
         return self._json("DELETE", f"{API_PREFIX}/agent-tokens/{quote(token_id, safe='')}")
 
     def remove_agent(self, agent_id: str) -> Any:

@@ -60,6 +60,7 @@ def error_for_response(response: httpx.Response) -> MwmsError:
 
 
 def unreachable(error: httpx.TransportError) -> CoordinatorUnreachable:
+    """The typed error for a request that never got an answer."""
     return CoordinatorUnreachable(f"{type(error).__name__}: {error}")
 
 
@@ -105,6 +106,7 @@ class Transport:
         self._http = httpx.Client(base_url=base_url, headers=headers, verify=verify, timeout=timeout)
 
     def close(self) -> None:
+        """Closes the pooled connections."""
         self._http.close()
 
     def request(
@@ -179,6 +181,7 @@ class _Retrying:
         self.count = 0
 
     def another(self, why: str) -> bool:
+        """Waits the next backoff and returns True, or returns False when that would pass the deadline."""
         pause = self._delay * random.uniform(0.75, 1.25)
         if time.monotonic() + pause > self._deadline:
             return False
