@@ -9,6 +9,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
+from mwms.metrics_line import NonFinite
 from server.limits import INT64_MAX, MAX_NAME_CHARS, MAX_WORKERS
 from server.states import JobState
 
@@ -85,6 +86,11 @@ class RestartPolicy(BaseModel):
 
     max_restarts: int = Field(default=3, ge=0, le=1000)
     restart_on: RestartOn = RestartOn.RETRYABLE
+    fail_on_nan: list[Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS)]] = Field(
+        default_factory=list,
+        max_length=32,
+        description="metric names (e.g. ['loss']) whose NaN value fails the job at once, without a restart",
+    )
 
 
 class JobCreate(BaseModel):
@@ -178,7 +184,9 @@ class JobSummary(BaseModel):
     attempts: int
     restarts: int
     step: int | None = Field(description="latest reported step of the current attempt")
-    loss: float | None = Field(description="latest reported loss")
+    loss: float | NonFinite | None = Field(
+        description='latest reported loss: a number, or "NaN", "Infinity" or "-Infinity"'
+    )
     submitted_by: str = Field(description="the user whose token submitted the job")
     cancelled_by: str = Field(description="the user who cancelled the job; empty when nobody did")
 
@@ -221,7 +229,7 @@ class LogPage(BaseModel):
 class MetricPointOut(BaseModel):
     name: str
     step: int
-    value: float
+    value: float | NonFinite = Field(description='a number, or "NaN", "Infinity" or "-Infinity"')
     wall_time: datetime
     attempt: int
 
