@@ -1,4 +1,4 @@
-"""ApiClient and the commands over real HTTP, against the fake API served by uvicorn on a free port."""
+"""The CLI commands over real HTTP on top of mwms.Client, against the fake API served by uvicorn on a free port."""
 
 from __future__ import annotations
 
