@@ -13,6 +13,8 @@ from server.settings import Settings
 from server.tls import TlsError, TlsPlan, plan_tls, warn_if_clear_text
 
 log = logging.getLogger("mwms.server")
+# Seconds a stop waits for open requests (log follows) before closing them.
+SHUTDOWN_GRACE_S = 3
 
 
 def serve(settings: Settings) -> None:
@@ -34,6 +36,8 @@ def serve(settings: Settings) -> None:
         lifespan="on",
         ssl_certfile=str(tls.http.cert) if tls.http else None,
         ssl_keyfile=str(tls.http.key) if tls.http else None,
+        # Open log follows would otherwise hold a stop until their jobs end; clients follow again.
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
     )
     server = uvicorn.Server(config)
     server.run()

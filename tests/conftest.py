@@ -43,9 +43,13 @@ def chromium_executable() -> str:
     return CHROMIUM
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def playwright_instance() -> Iterator[object]:
-    """The one sync Playwright of this test process (a second one in the same thread cannot start)."""
+    """A sync Playwright for one test module.
+
+    One at a time per process (a second one in the same thread cannot start), and ended with its module:
+    while it runs it owns an event loop in this thread, so later tests could not call asyncio.run().
+    """
     sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the dev extra)")
     with sync_api.sync_playwright() as playwright:
         yield playwright

@@ -1,7 +1,7 @@
 """Browser fixtures: Debian's chromium driven by Playwright, with every page watched for dialogs and CSP errors.
 
-The Playwright driver and the chromium binary are session fixtures of tests/conftest.py: one sync
-Playwright per process, shared with the TLS test that launches its own pinned browser.
+The Playwright driver (one per module) and the chromium binary are fixtures of tests/conftest.py, shared
+with the TLS test that launches its own pinned browser.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ WIDE = {"width": 1280, "height": 900}
 NARROW = {"width": 390, "height": 844}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser(playwright_instance: object, chromium_executable: str) -> Iterator[object]:
     instance = playwright_instance.chromium.launch(executable_path=chromium_executable, args=CHROMIUM_ARGS)
     yield instance
