@@ -1,18 +1,26 @@
-"""Benchmarks of the control plane on a real local cluster (coordinator + two agents on loopback).
+"""Benchmarks of the control plane: every scenario, each figure printed beside its target.
 
-Measures, each over several runs:
+Scenarios (--scenario, repeatable; default: all):
+  turnaround  a real local cluster (coordinator + two real agents on loopback), each over several runs:
   - job turnaround: submit -> SUCCEEDED for a trivial 2-worker job (scheduling + start + exit + report);
   - log throughput: a 2-worker job printing N lines per task, until every line is stored and readable;
   - metric throughput: a job appending N metric points, until all are readable through the API;
   - coordinator memory (RSS) after the runs.
-Targets live here, not in unit tests. Usage: python bench/run.py [--runs 5] [--lines 50000]
+  agents, gangs, ingest  issue 10's scale scenarios with simulated agents speaking the real protocol
+              (bench/scale.py, bench/simulator.py), each against a fresh coordinator.
+Targets live here, not in unit tests. Results go to bench/results.json; exit status 1 when one is missed.
+Usage: python bench/run.py [--scenario agents --agents 1000 --seconds 30] [--runs 5] [--lines 50000]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import os
+import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -21,13 +29,30 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+sys.path.insert(0, str(ROOT / "bench"))
+
+import scale  # noqa: E402
+
 from cluster import Cluster, free_port, wait_until  # noqa: E402
 
-# (metric, target, True when higher is better)
+SCENARIOS = ("turnaround", "agents", "gangs", "ingest")
+# (scenario, figure, target, "<" or ">=" or "=="): the figure meets the target when `figure op target`.
 TARGETS = [
-    ("turnaround_p50_s", 3.0, False),
-    ("log_lines_per_s", 3000, True),
-    ("metric_points_per_s", 2000, True),
+    ("turnaround", "turnaround_p50_s", 3.0, "<="),
+    ("turnaround", "log_lines_per_s", 3000, ">="),
+    ("turnaround", "metric_points_per_s", 2000, ">="),
+    ("agents", "heartbeat_rtt_p99_ms", 50, "<"),
+    ("agents", "coordinator_cpu_pct", 50, "<"),
+    ("agents", "agents_lost", 0, "=="),
+    ("agents", "register_all_s", 10, "<"),
+    ("gangs", "gang64_running_s", 2, "<="),
+    ("gangs", "gang256_running_s", 5, "<="),
+    ("gangs", "agents_lost", 0, "=="),
+    ("ingest", "metric_points_per_s", 100_000, ">="),
+    ("ingest", "log_lines_per_s", 100_000, ">="),
+    ("ingest", "points_stored_once", True, "=="),
+    ("ingest", "heartbeat_rtt_p99_ms", 50, "<"),
+    ("ingest", "agents_lost", 0, "=="),
 ]
 
 
@@ -77,15 +102,7 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--lines", type=int, default=50_000)
-    parser.add_argument("--points", type=int, default=20_000)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results.json")
-    args = parser.parse_args()
+def run_turnaround(args: argparse.Namespace) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         cluster = Cluster(root=Path(tmp), http_port=free_port(), grpc_port=free_port())
         try:
@@ -93,7 +110,7 @@ def main() -> int:
             cluster.start_agent("bench-1", 22000)
             cluster.start_agent("bench-2", 22100)
             times = turnaround(cluster, args.runs)
-            results = {
+            return {
                 "turnaround_p50_s": statistics.median(times),
                 "turnaround_max_s": max(times),
                 "log_lines_per_s": log_throughput(cluster, args.lines),
@@ -102,12 +119,122 @@ def main() -> int:
             }
         finally:
             cluster.stop()
-    print(json.dumps(results, indent=2))
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
-    failed = [(k, t) for k, t, higher in TARGETS if (results[k] < t if higher else results[k] > t)]
-    for key, target in failed:
-        print(f"MISSED TARGET {key}: {results[key]:.2f} vs {target}", file=sys.stderr)
-    return 1 if failed else 0
+
+
+def run_scale(name: str, args: argparse.Namespace) -> dict[str, object]:
+    """One scale scenario against a fresh coordinator, with this process as the simulator."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cluster = Cluster(root=Path(tmp), http_port=free_port(), grpc_port=free_port())
+        try:
+            cluster.start_server()
+            assert cluster.server is not None
+            if name == "agents":
+                coroutine = scale.scenario_agents(cluster, args.agents, args.seconds)
+            elif name == "gangs":
+                sizes = tuple(s for s in args.gang if s <= args.agents)
+                coroutine = scale.scenario_gangs(cluster, args.agents, sizes)
+            else:
+                coroutine = scale.scenario_ingest(cluster, args.agents, args.tasks, args.seconds)
+            results = asyncio.run(coroutine)
+            results["coordinator_rss_mib"] = rss_mib(cluster.server.popen.pid)
+            return results
+        except Exception as error:  # noqa: BLE001 - a scenario that breaks is a result too
+            tail = cluster.server.log_tail(20) if cluster.server else ""
+            print(f"scenario {name} failed: {type(error).__name__}: {error}\n{tail}", file=sys.stderr)
+            return {"error": f"{type(error).__name__}: {error}"}
+        finally:
+            cluster.stop()
+
+
+def meets(value: object, target: object, op: str) -> bool:
+    if value is None or isinstance(value, str):
+        return False
+    if op == "==":
+        return value == target
+    if op == "<":
+        return value < target  # type: ignore[operator]
+    if op == "<=":
+        return value <= target  # type: ignore[operator]
+    return value >= target  # type: ignore[operator]
+
+
+def report(scenarios: dict[str, dict[str, object]]) -> list[str]:
+    """Prints every figure that has a target beside it; returns the missed ones."""
+    missed = []
+    print(f"\n{'scenario':<11} {'figure':<24} {'measured':>14}  target")
+    for name, key, target, op in TARGETS:
+        if name not in scenarios:
+            continue
+        value = scenarios[name].get(key)
+        ok = meets(value, target, op)
+        shown = f"{value:,.2f}" if isinstance(value, float) else str(value)
+        print(f"{name:<11} {key:<24} {shown:>14}  {op} {target}  {'ok' if ok else 'MISSED'}")
+        if not ok:
+            missed.append(f"{name}.{key}: {shown} (target {op} {target})")
+    return missed
+
+
+def machine() -> str:
+    return (
+        f"{platform.node()}, {os.cpu_count()} CPUs, {platform.platform()}, Python {platform.python_version()}"
+    )
+
+
+def commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(ROOT), "log", "-1", "--format=%h %s"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        dirty = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        return out.stdout.strip()[:80] + (" (+ uncommitted changes)" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--scenario", action="append", choices=SCENARIOS, help="repeatable; default: all")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--lines", type=int, default=50_000)
+    parser.add_argument("--points", type=int, default=20_000)
+    parser.add_argument("--agents", type=int, default=1000, help="simulated agents (agents, gangs, ingest)")
+    parser.add_argument("--seconds", type=float, default=30, help="measurement window (agents, ingest)")
+    parser.add_argument("--gang", type=int, action="append", help="gang sizes (default 64 and 256)")
+    parser.add_argument("--tasks", type=int, default=50, help="streaming tasks (ingest)")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results.json")
+    args = parser.parse_args()
+    args.gang = args.gang or [64, 256]
+    chosen = args.scenario or list(SCENARIOS)
+    scenarios: dict[str, dict[str, object]] = {}
+    for name in SCENARIOS:
+        if name not in chosen:
+            continue
+        started = time.monotonic()
+        print(f"--- {name}", file=sys.stderr, flush=True)
+        scenarios[name] = run_turnaround(args) if name == "turnaround" else run_scale(name, args)
+        scenarios[name]["scenario_wall_s"] = time.monotonic() - started
+        print(json.dumps({name: scenarios[name]}, indent=2, default=str), flush=True)
+    missed = report(scenarios)
+    results = {
+        "run_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "commit": commit(),
+        "machine": machine(),
+        "scenarios": scenarios,
+        "missed": missed,
+    }
+    args.out.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    for line in missed:
+        print(f"MISSED TARGET {line}", file=sys.stderr)
+    return 1 if missed else 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,319 @@
+"""Scale scenarios of issue 10, run with simulated agents (bench/simulator.py) against a real coordinator.
+
+  agents: N agents heartbeating for T s: heartbeat round trip p50/p99, coordinator CPU (% of one core,
+          from /proc/<pid>/stat over the window), agents marked lost, time to register all N.
+  gangs:  with N agents connected, submit -> RUNNING of a 64-worker and a 256-worker job (CPU slots).
+  ingest: 50 tasks streaming metric points and log lines as fast as acks allow while the other agents
+          heartbeat: points/s and lines/s acked AND readable through the API, heartbeat round trips.
+
+The coordinator is a real `mwms server` process (tests/cluster.py); the simulator runs in this process,
+on one asyncio loop, and its own CPU and loop lag are reported beside the figures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+from simulator import SimAgent, SimConfig, Simulator, TelemetryPlan
+
+from cluster import Cluster, pack
+
+TICKS = os.sysconf("SC_CLK_TCK")
+GANG_TIMEOUT_S = 120.0
+
+
+def cpu_seconds(pid: int | str) -> float:
+    """utime + stime of a process (all its threads) in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def percentile(values: list[float], p: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+
+
+class Window:
+    """CPU of the coordinator and of this process over a stretch of wall time."""
+
+    def __init__(self, coordinator_pid: int) -> None:
+        self.pid = coordinator_pid
+        self.start = time.monotonic()
+        self.cpu0 = cpu_seconds(coordinator_pid)
+        self.self0 = cpu_seconds("self")
+
+    def close(self) -> dict[str, float]:
+        self.end = time.monotonic()
+        wall = self.end - self.start
+        return {
+            "window_s": wall,
+            "coordinator_cpu_pct": 100 * (cpu_seconds(self.pid) - self.cpu0) / wall,
+            "simulator_cpu_pct": 100 * (cpu_seconds("self") - self.self0) / wall,
+        }
+
+
+def heartbeat_figures(
+    sim: Simulator, since: float, until: float, agents: list[SimAgent] | None = None
+) -> dict:
+    rtts = sim.round_trips(since, until, agents)
+    lags = [lag for at, lag in sim.lag.lags if since <= at < until]
+    return {
+        "heartbeat_rtt_p50_ms": _ms(percentile(rtts, 50)),
+        "heartbeat_rtt_p99_ms": _ms(percentile(rtts, 99)),
+        "heartbeat_rtt_max_ms": _ms(max(rtts) if rtts else None),
+        "heartbeats_acked": len(rtts),
+        # Written in the window but still unanswered at its end: a backlog the round trips cannot show yet.
+        "heartbeats_unanswered": sim.unanswered(until, agents),
+        "simulator_loop_lag_p99_ms": _ms(percentile(lags, 99)),
+    }
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 2)
+
+
+async def lost_agents(http: httpx.AsyncClient, sim: Simulator) -> dict[str, int]:
+    """Agents of this simulator that the coordinator shows offline, and streams that broke on our side."""
+    response = await http.get("/api/v1/agents", timeout=120)
+    response.raise_for_status()
+    names = {a.name for a in sim.agents}
+    offline = sum(1 for a in response.json() if a["name"] in names and not a["online"])
+    return {
+        "agents_lost": offline,
+        "agent_stream_errors": sum(len(a.stream_errors) for a in sim.agents),
+    }
+
+
+async def start_fleet(cluster: Cluster, agents: int, config: SimConfig, results: dict[str, Any]) -> Simulator:
+    """Registers and connects `agents` simulated agents; records how long registration took."""
+    sim = Simulator(config, agents, run_id=str(int(time.time()) % 100000))
+    start = time.monotonic()
+    latencies = await sim.register_all()
+    results["register_all_s"] = time.monotonic() - start
+    results["register_call_p50_s"] = percentile(latencies, 50)
+    results["register_call_p99_s"] = percentile(latencies, 99)
+    start = time.monotonic()
+    await sim.connect_all(timeout_s=300)
+    results["connect_all_s"] = time.monotonic() - start
+    return sim
+
+
+def sim_config(cluster: Cluster, **overrides: Any) -> SimConfig:
+    return SimConfig(join_token=cluster.join_token, server=f"127.0.0.1:{cluster.grpc_port}", **overrides)
+
+
+def run_async(main: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+    return asyncio.run(main())
+
+
+async def scenario_agents(cluster: Cluster, agents: int, seconds: float, settle_s: float = 5.0) -> dict:
+    """N agents heartbeating at 1 Hz for `seconds`: round trips, coordinator CPU, lost agents."""
+    assert cluster.server is not None
+    results: dict[str, Any] = {"agents": agents, "seconds": seconds}
+    sim = await start_fleet(cluster, agents, sim_config(cluster), results)
+    try:
+        await asyncio.sleep(settle_s)  # registration's own load passes before the window opens
+        window = Window(cluster.server.popen.pid)
+        await asyncio.sleep(seconds)
+        results |= window.close()
+        results |= heartbeat_figures(sim, window.start, window.end)
+        async with admin_client(cluster) as http:
+            results |= await lost_agents(http, sim)
+    finally:
+        await sim.close()
+    return results
+
+
+async def scenario_gangs(cluster: Cluster, agents: int, sizes: tuple[int, ...] = (64, 256)) -> dict:
+    """With N agents connected, submit -> RUNNING (and -> SUCCEEDED) of one gang per size, one at a time."""
+    assert cluster.server is not None
+    results: dict[str, Any] = {"agents": agents}
+    sim = await start_fleet(cluster, agents, sim_config(cluster, task_run_s=1.0), results)
+    try:
+        async with admin_client(cluster) as http:
+            digest = await upload_bundle(http)
+            for size in sizes:
+                window = Window(cluster.server.popen.pid)
+                figures = await run_gang(http, sim, digest, size)
+                results |= {f"gang{size}_{k}": v for k, v in figures.items()}
+                results[f"gang{size}_coordinator_cpu_pct"] = window.close()["coordinator_cpu_pct"]
+            results |= await lost_agents(http, sim)
+    finally:
+        await sim.close()
+    return results
+
+
+async def run_gang(http: httpx.AsyncClient, sim: Simulator, digest: str, workers: int) -> dict[str, Any]:
+    """Submits one gang and follows it; times from the submit call's start."""
+    start = time.monotonic()
+    job_id = await submit(http, digest, workers, name=f"bench-gang-{workers}")
+    submitted = time.monotonic() - start
+    running = succeeded = None
+    state = "?"
+    deadline = start + GANG_TIMEOUT_S
+    while time.monotonic() < deadline:
+        state = (await http.get(f"/api/v1/jobs/{job_id}", timeout=60)).json()["state"]
+        if state == "RUNNING" and running is None:
+            running = time.monotonic() - start
+        if state in ("SUCCEEDED", "FAILED", "CANCELLED"):
+            succeeded = time.monotonic() - start if state == "SUCCEEDED" else None
+            if running is None and state == "SUCCEEDED":
+                running = max(t.running_at or 0 for t in sim.tasks() if t.job_id == job_id) - start
+            break
+        await asyncio.sleep(0.1)
+    tasks = [t for t in sim.tasks() if t.job_id == job_id]
+    first_start = min((t.started_at for t in tasks), default=None)
+    if state not in ("SUCCEEDED", "FAILED", "CANCELLED"):
+        await http.post(f"/api/v1/jobs/{job_id}/cancel", timeout=60)
+    return {
+        "submit_call_s": submitted,
+        "first_start_s": None if first_start is None else first_start - start,
+        "starts_received": len(tasks),
+        "distinct_agents": len(
+            {a.name for a in sim.agents for t in a.history.values() if t.job_id == job_id}
+        ),
+        "running_s": running,
+        "succeeded_s": succeeded,
+        "final_state": state,
+    }
+
+
+async def scenario_ingest(cluster: Cluster, agents: int, tasks: int, seconds: float) -> dict:
+    """`tasks` one-worker jobs streaming metrics and logs as fast as acks allow, the other agents heartbeating."""
+    assert cluster.server is not None
+    results: dict[str, Any] = {"agents": agents, "tasks": tasks, "seconds": seconds}
+    sim = await start_fleet(cluster, agents, sim_config(cluster, task_run_s=None), results)
+    plan = TelemetryPlan(metric_points_per_s=None, log_lines_per_s=None)
+    try:
+        async with admin_client(cluster) as http:
+            digest = await upload_bundle(http)
+            for agent in sim.agents:
+                agent.telemetry = plan
+            job_ids = [await submit(http, digest, 1, name=f"bench-ingest-{i}") for i in range(tasks)]
+            await wait_for(lambda: len(sim.tasks()) >= tasks and all(t.running_at for t in sim.tasks()), 120)
+            streaming = [a for a in sim.agents if a.tasks]
+            for agent in sim.agents:
+                agent.telemetry = None  # only the first `tasks` starts stream
+            others = [a for a in sim.agents if not a.tasks]
+            window = Window(cluster.server.popen.pid)
+            await asyncio.sleep(seconds)
+            for task in sim.tasks():
+                task.done.set()  # the producers stop; what is in flight is still acked
+            sent_at = time.monotonic()
+            results |= window.close()
+            results |= heartbeat_figures(sim, window.start, window.end, others)
+            results |= {
+                f"streaming_{k}": v
+                for k, v in heartbeat_figures(sim, window.start, window.end, streaming).items()
+                if k.startswith("heartbeat_rtt")
+            }
+            sim_tasks = sim.tasks()
+            await wait_for(
+                lambda: all(
+                    t.acked_log_seq >= t.sent_log_seq and t.acked_metric_seq >= t.sent_metric_seq
+                    for t in sim_tasks
+                ),
+                300,
+            )
+            acked_at = time.monotonic()
+            await wait_until_readable(http, sim_tasks)
+            readable_at = time.monotonic()
+            lines = sum(t.sent_log_seq for t in sim_tasks)
+            points = sum(t.sent_metric_seq for t in sim_tasks)
+            elapsed = readable_at - window.start
+            results |= {
+                "metric_points": points,
+                "log_lines": lines,
+                "metric_points_per_s": points / elapsed,
+                "log_lines_per_s": lines / elapsed,
+                "drain_after_window_s": acked_at - sent_at,
+                "readable_after_acked_s": readable_at - acked_at,
+                "rejected_items": sum(t.rejected for t in sim_tasks),
+            }
+            results["points_stored_once"] = await count_points(http, sim_tasks[0])
+            results |= await lost_agents(http, sim)
+            await wait_for(lambda: all(t.final_acked for t in sim_tasks), 120)
+            del job_ids
+    finally:
+        await sim.close()
+    return results
+
+
+async def wait_until_readable(http: httpx.AsyncClient, tasks: list[Any]) -> None:
+    """Until every task's last log line and last metric point can be read through the API."""
+    pending = list(tasks)
+    deadline = time.monotonic() + 300
+    while pending and time.monotonic() < deadline:
+        task = pending[0]
+        logs = await http.get(f"/api/v1/jobs/{task.job_id}/logs", params={"tail": 1}, timeout=60)
+        last_line = logs.json()["lines"][-1]["seq"] if logs.json()["lines"] else 0
+        metrics = await http.get(
+            f"/api/v1/jobs/{task.job_id}/metrics",
+            params={"name": "loss", "min_step": task.sent_metric_seq},
+            timeout=60,
+        )
+        last_point = metrics.json()["points"][-1]["step"] if metrics.json()["points"] else 0
+        if last_line >= task.sent_log_seq and last_point >= task.sent_metric_seq:
+            pending.pop(0)
+        else:
+            await asyncio.sleep(0.1)
+    if pending:
+        raise TimeoutError(f"{len(pending)} tasks' last lines or points are not readable after 300 s")
+
+
+async def count_points(http: httpx.AsyncClient, task: Any) -> bool:
+    """True when one task's metric series through the API holds every sent point exactly once."""
+    points = (
+        await http.get(f"/api/v1/jobs/{task.job_id}/metrics", params={"name": "loss"}, timeout=300)
+    ).json()
+    steps = [p["step"] for p in points["points"]]
+    return sorted(steps) == list(range(1, task.sent_metric_seq + 1))
+
+
+async def wait_for(predicate: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"condition not met within {timeout} s")
+        await asyncio.sleep(0.05)
+
+
+def admin_client(cluster: Cluster) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        base_url=cluster.api, headers={"Authorization": f"Bearer {cluster.admin_token}"}, trust_env=False
+    )
+
+
+async def upload_bundle(http: httpx.AsyncClient) -> str:
+    bundle = pack({"p.py": "print('simulated')\n"})
+    response = await http.post("/api/v1/bundles", files={"file": ("bundle.tar.gz", bundle)}, timeout=60)
+    response.raise_for_status()
+    return response.json()["digest"]
+
+
+async def submit(http: httpx.AsyncClient, digest: str, workers: int, name: str) -> str:
+    body = {
+        "bundle_digest": digest,
+        "command": ["python", "p.py"],
+        "workers": workers,
+        "gpus_per_worker": 0,
+        "name": name,
+        "startup_timeout_seconds": GANG_TIMEOUT_S,
+    }
+    response = await http.post("/api/v1/jobs", json=body, timeout=120)
+    if response.status_code != 201:
+        raise RuntimeError(f"submit refused: {response.status_code} {response.text}")
+    return response.json()["id"]
+
+
+def median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None

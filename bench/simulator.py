@@ -1,0 +1,431 @@
+"""Simulated agents that speak the real agent protocol (proto/mwms/v1/agent.proto), many in one process.
+
+Each `SimAgent` has its own gRPC channel (its own TCP connection, like a real agent on its own machine):
+it registers with the join token, keeps one Connect stream open (Hello, then heartbeats at a chosen rate),
+and times every heartbeat from the moment it is written to the moment its empty Ack arrives. A StartTask
+is handled like the real agent does it, minus the process: confirm the port by binding it, fetch the
+bundle, report STARTING and RUNNING, then SUCCEEDED (exit 0) after a chosen time. A task can also stream
+log lines and metric points with per-task sequence numbers, as fast as acknowledgements allow or at a
+chosen rate, and tracks the cumulative acks (`Ack.log_seq` / `Ack.metric_seq`).
+
+Everything runs on one asyncio loop; `LoopLagMonitor` measures how late that loop runs, so a slow
+simulator is visible in the results instead of being blamed on the coordinator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import grpc
+
+from mwms.v1 import agent_pb2 as pb
+from mwms.v1 import agent_pb2_grpc
+
+# Like worker_agent/session.py: at most this many items per LogBatch / MetricBatch.
+BATCH_MAX_ITEMS = 500
+# Each channel gets its own subchannel pool, so every simulated agent has its own TCP connection.
+CHANNEL_OPTIONS = [
+    ("grpc.use_local_subchannel_pool", 1),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+
+
+@dataclass
+class SimConfig:
+    """How every simulated agent behaves."""
+
+    join_token: str
+    server: str
+    heartbeat_interval_s: float = 1.0
+    # Seconds between RUNNING and SUCCEEDED; None: the task runs until `SimTask.finish()` or a StopTask.
+    task_run_s: float | None = 0.0
+    fetch_bundle: bool = True
+    slots: int = 1
+    port_base: int = 20_000
+    ports_per_agent: int = 10
+
+
+@dataclass
+class TelemetryPlan:
+    """What a running task streams: items per second per kind (0: none, None: as fast as acks allow)."""
+
+    metric_points_per_s: float | None = 0
+    log_lines_per_s: float | None = 0
+    # Items sent but not yet acknowledged, per task and kind, before the sender waits for an ack.
+    window_items: int = 10 * BATCH_MAX_ITEMS
+
+
+@dataclass
+class SimTask:
+    """One task the coordinator started on a simulated agent."""
+
+    task_id: str
+    job_id: str
+    index: int
+    port: int
+    started_at: float
+    running_at: float | None = None
+    ended_at: float | None = None
+    sent_log_seq: int = 0
+    sent_metric_seq: int = 0
+    acked_log_seq: int = 0
+    acked_metric_seq: int = 0
+    rejected: int = 0
+    acked: asyncio.Event = field(default_factory=asyncio.Event)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    final_acked: bool = False
+    stopped: bool = False
+
+
+class SimAgent:
+    """One simulated agent: its own channel, credential and Connect stream."""
+
+    def __init__(self, index: int, config: SimConfig, run_id: str) -> None:
+        self.index = index
+        self.name = f"sim-{run_id}-{index:05d}"
+        self.config = config
+        self.channel = grpc.aio.insecure_channel(config.server, options=CHANNEL_OPTIONS)
+        self.stub = agent_pb2_grpc.AgentServiceStub(self.channel)
+        self.agent_id = ""
+        self.credential = ""
+        self.port_low = config.port_base + index * config.ports_per_agent
+        self.tasks: dict[str, SimTask] = {}
+        # Every task this agent was ever started with, also after its final ack.
+        self.history: dict[str, SimTask] = {}
+        self.telemetry: TelemetryPlan | None = None
+        # (written at, round trip) of every acknowledged heartbeat, monotonic seconds.
+        self.heartbeats: list[tuple[float, float]] = []
+        self.heartbeats_sent = 0
+        self.stream_errors: list[str] = []
+        self.refused_starts: list[str] = []
+        self.connected = asyncio.Event()
+        self._pending_heartbeats: deque[float] = deque()
+        self._outbox: asyncio.Queue[pb.AgentMessage] = asyncio.Queue()
+        self._bundles: set[str] = set()
+        self._background: set[asyncio.Task[None]] = set()
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {self.credential}"),)
+
+    async def register(self) -> float:
+        """Registers with the join token; returns the call's latency in seconds."""
+        devices = [
+            pb.Device(kind=pb.DEVICE_KIND_CPU_SLOT, index=i, name=f"cpu-slot-{i}")
+            for i in range(self.config.slots)
+        ]
+        request = pb.RegisterRequest(
+            name=self.name,
+            hostname=self.name,
+            advertise_address="127.0.0.1",
+            port_range_low=self.port_low,
+            port_range_high=self.port_low + self.config.ports_per_agent - 1,
+            devices=devices,
+            version="bench-simulator",
+            join_token=self.config.join_token,
+        )
+        start = time.monotonic()
+        response = await self.stub.Register(request, timeout=600)
+        self.agent_id, self.credential = response.agent_id, response.credential
+        return time.monotonic() - start
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Keeps a Connect stream open until `stop`; reconnects (recording why) when the stream ends."""
+        while not stop.is_set():
+            try:
+                await self._session(stop)
+            except (grpc.RpcError, grpc.aio.AioRpcError) as error:  # type: ignore[misc]
+                if stop.is_set():
+                    return
+                code = error.code() if isinstance(error, grpc.aio.AioRpcError) else None
+                self.stream_errors.append(f"{code}: {getattr(error, 'details', lambda: '')()}")
+                if code == grpc.StatusCode.UNAUTHENTICATED:
+                    return  # removed or refused: a real agent would need a new join token
+                await asyncio.sleep(0.5)
+
+    async def _session(self, stop: asyncio.Event) -> None:
+        call = self.stub.Connect(metadata=self.metadata)
+        self._pending_heartbeats.clear()
+        self._outbox = asyncio.Queue()
+        hello = pb.Hello(agent_id=self.agent_id, tasks=[self._report(t) for t in self.tasks.values()])
+        await call.write(pb.AgentMessage(hello=hello))
+        writer = asyncio.create_task(self._write(call))
+        beater = asyncio.create_task(self._heartbeat(stop))
+        stopper = asyncio.create_task(stop.wait())
+        reader = asyncio.create_task(self._read(call))
+        self.connected.set()
+        try:
+            done, _ = await asyncio.wait({writer, reader, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task is not stopper:
+                    task.result()
+        finally:
+            self.connected.clear()
+            for task in (writer, beater, stopper, reader):
+                task.cancel()
+            call.cancel()
+
+    async def _heartbeat(self, stop: asyncio.Event) -> None:
+        # A random phase, so a thousand agents do not beat in lockstep (real agents start at random times).
+        await asyncio.sleep((self.index * 0.6180339887 % 1.0) * self.config.heartbeat_interval_s)
+        while not stop.is_set():
+            self._outbox.put_nowait(
+                pb.AgentMessage(heartbeat=pb.Heartbeat(sent_unix_ms=int(time.time() * 1000)))
+            )
+            await asyncio.sleep(self.config.heartbeat_interval_s)
+
+    async def _write(self, call: grpc.aio.StreamStreamCall) -> None:
+        while True:
+            message = await self._outbox.get()
+            if message.WhichOneof("body") == "heartbeat":
+                self._pending_heartbeats.append(time.monotonic())
+                self.heartbeats_sent += 1
+            await call.write(message)
+
+    async def _read(self, call: grpc.aio.StreamStreamCall) -> None:
+        while True:
+            message = await call.read()
+            if message is grpc.aio.EOF:
+                raise grpc.aio.AioRpcError(
+                    grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "stream ended"
+                )
+            body = message.WhichOneof("body")
+            if body == "ack":
+                self._on_ack(message.ack)
+            elif body == "start":
+                self._spawn(self._start(message.start))
+            elif body == "stop":
+                self._on_stop(message.stop)
+
+    def _on_ack(self, ack: pb.Ack) -> None:
+        if not ack.task_id and not ack.log_seq and not ack.metric_seq and not ack.final_state:
+            if self._pending_heartbeats:  # one stream, handled in order: acks come back in send order
+                sent = self._pending_heartbeats.popleft()
+                self.heartbeats.append((sent, time.monotonic() - sent))
+            return
+        task = self.tasks.get(ack.task_id)
+        if task is None:
+            return
+        task.acked_log_seq = max(task.acked_log_seq, ack.log_seq)
+        task.acked_metric_seq = max(task.acked_metric_seq, ack.metric_seq)
+        task.rejected += ack.rejected
+        task.acked.set()
+        if ack.final_state:
+            task.final_acked = True
+            self.tasks.pop(ack.task_id, None)
+
+    def _spawn(self, coroutine: object) -> None:
+        task = asyncio.ensure_future(coroutine)  # type: ignore[arg-type]
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _send(self, message: pb.AgentMessage) -> None:
+        self._outbox.put_nowait(message)
+
+    def _report(self, task: SimTask, exit_code: int = 0, message: str = "") -> pb.TaskReport:
+        if task.ended_at is None:
+            state = pb.TASK_STATE_RUNNING if task.running_at else pb.TASK_STATE_STARTING
+        else:
+            state = pb.TASK_STATE_STOPPED if task.stopped else pb.TASK_STATE_SUCCEEDED
+        return pb.TaskReport(
+            task_id=task.task_id, state=state, exit_code=exit_code, message=message, pid=4242
+        )
+
+    async def _start(self, start: pb.StartTask) -> None:
+        if start.task_id in self.history:
+            return  # a resend after a reconnect
+        task = SimTask(start.task_id, start.job_id, start.task_index, start.port, time.monotonic())
+        self.tasks[start.task_id] = task
+        self.history[start.task_id] = task
+        self._send(pb.AgentMessage(task=self._report(task)))  # STARTING
+        problem = _port_problem(start.port)
+        if problem is None and self.config.fetch_bundle and start.bundle_digest not in self._bundles:
+            try:
+                async for _ in self.stub.FetchBundle(
+                    pb.FetchBundleRequest(digest=start.bundle_digest), metadata=self.metadata, timeout=60
+                ):
+                    pass
+                self._bundles.add(start.bundle_digest)
+            except grpc.aio.AioRpcError as error:
+                problem = f"bundle fetch failed: {error.code()}"
+        if problem is not None:
+            self.refused_starts.append(problem)
+            task.ended_at = time.monotonic()
+            report = pb.TaskReport(task_id=task.task_id, state=pb.TASK_STATE_REJECTED, message=problem)
+            self._send(pb.AgentMessage(task=report))
+            task.done.set()
+            return
+        task.running_at = time.monotonic()
+        self._send(pb.AgentMessage(task=self._report(task)))  # RUNNING
+        streams = []
+        if self.telemetry is not None:
+            streams = [asyncio.create_task(self._stream_telemetry(task, self.telemetry))]
+        if self.config.task_run_s is not None:
+            await asyncio.sleep(self.config.task_run_s)
+        else:
+            await task.done.wait()
+        task.done.set()
+        for stream in streams:
+            await stream  # the last lines and points go out before the final report, as with a real agent
+        if task.ended_at is None:
+            task.ended_at = time.monotonic()
+            self._send(pb.AgentMessage(task=self._report(task)))
+
+    def _on_stop(self, stop: pb.StopTask) -> None:
+        task = self.tasks.get(stop.task_id)
+        if task is None:  # a task this agent does not know: report it stopped so it is not asked again
+            report = pb.TaskReport(task_id=stop.task_id, state=pb.TASK_STATE_STOPPED, message=stop.reason)
+            self._send(pb.AgentMessage(task=report))
+            return
+        task.stopped = True
+        task.done.set()
+
+    async def _stream_telemetry(self, task: SimTask, plan: TelemetryPlan) -> None:
+        """Sends log lines and metric points until the task is done, never more than the window unacked."""
+        started = time.monotonic()
+        while not task.done.is_set():
+            task.acked.clear()
+            elapsed = time.monotonic() - started
+            sent_any = False
+            if plan.log_lines_per_s != 0:
+                due = _due(plan.log_lines_per_s, elapsed, task.sent_log_seq)
+                room = plan.window_items - (task.sent_log_seq - task.acked_log_seq)
+                count = min(BATCH_MAX_ITEMS, due, room)
+                if count > 0:
+                    self._send(pb.AgentMessage(logs=_log_batch(task, count)))
+                    sent_any = True
+            if plan.metric_points_per_s != 0:
+                due = _due(plan.metric_points_per_s, elapsed, task.sent_metric_seq)
+                room = plan.window_items - (task.sent_metric_seq - task.acked_metric_seq)
+                count = min(BATCH_MAX_ITEMS, due, room)
+                if count > 0:
+                    self._send(pb.AgentMessage(metrics=_metric_batch(task, count)))
+                    sent_any = True
+            if sent_any:
+                await asyncio.sleep(0)  # let the writer and reader run between batches
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(task.acked.wait(), timeout=0.05)
+
+    async def close(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+        await self.channel.close()
+
+
+def _due(rate: float | None, elapsed: float, sent: int) -> int:
+    if rate is None:
+        return BATCH_MAX_ITEMS
+    return int(rate * elapsed) - sent
+
+
+def _log_batch(task: SimTask, count: int) -> pb.LogBatch:
+    now_ms = int(time.time() * 1000)
+    first = task.sent_log_seq + 1
+    lines = [
+        pb.LogLine(
+            seq=seq, stream="stdout", text=f"step {seq} loss 0.{seq % 1000:03d} simulated", unix_ms=now_ms
+        )
+        for seq in range(first, first + count)
+    ]
+    task.sent_log_seq += count
+    return pb.LogBatch(task_id=task.task_id, lines=lines)
+
+
+def _metric_batch(task: SimTask, count: int) -> pb.MetricBatch:
+    now_ms = int(time.time() * 1000)
+    first = task.sent_metric_seq + 1
+    points = [
+        pb.MetricPoint(seq=seq, name="loss", step=seq, value=1.0 / seq, unix_ms=now_ms)
+        for seq in range(first, first + count)
+    ]
+    task.sent_metric_seq += count
+    return pb.MetricBatch(task_id=task.task_id, points=points)
+
+
+def _port_problem(port: int) -> str | None:
+    """Confirms the port as the real agent does: by binding it (and letting go)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("", port))
+        except OSError as error:
+            return f"port {port} is in use: {error}"
+    return None
+
+
+class LoopLagMonitor:
+    """How late this process's event loop wakes up: the simulator's own overload, measured."""
+
+    def __init__(self, interval_s: float = 0.05) -> None:
+        self.interval_s = interval_s
+        self.lags: list[tuple[float, float]] = []
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            before = time.monotonic()
+            await asyncio.sleep(self.interval_s)
+            now = time.monotonic()
+            self.lags.append((now, now - before - self.interval_s))
+
+
+class Simulator:
+    """A fleet of simulated agents on one event loop."""
+
+    def __init__(self, config: SimConfig, count: int, run_id: str) -> None:
+        self.config = config
+        self.agents = [SimAgent(i, config, run_id) for i in range(count)]
+        self.stop = asyncio.Event()
+        self.lag = LoopLagMonitor()
+        self._runners: list[asyncio.Task[None]] = []
+
+    async def register_all(self, concurrency: int = 1000) -> list[float]:
+        """Registers every agent, `concurrency` calls at a time; returns each call's latency."""
+        gate = asyncio.Semaphore(concurrency)
+
+        async def one(agent: SimAgent) -> float:
+            async with gate:
+                return await agent.register()
+
+        return list(await asyncio.gather(*(one(a) for a in self.agents)))
+
+    async def connect_all(self, timeout_s: float = 120) -> None:
+        """Opens every agent's stream and waits until each has had one heartbeat acknowledged."""
+        self._runners.append(asyncio.create_task(self.lag.run(self.stop)))
+        self._runners += [asyncio.create_task(a.run(self.stop)) for a in self.agents]
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if all(a.heartbeats for a in self.agents):
+                return
+            await asyncio.sleep(0.1)
+        waiting = sum(1 for a in self.agents if not a.heartbeats)
+        raise TimeoutError(
+            f"{waiting} of {len(self.agents)} agents had no heartbeat acknowledged in {timeout_s} s"
+        )
+
+    def round_trips(self, since: float, until: float, agents: list[SimAgent] | None = None) -> list[float]:
+        """Round trips of heartbeats written within [since, until)."""
+        return [rtt for a in agents or self.agents for sent, rtt in a.heartbeats if since <= sent < until]
+
+    def unanswered(self, before: float, agents: list[SimAgent] | None = None) -> int:
+        """Heartbeats written before `before` that have no ack yet (still queued at the coordinator)."""
+        return sum(sum(1 for sent in a._pending_heartbeats if sent < before) for a in agents or self.agents)
+
+    def tasks(self) -> list[SimTask]:
+        """Every task any agent was started with."""
+        return [t for a in self.agents for t in a.history.values()]
+
+    async def close(self) -> None:
+        self.stop.set()
+        for runner in self._runners:
+            runner.cancel()
+        await asyncio.gather(*self._runners, return_exceptions=True)
+        await asyncio.gather(*(a.close() for a in self.agents), return_exceptions=True)
