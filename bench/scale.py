@@ -13,6 +13,7 @@ on one asyncio loop, and its own CPU and loop lag are reported beside the figure
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import statistics
 import time
@@ -64,21 +65,31 @@ class Window:
 def heartbeat_figures(
     sim: Simulator, since: float, until: float, agents: list[SimAgent] | None = None
 ) -> dict:
+    """Round trips of the heartbeats written in [since, until); one still unanswered counts as endless."""
     rtts = sim.round_trips(since, until, agents)
+    unanswered = sim.unanswered(until, agents)
+    everything = rtts + [math.inf] * unanswered
     lags = [lag for at, lag in sim.lag.lags if since <= at < until]
     return {
-        "heartbeat_rtt_p50_ms": _ms(percentile(rtts, 50)),
-        "heartbeat_rtt_p99_ms": _ms(percentile(rtts, 99)),
-        "heartbeat_rtt_max_ms": _ms(max(rtts) if rtts else None),
+        "heartbeat_rtt_p50_ms": _ms(percentile(everything, 50)),
+        "heartbeat_rtt_p99_ms": _ms(percentile(everything, 99)),
+        "heartbeat_rtt_max_ms": _ms(max(everything) if everything else None),
         "heartbeats_acked": len(rtts),
-        # Written in the window but still unanswered at its end: a backlog the round trips cannot show yet.
-        "heartbeats_unanswered": sim.unanswered(until, agents),
+        # Written in the window, still unanswered after the drain wait: the coordinator's backlog.
+        "heartbeats_unanswered": unanswered,
         "simulator_loop_lag_p99_ms": _ms(percentile(lags, 99)),
     }
 
 
+async def drain_heartbeats(sim: Simulator, until: float, timeout_s: float = 15.0) -> None:
+    """Gives heartbeats written before `until` time to be answered, so a backlog shows in the round trips."""
+    deadline = time.monotonic() + timeout_s
+    while sim.unanswered(until) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+
+
 def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else round(seconds * 1000, 2)
+    return None if seconds is None or math.isinf(seconds) else round(seconds * 1000, 2)
 
 
 async def lost_agents(http: httpx.AsyncClient, sim: Simulator) -> dict[str, int]:
@@ -125,6 +136,7 @@ async def scenario_agents(cluster: Cluster, agents: int, seconds: float, settle_
         window = Window(cluster.server.popen.pid)
         await asyncio.sleep(seconds)
         results |= window.close()
+        await drain_heartbeats(sim, window.end)
         results |= heartbeat_figures(sim, window.start, window.end)
         async with admin_client(cluster) as http:
             results |= await lost_agents(http, sim)
@@ -210,6 +222,7 @@ async def scenario_ingest(cluster: Cluster, agents: int, tasks: int, seconds: fl
                 task.done.set()  # the producers stop; what is in flight is still acked
             sent_at = time.monotonic()
             results |= window.close()
+            await drain_heartbeats(sim, window.end)
             results |= heartbeat_figures(sim, window.start, window.end, others)
             results |= {
                 f"streaming_{k}": v
