@@ -36,6 +36,12 @@ def cpu_seconds(pid: int | str) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
+def machine_busy_seconds() -> float:
+    """CPU seconds all processes of this machine spent busy (everything in /proc/stat but idle and iowait)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / TICKS
+
+
 def percentile(values: list[float], p: float) -> float | None:
     if not values:
         return None
@@ -51,14 +57,21 @@ class Window:
         self.start = time.monotonic()
         self.cpu0 = cpu_seconds(coordinator_pid)
         self.self0 = cpu_seconds("self")
+        self.machine0 = machine_busy_seconds()
 
     def close(self) -> dict[str, float]:
         self.end = time.monotonic()
         wall = self.end - self.start
+        coordinator = 100 * (cpu_seconds(self.pid) - self.cpu0) / wall
+        simulator = 100 * (cpu_seconds("self") - self.self0) / wall
+        machine = 100 * (machine_busy_seconds() - self.machine0) / wall
         return {
             "window_s": wall,
-            "coordinator_cpu_pct": 100 * (cpu_seconds(self.pid) - self.cpu0) / wall,
-            "simulator_cpu_pct": 100 * (cpu_seconds("self") - self.self0) / wall,
+            "coordinator_cpu_pct": coordinator,
+            "simulator_cpu_pct": simulator,
+            # Other processes on this machine in the same window (other benchmarks, test suites): a shared
+            # machine makes every figure worse, so the figure says how shared it was.
+            "other_processes_cpu_pct": max(0.0, machine - coordinator - simulator),
         }
 
 
