@@ -211,7 +211,9 @@ class SimAgent:
                 sent = self._pending_heartbeats.popleft()
                 self.heartbeats.append((sent, time.monotonic() - sent))
             return
-        task = self.tasks.get(ack.task_id)
+        # From history: a batch's ack may follow the final ack (the coordinator stores batches on its own
+        # schedule), and it still counts.
+        task = self.history.get(ack.task_id)
         if task is None:
             return
         task.acked_log_seq = max(task.acked_log_seq, ack.log_seq)
