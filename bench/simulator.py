@@ -59,8 +59,10 @@ class TelemetryPlan:
 
     metric_points_per_s: float | None = 0
     log_lines_per_s: float | None = 0
-    # Items sent but not yet acknowledged, per task and kind, before the sender waits for an ack.
-    window_items: int = 10 * BATCH_MAX_ITEMS
+    # Items sent but not yet acknowledged, per task and kind, before the sender waits for an ack. Four
+    # batches keep a coordinator that acks within a second busy at the ingest target (2,000 items/s per task
+    # and kind); a bigger window only queues more (50 tasks x 2 kinds x window items in flight at most).
+    window_items: int = 4 * BATCH_MAX_ITEMS
 
 
 @dataclass
