@@ -122,26 +122,30 @@ def run_turnaround(args: argparse.Namespace) -> dict[str, float]:
 
 
 def run_scale(name: str, args: argparse.Namespace) -> dict[str, object]:
-    """One scale scenario against a fresh coordinator, with this process as the simulator."""
+    """One scale scenario against a fresh coordinator, with this process as the simulator.
+
+    A scenario that breaks returns what it measured until then, with the error.
+    """
+    results: dict[str, object] = {}
     with tempfile.TemporaryDirectory() as tmp:
         cluster = Cluster(root=Path(tmp), http_port=free_port(), grpc_port=free_port())
         try:
             cluster.start_server()
             assert cluster.server is not None
             if name == "agents":
-                coroutine = scale.scenario_agents(cluster, args.agents, args.seconds)
+                coroutine = scale.scenario_agents(cluster, results, args.agents, args.seconds)
             elif name == "gangs":
                 sizes = tuple(s for s in args.gang if s <= args.agents)
-                coroutine = scale.scenario_gangs(cluster, args.agents, sizes)
+                coroutine = scale.scenario_gangs(cluster, results, args.agents, sizes)
             else:
-                coroutine = scale.scenario_ingest(cluster, args.agents, args.tasks, args.seconds)
-            results = asyncio.run(coroutine)
+                coroutine = scale.scenario_ingest(cluster, results, args.agents, args.tasks, args.seconds)
+            asyncio.run(coroutine)
             results["coordinator_rss_mib"] = rss_mib(cluster.server.popen.pid)
             return results
         except Exception as error:  # noqa: BLE001 - a scenario that breaks is a result too
             tail = cluster.server.log_tail(20) if cluster.server else ""
             print(f"scenario {name} failed: {type(error).__name__}: {error}\n{tail}", file=sys.stderr)
-            return {"error": f"{type(error).__name__}: {error}"}
+            return results | {"error": f"{type(error).__name__}: {error}"}
         finally:
             cluster.stop()
 
