@@ -81,7 +81,7 @@ def heartbeat_figures(
 ) -> dict:
     """Round trips of the heartbeats written in [since, until); one still unanswered counts as endless."""
     rtts = sim.round_trips(since, until, agents)
-    unanswered = sim.unanswered(until, agents)
+    unanswered = sim.unanswered(until, agents, since=since)
     everything = rtts + [math.inf] * unanswered
     lags = [lag for at, lag in sim.lag.lags if since <= at < until]
     return {

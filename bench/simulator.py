@@ -419,9 +419,11 @@ class Simulator:
         """Round trips of heartbeats written within [since, until)."""
         return [rtt for a in agents or self.agents for sent, rtt in a.heartbeats if since <= sent < until]
 
-    def unanswered(self, before: float, agents: list[SimAgent] | None = None) -> int:
-        """Heartbeats written before `before` that have no ack yet (still queued at the coordinator)."""
-        return sum(sum(1 for sent in a._pending_heartbeats if sent < before) for a in agents or self.agents)
+    def unanswered(self, before: float, agents: list[SimAgent] | None = None, since: float = 0.0) -> int:
+        """Heartbeats written in [since, before) that have no ack yet (still queued at the coordinator)."""
+        return sum(
+            sum(1 for sent in a._pending_heartbeats if since <= sent < before) for a in agents or self.agents
+        )
 
     def tasks(self) -> list[SimTask]:
         """Every task any agent was started with."""
