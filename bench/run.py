@@ -202,6 +202,19 @@ def commit() -> str:
         return "unknown"
 
 
+def earlier_scenarios(path: Path) -> dict[str, dict[str, object]]:
+    """Scenarios of an earlier results file, kept when this run does not repeat them (each has its stamp)."""
+    try:
+        earlier = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    scenarios = earlier.get("scenarios") if isinstance(earlier, dict) else None
+    if not isinstance(scenarios, dict):
+        return {}
+    stamp = {k: earlier.get(k) for k in ("run_at", "commit", "machine")}
+    return {name: {**stamp, **figures} for name, figures in scenarios.items() if isinstance(figures, dict)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -228,13 +241,14 @@ def main() -> int:
         scenarios[name]["scenario_wall_s"] = time.monotonic() - started
         print(json.dumps({name: scenarios[name]}, indent=2, default=str), flush=True)
     missed = report(scenarios)
-    results = {
+    stamp = {
         "run_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "commit": commit(),
         "machine": machine(),
-        "scenarios": scenarios,
-        "missed": missed,
     }
+    for figures in scenarios.values():
+        figures.update(stamp)
+    results = {**stamp, "scenarios": earlier_scenarios(args.out) | scenarios, "missed_this_run": missed}
     args.out.write_text(json.dumps(results, indent=2, default=str) + "\n")
     for line in missed:
         print(f"MISSED TARGET {line}", file=sys.stderr)
