@@ -37,6 +37,17 @@ def cpu_seconds(pid: int | str) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
+def runqueue_wait_seconds(pid: int | str) -> float:
+    """Seconds the threads of a process spent runnable but waiting for a CPU (/proc/<pid>/task/*/schedstat)."""
+    total = 0
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        try:
+            total += int(stat.read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended meanwhile
+    return total / 1e9
+
+
 def machine_busy_seconds() -> float:
     """CPU seconds all processes of this machine spent busy (everything in /proc/stat but idle and iowait)."""
     fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
@@ -59,6 +70,7 @@ class Window:
         self.cpu0 = cpu_seconds(coordinator_pid)
         self.self0 = cpu_seconds("self")
         self.machine0 = machine_busy_seconds()
+        self.wait0 = runqueue_wait_seconds(coordinator_pid)
 
     def close(self) -> dict[str, float]:
         self.end = time.monotonic()
@@ -73,6 +85,9 @@ class Window:
             # Other processes on this machine in the same window (other benchmarks, test suites): a shared
             # machine makes every figure worse, so the figure says how shared it was.
             "other_processes_cpu_pct": max(0.0, machine - coordinator - simulator),
+            # Time the coordinator's threads were ready to run but had no CPU, % of the window (summed over
+            # threads, so it can pass 100): round trips include this wait.
+            "coordinator_cpu_wait_pct": 100 * (runqueue_wait_seconds(self.pid) - self.wait0) / wall,
         }
 
 
