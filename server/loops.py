@@ -9,10 +9,12 @@ from mwms.loop import run_every_async
 from server.db.engine import Database
 from server.rpc.hub import AgentHub
 from server.services.reconcile import reconcile
+from server.services.retention import PurgeCursor, cutoff, purge_batch
 from server.services.scheduling import schedule_pending
 from server.settings import Settings
 
 log = logging.getLogger("mwms.server.loops")
+RETENTION_PAUSE_S = 0.05
 
 
 class BackgroundLoops:
@@ -25,6 +27,7 @@ class BackgroundLoops:
         self.scheduler_wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._loop = asyncio.get_running_loop()
+        self._purge_cursor = PurgeCursor()  # retention goes on where it stopped; a restart walks once more
 
     def start(self) -> None:
         self._tasks = [
@@ -35,11 +38,31 @@ class BackgroundLoops:
             ),
             asyncio.create_task(run_every_async(1.0, self._reconcile, logger=log)),
         ]
+        if self.settings.telemetry_retention_days > 0:
+            self._tasks.append(
+                asyncio.create_task(
+                    run_every_async(self.settings.retention_interval_s, self._purge_old_telemetry, logger=log)
+                )
+            )
 
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _purge_old_telemetry(self) -> None:
+        """Deletes telemetry of jobs past MWMS_TELEMETRY_RETENTION_DAYS, one short transaction a batch."""
+        before = cutoff(self.settings.telemetry_retention_days)
+        if before is None:
+            return
+        cursor = self._purge_cursor
+
+        def run() -> bool:
+            with self.db.write() as session:
+                return purge_batch(session, before, cursor).more
+
+        while await asyncio.to_thread(run):
+            await asyncio.sleep(RETENTION_PAUSE_S)  # other writers get the lock between batches
 
     def poke(self) -> None:
         """Asks for a scheduler pass soon; safe from any thread."""

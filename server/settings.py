@@ -156,3 +156,11 @@ class Settings(BaseSettings):
     @property
     def files_dir(self) -> Path:
         return self.data_dir / "files"
+
+    # --- retention (issue 10) ---
+    # Log lines and metric points of jobs that finished more than this many days ago are deleted by a
+    # background loop in small batches (the jobs themselves are kept); 0 keeps them forever.
+    telemetry_retention_days: float = Field(default=30.0, ge=0, le=36500, allow_inf_nan=False)
+    # How often the retention loop looks for telemetry to delete.
+    retention_interval_s: float = Field(default=300.0, gt=0, le=86400, allow_inf_nan=False)
+    # --- end of retention ---

@@ -42,7 +42,13 @@ def overview(session: ReadSession) -> Overview:
     """Agents online/lost, devices busy/free, jobs running/pending."""
     agents = agents_out(session)
     online = [a for a in agents if a.online]
-    counts = dict(session.execute(select(Job.state, func.count()).group_by(Job.state)).tuples().all())
+    # Only the live states are counted: a range of ix_jobs_state_created_id, however many jobs finished.
+    live = [s.value for s in (JobState.RUNNING, JobState.SCHEDULED, JobState.PENDING, JobState.RESTARTING)]
+    counts = dict(
+        session.execute(select(Job.state, func.count()).where(Job.state.in_(live)).group_by(Job.state))
+        .tuples()
+        .all()
+    )
     return Overview(
         agents_online=len(online),
         agents_lost=len(agents) - len(online),

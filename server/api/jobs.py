@@ -12,7 +12,7 @@ from starlette.background import BackgroundTask
 
 from server.api.auth import Caller
 from server.api.deps import ReadSession, RuntimeDep
-from server.api.views import artifact_out, job_out, job_summary
+from server.api.views import artifact_out, job_listing_out, job_out
 from server.errors import NotFound
 from server.limits import INT64_MAX, INT64_MIN, MAX_NAME_CHARS, MAX_WORKERS, SpecLimits, check_job_spec
 from server.schemas import (
@@ -107,15 +107,15 @@ def list_jobs(
     offset: Offset = 0,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> JobPage:
-    """Jobs, newest first."""
+    """Jobs, newest first (ties in created_at by id, descending)."""
     rows, total = jobs.list_jobs(session, state or [], offset, limit)
-    return JobPage(jobs=[job_summary(session, j) for j in rows], total=total, offset=offset, limit=limit)
+    return JobPage(jobs=[job_listing_out(r) for r in rows], total=total, offset=offset, limit=limit)
 
 
 @router.get("/{job_id}", response_model=JobOut, responses=ERRORS)
 def get_job(job_id: str, session: ReadSession) -> JobOut:
     """A job with its tasks, attempts and state history."""
-    return job_out(session, jobs.get_job(session, job_id))
+    return job_out(session, jobs.read_job(session, job_id))
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut, responses=ERRORS)

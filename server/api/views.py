@@ -24,12 +24,16 @@ from server.schemas import (
     TokenOut,
 )
 from server.services.agents import is_online, live_tasks_by_agent
-from server.services.telemetry import latest_progress
+from server.services.jobs import JobListing
+from server.services.telemetry import Progress, latest_progress
 from server.states import JobState
 
 
-def agent_names(session: Session) -> dict[str, str]:
-    return dict(session.execute(select(Agent.id, Agent.name)).tuples().all())
+def agent_names(session: Session, agent_ids: set[str]) -> dict[str, str]:
+    """Names of the given agents, in one query."""
+    if not agent_ids:
+        return {}
+    return dict(session.execute(select(Agent.id, Agent.name).where(Agent.id.in_(agent_ids))).tuples().all())
 
 
 def task_out(task: Task, names: dict[str, str]) -> TaskOut:
@@ -52,8 +56,9 @@ def task_out(task: Task, names: dict[str, str]) -> TaskOut:
     )
 
 
-def job_summary(session: Session, job: Job) -> JobSummary:
-    step, loss = latest_progress(session, job)
+def job_summary(job: Job, attempts: int, progress: Progress) -> JobSummary:
+    """A job as the jobs list shows it; the attempt count and progress come from the list's own query."""
+    step, loss = progress
     return JobSummary(
         id=job.id,
         name=job.name,
@@ -64,7 +69,7 @@ def job_summary(session: Session, job: Job) -> JobSummary:
         created_at=job.created_at,
         started_at=job.started_at,
         finished_at=job.finished_at,
-        attempts=len(job.attempts),
+        attempts=attempts,
         restarts=job.restarts,
         step=step,
         loss=loss,
@@ -89,9 +94,14 @@ def _finite_values(stored: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in stored.items() if not (isinstance(v, float) and not math.isfinite(v))}
 
 
+def job_listing_out(listing: JobListing) -> JobSummary:
+    return job_summary(listing.job, listing.attempts, listing.progress)
+
+
 def job_out(session: Session, job: Job) -> JobOut:
-    names = agent_names(session)
-    summary = job_summary(session, job)
+    """A job in full; load it with jobs.read_job so its attempts, tasks and events come in fixed queries."""
+    names = agent_names(session, {t.agent_id for a in job.attempts for t in a.tasks})
+    summary = job_summary(job, len(job.attempts), latest_progress(session, job))
     options = job.options
     return JobOut(
         **summary.model_dump(),

@@ -114,7 +114,12 @@ class Bundle(Base):
 class Job(Base):
     __tablename__ = "jobs"
     __table_args__ = (
-        Index("ix_jobs_state_created", "state", "created_at"),
+        # The jobs list pages newest first (created_at, id), filtered by state or not: with these the page
+        # and its total are read from an index, never by sorting the table.
+        Index("ix_jobs_created_id", "created_at", "id"),
+        Index("ix_jobs_state_created_id", "state", "created_at", "id"),
+        # Retention walks finished jobs oldest first.
+        Index("ix_jobs_finished_id", "finished_at", "id"),
         UniqueConstraint("submitted_by", "idempotency_key", name="uq_jobs_submitter_idempotency_key"),
     )
 
@@ -181,6 +186,8 @@ class Task(Base):
     __table_args__ = (
         UniqueConstraint("attempt_id", "index"),
         Index("ix_tasks_agent_state", "agent_id", "state"),
+        # Tasks that still hold devices (agents, overview) are few among the tasks of finished jobs.
+        Index("ix_tasks_state", "state"),
     )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
@@ -223,6 +230,8 @@ class MetricPoint(Base):
     __table_args__ = (
         UniqueConstraint("task_id", "seq"),
         Index("ix_metric_points_job_name_step", "job_id", "name", "step"),
+        # A job's newest attempt and its latest step and loss (the jobs list) are one index seek each.
+        Index("ix_metric_points_job_attempt_step", "job_id", "attempt", "step"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, selectinload
 
 from server.db.models import Agent, Attempt, Bundle, Job, LogLine, Task, utcnow
 from server.errors import Conflict, Forbidden, InvalidInput, NotFound
 from server.schemas import JobCreate, RestartOn
+from server.services import telemetry
 from server.services.transitions import transition_job, transition_task
 from server.states import AttemptState, JobState, TaskState
 
@@ -67,14 +69,49 @@ def check_task_and_attempt(job: Job, task_index: int | None, attempt: int | None
         )
 
 
-def list_jobs(session: Session, states: list[JobState], offset: int, limit: int) -> tuple[list[Job], int]:
-    """Jobs newest first, optionally filtered by state, with the total count for paging."""
-    query = select(Job)
-    if states:
-        query = query.where(Job.state.in_([s.value for s in states]))
-    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
-    jobs = session.scalars(query.order_by(Job.created_at.desc(), Job.id).offset(offset).limit(limit)).all()
-    return list(jobs), total
+@dataclass(frozen=True)
+class JobListing:
+    """One row of the jobs list: the job, how many attempts it has had, and its latest progress."""
+
+    job: Job
+    attempts: int
+    progress: telemetry.Progress
+
+
+def list_jobs(
+    session: Session, states: list[JobState], offset: int, limit: int
+) -> tuple[list[JobListing], int]:
+    """Jobs newest first, optionally filtered by state, with the total count for paging.
+
+    Two queries whatever the page size: the total, then the page with each job's attempt count and
+    progress as correlated subqueries. The page's ids come from ix_jobs_created_id or
+    ix_jobs_state_created_id (created_at, id, newest first), so an offset walks an index, never a sort.
+    """
+    matching = [Job.state.in_([s.value for s in states])] if states else []
+    total = session.scalar(select(func.count()).select_from(Job).where(*matching)) or 0
+    newest_first = (Job.created_at.desc(), Job.id.desc())
+    page = select(Job.id).where(*matching).order_by(*newest_first).offset(offset).limit(limit).subquery()
+    attempts = select(func.count(Attempt.id)).where(Attempt.job_id == Job.id).scalar_subquery()
+    progress = telemetry.progress_columns(Job.id)
+    rows = session.execute(
+        select(Job, attempts, *progress.all()).join(page, page.c.id == Job.id).order_by(*newest_first)
+    ).all()
+    return [
+        JobListing(job, count, telemetry.progress_out(step, loss_id, loss_value))
+        for job, count, step, loss_id, loss_value in rows
+    ], total
+
+
+def read_job(session: Session, job_id: str) -> Job:
+    """A job to show in full: its attempts, their tasks and its events loaded in a fixed number of queries."""
+    job = session.scalars(
+        select(Job)
+        .where(Job.id == job_id)
+        .options(selectinload(Job.attempts).selectinload(Attempt.tasks), selectinload(Job.events))
+    ).one_or_none()
+    if job is None:
+        raise NotFound(f"no job with id {job_id}; list jobs with GET /api/v1/jobs or `mwms jobs`")
+    return job
 
 
 def time_limit(job: Job, key: str, default: float | None = None) -> float | None:

@@ -14,12 +14,13 @@ import logging
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, ScalarSelect, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import InstrumentedAttribute, Session, aliased
 
 from mwms import metrics_line
 from server.db.models import Job, LogLine, MetricPoint, Task
@@ -242,26 +243,73 @@ def read_metrics(
     )
 
 
-def latest_progress(session: Session, job: Job) -> tuple[int | None, float | metrics_line.NonFinite | None]:
+@dataclass(frozen=True)
+class ProgressColumns:
+    """Correlated scalar subqueries for a job's progress, so a page of jobs reads it in its own query."""
+
+    step: ScalarSelect[Any]
+    loss_id: ScalarSelect[Any]
+    loss_value: ScalarSelect[Any]
+
+    def all(self) -> tuple[ScalarSelect[Any], ScalarSelect[Any], ScalarSelect[Any]]:
+        return self.step, self.loss_id, self.loss_value
+
+
+Progress = tuple[int | None, float | metrics_line.NonFinite | None]
+
+
+def progress_columns(job_id: ColumnElement[str] | InstrumentedAttribute[str] | str) -> ProgressColumns:
+    """(latest step, latest loss) of the job `job_id` (a value, or a column such as Job.id) as subqueries.
+
+    Each is a seek on ix_metric_points_job_attempt_step: the newest attempt that reported anything is its
+    max(attempt), the latest step the first non-epoch point walking back from its highest step.
+    """
+    reported = aliased(MetricPoint)
+    # Nested subqueries correlate to the outer jobs row explicitly (auto-correlation reaches one level).
+    newest = (
+        select(func.max(reported.attempt))
+        .where(reported.job_id == job_id)
+        .correlate_except(reported)
+        .scalar_subquery()
+    )
+    of_newest = (MetricPoint.job_id == job_id, MetricPoint.attempt == newest)
+    step = (
+        select(MetricPoint.step)
+        .where(*of_newest, ~MetricPoint.name.startswith("epoch_"))
+        .order_by(MetricPoint.step.desc())
+        .limit(1)
+        .correlate_except(MetricPoint)
+        .scalar_subquery()
+    )
+    loss_id = (
+        select(MetricPoint.id)
+        .where(*of_newest, MetricPoint.name == "loss")
+        .order_by(MetricPoint.step.desc(), MetricPoint.id.desc())
+        .limit(1)
+        .correlate_except(MetricPoint)
+        .scalar_subquery()
+    )
+    # A NaN loss is stored as NULL: the id tells "no loss reported" from "the loss was NaN".
+    loss_point = aliased(MetricPoint)
+    loss_value = (
+        select(loss_point.value)
+        .where(loss_point.id == loss_id)
+        .correlate_except(loss_point)
+        .scalar_subquery()
+    )
+    return ProgressColumns(step, loss_id, loss_value)
+
+
+def progress_out(step: int | None, loss_id: int | None, loss_value: float | None) -> Progress:
+    """The values of `progress_columns` as the API shows them (the loss through `value_out`)."""
+    return step, (value_out(loss_value) if loss_id is not None else None)
+
+
+def latest_progress(session: Session, job: Job) -> Progress:
     """(latest step, latest loss) reported by the job's newest attempt that reported anything.
 
     The loss is as the API shows it (`value_out`): a number or "NaN"/"Infinity"/"-Infinity"; None when
-    no loss was reported.
+    no loss was reported. One query.
     """
-    newest = session.scalar(select(func.max(MetricPoint.attempt)).where(MetricPoint.job_id == job.id))
-    if newest is None:
-        return None, None
-    step = session.scalar(
-        select(func.max(MetricPoint.step)).where(
-            MetricPoint.job_id == job.id,
-            MetricPoint.attempt == newest,
-            ~MetricPoint.name.startswith("epoch_"),
-        )
-    )
-    loss = session.execute(
-        select(MetricPoint.value)
-        .where(MetricPoint.job_id == job.id, MetricPoint.attempt == newest, MetricPoint.name == "loss")
-        .order_by(MetricPoint.step.desc(), MetricPoint.id.desc())
-        .limit(1)
-    ).first()
-    return step, (value_out(loss[0]) if loss is not None else None)
+    step, loss_id, loss_value = session.execute(select(*progress_columns(job.id).all())).one()
+    return progress_out(step, loss_id, loss_value)
