@@ -1,7 +1,8 @@
 """mwms_runtime: what a training program imports to run under the mwms control plane.
 
 It builds the MultiWorkerMirroredStrategy from the job's environment, reduces and records metrics
-(``report``, ``MetricsCallback``) and hands out race-free save paths. Importing it does not import
+(``report``, ``reduce_metrics`` inside the training step, ``MetricsCallback``) and hands out race-free
+save paths. Importing it does not import
 TensorFlow, but selects the tf_keras (Keras 2) implementation of ``tf.keras`` (unless TF_USE_LEGACY_KERAS
 is already set), which MWMS's ``model.fit`` on distributed datasets needs. TensorFlow reads that
 variable when ``tf.keras`` is first used, so import mwms_runtime before touching ``tf.keras``.
@@ -14,6 +15,8 @@ import os
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 from mwms_runtime.env import TaskContext, checkpoint_dir, context, output_dir  # noqa: E402
+from mwms_runtime.in_graph import reduce_metrics  # noqa: E402
+from mwms_runtime.reduced import ReducedMetrics  # noqa: E402
 from mwms_runtime.reporting import report, report_timeout_seconds  # noqa: E402
 from mwms_runtime.save_paths import cleanup_write_path, saving, write_path  # noqa: E402
 from mwms_runtime.strategy_factory import communication_options, strategy  # noqa: E402
@@ -21,6 +24,7 @@ from mwms_runtime.writer import flush  # noqa: E402
 
 __all__ = [
     "MetricsCallback",
+    "ReducedMetrics",
     "TaskContext",
     "checkpoint_dir",
     "cleanup_write_path",
@@ -28,6 +32,7 @@ __all__ = [
     "context",
     "flush",
     "output_dir",
+    "reduce_metrics",
     "report",
     "report_timeout_seconds",
     "saving",

@@ -1,8 +1,9 @@
 """MetricsCallback: report model.fit's batch and epoch logs through mwms_runtime.report().
 
-Inside ``fit`` each worker's logs already hold values aggregated over all replicas; they still go through
-report() so every worker agrees and only the chief writes. report() is a collective, and every worker
-calls it at the same batches because the step comes from fit's batch index, the same on every worker.
+Inside ``fit`` each worker's logs already hold values reduced over all replicas (tf_keras reduces them
+with ``strategy.reduce`` in the train step), identical on every worker. So they go to
+``report(..., reduced=True)``: the chief writes them and no second collective runs. The timing metrics
+(``step_time_seconds``, ``examples_per_second``) are the chief's own wall-clock figures.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ class MetricsCallback(tf.keras.callbacks.Callback):
         metrics["step_time_seconds"] = step_time
         if self.global_batch_size and step_time > 0:
             metrics["examples_per_second"] = self.global_batch_size / step_time
-        report(step, metrics)
+        report(step, metrics, reduced=True)
         self._window_start = time.perf_counter()
         self._window_step = step
 
@@ -97,4 +98,4 @@ class MetricsCallback(tf.keras.callbacks.Callback):
         """Report the epoch's logs as ``epoch_<name>`` at step = epoch."""
         metrics = _scalar_logs(logs, prefix="epoch_")
         if metrics:
-            report(epoch, metrics)
+            report(epoch, metrics, reduced=True)

@@ -10,7 +10,12 @@ every metric of a call: SUM is the total of the sums, MEAN is total sum / total 
   ``strategy.reduce(op, value, axis=0)`` (MEAN divides by the total number of elements, so a short last
   batch gets the right denominator).
 
-report() is a collective: every worker must call it at the same steps with the same metric names and
+Values already identical on every worker skip all of this: a ``ReducedMetrics`` (from ``reduce_metrics``
+inside the training step, which reduces every metric in one in-graph collective) or a dict passed with
+``reduced=True`` (results of ``strategy.reduce``, fit's logs) is converted and written by the chief, with
+no collective, so workers that differ in whether they call it cannot hang each other.
+
+Otherwise report() is a collective: every worker must call it at the same steps with the same metric names and
 ops. The packed vector carries this worker's step and a fingerprint of (step, names, ops) on its first
 replica; a sum that is not num_workers times this worker's own ends the process with exit code 70 and a
 message naming the step and names. So does a call that waits longer than the report timeout for the
@@ -32,6 +37,7 @@ import numpy as np
 
 from mwms_runtime import save_paths, writer
 from mwms_runtime.env import context, float_env
+from mwms_runtime.reduced import ReducedMetrics
 from mwms_runtime.strategy_factory import current_strategy
 
 DEFAULT_REPORT_TIMEOUT_S = 120.0
@@ -57,7 +63,7 @@ def _op_name(op: Any) -> str:
     return name
 
 
-def _ops_for(names: list[str], reduce: Any) -> dict[str, str]:
+def ops_for(names: list[str], reduce: Any) -> dict[str, str]:
     if isinstance(reduce, Mapping):
         unknown = set(reduce) - set(names)
         if unknown:
@@ -183,6 +189,12 @@ def _fingerprint(step: int, ops: dict[str, str]) -> float:
     return float(zlib.crc32(text.encode("utf-8")) & 0xFFFFFF)
 
 
+def names_fingerprint(ops: dict[str, str]) -> float:
+    """24-bit CRC of the names and ops alone (reduce_metrics does not know the step when it is traced)."""
+    text = "reduced|" + ",".join(f"{name}:{ops[name]}" for name in sorted(ops))
+    return float(zlib.crc32(text.encode("utf-8")) & 0xFFFFFF)
+
+
 def _check_agreement(header: np.ndarray, step: int, ops: dict[str, str], num_workers: int) -> None:
     """Abort unless every worker packed the same step and fingerprint (the sums are num_workers x own)."""
     expected = np.array([step, _fingerprint(step, ops)], dtype=np.float64) * num_workers
@@ -228,13 +240,73 @@ def _reduce(metrics: Mapping[str, Any], ops: dict[str, str], step: int) -> dict[
     return result
 
 
-def report(step: int, metrics: Mapping[str, Any], reduce: Any = "MEAN") -> dict[str, float]:
-    """Reduce ``metrics`` across all workers (a collective) and, on the chief, queue them for writing."""
+_chief_by_env: dict[tuple[str | None, str | None], bool] = {}
+
+
+def _is_chief() -> bool:
+    """context().is_chief, remembered per (MWMS_TASK_INDEX, TF_CONFIG): report() may run every step."""
+    key = (os.environ.get("MWMS_TASK_INDEX"), os.environ.get("TF_CONFIG"))
+    chief = _chief_by_env.get(key)
+    if chief is None:
+        chief = _chief_by_env[key] = context().is_chief
+    return chief
+
+
+def _identical_scalar(name: str, value: Any) -> float:
+    """A value the caller says is already the same on every worker, as a float (no collective)."""
+    if not _is_plain(value) and "tensorflow" in sys.modules:
+        import tensorflow as tf
+        from tensorflow.python.distribute import values as distribute_values
+
+        if isinstance(value, distribute_values.Mirrored):
+            value = value._values[0]
+        elif isinstance(value, tf.distribute.DistributedValues):
+            raise ValueError(
+                f"report(..., reduced=True) got a per-replica value for {name!r}: it differs between "
+                "replicas, so report it without reduced=True (report() then reduces it), or reduce it "
+                "first (strategy.reduce, mwms_runtime.reduce_metrics)"
+            )
+    array = np.asarray(value.numpy() if hasattr(value, "numpy") else value, dtype=np.float64)
+    if array.size != 1:
+        raise ValueError(
+            f"report(..., reduced=True) got {array.size} values for {name!r}: a reduced metric is one number"
+        )
+    return float(array.reshape(()))
+
+
+def _report_reduced(step: int, metrics: Mapping[str, Any], agreed: Any = True) -> dict[str, float]:
+    """Write values that are already identical on every worker: the chief queues them, nobody reduces."""
+    if not bool(np.asarray(agreed.numpy() if hasattr(agreed, "numpy") else agreed)):
+        names = ", ".join(sorted(metrics))
+        _abort(
+            f"mwms_runtime.report() at step {step}: the workers did not all reduce the same metric names "
+            f"and ops in reduce_metrics() (this worker reduced {names}). Every worker must call "
+            "reduce_metrics() in the same steps with the same metric names and reduce ops."
+        )
+    values = {name: _identical_scalar(name, metrics[name]) for name in sorted(metrics)}
+    if _is_chief():
+        writer.get_writer().put(writer.MetricsRecord(step=step, values=values, time=time.time()))
+    return values
+
+
+def report(
+    step: int, metrics: Mapping[str, Any] | ReducedMetrics, reduce: Any = "MEAN", reduced: bool = False
+) -> dict[str, float]:
+    """Reduce ``metrics`` across all workers (a collective) and, on the chief, queue them for writing.
+
+    Values that are already identical on every worker need no collective: a ``ReducedMetrics`` from
+    ``reduce_metrics()``, or a dict passed with ``reduced=True`` (results of ``strategy.reduce``, fit's
+    logs). Then only the chief writes them and ``reduce`` is not used; no worker waits for another.
+    """
+    if isinstance(metrics, ReducedMetrics):
+        return _report_reduced(int(step), metrics.values, metrics.agreed) if metrics.values else {}
     if not metrics:
         return {}
     step = int(step)
-    ops = _ops_for(list(metrics), reduce)
+    if reduced:
+        return _report_reduced(step, metrics)
+    ops = ops_for(list(metrics), reduce)
     values = _reduce(metrics, ops, step)
-    if context().is_chief:
+    if _is_chief():
         writer.get_writer().put(writer.MetricsRecord(step=step, values=values, time=time.time()))
     return values

@@ -2,7 +2,9 @@
 
 The training thread only enqueues; a daemon thread does all file I/O. The metrics file is the agent's
 contract: one complete line per point in the format of ``mwms.metrics_line`` (non-finite values as
-"NaN"/"Infinity"/"-Infinity"), appended and flushed, never rewritten or truncated.
+"NaN"/"Infinity"/"-Infinity"), appended and flushed, never rewritten or truncated. Records are written in
+batches (at most ``BATCH_INTERVAL_S`` late, at once on ``flush()``) so that reporting every step does not
+wake the thread every step.
 TensorBoard events are written as a TFRecord file of ``Event`` protos (public TF API, no graph ops).
 """
 
@@ -20,6 +22,9 @@ from typing import Any
 
 from mwms import metrics_line
 from mwms_runtime.env import context
+
+# How long the thread collects records before writing them: metrics reach the file at most this late.
+BATCH_INTERVAL_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,8 @@ class MetricsWriter:
                 f"mwms_runtime cannot open the metrics file {metrics_file} ({exc}); "
                 "check MWMS_METRICS_FILE / MWMS_OUTPUT_DIR and that the directory is writable"
             ) from exc
+        # Set by flush() so the thread writes at once instead of finishing its batching interval.
+        self._flush_now = threading.Event()
         self._thread = threading.Thread(target=self._run, name="mwms-metrics-writer", daemon=True)
         self._thread.start()
 
@@ -59,6 +66,7 @@ class MetricsWriter:
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every enqueued record is written; return False if the timeout ran out first."""
+        self._flush_now.set()
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._queue.all_tasks_done:
             while self._queue.unfinished_tasks:
@@ -71,28 +79,49 @@ class MetricsWriter:
     def _run(self) -> None:
         with self._out as out:
             while True:
-                record = self._queue.get()
+                batch = [self._queue.get()]
+                # Records of a step-by-step report() arrive every few milliseconds: waking for each one
+                # would take the GIL and a core from the training thread every step. Collect for a
+                # moment and write them together (one write and flush per file per batch).
+                self._flush_now.wait(BATCH_INTERVAL_S)
+                self._flush_now.clear()
+                while True:
+                    try:
+                        batch.append(self._queue.get_nowait())
+                    except queue.Empty:
+                        break
                 try:
-                    self._write_lines(out, record)
-                    self._write_events(record)
-                except Exception as exc:  # noqa: BLE001 - a failed write must not kill training
-                    self._warn("write", f"could not write metrics at step {record.step}: {exc}")
+                    self._write_batch(out, batch)
                 finally:
-                    self._queue.task_done()
+                    for _ in batch:
+                        self._queue.task_done()
 
-    def _write_lines(self, out, record: MetricsRecord) -> None:
+    def _write_batch(self, out, batch: list[MetricsRecord]) -> None:
+        lines = []
+        for record in batch:
+            lines.extend(self._lines(record))
+        try:
+            out.write("".join(lines))
+            out.flush()
+        except Exception as exc:  # noqa: BLE001 - a failed write must not kill training
+            self._warn("write", f"could not write metrics at step {batch[0].step}: {exc}")
+        try:
+            self._write_events(batch)
+        except Exception as exc:  # noqa: BLE001
+            self._warn("events", f"could not write TensorBoard events at step {batch[0].step}: {exc}")
+
+    def _lines(self, record: MetricsRecord) -> list[str]:
+        lines = []
         for name, value in record.values.items():
             try:
-                line = metrics_line.encode(name, record.step, value, record.time)
+                lines.append(metrics_line.encode(name, record.step, value, record.time))
             except metrics_line.InvalidMetricLine as problem:
                 self._warn(
                     f"name:{name[:60]}", f"metric {name[:60]!r} at step {record.step} not recorded: {problem}"
                 )
-                continue
-            out.write(line)
-            out.flush()
+        return lines
 
-    def _write_events(self, record: MetricsRecord) -> None:
+    def _write_events(self, batch: list[MetricsRecord]) -> None:
         if self.tensorboard_dir is None:
             return
         import tensorflow as tf
@@ -103,11 +132,12 @@ class MetricsWriter:
             self._events = tf.io.TFRecordWriter(os.path.join(self.tensorboard_dir, name))
             header = tf.compat.v1.Event(wall_time=time.time(), file_version="brain.Event:2")
             self._events.write(header.SerializeToString())
-        summary = tf.compat.v1.Summary(
-            value=[tf.compat.v1.Summary.Value(tag=n, simple_value=v) for n, v in record.values.items()]
-        )
-        event = tf.compat.v1.Event(wall_time=record.time, step=record.step, summary=summary)
-        self._events.write(event.SerializeToString())
+        for record in batch:
+            summary = tf.compat.v1.Summary(
+                value=[tf.compat.v1.Summary.Value(tag=n, simple_value=v) for n, v in record.values.items()]
+            )
+            event = tf.compat.v1.Event(wall_time=record.time, step=record.step, summary=summary)
+            self._events.write(event.SerializeToString())
         self._events.flush()
 
     def _warn(self, key: str, message: str) -> None:

@@ -9,10 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import mwms_runtime
-from mwms_runtime import env, reporting, save_paths
+from mwms_runtime import ReducedMetrics, env, reporting, save_paths
 from mwms_runtime.writer import MetricsRecord, MetricsWriter
 
 
@@ -132,10 +133,43 @@ def test_cleanup_never_removes_a_path_it_did_not_create(clean_env, tmp_path):
 
 def test_reduce_op_validation():
     with pytest.raises(ValueError, match="MEAN' or 'SUM"):
-        reporting._ops_for(["a"], "MAX")
+        reporting.ops_for(["a"], "MAX")
     with pytest.raises(ValueError, match="not reported"):
-        reporting._ops_for(["a"], {"b": "SUM"})
-    assert reporting._ops_for(["a", "b"], {"b": "sum"}) == {"a": "MEAN", "b": "SUM"}
+        reporting.ops_for(["a"], {"b": "SUM"})
+    assert reporting.ops_for(["a", "b"], {"b": "sum"}) == {"a": "MEAN", "b": "SUM"}
+
+
+def test_reduced_values_are_written_by_the_chief_without_a_collective(clean_env, monkeypatch):
+    records: list[MetricsRecord] = []
+
+    class RecordingWriter:
+        def put(self, record: MetricsRecord) -> None:
+            records.append(record)
+
+    def no_collective(*args, **kwargs):
+        raise AssertionError("reduced values must not start a collective")
+
+    def abort(message: str) -> None:
+        raise RuntimeError(message)
+
+    monkeypatch.setattr(reporting.writer, "get_writer", RecordingWriter)
+    monkeypatch.setattr(reporting, "_all_reduce_sum", no_collective)
+    monkeypatch.setattr(reporting, "_abort", abort)
+    # Two workers and no strategy: a per-replica report() would refuse, reduced values need none.
+    clean_env.setenv("MWMS_NUM_WORKERS", "2")
+    clean_env.setenv("MWMS_TASK_INDEX", "0")
+    values = {"a": 1, "b": np.float32(2.5), "c": np.array([[4.0]])}
+    assert mwms_runtime.report(3, values, reduced=True) == {"a": 1.0, "b": 2.5, "c": 4.0}
+    assert mwms_runtime.report(4, ReducedMetrics(values={"d": 0.5}, agreed=np.bool_(True))) == {"d": 0.5}
+    assert [(r.step, r.values) for r in records] == [(3, {"a": 1.0, "b": 2.5, "c": 4.0}), (4, {"d": 0.5})]
+
+    clean_env.setenv("MWMS_TASK_INDEX", "1")
+    assert mwms_runtime.report(5, {"a": 1.0}, reduced=True) == {"a": 1.0}
+    assert len(records) == 2  # a non-chief writes nothing
+    with pytest.raises(ValueError, match="got 2 values for 'v'"):
+        mwms_runtime.report(6, {"v": np.array([1.0, 2.0])}, reduced=True)
+    with pytest.raises(RuntimeError, match="did not all reduce the same metric names"):
+        mwms_runtime.report(7, ReducedMetrics(values={"d": 0.5}, agreed=False))
 
 
 def test_report_timeout_from_env(clean_env):

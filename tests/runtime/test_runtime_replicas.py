@@ -21,6 +21,13 @@ def test_report_and_callback_with_two_replicas_on_one_worker(tmp_path):
         "scalar_mean": 1.5,
         "scalar_sum": 3.0,
     }
+    # The same inside a tf.function; a plain tensor counts once per worker, not once per replica.
+    assert values["reduced_in_graph"] == {
+        "vector_mean": 2.5,
+        "vector_sum": 10.0,
+        "scalar_sum": 3.0,
+        "worker": 7.0,
+    }
     assert values["flushed"] is True
 
     grouped = _by_name(read_metrics(tmp_path / "metrics-0.jsonl"))

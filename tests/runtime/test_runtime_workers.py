@@ -224,3 +224,45 @@ def test_sharded_files_each_worker_reads_its_own_files(tmp_path):
     assert sorted(seen[0][0] + seen[1][0]) == [0, 1, 2, 3]
     assert not seen[0][1] & seen[1][1]
     assert float(_final(results[0].stdout)["loss"]) < 0.01
+
+
+def test_reduce_metrics_in_the_step_is_written_by_the_chief_without_a_collective(tmp_path):
+    results = run_tasks([str(PROGRAMS / "reduced_metrics.py")], tmp_path, tmp_path, num_workers=2)
+    # The program ends with the workers reducing "loss" with different ops: both stop with code 70.
+    for result in results:
+        assert result.returncode == 70, result.describe()
+        assert "report() at step 7: the workers did not all reduce the same metric names" in result.stderr
+        assert "unexpected_return" not in result.stdout
+    first, second = (_results(r.stdout) for r in results)
+    for step in (1, 2, 3):
+        values = first[f"step{step}"]
+        # The same on both workers, what the graph reduced, and what strategy.reduce gives for the loss.
+        assert second[f"step{step}"] == values
+        assert values["written"] == values["graph"]
+        assert values["written"]["loss"] == pytest.approx(values["in_graph"], rel=1e-6)
+        assert values["written"]["replica_sum"] == 3.0
+        assert values["written"]["worker_mean"] == 1.5
+        assert values["written"]["per_example_mean"] == pytest.approx(50.0 / 3)
+    for values in (first, second):
+        assert values["collectives"] == 0  # neither report() nor MetricsCallback ran report()'s collective
+        assert values["explicit"] == {"x": 2.5, "y": 7.0}
+        assert "got a per-replica value for 'p'" in values["per_replica_error"]
+        assert values["flushed"] is True
+    # Worker 0 reported step 4 alone and did not wait for worker 1.
+    assert first["one_sided"] == first["step3"]["written"] and "one_sided" not in second
+
+    assert read_metrics(tmp_path / "metrics-1.jsonl") == []
+    lines = read_metrics(tmp_path / "metrics-0.jsonl")
+    written: dict[tuple[str, int], float] = {}
+    for line in lines:  # the first of each (name, step): fit's logs later reuse "loss" at steps 1-3
+        written.setdefault((line["name"], line["step"]), line["value"])
+    for step in (1, 2, 3):
+        for name, value in first[f"step{step}"]["written"].items():
+            assert written[(name, step)] == value
+    assert written[("loss", 4)] == first["step3"]["written"]["loss"]
+    assert (written[("x", 5)], written[("y", 5)]) == (2.5, 7.0)
+    assert not any(step == 6 or step == 7 for _, step in written)
+    grouped = _by_name(lines)
+    assert [line["step"] for line in grouped["accuracy"]] == [1, 2, 3]
+    assert [line["step"] for line in grouped["epoch_loss"]] == [0]
+    assert grouped["epoch_loss"][0]["value"] == pytest.approx(grouped["loss"][-1]["value"], abs=1e-6)

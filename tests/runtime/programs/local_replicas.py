@@ -1,6 +1,6 @@
 """Test program: one process, a MirroredStrategy over two logical CPUs (two replicas on one worker).
 
-Reduces uneven per-replica values through mwms_runtime.report(), then trains with model.fit and
+Reduces uneven per-replica values through mwms_runtime.report() and reduce_metrics(), then trains with model.fit and
 steps_per_execution=3 under MetricsCallback(every_n_batches=2). Prints ``RESULT`` JSON lines.
 """
 
@@ -40,6 +40,16 @@ def main() -> None:
             reduce={"vector_sum": "SUM", "scalar_sum": "SUM"},
         )
     emit("reduced", values)
+
+    @tf.function
+    def reduce_in_graph(uneven, scalars):
+        return mwms_runtime.reduce_metrics(
+            strategy,
+            {"vector_mean": uneven, "vector_sum": uneven, "scalar_sum": scalars, "worker": tf.constant(7.0)},
+            reduce={"vector_sum": "SUM", "scalar_sum": "SUM"},
+        )
+
+    emit("reduced_in_graph", mwms_runtime.report(2, reduce_in_graph(uneven, scalars)))
 
     rng = np.random.default_rng(3)
     labels = rng.integers(0, 2, size=512)
