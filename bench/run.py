@@ -143,9 +143,12 @@ def run_scale(name: str, args: argparse.Namespace) -> dict[str, object]:
             results["coordinator_rss_mib"] = rss_mib(cluster.server.popen.pid)
             return results
         except Exception as error:  # noqa: BLE001 - a scenario that breaks is a result too
-            tail = cluster.server.log_tail(20) if cluster.server else ""
+            tail = cluster.server.log_tail(40) if cluster.server else ""
             print(f"scenario {name} failed: {type(error).__name__}: {error}\n{tail}", file=sys.stderr)
-            return results | {"error": f"{type(error).__name__}: {error}"}
+            return results | {
+                "error": f"{type(error).__name__}: {error}",
+                "coordinator_log_tail": tail[-4000:],
+            }
         finally:
             cluster.stop()
 

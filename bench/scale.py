@@ -268,6 +268,9 @@ async def scenario_ingest(
                 if k.startswith("heartbeat_rtt")
             }
             sim_tasks = sim.tasks()
+            # More tasks than jobs: the coordinator stopped some and placed their jobs again.
+            results["tasks_started"] = len(sim_tasks)
+            results["tasks_stopped"] = sum(1 for t in sim_tasks if t.stopped)
             try:
                 await wait_for(
                     lambda: all(
@@ -306,11 +309,16 @@ async def wait_until_readable(http: httpx.AsyncClient, tasks: list[Any]) -> None
     deadline = time.monotonic() + 300
     while pending and time.monotonic() < deadline:
         task = pending[0]
-        logs = await http.get(f"/api/v1/jobs/{task.job_id}/logs", params={"tail": 1}, timeout=60)
+        # This task's own lines and points: its job may have a later attempt by now.
+        logs = await http.get(
+            f"/api/v1/jobs/{task.job_id}/logs",
+            params={"tail": 1, "task": task.index, "attempt": task.attempt},
+            timeout=60,
+        )
         last_line = logs.json()["lines"][-1]["seq"] if logs.json()["lines"] else 0
         metrics = await http.get(
             f"/api/v1/jobs/{task.job_id}/metrics",
-            params={"name": "loss", "min_step": task.acked_metric_seq},
+            params={"name": "loss", "min_step": task.acked_metric_seq, "attempt": task.attempt},
             timeout=60,
         )
         last_point = metrics.json()["points"][-1]["step"] if metrics.json()["points"] else 0
@@ -319,7 +327,12 @@ async def wait_until_readable(http: httpx.AsyncClient, tasks: list[Any]) -> None
         else:
             await asyncio.sleep(0.1)
     if pending:
-        raise TimeoutError(f"{len(pending)} tasks' last lines or points are not readable after 300 s")
+        task = pending[0]
+        raise TimeoutError(
+            f"{len(pending)} tasks' last lines or points are not readable after 300 s; e.g. task {task.index} "
+            f"attempt {task.attempt} of job {task.job_id}: acked log seq {task.acked_log_seq}, "
+            f"metric seq {task.acked_metric_seq}"
+        )
 
 
 async def count_points(http: httpx.AsyncClient, task: Any) -> bool:

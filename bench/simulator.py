@@ -74,6 +74,7 @@ class SimTask:
     index: int
     port: int
     started_at: float
+    attempt: int = 0
     running_at: float | None = None
     ended_at: float | None = None
     sent_log_seq: int = 0
@@ -246,7 +247,9 @@ class SimAgent:
     async def _start(self, start: pb.StartTask) -> None:
         if start.task_id in self.history:
             return  # a resend after a reconnect
-        task = SimTask(start.task_id, start.job_id, start.task_index, start.port, time.monotonic())
+        task = SimTask(
+            start.task_id, start.job_id, start.task_index, start.port, time.monotonic(), attempt=start.attempt
+        )
         self.tasks[start.task_id] = task
         self.history[start.task_id] = task
         self._send(pb.AgentMessage(task=self._report(task)))  # STARTING
