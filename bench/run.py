@@ -214,7 +214,7 @@ def earlier_scenarios(path: Path) -> dict[str, dict[str, object]]:
     scenarios = earlier.get("scenarios") if isinstance(earlier, dict) else None
     if not isinstance(scenarios, dict):
         return {}
-    stamp = {k: earlier.get(k) for k in ("run_at", "commit", "machine")}
+    stamp = {k: earlier.get(k) for k in ("run_at", "commit", "machine", "arguments")}
     return {name: {**stamp, **figures} for name, figures in scenarios.items() if isinstance(figures, dict)}
 
 
@@ -234,6 +234,13 @@ def main() -> int:
     args = parser.parse_args()
     args.gang = args.gang or [64, 256]
     chosen = args.scenario or list(SCENARIOS)
+    # Taken at the start: the tree measured is the one the coordinators started from.
+    stamp = {
+        "run_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "commit": commit(),
+        "machine": machine(),
+        "arguments": " ".join(sys.argv[1:]),
+    }
     scenarios: dict[str, dict[str, object]] = {}
     for name in SCENARIOS:
         if name not in chosen:
@@ -244,11 +251,6 @@ def main() -> int:
         scenarios[name]["scenario_wall_s"] = time.monotonic() - started
         print(json.dumps({name: scenarios[name]}, indent=2, default=str), flush=True)
     missed = report(scenarios)
-    stamp = {
-        "run_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "commit": commit(),
-        "machine": machine(),
-    }
     for figures in scenarios.values():
         figures.update(stamp)
     results = {**stamp, "scenarios": earlier_scenarios(args.out) | scenarios, "missed_this_run": missed}
