@@ -6,6 +6,7 @@ Scenarios (--scenario, repeatable; default: all):
   - log throughput: a 2-worker job printing N lines per task, until every line is stored and readable;
   - metric throughput: a job appending N metric points, until all are readable through the API;
   - coordinator memory (RSS) after the runs.
+  jobs        the endpoints the dashboard polls with 100,000 finished jobs stored (bench/jobs_at_volume.py)
   agents, gangs, ingest  issue 10's scale scenarios with simulated agents speaking the real protocol
               (bench/scale.py, bench/simulator.py), each against a fresh coordinator.
 Targets live here, not in unit tests. Results go to bench/results.json; exit status 1 when one is missed.
@@ -31,11 +32,12 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 sys.path.insert(0, str(ROOT / "bench"))
 
+import jobs_at_volume  # noqa: E402
 import scale  # noqa: E402
 
 from cluster import Cluster, free_port, wait_until  # noqa: E402
 
-SCENARIOS = ("turnaround", "agents", "gangs", "ingest")
+SCENARIOS = ("turnaround", "agents", "gangs", "ingest", "jobs")
 # (scenario, figure, target, "<" or ">=" or "=="): the figure meets the target when `figure op target`.
 TARGETS = [
     ("turnaround", "turnaround_p50_s", 3.0, "<="),
@@ -230,6 +232,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=30, help="measurement window (agents, ingest)")
     parser.add_argument("--gang", type=int, action="append", help="gang sizes (default 64 and 256)")
     parser.add_argument("--tasks", type=int, default=50, help="streaming tasks (ingest)")
+    parser.add_argument("--jobs", type=int, default=100_000, help="finished jobs stored (jobs)")
+    parser.add_argument("--requests", type=int, default=200, help="requests per endpoint (jobs)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results.json")
     args = parser.parse_args()
     args.gang = args.gang or [64, 256]
@@ -247,10 +251,15 @@ def main() -> int:
             continue
         started = time.monotonic()
         print(f"--- {name}", file=sys.stderr, flush=True)
-        scenarios[name] = run_turnaround(args) if name == "turnaround" else run_scale(name, args)
+        if name == "turnaround":
+            scenarios[name] = run_turnaround(args)
+        elif name == "jobs":  # bench/jobs_at_volume.py prints and judges its own endpoints' targets
+            scenarios[name] = jobs_at_volume.run_scenario(args.jobs, args.requests)
+        else:
+            scenarios[name] = run_scale(name, args)
         scenarios[name]["scenario_wall_s"] = time.monotonic() - started
         print(json.dumps({name: scenarios[name]}, indent=2, default=str), flush=True)
-    missed = report(scenarios)
+    missed = report(scenarios) + [f"jobs.{m}" for m in scenarios.get("jobs", {}).get("missed", [])]  # type: ignore[union-attr]
     for figures in scenarios.values():
         figures.update(stamp)
     results = {**stamp, "scenarios": earlier_scenarios(args.out) | scenarios, "missed_this_run": missed}
