@@ -23,10 +23,12 @@ from server.api.errors import install_error_handlers
 from server.api.security_headers import SecurityHeadersMiddleware
 from server.db.engine import Database
 from server.db.migrate import upgrade_to_head
+from server.liveness import Liveness
 from server.loops import BackgroundLoops
 from server.rpc.agent_service import AgentService
 from server.rpc.auth import AgentAuthInterceptor
 from server.rpc.hub import AgentHub
+from server.rpc.ingest import TelemetryWriter
 from server.services.agents import grant_reconnect_grace
 from server.services.follows import FollowSlots
 from server.settings import Settings
@@ -60,8 +62,10 @@ def create_app(settings: Settings) -> FastAPI:
         await asyncio.to_thread(upgrade_to_head, db.engine)
         await asyncio.to_thread(_grant_reconnect_grace, db, settings)
         await asyncio.to_thread(bootstrap_admin_token, db, settings)
-        hub = AgentHub(asyncio.get_running_loop())
-        loops = BackgroundLoops(db, settings, hub)
+        hub = AgentHub(asyncio.get_running_loop(), db)
+        liveness = Liveness()
+        loops = BackgroundLoops(db, settings, hub, liveness)
+        telemetry = TelemetryWriter(db, hub.wake, loops.poke)
         grpc_server = grpc.aio.server(
             interceptors=[AgentAuthInterceptor(db)],
             options=[
@@ -73,7 +77,7 @@ def create_app(settings: Settings) -> FastAPI:
             ],
         )
         agent_pb2_grpc.add_AgentServiceServicer_to_server(
-            AgentService(db, settings, hub, loops.poke), grpc_server
+            AgentService(db, settings, hub, loops.poke, liveness, telemetry), grpc_server
         )
         bound = bind_grpc_port(grpc_server, settings)  # TLS when a certificate is configured
         if bound == 0:
@@ -82,15 +86,20 @@ def create_app(settings: Settings) -> FastAPI:
                 "pass another --grpc-port"
             )
         app.state.grpc_port = bound
+        app.state.hub, app.state.liveness, app.state.telemetry = hub, liveness, telemetry  # tests, benchmarks
         await grpc_server.start()
         app.state.runtime = Runtime(db=db, settings=settings, poke_scheduler=loops.poke, wake_agents=hub.wake)
+        hub.start()
+        telemetry.start()
         loops.start()
         log.info("coordinator ready: gRPC for agents on %s:%d", settings.grpc_host, bound)
         try:
             yield
         finally:
-            await loops.stop()
             await grpc_server.stop(grace=2)
+            await telemetry.stop()
+            await hub.stop()
+            await loops.stop()
             db.dispose()
 
     app = FastAPI(

@@ -1,4 +1,4 @@
-"""The coordinator's background loops: the scheduler and the reconciler, each one transaction a pass."""
+"""The coordinator's background loops: the scheduler, and the reconciler with the liveness flush before it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,10 @@ import logging
 
 from mwms.loop import run_every_async
 from server.db.engine import Database
+from server.liveness import Liveness
 from server.rpc.hub import AgentHub
+from server.services.agents import record_heartbeats
+from server.services.command_targets import track_command_targets
 from server.services.reconcile import reconcile
 from server.services.retention import PurgeCursor, cutoff, purge_batch
 from server.services.scheduling import schedule_pending
@@ -20,10 +23,11 @@ RETENTION_PAUSE_S = 0.05
 class BackgroundLoops:
     """Starts and stops the scheduler and reconciler; `poke()` runs the scheduler soon."""
 
-    def __init__(self, db: Database, settings: Settings, hub: AgentHub) -> None:
+    def __init__(self, db: Database, settings: Settings, hub: AgentHub, liveness: Liveness) -> None:
         self.db = db
         self.settings = settings
         self.hub = hub
+        self.liveness = liveness
         self.scheduler_wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._loop = asyncio.get_running_loop()
@@ -49,6 +53,26 @@ class BackgroundLoops:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        try:
+            await self.flush_liveness()  # a restart's grace then counts from what was last heard
+        except Exception:  # noqa: BLE001 - shutting down either way
+            log.exception("writing agent liveness at shutdown failed")
+
+    async def flush_liveness(self) -> None:
+        """Writes what the in-memory liveness saw since the last flush, in one transaction."""
+        seen = self.liveness.take()
+        if not seen:
+            return
+
+        def run() -> None:
+            with self.db.write() as session:
+                record_heartbeats(session, seen, self.settings.agent_timeout_s)
+
+        try:
+            await asyncio.to_thread(run)
+        except BaseException:
+            self.liveness.restore(seen)
+            raise
 
     async def _purge_old_telemetry(self) -> None:
         """Deletes telemetry of jobs past MWMS_TELEMETRY_RETENTION_DAYS, one short transaction a batch."""
@@ -80,13 +104,20 @@ class BackgroundLoops:
             self.hub.wake(touched)
 
     async def _reconcile(self) -> None:
-        def run() -> None:
+        # Liveness first, so the lost decision below never runs on heartbeats not written yet.
+        await self.flush_liveness()
+
+        def run() -> set[str]:
             with self.db.write() as session:
+                targets = track_command_targets(session)
                 reconcile(
                     session,
                     backoff_base_s=self.settings.restart_backoff_s,
                     default_startup_timeout_s=self.settings.startup_timeout_s,
                 )
+            return targets
 
-        await asyncio.to_thread(run)
-        self.hub.wake()
+        targets = await asyncio.to_thread(run)
+        if targets:
+            self.hub.wake(targets)
+            self.poke()  # ended attempts may restart

@@ -19,12 +19,15 @@ from mwms.v1 import agent_pb2 as pb
 from mwms.v1 import agent_pb2_grpc
 from server.db.engine import Database
 from server.errors import InvalidInput
+from server.liveness import Liveness
 from server.rpc import convert
 from server.rpc.agent_stream import AgentStream
 from server.rpc.auth import authenticated_agent_id, presented_credential
 from server.rpc.hub import AgentHub
+from server.rpc.ingest import TelemetryWriter
 from server.services import agent_auth, files
 from server.services.bundles import CHUNK
+from server.services.command_targets import track_command_targets
 from server.services.uploads import UploadSpool
 from server.settings import Settings
 
@@ -35,17 +38,36 @@ UPLOAD_KINDS = (pb.FILE_KIND_ARTIFACTS, pb.FILE_KIND_CHECKPOINT)
 
 class AgentService(agent_pb2_grpc.AgentServiceServicer):
     def __init__(
-        self, db: Database, settings: Settings, hub: AgentHub, on_change: Callable[[], None]
+        self,
+        db: Database,
+        settings: Settings,
+        hub: AgentHub,
+        on_change: Callable[[], None],
+        liveness: Liveness,
+        telemetry: TelemetryWriter,
     ) -> None:
         self.db = db
         self.settings = settings
         self.hub = hub
         self.on_change = on_change  # wakes the scheduler when task states changed
+        self.liveness = liveness
+        self.telemetry = telemetry
 
     async def _write(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         def run() -> T:
             with self.db.write() as session:
                 return fn(session, *args, **kwargs)
+
+        return await asyncio.to_thread(run)
+
+    async def write_tracked(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> tuple[T, set[str]]:
+        """`fn` in a write transaction; also returns the agents it gave commands to (to wake them)."""
+
+        def run() -> tuple[T, set[str]]:
+            with self.db.write() as session:
+                targets = track_command_targets(session)
+                result = fn(session, *args, **kwargs)
+            return result, targets
 
         return await asyncio.to_thread(run)
 

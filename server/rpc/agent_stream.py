@@ -1,4 +1,9 @@
-"""One agent's Connect stream: a reader applying its messages and a dispatcher sending commands.
+"""One agent's Connect stream: a reader applying its messages; commands arrive from the hub (server/rpc/hub.py).
+
+Every message marks the agent alive in memory (server/liveness.py); a heartbeat is answered at once and
+writes nothing. Log and metric batches go through the shared telemetry writer (server/rpc/ingest.py)
+and are acknowledged once committed. Hellos and task reports are one transaction each; the agents their
+changes give commands to are woken, and only those.
 
 A message that cannot be applied never ends the stream (which would make the agent reconnect and resend
 it forever): a log or metric batch is acknowledged with what was refused and why, so the agent drops it;
@@ -16,12 +21,11 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from mwms.v1 import agent_pb2 as pb
-from server.errors import DomainError, Unauthenticated
+from server.errors import DomainError
 from server.poison import contain, count_poison, is_transient
 from server.rpc import convert
 from server.rpc.status import grpc_status
 from server.services import agent_messages
-from server.services.agents import get_agent
 from server.services.telemetry import StoreOutcome
 
 if TYPE_CHECKING:
@@ -31,6 +35,8 @@ log = logging.getLogger("mwms.server.rpc")
 HEARTBEAT_ACK = pb.CoordinatorMessage(ack=pb.Ack())
 # gRPC's default max_receive_message_length, which the agents' channel keeps (worker_agent/channel.py).
 AGENT_RECEIVE_LIMIT_BYTES = 4 * 1024 * 1024
+# Batches of one stream being stored at once; past it the reader waits (backpressure on the agent).
+MAX_UNACKED_BATCHES = 32
 
 
 class AgentStream:
@@ -43,7 +49,15 @@ class AgentStream:
         self.settings = service.settings
         self.sent_starts: set[str] = set()
         self.sent_stops: set[str] = set()
+        self.ready = False  # commands flow once the agent said hello (it then knows what it runs)
         self.write_lock = asyncio.Lock()
+        self._deliver_lock = asyncio.Lock()
+        # Batches handed to the telemetry writer, acknowledged in order once committed; the reader reads
+        # on meanwhile, so a heartbeat never waits behind this agent's own logs and metrics.
+        self._unacked: asyncio.Queue[tuple[pb.AgentMessage, str, asyncio.Future[StoreOutcome]] | None] = (
+            asyncio.Queue()
+        )
+        self._unacked_slots = asyncio.Semaphore(MAX_UNACKED_BATCHES)
         self._closed = asyncio.Event()
         self._close_reason = ""
 
@@ -58,24 +72,27 @@ class AgentStream:
 
     async def run(self) -> None:
         hub = self.service.hub
-        self.wake = hub.attach(self.agent_id, self)
-        self.dispatcher: asyncio.Task[None] | None = None
+        hub.attach(self.agent_id, self)
         reader = asyncio.create_task(self._read())
+        acker = asyncio.create_task(self._acknowledge())
         closing = asyncio.create_task(self._closed.wait())
         try:
-            await asyncio.wait({reader, closing}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({reader, acker, closing}, return_when=asyncio.FIRST_COMPLETED)
             if reader.done():
                 reader.result()  # the agent ended the stream, or a message could not be applied
-            else:
+                # Batches read before the end are still acknowledged, or end the stream with their error.
+                self._unacked.put_nowait(None)
+                await asyncio.wait({acker, closing}, return_when=asyncio.FIRST_COMPLETED)
+            if acker.done():
+                acker.result()  # a batch could not be stored: the database is in trouble, or the agent removed
+            elif closing.done():
                 log.warning("closing the stream of agent %s: %s", self.agent_id, self._close_reason)
                 await self.context.abort(grpc.StatusCode.UNAUTHENTICATED, self._close_reason)
         except DomainError as error:
             await self.context.abort(grpc_status(error), str(error))
         finally:
             hub.detach(self.agent_id, self)
-            for task in (reader, closing, self.dispatcher):
-                if task is None:
-                    continue
+            for task in (reader, acker, closing):
                 task.cancel()  # a no-op for a finished task, whose outcome the await below collects
                 try:
                     await task
@@ -90,6 +107,7 @@ class AgentStream:
             if not self.service.hub.is_current(self.agent_id, self):
                 log.warning("agent %s opened a newer stream; closing this one", self.agent_id)
                 return
+            self.service.liveness.seen(self.agent_id)  # any message proves the agent alive
             body = message.WhichOneof("body")
             try:
                 await self._apply(message, body)
@@ -102,9 +120,8 @@ class AgentStream:
 
     async def _apply(self, message: pb.AgentMessage, body: str | None) -> None:
         settings = self.settings
-        write = self.service._write
+        service = self.service
         if body == "heartbeat":
-            await write(agent_messages.accept_heartbeat, self.agent_id, timeout_s=settings.agent_timeout_s)
             await self.send(HEARTBEAT_ACK)  # lets the agent tell a live stream from a dead one
         elif body == "hello":
             if message.hello.agent_id and message.hello.agent_id != self.agent_id:
@@ -113,7 +130,7 @@ class AgentStream:
                 )
             reports = [r for r in map(convert.task_report, message.hello.tasks) if r is not None]
             try:
-                replies = await write(
+                replies = await service.write_tracked(
                     agent_messages.accept_hello,
                     self.agent_id,
                     reports,
@@ -124,13 +141,13 @@ class AgentStream:
                 # Commands flow once the agent said what it already runs, even after a hello that failed.
                 self.sent_starts.clear()
                 self.sent_stops.clear()
-                if self.dispatcher is None:
-                    self.dispatcher = asyncio.create_task(self._dispatch(self.wake))
+                self.ready = True
+                service.hub.wake([self.agent_id])
             await self._reply(replies)
         elif body == "task":
             report = convert.task_report(message.task)
             if report is not None:
-                replies = await write(
+                replies = await service.write_tracked(
                     agent_messages.accept_report,
                     self.agent_id,
                     report,
@@ -138,26 +155,42 @@ class AgentStream:
                 )
                 await self._reply(replies)
         elif body == "logs":
-            stored = await write(
-                agent_messages.accept_logs,
-                self.agent_id,
-                message.logs.task_id,
-                convert.log_lines(message.logs),
-                timeout_s=settings.agent_timeout_s,
+            batch = message.logs
+            lines = convert.log_lines(batch)
+            store = service.telemetry.submit(
+                agent_messages.TelemetryBatch(self.agent_id, batch.task_id, lines=lines)
             )
-            await self.send(convert.ack(message.logs.task_id, log_seq=stored.acked_seq, stored=stored))
+            self._unacked.put_nowait((message, body, store))
         elif body == "metrics":
-            stored = await write(
-                agent_messages.accept_metrics,
-                self.agent_id,
-                message.metrics.task_id,
-                convert.metric_points(message.metrics),
-                timeout_s=settings.agent_timeout_s,
+            points = convert.metric_points(message.metrics)
+            await self._unacked_slots.acquire()
+            store = service.telemetry.submit(
+                agent_messages.TelemetryBatch(self.agent_id, message.metrics.task_id, points=points)
             )
-            await self.send(convert.ack(message.metrics.task_id, metric_seq=stored.acked_seq, stored=stored))
-            if stored.changed:
-                self.service.on_change()
-                self.service.hub.wake()
+            self._unacked.put_nowait((message, body, store))
+
+    async def _acknowledge(self) -> None:
+        """Acknowledges stored batches in the order they came; a batch that could not be stored is
+        refused (the agent drops it), unless the database is in trouble or the agent was removed."""
+        while (item := await self._unacked.get()) is not None:
+            message, body, store = item
+            try:
+                stored = await store
+            except (DomainError, asyncio.CancelledError):
+                raise
+            except Exception as error:  # noqa: BLE001 - one bad batch must not end the stream
+                if is_transient(error):
+                    raise  # the agent resends once it reconnects
+                self._unacked_slots.release()
+                await self._refuse(message, body)
+                continue
+            self._unacked_slots.release()
+            if body == "logs":
+                await self.send(convert.ack(message.logs.task_id, log_seq=stored.acked_seq, stored=stored))
+            else:
+                await self.send(
+                    convert.ack(message.metrics.task_id, metric_seq=stored.acked_seq, stored=stored)
+                )
 
     async def _refuse(self, message: pb.AgentMessage, body: str | None) -> None:
         """Contains a message that could not be applied: a batch is acknowledged as refused, so the agent
@@ -174,52 +207,35 @@ class AgentStream:
             refused = StoreOutcome(max((x.seq for x in points.points), default=0), len(points.points), reason)
             await self.send(convert.ack(points.task_id, metric_seq=refused.acked_seq, stored=refused))
 
-    async def _reply(self, replies: agent_messages.Replies) -> None:
-        for task_id in replies.final_acks:
+    async def _reply(self, replies: tuple[agent_messages.Replies, set[str]]) -> None:
+        answer, targets = replies
+        for task_id in answer.final_acks:
             await self.send(convert.ack(task_id, final_state=True))
-        for task_id in replies.stop_ids:
+        for task_id in answer.stop_ids:
             await self.send(convert.stop_unknown(task_id, self.settings.stop_grace_s))
-        if replies.changed:
+        if answer.changed:
             self.service.on_change()
-            self.service.hub.wake()
+        if targets:
+            self.service.hub.wake(targets)
 
-    async def _dispatch(self, wake: asyncio.Event) -> None:
-        """Sends start and stop commands the database asks for; woken on changes, else every second.
-
-        A failing pass (database trouble) is logged and retried: a dead dispatcher would leave a
-        healthy-looking agent that never gets commands. Ends when a newer stream of the agent took over,
-        and ends the stream when the agent was removed (a wake-up after the removal makes that immediate).
-        """
-        while self.service.hub.is_current(self.agent_id, self):
-            wake.clear()  # before the pass, so a wake-up during it is not lost
-            try:
-                await self._send_pending()
-            except asyncio.CancelledError:
-                raise
-            except grpc.RpcError:
-                return  # the stream is gone; the reader ends the session
-            except Unauthenticated as refusal:
-                self.close(str(refusal))
-                return
-            except Exception:  # noqa: BLE001 - keep dispatching whatever one pass hit
-                log.exception("dispatching commands to agent %s failed; retrying", self.agent_id)
-            try:
-                await asyncio.wait_for(wake.wait(), timeout=1.0)
-            except TimeoutError:
-                pass
-
-    async def _send_pending(self) -> None:
-        starts, stops = await asyncio.to_thread(self._pending)
-        for task, job in starts:
-            if task.id not in self.sent_starts:
-                self.sent_starts.add(task.id)
-                command = await self._start_command(task, job)
-                if command is not None:
-                    await self.send(command)
-        for task in stops:
-            if task.id not in self.sent_stops:
-                self.sent_stops.add(task.id)
-                await self.send(convert.stop_task(task, self.settings.stop_grace_s))
+    async def deliver(self, commands: agent_messages.Commands) -> None:
+        """Sends the start and stop commands not sent on this stream yet (called by the hub)."""
+        try:
+            async with self._deliver_lock:  # keeps one pass's starts ahead of a later pass's stops
+                for task, job in commands.starts:
+                    if task.id not in self.sent_starts:
+                        self.sent_starts.add(task.id)
+                        command = await self._start_command(task, job)
+                        if command is not None:
+                            await self.send(command)
+                for task in commands.stops:
+                    if task.id not in self.sent_stops:
+                        self.sent_stops.add(task.id)
+                        await self.send(convert.stop_task(task, self.settings.stop_grace_s))
+        except grpc.RpcError:
+            pass  # the stream is gone; its reader ends the session and the next hello asks again
+        except Exception:  # noqa: BLE001 - one agent's trouble must not reach the hub
+            log.exception("sending commands to agent %s failed", self.agent_id)
 
     async def _start_command(self, task: Any, job: Any) -> pb.CoordinatorMessage | None:
         """The StartTask for `task`, or None when its job's row cannot make one (the job is failed)."""
@@ -240,12 +256,9 @@ class AgentStream:
                 f"{AGENT_RECEIVE_LIMIT_BYTES} bytes: make env and command smaller"
             )
             log.warning("task %s of job %s: %s", task.id, job.id, reason)
-        if await self.service._write(agent_messages.refuse_start, task.id, reason):
+        changed, targets = await self.service.write_tracked(agent_messages.refuse_start, task.id, reason)
+        if changed:
             self.service.on_change()
-            self.service.hub.wake()
+        if targets:
+            self.service.hub.wake(targets)
         return None
-
-    def _pending(self) -> tuple[list[Any], list[Any]]:
-        with self.service.db.read() as session:
-            get_agent(session, self.agent_id)  # Unauthenticated once an admin removed the agent
-            return agent_messages.pending_commands(session, self.agent_id)

@@ -1,34 +1,58 @@
-"""In-memory wake-ups for connected agent sessions; the database stays the source of truth."""
+"""Connected agent sessions, and the one dispatcher that pushes their start and stop commands.
+
+The database stays the source of truth: `wake(agent_ids)` marks agents whose commands may have changed
+(the scheduler's placements, a transaction's stops, a hello); one dispatcher task reads the commands of
+all marked agents in a fixed number of queries and hands each session its own. `wake(None)` (a REST
+route's stop or removal) marks every connected agent, still one read. A slow sweep over every connected
+agent every `sweep_interval_s` is the safety net; sessions remember what they sent, so nothing is sent
+twice. A session whose agent was removed is closed by the pass that finds it.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterable
+from typing import Protocol
+
+from server.db.engine import Database
+from server.services import agent_messages
+
+log = logging.getLogger("mwms.server.rpc")
+
+
+class CommandSink(Protocol):
+    """What the hub needs of an agent's session (server/rpc/agent_stream.py)."""
+
+    ready: bool  # the agent said hello, so it knows what it runs: commands may flow
+
+    async def deliver(self, commands: agent_messages.Commands) -> None: ...
+
+    def close(self, reason: str) -> None: ...
 
 
 class AgentHub:
-    """Knows which agents have a live session and wakes their dispatchers when work may be waiting.
+    """Knows which agents have a live session and pushes commands to the ones a change concerns."""
 
-    A session also ends itself when a wake-up finds its agent removed (AgentStream._dispatch): the removal
-    is in the database, and the REST route wakes every session after it.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, db: Database, sweep_interval_s: float = 30.0) -> None:
         self._loop = loop
-        self._events: dict[str, asyncio.Event] = {}
-        self._owners: dict[str, object] = {}
+        self._db = db
+        self._sweep_interval_s = sweep_interval_s
+        self._owners: dict[str, CommandSink] = {}
+        self._marked: set[str] = set()
+        self._mark_all = False
+        self._work = asyncio.Event()
+        self._deliveries: set[asyncio.Task[None]] = set()
+        self._runner: asyncio.Task[None] | None = None
+        self.passes = 0  # dispatcher passes that read the database (tests, benchmarks)
 
-    def attach(self, agent_id: str, owner: object) -> asyncio.Event:
-        """Registers a session as the agent's current one; returns its wake event."""
+    def attach(self, agent_id: str, owner: CommandSink) -> None:
+        """Registers a session as the agent's current one."""
         self._owners[agent_id] = owner
-        event = asyncio.Event()
-        self._events[agent_id] = event
-        return event
 
     def detach(self, agent_id: str, owner: object) -> None:
         if self._owners.get(agent_id) is owner:
             del self._owners[agent_id]
-            del self._events[agent_id]
 
     def is_current(self, agent_id: str, owner: object) -> bool:
         return self._owners.get(agent_id) is owner
@@ -37,18 +61,79 @@ class AgentHub:
         return set(self._owners)
 
     def wake(self, agent_ids: Iterable[str] | None = None) -> None:
-        """Wakes the given agents' sessions (all when None); safe to call from any thread."""
-        ids = list(agent_ids) if agent_ids is not None else None
+        """Pushes the pending commands of the given agents (every connected one when None); any thread."""
+        ids = None if agent_ids is None else list(agent_ids)
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
             running = None
         if running is self._loop:
-            self._wake_now(ids)
+            self._mark(ids)
         else:
-            self._loop.call_soon_threadsafe(self._wake_now, ids)
+            self._loop.call_soon_threadsafe(self._mark, ids)
 
-    def _wake_now(self, ids: list[str] | None) -> None:
-        for agent_id, event in self._events.items():
-            if ids is None or agent_id in ids:
-                event.set()
+    def _mark(self, ids: list[str] | None) -> None:
+        if ids is None:
+            self._mark_all = True
+        elif not ids:
+            return
+        else:
+            self._marked.update(ids)
+        self._work.set()
+
+    def start(self) -> None:
+        self._runner = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        tasks = [t for t in (self._runner, *self._deliveries) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._work.wait(), timeout=self._sweep_interval_s)
+            except TimeoutError:
+                self._mark_all = True  # the safety sweep
+            self._work.clear()
+            marked, self._marked = self._marked, set()
+            every, self._mark_all = self._mark_all, False
+            targets = sorted(
+                agent_id
+                for agent_id, owner in self._owners.items()
+                if owner.ready and (every or agent_id in marked)
+            )
+            if not targets:
+                continue
+            try:
+                await self.dispatch(targets)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - a dead dispatcher would leave every agent without commands
+                log.exception("dispatching commands to %d agent(s) failed; retrying", len(targets))
+                self._marked.update(targets)
+                self._work.set()
+                await asyncio.sleep(1.0)
+
+    async def dispatch(self, agent_ids: list[str]) -> None:
+        """One pass: reads the commands of `agent_ids` and hands each current session its own."""
+
+        def read() -> agent_messages.PendingCommands:
+            with self._db.read() as session:
+                return agent_messages.pending_commands(session, agent_ids)
+
+        pending = await asyncio.to_thread(read)
+        self.passes += 1
+        for agent_id, reason in pending.refused.items():
+            owner = self._owners.get(agent_id)
+            if owner is not None:
+                owner.close(reason)
+        for agent_id, commands in pending.by_agent.items():
+            owner = self._owners.get(agent_id)
+            if owner is None or not owner.ready:
+                continue  # gone meanwhile: its next hello asks again
+            # Each session sends on its own task, so one slow agent never holds up the others' commands.
+            delivery = asyncio.create_task(owner.deliver(commands))
+            self._deliveries.add(delivery)
+            delivery.add_done_callback(self._deliveries.discard)

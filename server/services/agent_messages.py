@@ -1,4 +1,7 @@
-"""What the coordinator does with each kind of message on an agent's session, one transaction each.
+"""What the coordinator does with each kind of message on an agent's session, and the commands it holds.
+
+Hellos and task reports are one transaction each; log and metric batches of many agents share one
+(accept_telemetry); heartbeats write nothing here (server/liveness.py).
 
 Items of a message are contained on their own: a task report of a Hello that cannot be applied is
 skipped (server.poison), a log line or metric point that cannot be stored is refused with a reason in the
@@ -10,10 +13,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
-from server.db.models import Job, Task, utcnow
-from server.poison import isolated
+from server.db.models import Agent, Job, Task, utcnow
+from server.poison import is_transient, isolated
 from server.services.agents import get_agent, touch_agent
 from server.services.jobs import end_job, fail_on_nan_metric
 from server.services.tasks import (
@@ -22,8 +26,6 @@ from server.services.tasks import (
     active_tasks_on_agent,
     apply_report,
     mark_task_lost,
-    tasks_to_start,
-    tasks_to_stop,
 )
 from server.services.telemetry import (
     IncomingLine,
@@ -32,7 +34,7 @@ from server.services.telemetry import (
     store_log_lines,
     store_metric_points,
 )
-from server.states import JobState
+from server.states import JobState, TaskState
 
 log = logging.getLogger("mwms.server.agent_messages")
 
@@ -88,18 +90,46 @@ def accept_report(session: Session, agent_id: str, report: TaskReport, *, backof
     return replies
 
 
-def accept_heartbeat(session: Session, agent_id: str, *, timeout_s: float) -> None:
-    touch_agent(get_agent(session, agent_id), timeout_s)
+@dataclass(frozen=True)
+class TelemetryBatch:
+    """One LogBatch or MetricBatch from an agent's stream, as the telemetry writer queues it."""
+
+    agent_id: str
+    task_id: str
+    lines: list[IncomingLine] | None = None
+    points: list[IncomingPoint] | None = None
 
 
-def accept_logs(
-    session: Session, agent_id: str, task_id: str, lines: list[IncomingLine], *, timeout_s: float
-) -> StoreOutcome:
+def accept_telemetry(session: Session, batches: list[TelemetryBatch]) -> list[StoreOutcome | Exception]:
+    """Stores log and metric batches of many agents in one transaction, each in a savepoint of its own.
+
+    A batch that cannot be applied gets its exception as its outcome (its stream refuses it, or ends
+    when its agent was removed); the others are stored. A database that cannot be written at all
+    (a transient error) fails the whole call, so every agent resends.
+    """
+    outcomes: list[StoreOutcome | Exception] = []
+    for batch in batches:
+        try:
+            with session.begin_nested():
+                if batch.lines is not None:
+                    outcomes.append(accept_logs(session, batch.agent_id, batch.task_id, batch.lines))
+                else:
+                    outcomes.append(
+                        accept_metrics(session, batch.agent_id, batch.task_id, batch.points or [])
+                    )
+        except Exception as error:  # noqa: BLE001 - one batch must not fail the others
+            if is_transient(error):
+                raise
+            outcomes.append(error)
+    return outcomes
+
+
+def accept_logs(session: Session, agent_id: str, task_id: str, lines: list[IncomingLine]) -> StoreOutcome:
     """Stores a batch of log lines; all of them are acknowledged (even for unknown tasks).
 
-    Any message proves the agent alive, so a long backlog cannot make a busy agent look lost.
+    Liveness is not written here: every message marks its agent alive in memory (server/liveness.py).
     """
-    touch_agent(get_agent(session, agent_id), timeout_s)
+    get_agent(session, agent_id)  # Unauthenticated once an admin removed the agent
     task = session.get(Task, task_id)
     if task is None or task.agent_id != agent_id:
         return StoreOutcome(acked_seq=max((line.seq for line in lines), default=0))
@@ -107,10 +137,10 @@ def accept_logs(
 
 
 def accept_metrics(
-    session: Session, agent_id: str, task_id: str, points: list[IncomingPoint], *, timeout_s: float
+    session: Session, agent_id: str, task_id: str, points: list[IncomingPoint]
 ) -> StoreOutcome:
     """Stores a batch of metric points; a NaN of a restart.fail_on_nan metric fails the job."""
-    touch_agent(get_agent(session, agent_id), timeout_s)
+    get_agent(session, agent_id)
     task = session.get(Task, task_id)
     if task is None or task.agent_id != agent_id:
         return StoreOutcome(acked_seq=max((p.seq for p in points), default=0))
@@ -134,6 +164,58 @@ def refuse_start(session: Session, task_id: str, reason: str) -> bool:
     return True
 
 
-def pending_commands(session: Session, agent_id: str) -> tuple[list[tuple[Task, Job]], list[Task]]:
-    """(tasks to start, tasks to stop) on this agent, as the database says now."""
-    return tasks_to_start(session, agent_id), tasks_to_stop(session, agent_id)
+@dataclass
+class Commands:
+    """What one agent must be told now: tasks to start (with their jobs) and tasks to stop."""
+
+    starts: list[tuple[Task, Job]] = field(default_factory=list)
+    stops: list[Task] = field(default_factory=list)
+
+
+@dataclass
+class PendingCommands:
+    """Commands per agent, and agents whose sessions must end (removed by an admin, or unknown)."""
+
+    by_agent: dict[str, Commands] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)  # agent id -> why its session ends
+
+
+def pending_commands(session: Session, agent_ids: list[str]) -> PendingCommands:
+    """The start and stop commands the database holds for `agent_ids`, in a fixed number of queries."""
+    result = PendingCommands()
+    if not agent_ids:
+        return result
+    agents = {a.id: a for a in session.scalars(select(Agent).where(Agent.id.in_(agent_ids))).all()}
+    for agent_id in agent_ids:
+        agent = agents.get(agent_id)
+        if agent is None:
+            result.refused[agent_id] = f"no agent with id {agent_id}; the agent must register again"
+        elif agent.removed_at is not None:
+            result.refused[agent_id] = f"agent {agent.name!r} was removed by an admin; its credential is void"
+    live = [a for a in agent_ids if a not in result.refused]
+    if not live:
+        return result
+    # The same rules as services.tasks.tasks_to_start / tasks_to_stop, for many agents at once.
+    starts = session.execute(
+        select(Task, Job)
+        .join(Job, Job.id == Task.job_id)
+        .where(
+            Task.agent_id.in_(live), Task.state == TaskState.ASSIGNED.value, Task.stop_requested.is_(False)
+        )
+        .order_by(Task.created_at, Task.index)
+    ).all()
+    for task, job in starts:
+        result.by_agent.setdefault(task.agent_id, Commands()).starts.append((task, job))
+    open_states = [s.value for s in TaskState if not s.terminal]
+    stops = session.scalars(
+        select(Task).where(
+            Task.agent_id.in_(live),
+            or_(
+                and_(Task.stop_requested.is_(True), Task.state.in_(open_states)),
+                Task.state == TaskState.LOST.value,
+            ),
+        )
+    ).all()
+    for task in stops:
+        result.by_agent.setdefault(task.agent_id, Commands()).stops.append(task)
+    return result

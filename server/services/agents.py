@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Table, bindparam, or_, select, update
 from sqlalchemy.orm import Session
 
 from server.db.models import Agent, Task, utcnow
@@ -124,6 +124,34 @@ def touch_agent(agent: Agent, timeout_s: float, now: datetime | None = None) -> 
     agent.last_heartbeat_at = now
     agent.online_until = now + timedelta(seconds=timeout_s)
     agent.lost_at = None
+
+
+def record_heartbeats(session: Session, seen: dict[str, datetime], timeout_s: float) -> None:
+    """Writes what the in-memory liveness saw (server/liveness.py) in one statement: each agent stays
+    online for `timeout_s` after it was last heard from, as `touch_agent` does; removed agents stay removed,
+    and a newer time already written (a registration, a hello) is kept.
+    """
+    if not seen:
+        return
+    table = Agent.__table__
+    assert isinstance(table, Table)
+    statement = (
+        update(table)
+        .where(
+            table.c.id == bindparam("agent_id"),
+            table.c.removed_at.is_(None),
+            # A registration or hello written meanwhile is newer: never move liveness backwards.
+            or_(table.c.last_heartbeat_at.is_(None), table.c.last_heartbeat_at < bindparam("seen_at")),
+        )
+        .values(
+            last_heartbeat_at=bindparam("seen_at"),
+            online_until=bindparam("until"),
+            lost_at=None,
+        )
+    )
+    timeout = timedelta(seconds=timeout_s)
+    rows = [{"agent_id": agent_id, "seen_at": at, "until": at + timeout} for agent_id, at in seen.items()]
+    session.connection().execute(statement, rows)
 
 
 def get_agent(session: Session, agent_id: str) -> Agent:

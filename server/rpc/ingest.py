@@ -1,0 +1,106 @@
+"""One writer for the log and metric batches of every agent's stream: few transactions, acks after commit.
+
+Streams queue their batches (`submit`) and acknowledge each once its future resolves; the writer takes whatever has queued (up to
+MAX_ITEMS_PER_TRANSACTION lines and points) and stores it in one transaction
+(services.agent_messages.accept_telemetry), then resolves each batch's future, so the stream
+acknowledges only what is committed. Exactly-once holds through the unique (task_id, seq) constraints:
+a resend after a lost ack inserts nothing. Heartbeats never queue here (server/liveness.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from server.db.engine import Database
+from server.services.agent_messages import TelemetryBatch, accept_telemetry
+from server.services.command_targets import track_command_targets
+from server.services.telemetry import StoreOutcome
+
+log = logging.getLogger("mwms.server.rpc")
+# Bounds one transaction, so a burst is committed (and acknowledged) in steps the agents can see.
+MAX_ITEMS_PER_TRANSACTION = 50_000
+
+
+@dataclass
+class _Queued:
+    batch: TelemetryBatch
+    size: int
+    done: asyncio.Future[StoreOutcome]
+
+
+class TelemetryWriter:
+    """Groups queued batches into transactions; `store()` returns a batch's outcome once committed."""
+
+    def __init__(
+        self,
+        db: Database,
+        wake_agents: Callable[[Iterable[str]], None],
+        on_change: Callable[[], None],
+    ) -> None:
+        self._db = db
+        self._wake_agents = wake_agents
+        self._on_change = on_change
+        self._queue: asyncio.Queue[_Queued] = asyncio.Queue()
+        self._runner: asyncio.Task[None] | None = None
+        self.transactions = 0  # committed transactions (tests, benchmarks)
+
+    def start(self) -> None:
+        self._runner = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            self._runner.cancel()
+            await asyncio.gather(self._runner, return_exceptions=True)
+        while not self._queue.empty():
+            self._queue.get_nowait().done.cancel()
+
+    def submit(self, batch: TelemetryBatch) -> asyncio.Future[StoreOutcome]:
+        """Queues `batch`; the future holds its outcome once committed, or what storing it raised."""
+        size = len(batch.lines) if batch.lines is not None else len(batch.points or [])
+        done: asyncio.Future[StoreOutcome] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(_Queued(batch, size, done))
+        return done
+
+    async def _run(self) -> None:
+        while True:
+            group = [await self._queue.get()]
+            items = group[0].size
+            while items < MAX_ITEMS_PER_TRANSACTION and not self._queue.empty():
+                queued = self._queue.get_nowait()
+                group.append(queued)
+                items += queued.size
+            group = [q for q in group if not q.done.cancelled()]  # streams that ended meanwhile
+            if not group:
+                continue
+            try:
+                outcomes, targets = await asyncio.to_thread(self._write, [q.batch for q in group])
+            except asyncio.CancelledError:
+                for queued in group:
+                    queued.done.cancel()
+                raise
+            except Exception as error:  # noqa: BLE001 - each stream decides (a transient error ends it)
+                for queued in group:
+                    if not queued.done.done():
+                        queued.done.set_exception(error)
+                continue
+            self.transactions += 1
+            for queued, outcome in zip(group, outcomes, strict=True):
+                if queued.done.done():
+                    continue
+                if isinstance(outcome, Exception):
+                    queued.done.set_exception(outcome)
+                else:
+                    queued.done.set_result(outcome)
+            if any(isinstance(o, StoreOutcome) and o.changed for o in outcomes):
+                self._on_change()
+            if targets:
+                self._wake_agents(targets)
+
+    def _write(self, batches: list[TelemetryBatch]) -> tuple[list[StoreOutcome | Exception], set[str]]:
+        with self._db.write() as session:
+            targets = track_command_targets(session)
+            outcomes = accept_telemetry(session, batches)
+        return outcomes, targets
