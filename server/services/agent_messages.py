@@ -195,7 +195,8 @@ def pending_commands(session: Session, agent_ids: list[str]) -> PendingCommands:
     live = [a for a in agent_ids if a not in result.refused]
     if not live:
         return result
-    # The same rules as services.tasks.tasks_to_start / tasks_to_stop, for many agents at once.
+    # Starts: tasks placed on the agent and not asked to stop. Stops: tasks asked to stop and not known to
+    # have ended, or LOST (a cut-off agent may still run them; its STOPPED or "not running" closes them).
     starts = session.execute(
         select(Task, Job)
         .join(Job, Job.id == Task.job_id)

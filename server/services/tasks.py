@@ -6,7 +6,7 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from server.db.models import Agent, Attempt, Job, Task, utcnow
@@ -175,39 +175,6 @@ def mark_task_lost(
         return
     transition_task(session, task, TaskState.LOST, why, now)
     _after_task_change(session, agent, task, backoff_base_s, now)
-
-
-def tasks_to_start(session: Session, agent_id: str) -> list[tuple[Task, Job]]:
-    """Tasks placed on this agent whose start command it must get."""
-    rows = session.execute(
-        select(Task, Job)
-        .join(Job, Job.id == Task.job_id)
-        .where(
-            Task.agent_id == agent_id, Task.state == TaskState.ASSIGNED.value, Task.stop_requested.is_(False)
-        )
-        .order_by(Task.created_at, Task.index)
-    ).all()
-    return [(task, job) for task, job in rows]
-
-
-def tasks_to_stop(session: Session, agent_id: str) -> list[Task]:
-    """Tasks on this agent that must be stopped: asked to stop and not known to have ended, or LOST.
-
-    A LOST task may still run on an agent that was only cut off; the agent confirms with STOPPED
-    (or "not running on this agent"), which closes the record.
-    """
-    open_states = [s.value for s in TaskState if not s.terminal]
-    return list(
-        session.scalars(
-            select(Task).where(
-                Task.agent_id == agent_id,
-                or_(
-                    and_(Task.stop_requested.is_(True), Task.state.in_(open_states)),
-                    Task.state == TaskState.LOST.value,
-                ),
-            )
-        ).all()
-    )
 
 
 def active_tasks_on_agent(session: Session, agent_id: str) -> list[Task]:
