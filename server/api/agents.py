@@ -45,9 +45,7 @@ def overview(session: ReadSession) -> Overview:
     # Only the live states are counted: a range of ix_jobs_state_created_id, however many jobs finished.
     live = [s.value for s in (JobState.RUNNING, JobState.SCHEDULED, JobState.PENDING, JobState.RESTARTING)]
     counts = dict(
-        session.execute(select(Job.state, func.count()).where(Job.state.in_(live)).group_by(Job.state))
-        .tuples()
-        .all()
+        session.execute(select(Job.state, func.count()).where(Job.state.in_(live)).group_by(Job.state)).all()
     )
     return Overview(
         agents_online=len(online),

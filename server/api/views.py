@@ -33,7 +33,7 @@ def agent_names(session: Session, agent_ids: set[str]) -> dict[str, str]:
     """Names of the given agents, in one query."""
     if not agent_ids:
         return {}
-    return dict(session.execute(select(Agent.id, Agent.name).where(Agent.id.in_(agent_ids))).tuples().all())
+    return dict(session.execute(select(Agent.id, Agent.name).where(Agent.id.in_(agent_ids))).all())
 
 
 def task_out(task: Task, names: dict[str, str]) -> TaskOut:

@@ -57,7 +57,7 @@ def _old_jobs(
                 and_(Job.finished_at == cursor.finished_at, Job.id > cursor.job_id),
             )
         )
-    rows = session.execute(query.order_by(Job.finished_at, Job.id).limit(limit)).tuples().all()
+    rows = session.execute(query.order_by(Job.finished_at, Job.id).limit(limit)).all()
     return [(job_id, finished) for job_id, finished in rows if finished is not None]
 
 
