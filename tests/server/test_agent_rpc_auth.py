@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 import pytest
+from coordinator_rows import place_task, register_request
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
@@ -23,7 +24,7 @@ from mwms.v1 import agent_pb2 as pb
 from mwms.v1 import agent_pb2_grpc
 from server.app import create_app
 from server.db.engine import Database
-from server.db.models import Agent, Attempt, Bundle, Job, LogLine, StoredFile, Task
+from server.db.models import Agent, Job, LogLine, StoredFile, Task
 from server.rpc.auth import INTERNAL_MESSAGE
 from server.services import files
 from server.services.tokens import Role, create_api_token, hash_secret
@@ -63,16 +64,7 @@ class Coordinator:
     stub: agent_pb2_grpc.AgentServiceStub
 
     def register(self, name: str, credential: str = "", join_token: str = JOIN_TOKEN) -> pb.RegisterResponse:
-        request = pb.RegisterRequest(
-            name=name,
-            hostname=f"host-of-{name}",
-            advertise_address="127.0.0.1",
-            port_range_low=20000,
-            port_range_high=20099,
-            devices=[pb.Device(kind=pb.DEVICE_KIND_CPU_SLOT, index=0, name="cpu-slot-0")],
-            version="test",
-            join_token=join_token,
-        )
+        request = register_request(name, join_token, hostname=f"host-of-{name}")
         return self.stub.Register(request, metadata=auth(credential) if credential else None, timeout=10)
 
     def place(self, agent_id: str, state: str = "RUNNING") -> Placed:
@@ -81,32 +73,8 @@ class Coordinator:
         digest = hashlib.sha256(data).hexdigest()
         self.settings.bundle_dir.mkdir(parents=True, exist_ok=True)
         (self.settings.bundle_dir / digest).write_bytes(data)
-        with self.db.write() as session:
-            if session.get(Bundle, digest) is None:
-                session.add(Bundle(digest=digest, size=len(data), archive_format="tar.gz"))
-            job = Job(
-                name="j", state="RUNNING", bundle_digest=digest, command=["python", "train.py"], num_workers=1
-            )
-            session.add(job)
-            session.flush()
-            attempt = Attempt(job_id=job.id, number=1, state="ACTIVE")
-            session.add(attempt)
-            session.flush()
-            task = Task(
-                job_id=job.id,
-                attempt_id=attempt.id,
-                attempt_number=1,
-                index=0,
-                agent_id=agent_id,
-                host="127.0.0.1",
-                port=20000,
-                device_kind="cpu",
-                device_indices=[0],
-                state=state,
-            )
-            session.add(task)
-            session.flush()
-            return Placed(job.id, task.id, digest)
+        task = place_task(self.db, agent_id, digest=digest, bundle_size=len(data), state=state)
+        return Placed(task.job_id, task.id, digest)
 
     def store_checkpoint(self, job_id: str, data: bytes) -> None:
         path = files.checkpoint_archive(self.settings.files_dir, job_id)

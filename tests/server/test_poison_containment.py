@@ -18,6 +18,7 @@ from typing import Any
 
 import grpc
 import pytest
+from coordinator_rows import place_task, register_request
 from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 
@@ -26,7 +27,7 @@ from mwms.v1 import agent_pb2_grpc
 from server.app import create_app
 from server.db.engine import Database
 from server.db.migrate import upgrade_to_head
-from server.db.models import Agent, Attempt, Bundle, Job, Task, utcnow
+from server.db.models import Agent, Bundle, Job, Task, utcnow
 from server.poison import POISON
 from server.schemas import JobCreate
 from server.services.agents import Registration, register_agent
@@ -99,19 +100,7 @@ class Coordinator:
     stub: agent_pb2_grpc.AgentServiceStub
 
     def join(self, name: str) -> tuple[str, Stream]:
-        response = self.stub.Register(
-            pb.RegisterRequest(
-                name=name,
-                hostname=name,
-                advertise_address="127.0.0.1",
-                port_range_low=21000,
-                port_range_high=21099,
-                devices=[pb.Device(kind=pb.DEVICE_KIND_CPU_SLOT, index=0, name="cpu-slot-0")],
-                version="test",
-                join_token=JOIN_TOKEN,
-            ),
-            timeout=10,
-        )
+        response = self.stub.Register(register_request(name, JOIN_TOKEN, port_low=21000), timeout=10)
         stream = Stream(self.stub, response.credential)
         return response.agent_id, stream
 
@@ -119,39 +108,15 @@ class Coordinator:
         self, agent_id: str, options: dict[str, Any] | None = None, state: str = "RUNNING"
     ) -> Task:
         """A job with one task on `agent_id` (rows written directly)."""
-        digest = hashlib.sha256(b"poison").hexdigest()
-        with self.db.write() as session:
-            if session.get(Bundle, digest) is None:
-                session.add(Bundle(digest=digest, size=1, archive_format="tar.gz"))
-            job = Job(
-                name="j",
-                state="RUNNING" if state == "RUNNING" else "SCHEDULED",
-                bundle_digest=digest,
-                command=["python", "train.py"],
-                num_workers=1,
-                options=options or {},
-                started_at=utcnow(),
-            )
-            session.add(job)
-            session.flush()
-            attempt = Attempt(job_id=job.id, number=1, state="ACTIVE")
-            session.add(attempt)
-            session.flush()
-            task = Task(
-                job_id=job.id,
-                attempt_id=attempt.id,
-                attempt_number=1,
-                index=0,
-                agent_id=agent_id,
-                host="127.0.0.1",
-                port=21000,
-                device_kind="cpu",
-                device_indices=[0],
-                state=state,
-            )
-            session.add(task)
-            session.flush()
-            return task
+        return place_task(
+            self.db,
+            agent_id,
+            digest=hashlib.sha256(b"poison").hexdigest(),
+            state=state,
+            job_state="RUNNING" if state == "RUNNING" else "SCHEDULED",
+            options=options,
+            port=21000,
+        )
 
     def job(self, job_id: str) -> dict[str, Any]:
         response = self.http.get(f"/api/v1/jobs/{job_id}")

@@ -12,13 +12,14 @@ from pathlib import Path
 import grpc
 import pytest
 from bombs import GIB, MIB, PIECE, gzip_bomb, tar_header
+from coordinator_rows import place_task, register_request
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from mwms.v1 import agent_pb2 as pb
 from mwms.v1 import agent_pb2_grpc
 from server.app import create_app
-from server.db.models import Attempt, Bundle, Job, StoredFile, Task
+from server.db.models import StoredFile
 from server.settings import Settings
 
 JOIN_TOKEN = "join-token-for-upload-limit-tests-0123456789"
@@ -33,46 +34,10 @@ class Coordinator:
         self.db = app.state.runtime.db
         channel = stack.enter_context(grpc.insecure_channel(f"127.0.0.1:{app.state.grpc_port}"))
         self.stub = agent_pb2_grpc.AgentServiceStub(channel)
-        registered = self.stub.Register(
-            pb.RegisterRequest(
-                name="uploader",
-                hostname="host",
-                advertise_address="127.0.0.1",
-                port_range_low=20000,
-                port_range_high=20099,
-                devices=[pb.Device(kind=pb.DEVICE_KIND_CPU_SLOT, index=0, name="cpu-slot-0")],
-                version="test",
-                join_token=JOIN_TOKEN,
-            ),
-            timeout=10,
-        )
+        registered = self.stub.Register(register_request("uploader", JOIN_TOKEN), timeout=10)
         self.metadata = (("authorization", f"Bearer {registered.credential}"),)
-        self.task_id, self.job_id = self._place(registered.agent_id)
-
-    def _place(self, agent_id: str) -> tuple[str, str]:
-        with self.db.write() as session:
-            session.add(Bundle(digest="d" * 64, size=1, archive_format="tar.gz"))
-            job = Job(name="j", state="RUNNING", bundle_digest="d" * 64, command=["python"], num_workers=1)
-            session.add(job)
-            session.flush()
-            attempt = Attempt(job_id=job.id, number=1, state="ACTIVE")
-            session.add(attempt)
-            session.flush()
-            task = Task(
-                job_id=job.id,
-                attempt_id=attempt.id,
-                attempt_number=1,
-                index=0,
-                agent_id=agent_id,
-                host="127.0.0.1",
-                port=20000,
-                device_kind="cpu",
-                device_indices=[0],
-                state="RUNNING",
-            )
-            session.add(task)
-            session.flush()
-            return task.id, job.id
+        task = place_task(self.db, registered.agent_id, digest="d" * 64)
+        self.task_id, self.job_id = task.id, task.job_id
 
     def upload(self, kind: pb.FileKind.ValueType, archive: Path) -> pb.UploadFilesResponse:
         def chunks() -> Iterator[pb.FileChunk]:
