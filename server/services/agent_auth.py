@@ -16,12 +16,18 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from server.db.models import Agent, Job, Task, Token, utcnow
+from server.db.models import Agent, Job, Task
 from server.errors import Forbidden, InvalidInput, NotFound, Unauthenticated
 from server.services import files
 from server.services.agents import Registration, register_agent, validate_registration
 from server.services.bundles import bundle_path
-from server.services.tokens import SECRET_BYTES, TokenKind, hash_secret, join_token_valid, same_secret_hash
+from server.services.tokens import (
+    SECRET_BYTES,
+    has_usable_join_token,
+    hash_secret,
+    join_token_valid,
+    same_secret_hash,
+)
 from server.states import TaskState
 
 CREDENTIAL_PREFIX = "mwmsa_"
@@ -91,17 +97,6 @@ def authenticate_agent(session: Session, credential: str) -> str:
     return agent.id
 
 
-def join_token_exists(session: Session, bootstrap: str, now: datetime | None = None) -> bool:
-    """True when some join token could admit an agent: the coordinator's --join-token or a usable one."""
-    if bootstrap:
-        return True
-    now = now or utcnow()
-    rows = session.scalars(
-        select(Token).where(Token.kind == TokenKind.JOIN.value, Token.revoked_at.is_(None))
-    ).all()
-    return any(t.expires_at is None or t.expires_at > now for t in rows)
-
-
 def admit_agent(
     session: Session,
     reg: Registration,
@@ -131,7 +126,7 @@ def admit_agent(
             f"admin remove the agent (`mwms remove-agent {holder.id}`) so the name can join again"
         )
     if not join_token_valid(session, join_token, bootstrap_join_token):
-        if not join_token_exists(session, bootstrap_join_token, now):
+        if not bootstrap_join_token and not has_usable_join_token(session, now):
             raise Unauthenticated(
                 "the coordinator has no join token, so no new agent can join: an admin creates one with "
                 "`mwms agent-token create` (or starts the coordinator with --join-token); then start this "

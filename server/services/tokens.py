@@ -12,6 +12,7 @@ import hmac
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -137,12 +138,18 @@ def ensure_admin_token(session: Session, secret: str) -> Token:
     return token
 
 
+def _any_usable(session: Session, now: datetime | None, *conditions: Any) -> bool:
+    rows = session.scalars(select(Token).where(*conditions)).all()
+    return any(_usable(t, now or utcnow()) for t in rows)
+
+
 def has_usable_admin(session: Session, now: datetime | None = None) -> bool:
-    now = now or utcnow()
-    rows = session.scalars(
-        select(Token).where(Token.kind == TokenKind.API.value, Token.role == Role.ADMIN.label)
-    ).all()
-    return any(_usable(t, now) for t in rows)
+    return _any_usable(session, now, Token.kind == TokenKind.API.value, Token.role == Role.ADMIN.label)
+
+
+def has_usable_join_token(session: Session, now: datetime | None = None) -> bool:
+    """True when an admin-made join token could admit an agent now."""
+    return _any_usable(session, now, Token.kind == TokenKind.JOIN.value)
 
 
 def authenticate(session: Session, secret: str, now: datetime | None = None) -> Principal:
