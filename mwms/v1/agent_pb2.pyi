@@ -256,15 +256,19 @@ class Heartbeat(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SENT_UNIX_MS_FIELD_NUMBER: _builtins.int
+    LAST_ROUND_TRIP_MS_FIELD_NUMBER: _builtins.int
     sent_unix_ms: _builtins.int
+    last_round_trip_ms: _builtins.int
+    """Round trip of the previous heartbeat as the agent measured it (sent -> answer); 0 when none yet."""
     def __init__(
         self,
         *,
         sent_unix_ms: _builtins.int = ...,
+        last_round_trip_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["sent_unix_ms", b"sent_unix_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["last_round_trip_ms", b"last_round_trip_ms", "sent_unix_ms", b"sent_unix_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -377,6 +381,138 @@ class MetricBatch(_message.Message):
 Global___MetricBatch: _TypeAlias = MetricBatch  # noqa: Y015
 
 @_typing.final
+class StackDump(_message.Message):
+    """The Python stacks of one task's threads, taken for a DumpStacks command (one reply per task named)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    PID_FIELD_NUMBER: _builtins.int
+    METHOD_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    UNIX_MS_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    task_id: _builtins.str
+    pid: _builtins.int
+    method: _builtins.str
+    """"py-spy" or "faulthandler": how the dump was taken."""
+    text: _builtins.str
+    """The dump as the tool printed it, every thread, innermost frame first; bounded by the agent (256 KiB)."""
+    error: _builtins.str
+    """Why no dump could be taken (the process has ended, the handler did not answer in time); text is empty."""
+    unix_ms: _builtins.int
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+        task_id: _builtins.str = ...,
+        pid: _builtins.int = ...,
+        method: _builtins.str = ...,
+        text: _builtins.str = ...,
+        error: _builtins.str = ...,
+        unix_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "method", b"method", "pid", b"pid", "request_id", b"request_id", "task_id", b"task_id", "text", b"text", "unix_ms", b"unix_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StackDump: _TypeAlias = StackDump  # noqa: Y015
+
+@_typing.final
+class PreflightResult(_message.Message):
+    """Outcome of the preflight check a task ran before the user's program (StartTask.preflight)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    OK_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    REPORT_JSON_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    ok: _builtins.bool
+    message: _builtins.str
+    """What failed, naming the workers and the address: "worker 0 cannot reach worker 1 at 10.0.0.2:20001 ..."."""
+    report_json: _builtins.str
+    """The measurements as JSON: {"reachable_s": .., "allreduce": [{"bytes": .., "seconds": .., "algbw_gbps": ..,
+    "busbw_gbps": ..}], "collective": "RING"|"NCCL"|"AUTO", "num_workers": ..}.
+    """
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        ok: _builtins.bool = ...,
+        message: _builtins.str = ...,
+        report_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "ok", b"ok", "report_json", b"report_json", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PreflightResult: _TypeAlias = PreflightResult  # noqa: Y015
+
+@_typing.final
+class DeviceSample(_message.Message):
+    """One sample of one device of the agent (GPU through NVML); sent every few seconds by agents that have GPUs."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INDEX_FIELD_NUMBER: _builtins.int
+    UTILIZATION_PCT_FIELD_NUMBER: _builtins.int
+    MEMORY_USED_MIB_FIELD_NUMBER: _builtins.int
+    MEMORY_TOTAL_MIB_FIELD_NUMBER: _builtins.int
+    TEMPERATURE_C_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    utilization_pct: _builtins.float
+    memory_used_mib: _builtins.int
+    memory_total_mib: _builtins.int
+    temperature_c: _builtins.float
+    def __init__(
+        self,
+        *,
+        index: _builtins.int = ...,
+        utilization_pct: _builtins.float = ...,
+        memory_used_mib: _builtins.int = ...,
+        memory_total_mib: _builtins.int = ...,
+        temperature_c: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "memory_total_mib", b"memory_total_mib", "memory_used_mib", b"memory_used_mib", "temperature_c", b"temperature_c", "utilization_pct", b"utilization_pct"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeviceSample: _TypeAlias = DeviceSample  # noqa: Y015
+
+@_typing.final
+class DeviceTelemetry(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    UNIX_MS_FIELD_NUMBER: _builtins.int
+    DEVICES_FIELD_NUMBER: _builtins.int
+    unix_ms: _builtins.int
+    @_builtins.property
+    def devices(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeviceSample]: ...
+    def __init__(
+        self,
+        *,
+        unix_ms: _builtins.int = ...,
+        devices: _abc.Iterable[Global___DeviceSample] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["devices", b"devices", "unix_ms", b"unix_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeviceTelemetry: _TypeAlias = DeviceTelemetry  # noqa: Y015
+
+@_typing.final
 class AgentMessage(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -385,6 +521,9 @@ class AgentMessage(_message.Message):
     TASK_FIELD_NUMBER: _builtins.int
     LOGS_FIELD_NUMBER: _builtins.int
     METRICS_FIELD_NUMBER: _builtins.int
+    STACKS_FIELD_NUMBER: _builtins.int
+    PREFLIGHT_FIELD_NUMBER: _builtins.int
+    DEVICES_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def hello(self) -> Global___Hello: ...
     @_builtins.property
@@ -395,6 +534,12 @@ class AgentMessage(_message.Message):
     def logs(self) -> Global___LogBatch: ...
     @_builtins.property
     def metrics(self) -> Global___MetricBatch: ...
+    @_builtins.property
+    def stacks(self) -> Global___StackDump: ...
+    @_builtins.property
+    def preflight(self) -> Global___PreflightResult: ...
+    @_builtins.property
+    def devices(self) -> Global___DeviceTelemetry: ...
     def __init__(
         self,
         *,
@@ -403,12 +548,15 @@ class AgentMessage(_message.Message):
         task: Global___TaskReport | None = ...,
         logs: Global___LogBatch | None = ...,
         metrics: Global___MetricBatch | None = ...,
+        stacks: Global___StackDump | None = ...,
+        preflight: Global___PreflightResult | None = ...,
+        devices: Global___DeviceTelemetry | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "heartbeat", b"heartbeat", "hello", b"hello", "logs", b"logs", "metrics", b"metrics", "task", b"task"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "devices", b"devices", "heartbeat", b"heartbeat", "hello", b"hello", "logs", b"logs", "metrics", b"metrics", "preflight", b"preflight", "stacks", b"stacks", "task", b"task"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "heartbeat", b"heartbeat", "hello", b"hello", "logs", b"logs", "metrics", b"metrics", "task", b"task"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "devices", b"devices", "heartbeat", b"heartbeat", "hello", b"hello", "logs", b"logs", "metrics", b"metrics", "preflight", b"preflight", "stacks", b"stacks", "task", b"task"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["hello", "heartbeat", "task", "logs", "metrics"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["hello", "heartbeat", "task", "logs", "metrics", "stacks", "preflight", "devices"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
@@ -453,6 +601,8 @@ class StartTask(_message.Message):
     STOP_GRACE_SECONDS_FIELD_NUMBER: _builtins.int
     RESTORE_CHECKPOINT_FIELD_NUMBER: _builtins.int
     SHARED_CHECKPOINT_DIR_FIELD_NUMBER: _builtins.int
+    PREFLIGHT_FIELD_NUMBER: _builtins.int
+    PREFLIGHT_TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     job_id: _builtins.str
     attempt: _builtins.int
@@ -467,6 +617,11 @@ class StartTask(_message.Message):
     """When set, the agent restores the job's latest checkpoint archive before starting."""
     shared_checkpoint_dir: _builtins.str
     """When set, checkpoints live here (a shared filesystem) instead of the agent's work dir."""
+    preflight: _builtins.bool
+    """When set, the task first runs the gang's preflight check (peers reachable on their TF_CONFIG ports,
+    then all-reduces of 1 MB and 64 MB) and reports a PreflightResult; a failed check fails the task.
+    """
+    preflight_timeout_seconds: _builtins.int
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -491,10 +646,12 @@ class StartTask(_message.Message):
         stop_grace_seconds: _builtins.int = ...,
         restore_checkpoint: _builtins.bool = ...,
         shared_checkpoint_dir: _builtins.str = ...,
+        preflight: _builtins.bool = ...,
+        preflight_timeout_seconds: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "bundle_digest", b"bundle_digest", "command", b"command", "device_indices", b"device_indices", "device_kind", b"device_kind", "env", b"env", "job_id", b"job_id", "num_workers", b"num_workers", "port", b"port", "restore_checkpoint", b"restore_checkpoint", "shared_checkpoint_dir", b"shared_checkpoint_dir", "stop_grace_seconds", b"stop_grace_seconds", "task_id", b"task_id", "task_index", b"task_index", "tf_config", b"tf_config"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "bundle_digest", b"bundle_digest", "command", b"command", "device_indices", b"device_indices", "device_kind", b"device_kind", "env", b"env", "job_id", b"job_id", "num_workers", b"num_workers", "port", b"port", "preflight", b"preflight", "preflight_timeout_seconds", b"preflight_timeout_seconds", "restore_checkpoint", b"restore_checkpoint", "shared_checkpoint_dir", b"shared_checkpoint_dir", "stop_grace_seconds", b"stop_grace_seconds", "task_id", b"task_id", "task_index", b"task_index", "tf_config", b"tf_config"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -567,30 +724,59 @@ class Ack(_message.Message):
 Global___Ack: _TypeAlias = Ack  # noqa: Y015
 
 @_typing.final
+class DumpStacks(_message.Message):
+    """Take the Python stacks of the named tasks now and answer with one StackDump per task."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    TASK_IDS_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    @_builtins.property
+    def task_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+        task_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id", "task_ids", b"task_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DumpStacks: _TypeAlias = DumpStacks  # noqa: Y015
+
+@_typing.final
 class CoordinatorMessage(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     START_FIELD_NUMBER: _builtins.int
     STOP_FIELD_NUMBER: _builtins.int
     ACK_FIELD_NUMBER: _builtins.int
+    DUMP_STACKS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def start(self) -> Global___StartTask: ...
     @_builtins.property
     def stop(self) -> Global___StopTask: ...
     @_builtins.property
     def ack(self) -> Global___Ack: ...
+    @_builtins.property
+    def dump_stacks(self) -> Global___DumpStacks: ...
     def __init__(
         self,
         *,
         start: Global___StartTask | None = ...,
         stop: Global___StopTask | None = ...,
         ack: Global___Ack | None = ...,
+        dump_stacks: Global___DumpStacks | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "body", b"body", "start", b"start", "stop", b"stop"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "body", b"body", "dump_stacks", b"dump_stacks", "start", b"start", "stop", b"stop"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "body", b"body", "start", b"start", "stop", b"stop"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "body", b"body", "dump_stacks", b"dump_stacks", "start", b"start", "stop", b"stop"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["start", "stop", "ack"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["start", "stop", "ack", "dump_stacks"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 

@@ -260,3 +260,77 @@ class StoredFile(Base):
     size: Mapped[int] = mapped_column(Integer)
     sha256: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class StackRequest(Base):
+    """One collection of the Python stacks of every task of an attempt, on demand or by hang detection."""
+
+    __tablename__ = "stack_requests"
+    __table_args__ = (Index("ix_stack_requests_job_requested", "job_id", "requested_at"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    cause: Mapped[str] = mapped_column(String(20))  # "request" or "hang"
+    requested_by: Mapped[str] = mapped_column(String(200), default="")
+    requested_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    dumps: Mapped[list[StackDump]] = relationship(
+        order_by="StackDump.task_index", cascade="all, delete-orphan"
+    )
+
+
+class StackDump(Base):
+    """The stacks of one task for one StackRequest, as its agent sent them."""
+
+    __tablename__ = "stack_dumps"
+    __table_args__ = (UniqueConstraint("request_id", "task_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    request_id: Mapped[str] = mapped_column(ForeignKey("stack_requests.id", ondelete="CASCADE"))
+    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"))
+    task_index: Mapped[int] = mapped_column(Integer)
+    agent_id: Mapped[str] = mapped_column(String(32))
+    pid: Mapped[int | None] = mapped_column(Integer, default=None)
+    method: Mapped[str] = mapped_column(String(20), default="")  # "py-spy" or "faulthandler"
+    text: Mapped[str] = mapped_column(Text, default="")
+    error: Mapped[str] = mapped_column(Text, default="")
+    # Whether some thread waits inside a TensorFlow collective; None: could not tell (no dump).
+    in_collective: Mapped[bool | None] = mapped_column(Boolean, default=None)
+    received_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class PreflightResult(Base):
+    """What one task's preflight check found before the user's program ran."""
+
+    __tablename__ = "preflight_results"
+    __table_args__ = (
+        UniqueConstraint("task_id"),
+        Index("ix_preflight_results_job_attempt", "job_id", "attempt"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    task_index: Mapped[int] = mapped_column(Integer)
+    ok: Mapped[bool] = mapped_column(Boolean)
+    message: Mapped[str] = mapped_column(Text, default="")
+    report: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class DeviceSample(Base):
+    """One sample of one device of an agent: utilisation, memory and temperature (GPUs, through NVML)."""
+
+    __tablename__ = "device_samples"
+    __table_args__ = (Index("ix_device_samples_agent_at", "agent_id", "at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    agent_id: Mapped[str] = mapped_column(ForeignKey("agents.id", ondelete="CASCADE"))
+    device_index: Mapped[int] = mapped_column(Integer)
+    at: Mapped[datetime] = mapped_column()
+    utilization_pct: Mapped[float] = mapped_column(Float)
+    memory_used_mib: Mapped[int] = mapped_column(Integer)
+    memory_total_mib: Mapped[int] = mapped_column(Integer)
+    temperature_c: Mapped[float] = mapped_column(Float)
