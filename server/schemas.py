@@ -116,6 +116,17 @@ class JobCreate(BaseModel):
     restart: RestartPolicy = Field(default_factory=RestartPolicy)
     startup_timeout_seconds: Timeout | None = None
     max_runtime_seconds: Timeout | None = None
+    hang_timeout_seconds: Timeout | None = Field(
+        default=None,
+        description="a RUNNING attempt whose tasks produce no metric point and no log line for this long is "
+        "flagged as hung: its stacks are dumped and the restart policy applies (retryable); default "
+        "MWMS_HANG_TIMEOUT_S, 0 turns detection off",
+    )
+    preflight: bool | None = Field(
+        default=None,
+        description="run the gang's preflight check (peers reachable, all-reduce of 1 MB and 64 MB) before "
+        "the program; default MWMS_PREFLIGHT",
+    )
 
     @field_validator("command")
     @classmethod

@@ -57,6 +57,10 @@ class Settings(BaseSettings):
     restart_backoff_s: float = 2.0
     # Default for jobs that do not set startup_timeout_s.
     startup_timeout_s: float = 300.0
+    # Default for jobs that do not set hang_timeout_seconds; 0: no hang detection unless a job asks for it.
+    hang_timeout_s: float = Field(default=0.0, ge=0, le=30 * 24 * 3600, allow_inf_nan=False)
+    # Default for jobs that do not set preflight: run the gang's preflight check before the program.
+    preflight: bool = False
     # A shared filesystem path for checkpoints; empty: agents ship checkpoints through the coordinator.
     shared_checkpoint_dir: str = ""
 

@@ -44,6 +44,8 @@ def build_job_spec(
     fail_on_nan: list[str] | None = None,
     startup_timeout: float | None = None,
     max_runtime: float | None = None,
+    hang_timeout: float | None = None,
+    preflight: bool | None = None,
 ) -> dict[str, Any]:
     """The `POST /api/v1/jobs` body, leaving out what was not set so the coordinator's defaults apply."""
     spec: dict[str, Any] = {
@@ -74,6 +76,10 @@ def build_job_spec(
         spec["startup_timeout_seconds"] = startup_timeout
     if max_runtime is not None:
         spec["max_runtime_seconds"] = max_runtime
+    if hang_timeout is not None:
+        spec["hang_timeout_seconds"] = hang_timeout
+    if preflight is not None:
+        spec["preflight"] = preflight
     return spec
 
 
@@ -224,6 +230,21 @@ def submit(
     max_runtime: Annotated[
         float | None, typer.Option(help="Seconds after which the job is failed.", min=0.0)
     ] = None,
+    hang_timeout: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds without a metric point or log line after which a RUNNING job counts as hung: "
+            "its stacks are dumped and it is restarted (0: off).",
+            min=0.0,
+        ),
+    ] = None,
+    preflight: Annotated[
+        bool | None,
+        typer.Option(
+            "--preflight/--no-preflight",
+            help="Check that the workers reach each other and measure all-reduce bandwidth before the program.",
+        ),
+    ] = None,
     wait: Annotated[
         bool, typer.Option("--wait", help="Follow the job to its end; exit 0 only if it SUCCEEDED.")
     ] = False,
@@ -266,6 +287,8 @@ def submit(
             fail_on_nan=fail_on_nan,
             startup_timeout=startup_timeout,
             max_runtime=max_runtime,
+            hang_timeout=hang_timeout,
+            preflight=preflight,
         )
         job = client.create_job(spec).raw
         if not json_output:

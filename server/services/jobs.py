@@ -44,6 +44,8 @@ def create_job(session: Session, spec: JobCreate, submitted_by: str = "") -> Job
             "restart": spec.restart.model_dump(mode="json"),
             "startup_timeout_seconds": spec.startup_timeout_seconds,
             "max_runtime_seconds": spec.max_runtime_seconds,
+            "hang_timeout_seconds": spec.hang_timeout_seconds,
+            "preflight": spec.preflight,
         },
     )
     session.add(job)
