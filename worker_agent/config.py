@@ -25,6 +25,8 @@ class AgentConfig:
     # TLS to the coordinator: verified against this CA certificate (PEM), or, with `tls`, public CAs.
     ca_file: Path | None = None
     tls: bool = False
+    # Seconds between two samples of the GPUs' utilisation, memory and temperature; 0: none.
+    device_sample_interval: float = 5.0
 
     def __repr__(self) -> str:
         # The join token is a secret: keep it out of logs and tracebacks (the credential never is in here).

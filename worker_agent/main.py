@@ -21,6 +21,7 @@ from mwms.v1 import agent_pb2, agent_pb2_grpc
 from worker_agent.channel import CHANNEL_OPTIONS, ChannelFactory
 from worker_agent.config import AgentConfig, local_address_towards
 from worker_agent.credentials import CredentialStore
+from worker_agent.device_telemetry import start_device_telemetry
 from worker_agent.devices import detect_devices
 from worker_agent.session import AgentSession
 from worker_agent.tasks import TaskManager
@@ -68,6 +69,7 @@ def run_agent(config: AgentConfig, stop: threading.Event) -> int:
     tasks.recover(config.stop_grace)
     heartbeats_answered = threading.Event()
     backoff = Backoff(initial=0.5, maximum=10.0)
+    device_telemetry = start_device_telemetry(config.device_sample_interval)
     session: AgentSession | None = None
     exit_code = EXIT_OK
     try:
@@ -84,7 +86,9 @@ def run_agent(config: AgentConfig, stop: threading.Event) -> int:
                 stop.wait(backoff.next_delay())
                 continue
             log.info("registered as agent %s", agent_id)
-            session = AgentSession(stub, agent_id, heartbeat_interval, tasks, heartbeats_answered)
+            session = AgentSession(
+                stub, agent_id, heartbeat_interval, tasks, heartbeats_answered, devices=device_telemetry
+            )
             opened_at = time.monotonic()
             session.open()
             went_silent = False
@@ -104,6 +108,8 @@ def run_agent(config: AgentConfig, stop: threading.Event) -> int:
             stop.wait(backoff.next_delay())
     finally:
         _shut_down(config, tasks, session)
+        if device_telemetry is not None:
+            device_telemetry.stop()
         channel.close()
     log.info("agent %s stopped", config.name)
     return exit_code

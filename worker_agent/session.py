@@ -23,6 +23,7 @@ from collections.abc import Generator, Iterator
 import grpc
 
 from mwms.v1 import agent_pb2, agent_pb2_grpc
+from worker_agent.device_telemetry import DeviceTelemetry
 from worker_agent.tasks import TaskManager
 
 log = logging.getLogger("mwms.agent.session")
@@ -45,6 +46,7 @@ class AgentSession:
         heartbeat_interval: float,
         tasks: TaskManager,
         heartbeats_answered: threading.Event | None = None,
+        devices: DeviceTelemetry | None = None,
     ) -> None:
         self._stub = stub
         self._agent_id = agent_id
@@ -61,6 +63,8 @@ class AgentSession:
         # The highest seq sent on this stream, per task; a new session starts from the last ack.
         self._sent_log_seq: dict[str, int] = {}
         self._sent_metric_seq: dict[str, int] = {}
+        # Device telemetry is best effort: the newest reading goes up while connected, none is kept.
+        self._devices = devices
 
     def open(self) -> None:
         """Opens the stream and starts reading commands in a background thread."""
@@ -131,6 +135,9 @@ class AgentSession:
                     heartbeat=agent_pb2.Heartbeat(sent_unix_ms=int(time.time() * 1000))
                 )
                 next_heartbeat = now + self._heartbeat_interval
+            reading = self._devices.take() if self._devices is not None else None
+            if reading is not None:
+                yield agent_pb2.AgentMessage(devices=reading)
             # Reports are taken before the logs and metrics and sent after them: a task queues its final
             # report after its last lines, so the report never overtakes them.
             reports, deferred = deferred + self._drain_reports(), []

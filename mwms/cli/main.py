@@ -187,6 +187,16 @@ def agent(
             "names another bundle); for a private CA use --ca-file.",
         ),
     ] = False,
+    device_sample_interval: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            max=3600,
+            help="Seconds between two samples of the GPUs' utilisation, memory and temperature (NVML); "
+            "0: none [default: 5].",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run an agent on this machine: it joins the coordinator and runs the tasks placed on it.
 
@@ -225,6 +235,8 @@ def agent(
         ]
         if advertise_address:
             args += ["--advertise-address", advertise_address]
+        if device_sample_interval is not None:
+            args += ["--device-sample-interval", str(device_sample_interval)]
         if ca_file is not None:
             args += ["--ca-file", str(ca_file)]
         elif tls:
@@ -253,6 +265,7 @@ def agent(
         join_token=join_token,
         ca_file=ca_file,
         tls=tls,
+        **({} if device_sample_interval is None else {"device_sample_interval": device_sample_interval}),
     )
     stop_event = threading.Event()
 
