@@ -63,6 +63,10 @@ class AgentSession:
         # The highest seq sent on this stream, per task; a new session starts from the last ack.
         self._sent_log_seq: dict[str, int] = {}
         self._sent_metric_seq: dict[str, int] = {}
+        # The heartbeat awaiting its answer (monotonic send time) and the last measured round trip, sent
+        # with the next heartbeat for the coordinator's mwms_heartbeat_round_trip_seconds.
+        self._heartbeat_sent_at: float | None = None
+        self._last_round_trip_ms = 0
         # Device telemetry is best effort: the newest reading goes up while connected, none is kept.
         self._devices = devices
 
@@ -114,10 +118,17 @@ class AgentSession:
         elif kind == "ack":
             if not message.ack.task_id:
                 self._heartbeats_answered.set()
+                self._heartbeat_answered()
                 return
             self._tasks.ack(message.ack)
         else:
             log.warning("ignoring a coordinator message of unknown kind %r", kind)
+
+    def _heartbeat_answered(self) -> None:
+        sent_at, self._heartbeat_sent_at = self._heartbeat_sent_at, None
+        if sent_at is not None:
+            # At least 1 ms: 0 means "not measured yet" on the wire.
+            self._last_round_trip_ms = min(2**31 - 1, max(1, round((time.monotonic() - sent_at) * 1000)))
 
     def _outgoing(self) -> Iterator[agent_pb2.AgentMessage]:
         # Reports queued before this Hello are covered by it: it carries every task's latest state.
@@ -131,9 +142,11 @@ class AgentSession:
             self._tasks.reports_ready.clear()
             now = time.monotonic()
             if now >= next_heartbeat:
-                yield agent_pb2.AgentMessage(
-                    heartbeat=agent_pb2.Heartbeat(sent_unix_ms=int(time.time() * 1000))
+                heartbeat = agent_pb2.Heartbeat(
+                    sent_unix_ms=int(time.time() * 1000), last_round_trip_ms=self._last_round_trip_ms
                 )
+                self._heartbeat_sent_at = time.monotonic()
+                yield agent_pb2.AgentMessage(heartbeat=heartbeat)
                 next_heartbeat = now + self._heartbeat_interval
             reading = self._devices.take() if self._devices is not None else None
             if reading is not None:
