@@ -24,6 +24,7 @@ import grpc
 
 from mwms.v1 import agent_pb2, agent_pb2_grpc
 from worker_agent.device_telemetry import DeviceTelemetry
+from worker_agent.stacks import answer_dump_stacks, dump_targets, preferred_method
 from worker_agent.tasks import TaskManager
 
 log = logging.getLogger("mwms.agent.session")
@@ -63,6 +64,9 @@ class AgentSession:
         # The highest seq sent on this stream, per task; a new session starts from the last ack.
         self._sent_log_seq: dict[str, int] = {}
         self._sent_metric_seq: dict[str, int] = {}
+        # Answers prepared off the stream thread (stack dumps), sent by the sender with the reports.
+        self._answers: queue.Queue[agent_pb2.AgentMessage] = queue.Queue()
+        self._stack_method = preferred_method()
         # The heartbeat awaiting its answer (monotonic send time) and the last measured round trip, sent
         # with the next heartbeat for the coordinator's mwms_heartbeat_round_trip_seconds.
         self._heartbeat_sent_at: float | None = None
@@ -115,6 +119,10 @@ class AgentSession:
             self._tasks.start(message.start)
         elif kind == "stop":
             self._tasks.stop(message.stop)
+        elif kind == "dump_stacks":
+            request = message.dump_stacks
+            targets = dump_targets(request.task_ids, self._tasks.records())
+            answer_dump_stacks(request, targets, self._queue_answer, self._stack_method)
         elif kind == "ack":
             if not message.ack.task_id:
                 self._heartbeats_answered.set()
@@ -154,13 +162,22 @@ class AgentSession:
             # Reports are taken before the logs and metrics and sent after them: a task queues its final
             # report after its last lines, so the report never overtakes them.
             reports, deferred = deferred + self._drain_reports(), []
+            preflight_results = self._tasks.drain_preflight_results()
             backlog = yield from self._unsent_batches(MAX_BATCHES_PER_PASS)
+            for result in preflight_results:  # before the FAILED report a failed check leads to
+                yield agent_pb2.AgentMessage(preflight=result)
             for report in reports:
                 yield agent_pb2.AgentMessage(task=report)
+            while not self._answers.empty():
+                yield self._answers.get_nowait()
             if backlog:
                 continue  # more to send, with a heartbeat in between when one is due
             wait = min(BATCH_INTERVAL_SECONDS, max(0.0, next_heartbeat - time.monotonic()))
             self._tasks.reports_ready.wait(wait)
+
+    def _queue_answer(self, message: agent_pb2.AgentMessage) -> None:
+        self._answers.put(message)
+        self._tasks.reports_ready.set()
 
     def end_if_silent(self) -> bool:
         """Ends the stream when the coordinator, which answers heartbeats, has been silent too long.

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mwms.v1 import agent_pb2
+from worker_agent.stacks import handler_environment
 
 # Commands starting with one of these run with the agent's own interpreter (and so its TensorFlow).
 PYTHON_NAMES = ("python", "python3")
@@ -24,6 +25,7 @@ class TaskPaths:
     checkpoint_dir: Path
     metrics_file: Path
     tmp_dir: Path
+    stacks_dir: Path  # where the task's stack handler writes dumps on demand (worker_agent/stacks.py)
 
     @classmethod
     def for_task(cls, work_dir: Path, start: agent_pb2.StartTask) -> TaskPaths:
@@ -40,6 +42,7 @@ class TaskPaths:
             checkpoint_dir=checkpoint_dir,
             metrics_file=task_dir / "metrics.jsonl",
             tmp_dir=task_dir / "tmp",
+            stacks_dir=task_dir / "stacks",
         )
 
     def create_fresh(self) -> None:
@@ -48,6 +51,7 @@ class TaskPaths:
         self.bundle_dir.mkdir(parents=True)
         self.output_dir.mkdir(parents=True)
         self.tmp_dir.mkdir(parents=True)
+        self.stacks_dir.mkdir(parents=True)
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
 
 
@@ -95,4 +99,5 @@ def child_environment(
             "TMPDIR": str(paths.tmp_dir),
         }
     )
+    env.update(handler_environment(env, paths.stacks_dir))  # stacks on demand, without changing the program
     return env

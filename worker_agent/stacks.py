@@ -1,0 +1,272 @@
+"""Taking the Python stacks of a task's process for a DumpStacks command: py-spy, else faulthandler.
+
+py-spy reads the stacks of every thread from outside (it needs ptrace, which containers often forbid).
+Otherwise the handler that worker_agent/stack_handler/sitecustomize.py installs in every task answers
+SIGUSR2 by writing them to <stacks dir>/<pid>.txt; the agent signals, waits (bounded) for the file to
+grow and stop growing, and reads what was added. Either way the text is bounded (MAX_STACK_BYTES).
+
+Each named task is dumped in a thread of its own, at the same time, and each answer goes to `send`
+as soon as it is ready; the session's stream thread never waits for a dump.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from mwms.v1 import agent_pb2
+
+if TYPE_CHECKING:
+    from worker_agent.task_record import TaskRecord
+
+log = logging.getLogger("mwms.agent.stacks")
+
+# The contract with stack_handler/sitecustomize.py: the directory's variable, the signal, the file name.
+STACKS_DIR_ENV = "MWMS_STACKS_DIR"
+STACKS_SIGNAL = signal.SIGUSR2
+HANDLER_DIR = Path(__file__).parent / "stack_handler"
+# "auto" (py-spy when it can trace, else faulthandler), "py-spy" or "faulthandler"; read by the agent.
+METHOD_ENV = "MWMS_AGENT_STACK_METHOD"
+METHODS = ("auto", "py-spy", "faulthandler")
+MAX_STACK_BYTES = 256 * 1024
+PY_SPY_TIMEOUT_S = 5.0
+HANDLER_TIMEOUT_S = 3.0
+# The handler writes a dump in many small writes: it is complete once the file stops growing this long.
+HANDLER_SETTLE_S = 0.15
+POLL_S = 0.02
+
+
+@dataclass(frozen=True)
+class TakenStacks:
+    """What one attempt at taking a process's stacks gave: the text, or why there is none."""
+
+    pid: int
+    method: str = ""
+    text: str = ""
+    error: str = ""
+
+
+def stacks_dir(task_dir: Path) -> Path:
+    """Where the tasks' handlers write their dumps: one file per Python process of the task."""
+    return task_dir / "stacks"
+
+
+def handler_environment(env: Mapping[str, str], directory: Path) -> dict[str, str]:
+    """The variables a task needs for the handler: PYTHONPATH with the handler's directory first."""
+    python_path = env.get("PYTHONPATH", "")
+    return {
+        STACKS_DIR_ENV: str(directory),
+        "PYTHONPATH": str(HANDLER_DIR) + (os.pathsep + python_path if python_path else ""),
+    }
+
+
+def preferred_method(env: Mapping[str, str] | None = None) -> str:
+    """The agent's choice of method from MWMS_AGENT_STACK_METHOD (default "auto")."""
+    value = (env if env is not None else os.environ).get(METHOD_ENV, "auto").strip().lower() or "auto"
+    if value not in METHODS:
+        log.warning("%s=%r is none of %s; using auto", METHOD_ENV, value, ", ".join(METHODS))
+        return "auto"
+    return value
+
+
+def bounded(text: str, limit: int = MAX_STACK_BYTES) -> str:
+    """`text` cut to at most `limit` bytes of UTF-8, saying so when it was cut."""
+    data = text.encode("utf-8", errors="replace")
+    if len(data) <= limit:
+        return text
+    note = f"\n... (cut at {limit // 1024} KiB by the agent)\n"
+    return data[: limit - len(note.encode())].decode("utf-8", errors="ignore") + note
+
+
+def python_pid(pid: int, directory: Path | None) -> int:
+    """The task's Python process: `pid` itself, or when the task runs Python under another program (a
+    shell), the lowest pid of its process group whose handler registered."""
+    if directory is None or (directory / f"{pid}.txt").exists():
+        return pid
+    registered = []
+    for path in directory.glob("*.txt"):
+        try:
+            candidate = int(path.stem)
+            if os.getpgid(candidate) == pid:  # spawned with start_new_session: the group id is the pid
+                registered.append(candidate)
+        except (ValueError, ProcessLookupError, PermissionError):
+            continue
+    return min(registered, default=pid)
+
+
+def py_spy_executable() -> str | None:
+    """py-spy next to the agent's interpreter (a venv not on PATH), else on PATH."""
+    beside = Path(sys.executable).parent / "py-spy"
+    if os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("py-spy")
+
+
+def dump_with_py_spy(pid: int, executable: str, timeout_s: float = PY_SPY_TIMEOUT_S) -> TakenStacks:
+    try:
+        done = subprocess.run(
+            [executable, "dump", "--pid", str(pid)],
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=timeout_s,
+        )
+    except subprocess.TimeoutExpired:
+        return TakenStacks(pid, "py-spy", error=f"py-spy did not answer within {timeout_s:.0f} s")
+    except OSError as error:
+        return TakenStacks(pid, "py-spy", error=f"py-spy could not run: {error}")
+    if done.returncode != 0 or "Thread " not in done.stdout:
+        why = (done.stderr.strip() or done.stdout.strip() or f"exit code {done.returncode}").splitlines()
+        return TakenStacks(pid, "py-spy", error=f"py-spy: {why[-1][:300] if why else 'no output'}")
+    return TakenStacks(pid, "py-spy", text=bounded(done.stdout))
+
+
+_handler_locks: dict[int, threading.Lock] = {}
+_handler_locks_guard = threading.Lock()
+
+
+def dump_with_handler(pid: int, directory: Path, timeout_s: float = HANDLER_TIMEOUT_S) -> TakenStacks:
+    """Signals the handler of `pid` and reads the dump it appends to its file."""
+    path = directory / f"{pid}.txt"
+    if not path.exists():
+        return TakenStacks(
+            pid,
+            "faulthandler",
+            error=f"process {pid} has no stack handler (it is not Python, or runs with -I or -S)",
+        )
+    with _handler_locks_guard:
+        lock = _handler_locks.setdefault(pid, threading.Lock())
+    with lock:  # two dumps of one process at once would interleave in its file
+        before = path.stat().st_size
+        try:
+            os.kill(pid, STACKS_SIGNAL)
+        except ProcessLookupError:
+            return TakenStacks(pid, "faulthandler", error=f"process {pid} has ended")
+        except PermissionError as error:
+            return TakenStacks(pid, "faulthandler", error=f"cannot signal process {pid}: {error}")
+        deadline = time.monotonic() + timeout_s
+        size, changed_at = before, time.monotonic()
+        while time.monotonic() < deadline:
+            current = path.stat().st_size
+            if current != size:
+                size, changed_at = current, time.monotonic()
+            elif size > before and time.monotonic() - changed_at >= HANDLER_SETTLE_S:
+                break
+            time.sleep(POLL_S)
+        if size == before:
+            return TakenStacks(
+                pid,
+                "faulthandler",
+                error=f"the stack handler of process {pid} did not answer in {timeout_s:.0f} s",
+            )
+        with path.open("rb") as dump:
+            dump.seek(before)
+            data = dump.read(MAX_STACK_BYTES + 1)
+    return TakenStacks(pid, "faulthandler", text=bounded(data.decode("utf-8", errors="replace")))
+
+
+def take_stacks(pid: int, directory: Path | None, method: str = "auto") -> TakenStacks:
+    """The stacks of the task whose process (group leader) is `pid`, by `method` with its fallback."""
+    target = python_pid(pid, directory)
+    errors = []
+    if method in ("auto", "py-spy"):
+        executable = py_spy_executable()
+        if executable is None:
+            errors.append("py-spy is not installed")
+        else:
+            taken = dump_with_py_spy(target, executable)
+            if not taken.error:
+                return taken
+            errors.append(taken.error)
+    if method in ("auto", "faulthandler"):
+        if directory is None:
+            errors.append("the task was started without the stack handler")
+        else:
+            taken = dump_with_handler(target, directory)
+            if not taken.error:
+                return taken
+            errors.append(taken.error)
+    return TakenStacks(target, error="; ".join(errors))
+
+
+@dataclass(frozen=True)
+class DumpTarget:
+    """A task as the dumper sees it: its process, its handler's directory, or why it cannot be dumped."""
+
+    task_id: str
+    pid: int = 0
+    directory: Path | None = None
+    unavailable: str = ""
+
+
+def dump_targets(task_ids: Iterable[str], records: Iterable[TaskRecord]) -> list[DumpTarget]:
+    """What to dump for each task named: its process, or why it has none on this agent."""
+    known = {record.task_id: record for record in records}
+    targets = []
+    for task_id in dict.fromkeys(task_ids):
+        record = known.get(task_id)
+        if record is None:
+            targets.append(DumpTarget(task_id, unavailable=f"task {task_id} is not known to this agent"))
+            continue
+        with record.lock:
+            pid, ended, spawned = record.pid, record.ended, record.process is not None
+        if ended:
+            targets.append(DumpTarget(task_id, pid, unavailable=f"task {task_id} has ended"))
+        elif not spawned:
+            targets.append(
+                DumpTarget(task_id, unavailable=f"task {task_id} is still starting (no process yet)")
+            )
+        else:
+            targets.append(DumpTarget(task_id, pid, record.paths.stacks_dir))
+    return targets
+
+
+def answer_dump_stacks(
+    request: agent_pb2.DumpStacks,
+    targets: Iterable[DumpTarget],
+    send: Callable[[agent_pb2.AgentMessage], None],
+    method: str = "auto",
+) -> None:
+    """Dumps every target at once, each in its own thread; `send` gets one StackDump per task."""
+    for target in targets:
+        threading.Thread(
+            target=_answer_one,
+            args=(request.request_id, target, send, method),
+            name=f"stacks-{target.task_id}",
+            daemon=True,
+        ).start()
+
+
+def _answer_one(
+    request_id: str, target: DumpTarget, send: Callable[[agent_pb2.AgentMessage], None], method: str
+) -> None:
+    if target.unavailable:
+        taken = TakenStacks(target.pid, error=target.unavailable)
+    else:
+        try:
+            taken = take_stacks(target.pid, target.directory, method)
+        except Exception as error:  # noqa: BLE001 - the coordinator still gets an answer for this task
+            log.exception("taking the stacks of task %s failed", target.task_id)
+            taken = TakenStacks(target.pid, error=f"the agent failed to take the stacks: {error}")
+    if taken.error:
+        log.info("no stacks of task %s: %s", target.task_id, taken.error)
+    dump = agent_pb2.StackDump(
+        request_id=request_id,
+        task_id=target.task_id,
+        pid=taken.pid,
+        method=taken.method,
+        text=taken.text,
+        error=taken.error,
+        unix_ms=int(time.time() * 1000),
+    )
+    send(agent_pb2.AgentMessage(stacks=dump))
