@@ -22,7 +22,7 @@ from pathlib import Path
 
 from mwms.archive import ArchiveError, extract_archive
 from mwms.v1 import agent_pb2, agent_pb2_grpc
-from worker_agent import agent_state, artifacts, checkpoints
+from worker_agent import agent_state, artifacts, checkpoints, preflight
 from worker_agent.agent_state import AgentStateFile
 from worker_agent.bundles import BundleCache, BundleError
 from worker_agent.checkpoints import CheckpointWatcher, RestoreError
@@ -68,6 +68,9 @@ class TaskManager:
         # Reports waiting to be sent; `reports_ready` wakes the session's sender.
         self.reports: queue.Queue[agent_pb2.TaskReport] = queue.Queue()
         self.reports_ready = threading.Event()
+        # Preflight results waiting to be sent (before the reports taken with them; not resent after a
+        # reconnect: the task's report carries a failed check's message all the same).
+        self.preflight_results: queue.Queue[agent_pb2.PreflightResult] = queue.Queue()
 
     def use_stub(self, stub: agent_pb2_grpc.AgentServiceStub) -> None:
         """Uses `stub` (a new channel) for bundle fetches, uploads and checkpoint restores from now on."""
@@ -336,6 +339,8 @@ class TaskManager:
             if record.ended:
                 return
             env = child_environment(start, record.paths, os.environ)
+            if start.preflight and not self._preflight_passed(record, env):
+                return
             self._spawn(record, command, env)
         except (BundleError, ArchiveError) as error:
             self._reject(record, str(error))
@@ -344,6 +349,35 @@ class TaskManager:
         except Exception as error:  # noqa: BLE001 - the coordinator must hear about any failed start
             log.exception("task %s failed to start", record.task_id)
             self._reject(record, f"the agent failed to start the task: {error}")
+
+    def _preflight_passed(self, record: TaskRecord, env: dict[str, str]) -> bool:
+        """Runs the gang's preflight check (worker_agent/preflight.py); False when the task ended instead."""
+        outcome = preflight.run_check(record, env)
+        if outcome.stopped:
+            self._publish(record, agent_pb2.TASK_STATE_STOPPED, message=record.stop_reason or "stopped")
+            return False
+        self.preflight_results.put(outcome.result(record.task_id))
+        self.reports_ready.set()
+        if outcome.ok:
+            return True
+        log.warning("task %s: %s", record.task_id, preflight.failure_message(outcome))
+        self._publish(
+            record,
+            agent_pb2.TASK_STATE_FAILED,
+            message=preflight.failure_message(outcome),
+            exit_code=outcome.exit_code,
+            pid=record.pid,
+        )
+        return False
+
+    def drain_preflight_results(self) -> list[agent_pb2.PreflightResult]:
+        """The preflight results not sent yet, oldest first."""
+        results = []
+        while True:
+            try:
+                results.append(self.preflight_results.get_nowait())
+            except queue.Empty:
+                return results
 
     def _restore_checkpoint(self, record: TaskRecord) -> None:
         """Installs the job's latest checkpoint archive, once per job and attempt; a failure is only noted."""
