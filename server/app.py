@@ -15,7 +15,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 import mwms
 from mwms.v1 import agent_pb2_grpc
 from server.admin_token import bootstrap_admin_token
-from server.api import agents, bundles, dashboard, health, jobs, session, tokens
+from server.api import agents, bundles, dashboard, devices, health, jobs, session, tokens
 from server.api.auth import AuthMiddleware
 from server.api.body_limit import BodyLimitMiddleware
 from server.api.deps import Runtime
@@ -27,6 +27,7 @@ from server.liveness import Liveness
 from server.loops import BackgroundLoops
 from server.rpc.agent_service import AgentService
 from server.rpc.auth import AgentAuthInterceptor
+from server.rpc.device_ingest import DeviceTelemetryWriter
 from server.rpc.hub import AgentHub
 from server.rpc.ingest import TelemetryWriter
 from server.services.agents import grant_reconnect_grace
@@ -66,6 +67,7 @@ def create_app(settings: Settings) -> FastAPI:
         liveness = Liveness()
         loops = BackgroundLoops(db, settings, hub, liveness)
         telemetry = TelemetryWriter(db, hub.wake, loops.poke)
+        devices = DeviceTelemetryWriter(db, settings)
         grpc_server = grpc.aio.server(
             interceptors=[AgentAuthInterceptor(db)],
             options=[
@@ -77,7 +79,7 @@ def create_app(settings: Settings) -> FastAPI:
             ],
         )
         agent_pb2_grpc.add_AgentServiceServicer_to_server(
-            AgentService(db, settings, hub, loops.poke, liveness, telemetry), grpc_server
+            AgentService(db, settings, hub, loops.poke, liveness, telemetry, devices), grpc_server
         )
         bound = bind_grpc_port(grpc_server, settings)  # TLS when a certificate is configured
         if bound == 0:
@@ -87,10 +89,12 @@ def create_app(settings: Settings) -> FastAPI:
             )
         app.state.grpc_port = bound
         app.state.hub, app.state.liveness, app.state.telemetry = hub, liveness, telemetry  # tests, benchmarks
+        app.state.device_telemetry = devices  # the newest device samples, for server/api/devices.py
         await grpc_server.start()
         app.state.runtime = Runtime(db=db, settings=settings, poke_scheduler=loops.poke, wake_agents=hub.wake)
         hub.start()
         telemetry.start()
+        devices.start()
         loops.start()
         log.info("coordinator ready: gRPC for agents on %s:%d", settings.grpc_host, bound)
         try:
@@ -98,6 +102,7 @@ def create_app(settings: Settings) -> FastAPI:
         finally:
             await grpc_server.stop(grace=2)
             await telemetry.stop()
+            await devices.stop()
             await hub.stop()
             await loops.stop()
             db.dispose()
@@ -119,7 +124,7 @@ def create_app(settings: Settings) -> FastAPI:
     install_error_handlers(app)
     app.state.follow_slots = FollowSlots(settings.max_follows_per_user, settings.max_follows_total)
     routers = (health.router, session.router, tokens.router, bundles.router, jobs.router, agents.router)
-    for router in (*routers, dashboard.router):
+    for router in (*routers, devices.router, dashboard.router):
         app.include_router(router)
     # The last added runs first: headers on every response, then the Host check, then authentication,
     # then the bound on request bodies.

@@ -382,3 +382,66 @@ class WhoAmI(BaseModel):
     role: RoleName
     token_name: str
     via_session: bool
+
+
+# --- device telemetry (issue 11) ---
+
+
+class DeviceSampleOut(BaseModel):
+    """One device's newest sample (GPU, through NVML on its agent), as the coordinator received it."""
+
+    index: int
+    utilization_pct: float
+    memory_used_mib: int
+    memory_total_mib: int
+    temperature_c: float
+    at: datetime
+
+
+class DevicePointOut(BaseModel):
+    """One bucket of a device's series: mean utilisation and temperature, highest memory use."""
+
+    at: datetime
+    utilization_pct: float
+    memory_used_mib: int
+    memory_total_mib: int
+    temperature_c: float
+
+
+class DeviceSeriesOut(BaseModel):
+    index: int
+    points: list[DevicePointOut]
+
+
+class AgentDevicesOut(BaseModel):
+    agent_id: str
+    latest: list[DeviceSampleOut] = Field(description="the newest sample of each device")
+    bucket_seconds: int = Field(description="the width of one point of the series")
+    series: list[DeviceSeriesOut]
+    refused: int = Field(description="samples from this agent refused since the coordinator started")
+
+
+class AgentLatestDevicesOut(BaseModel):
+    agent_id: str
+    devices: list[DeviceSampleOut]
+
+
+class TaskDevicesOut(BaseModel):
+    task_index: int
+    agent_id: str
+    agent_name: str
+    device_kind: str
+    device_indices: list[int]
+    started_at: datetime | None
+    ended_at: datetime | None
+    series: list[DeviceSeriesOut] = Field(description="empty for CPU tasks and tasks that never started")
+
+
+class JobDevicesOut(BaseModel):
+    job_id: str
+    attempt: int | None
+    bucket_seconds: int
+    tasks: list[TaskDevicesOut]
+
+
+# --- end of device telemetry ---

@@ -168,3 +168,9 @@ class Settings(BaseSettings):
     # How often the retention loop looks for telemetry to delete.
     retention_interval_s: float = Field(default=300.0, gt=0, le=86400, allow_inf_nan=False)
     # --- end of retention ---
+
+    # --- device telemetry (issue 11) ---
+    # GPU samples (utilisation, memory, temperature) older than this many hours are deleted (never kept
+    # longer than telemetry_retention_days); 0: only telemetry_retention_days applies.
+    device_sample_retention_hours: float = Field(default=24.0, ge=0, le=36500 * 24, allow_inf_nan=False)
+    # --- end of device telemetry ---

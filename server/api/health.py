@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy import text
 
 from server.api.deps import ReadSession
+from server.observability.cluster_gauges import render
 
 router = APIRouter(tags=["health"])
 
@@ -19,5 +20,8 @@ def healthz(session: ReadSession) -> dict[str, str]:
 
 
 @router.get("/metrics", include_in_schema=False)
-def prometheus_metrics() -> Response:
-    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+def prometheus_metrics(request: Request) -> Response:
+    """Prometheus text format; any valid token (the viewer role) may scrape."""
+    return Response(
+        render(getattr(request.app.state, "cluster_metrics", None)), media_type=CONTENT_TYPE_LATEST
+    )

@@ -23,6 +23,7 @@ from server.liveness import Liveness
 from server.rpc import convert
 from server.rpc.agent_stream import AgentStream
 from server.rpc.auth import authenticated_agent_id, presented_credential
+from server.rpc.device_ingest import DeviceTelemetryWriter
 from server.rpc.hub import AgentHub
 from server.rpc.ingest import TelemetryWriter
 from server.services import agent_auth, files
@@ -45,6 +46,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         on_change: Callable[[], None],
         liveness: Liveness,
         telemetry: TelemetryWriter,
+        devices: DeviceTelemetryWriter | None = None,
     ) -> None:
         self.db = db
         self.settings = settings
@@ -52,6 +54,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         self.on_change = on_change  # wakes the scheduler when task states changed
         self.liveness = liveness
         self.telemetry = telemetry
+        self.devices = devices  # device samples; None: dropped
 
     async def _write(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         def run() -> T:

@@ -168,6 +168,9 @@ class AgentStream:
                 agent_messages.TelemetryBatch(self.agent_id, message.metrics.task_id, points=points)
             )
             self._unacked.put_nowait((message, body, store))
+        elif body == "devices" and service.devices is not None:
+            # Best effort: checked and queued (server/rpc/device_ingest.py), never acknowledged.
+            await service.devices.accept(self, self.agent_id, convert.device_samples(message.devices))
 
     async def _acknowledge(self) -> None:
         """Acknowledges stored batches in the order they came; a batch that could not be stored is

@@ -5,6 +5,7 @@ from __future__ import annotations
 from mwms.v1 import agent_pb2 as pb
 from server.db.models import Job, Task
 from server.services.agents import Registration
+from server.services.device_telemetry import IncomingSample
 from server.services.jobs import job_env
 from server.services.tasks import TaskReport
 from server.services.telemetry import IncomingLine, IncomingPoint, StoreOutcome
@@ -65,6 +66,19 @@ def metric_points(batch: pb.MetricBatch) -> list[IncomingPoint]:
     return [
         IncomingPoint(seq=p.seq, name=p.name, step=p.step, value=p.value, unix_ms=p.unix_ms)
         for p in batch.points
+    ]
+
+
+def device_samples(telemetry: pb.DeviceTelemetry) -> list[IncomingSample]:
+    return [
+        IncomingSample(
+            index=d.index,
+            utilization_pct=d.utilization_pct,
+            memory_used_mib=d.memory_used_mib,
+            memory_total_mib=d.memory_total_mib,
+            temperature_c=d.temperature_c,
+        )
+        for d in telemetry.devices
     ]
 
 

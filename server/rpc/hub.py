@@ -60,6 +60,10 @@ class AgentHub:
     def connected(self) -> set[str]:
         return set(self._owners)
 
+    def connected_count(self) -> int:
+        """Agents with a live session; safe from any thread (no iteration)."""
+        return len(self._owners)
+
     def wake(self, agent_ids: Iterable[str] | None = None) -> None:
         """Pushes the pending commands of the given agents (every connected one when None); any thread."""
         ids = None if agent_ids is None else list(agent_ids)

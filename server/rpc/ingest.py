@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from server.db.engine import Database
+from server.observability.instruments import count_ingested
 from server.services.agent_messages import TelemetryBatch, accept_telemetry
 from server.services.command_targets import track_command_targets
 from server.services.telemetry import StoreOutcome
@@ -87,6 +88,7 @@ class TelemetryWriter:
                         queued.done.set_exception(error)
                 continue
             self.transactions += 1
+            _count_ingested(group, outcomes)
             for queued, outcome in zip(group, outcomes, strict=True):
                 if queued.done.done():
                     continue
@@ -104,3 +106,16 @@ class TelemetryWriter:
             targets = track_command_targets(session)
             outcomes = accept_telemetry(session, batches)
         return outcomes, targets
+
+
+def _count_ingested(group: list[_Queued], outcomes: list[StoreOutcome | Exception]) -> None:
+    """One increment per kind for the whole transaction: what was stored and acknowledged, not refused."""
+    lines = points = 0
+    for queued, outcome in zip(group, outcomes, strict=True):
+        if isinstance(outcome, StoreOutcome):
+            accepted = max(0, queued.size - outcome.rejected)
+            if queued.batch.lines is not None:
+                lines += accepted
+            else:
+                points += accepted
+    count_ingested(lines, points)

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from server.db.models import Agent, Task, utcnow
 from server.errors import InvalidInput, NameTaken, NotFound, Unauthenticated
+from server.observability.instruments import count_registration
 from server.poison import contain
 from server.services.placement import AgentCapacity
 from server.services.tasks import mark_task_lost
@@ -115,6 +116,7 @@ def register_agent(
     agent.registered_at = now
     touch_agent(agent, timeout_s, now)
     session.flush()
+    count_registration(session)
     return agent
 
 

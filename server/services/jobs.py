@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from server.db.models import Agent, Attempt, Bundle, Job, LogLine, Task, utcnow
 from server.errors import Conflict, Forbidden, InvalidInput, NotFound
+from server.observability.instruments import count_restart
 from server.schemas import JobCreate, RestartOn
 from server.services import telemetry
 from server.services.transitions import transition_job, transition_task
@@ -261,10 +262,12 @@ def fail_attempt(
     backoff_base_s: float,
     now: datetime | None = None,
     log_tail: list[str] | None = None,
+    cause: str = "other",
 ) -> None:
     """Ends an attempt after a failure: stops any task still running, then restarts or fails the job.
 
     The reason people read is `reason`, then what happens next, then the failing task's last log lines.
+    `cause` labels a restart in mwms_job_restarts_total (server.observability.instruments.RESTART_CAUSES).
     """
     now = now or utcnow()
     if attempt.state != AttemptState.ACTIVE.value:
@@ -281,6 +284,7 @@ def fail_attempt(
         delay = restart_backoff(backoff_base_s, job.restarts)
         job.restarts += 1
         job.not_before = now + timedelta(seconds=delay)
+        count_restart(session, cause)
         transition_job(
             session,
             job,

@@ -83,6 +83,7 @@ def _check_startup_timeouts(session: Session, backoff_base_s: float, default_s: 
                 retryable=True,
                 backoff_base_s=backoff_base_s,
                 now=now,
+                cause="startup_timeout",
             )
 
 

@@ -164,7 +164,17 @@ def _settle_failed_attempt(
         backoff_base_s=backoff_base_s,
         now=now,
         log_tail=tail,
+        cause=_restart_cause(root),
     )
+
+
+def _restart_cause(task: Task) -> str:
+    """How the task that ends its attempt is counted in mwms_job_restarts_total."""
+    if task.state == TaskState.LOST.value:
+        return "agent_lost"
+    if task.exit_code is not None and (task.exit_code >= 128 or task.exit_code < 0):
+        return "signal"
+    return "exit_code" if task.exit_code else "other"
 
 
 def mark_task_lost(

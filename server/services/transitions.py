@@ -7,6 +7,7 @@ from datetime import datetime
 from sqlalchemy.orm import Session
 
 from server.db.models import Job, JobEvent, Task, utcnow
+from server.observability.instruments import observe_job_transition
 from server.states import JobState, TaskState, check_job_transition, check_task_transition
 
 
@@ -23,6 +24,7 @@ def transition_job(
         job.started_at = now
     if to.terminal:
         job.finished_at = now
+    observe_job_transition(session, job, current, to, now)  # counted once committed
     session.add(
         JobEvent(
             job_id=job.id,

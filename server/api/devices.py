@@ -1,0 +1,122 @@
+"""/api/v1 device telemetry: the newest sample of every device, an agent's devices, a job's tasks' devices."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Request
+
+from server.api.deps import ReadSession
+from server.limits import INT64_MAX
+from server.schemas import (
+    AgentDevicesOut,
+    AgentLatestDevicesOut,
+    DevicePointOut,
+    DeviceSampleOut,
+    DeviceSeriesOut,
+    ErrorOut,
+    JobDevicesOut,
+    TaskDevicesOut,
+)
+from server.services import device_series, jobs
+from server.services.device_series import DeviceSeries
+from server.services.device_telemetry import LatestSample, LatestSamples
+
+router = APIRouter(prefix="/api/v1", tags=["devices"])
+ERRORS: dict[int | str, dict[str, Any]] = {404: {"model": ErrorOut}}
+
+
+def latest_samples(request: Request) -> LatestSamples:
+    return request.app.state.device_telemetry.latest
+
+
+Latest = Annotated[LatestSamples, Depends(latest_samples)]
+
+
+def _sample_out(s: LatestSample) -> DeviceSampleOut:
+    return DeviceSampleOut(
+        index=s.index,
+        utilization_pct=s.utilization_pct,
+        memory_used_mib=s.memory_used_mib,
+        memory_total_mib=s.memory_total_mib,
+        temperature_c=s.temperature_c,
+        at=s.at,
+    )
+
+
+def _series_out(series: list[DeviceSeries]) -> list[DeviceSeriesOut]:
+    return [
+        DeviceSeriesOut(
+            index=s.index,
+            points=[
+                DevicePointOut(
+                    at=p.at,
+                    utilization_pct=p.utilization_pct,
+                    memory_used_mib=p.memory_used_mib,
+                    memory_total_mib=p.memory_total_mib,
+                    temperature_c=p.temperature_c,
+                )
+                for p in s.points
+            ],
+        )
+        for s in series
+    ]
+
+
+@router.get("/devices", response_model=list[AgentLatestDevicesOut])
+def latest_devices(latest: Latest) -> list[AgentLatestDevicesOut]:
+    """The newest sample of every device of every agent that sent any since the coordinator started."""
+    return [
+        AgentLatestDevicesOut(agent_id=agent_id, devices=[_sample_out(s) for s in latest.of(agent_id)])
+        for agent_id in latest.agents()
+    ]
+
+
+@router.get("/agents/{agent_id}/devices", response_model=AgentDevicesOut, responses=ERRORS)
+def agent_devices(
+    agent_id: str,
+    session: ReadSession,
+    latest: Latest,
+    minutes: Annotated[int, Query(ge=1, le=24 * 60, description="how far back the series go")] = 30,
+) -> AgentDevicesOut:
+    """An agent's devices: the newest sample of each, and each one's series over the last `minutes`."""
+    device_series.agent_for_devices(session, agent_id)
+    width, series = device_series.agent_series(session, agent_id, minutes)
+    return AgentDevicesOut(
+        agent_id=agent_id,
+        latest=[_sample_out(s) for s in latest.of(agent_id)],
+        bucket_seconds=width,
+        series=_series_out(series),
+        refused=latest.refused(agent_id),
+    )
+
+
+@router.get("/jobs/{job_id}/devices", response_model=JobDevicesOut, responses=ERRORS)
+def job_devices(
+    job_id: str,
+    session: ReadSession,
+    attempt: Annotated[int | None, Query(ge=1, le=INT64_MAX)] = None,
+) -> JobDevicesOut:
+    """Each task's devices (utilisation, memory, temperature) over its run, for an attempt (the newest
+    unless ?attempt= is given); CPU tasks have no series."""
+    job = jobs.get_job(session, job_id)
+    jobs.check_task_and_attempt(job, None, attempt)
+    found = device_series.job_series(session, job, attempt)
+    return JobDevicesOut(
+        job_id=job.id,
+        attempt=found.attempt,
+        bucket_seconds=found.bucket_seconds,
+        tasks=[
+            TaskDevicesOut(
+                task_index=t.task_index,
+                agent_id=t.agent_id,
+                agent_name=t.agent_name,
+                device_kind=t.device_kind,
+                device_indices=t.device_indices,
+                started_at=t.started_at,
+                ended_at=t.ended_at,
+                series=_series_out(t.series),
+            )
+            for t in found.tasks
+        ],
+    )
