@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint proto bench clean browser-deps
+.PHONY: install demo test test-fast lint proto bench bench-postgres clean browser-deps
 
 install: $(STAMP)
 
@@ -33,6 +33,10 @@ proto: install
 
 bench: install
 	$(BIN)/python bench/run.py
+
+# The same scenarios against a throwaway PostgreSQL 15 server the benchmark starts (initdb, pg_ctl).
+bench-postgres: install
+	$(BIN)/python bench/run.py --db postgres
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

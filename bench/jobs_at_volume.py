@@ -5,7 +5,10 @@ coordinator starts): finished jobs with attempts, tasks, metric points and log l
 a few live jobs. Then starts `mwms server` on it and times each endpoint with sequential keep-alive
 requests, printing p50/p99 beside the target. Targets live here, not in unit tests.
 
-Usage: python bench/jobs_at_volume.py [--jobs 100000] [--requests 200] [--out bench/results_jobs.json]
+With --db postgres the coordinator stores its state in a fresh database of a throwaway PostgreSQL server
+(bench/databases.py), seeded with COPY.
+
+Usage: python bench/jobs_at_volume.py [--db postgres] [--jobs 100000] [--requests 200] [--out FILE]
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import httpx  # noqa: E402
+from databases import CHOICES, BenchDatabase, bench_database  # noqa: E402
 
 from server.db.engine import Database  # noqa: E402
 from server.db.migrate import upgrade_to_head  # noqa: E402
@@ -58,44 +62,48 @@ def _chunks(rows: Iterator[tuple], size: int = 20_000) -> Iterator[list[tuple]]:
         yield chunk
 
 
-def seed(db_path: Path, jobs: int, seed_value: int = 7) -> dict[str, int]:
-    """Creates the schema, then bulk-inserts `jobs` finished jobs (plus 10 live ones) and their rows."""
-    database = Database(f"sqlite:///{db_path}")
+def seed(database_url: str, jobs: int, seed_value: int = 7) -> dict[str, int]:
+    """Creates the schema, then bulk-inserts `jobs` finished jobs (plus 10 live ones) and their rows.
+
+    SQLite through sqlite3's executemany, PostgreSQL through COPY, then VACUUM ANALYZE (what autovacuum
+    would have done to tables that grew over weeks), so the planner knows the tables' sizes.
+    """
+    database = Database(database_url)
     upgrade_to_head(database.engine)
     database.dispose()
+    tables = rows(jobs, seed_value)
+    if database_url.startswith("sqlite"):
+        _write_sqlite(Path(database_url.removeprefix("sqlite:///")), tables)
+    else:
+        _write_postgres(database_url, tables)
+    return {table: len(table_rows) for table, (_, table_rows) in tables.items()}
+
+
+Tables = dict[str, tuple[tuple[str, ...], list[tuple]]]
+
+
+def rows(jobs: int, seed_value: int = 7) -> Tables:
+    """Every table's columns and rows, in insertion order; timestamps as UTC text without a zone."""
     rng = random.Random(seed_value)
     now = datetime.now(timezone.utc)
     # Inside the default retention (30 days), so the timed run measures reads, not a first purge.
     start = now - timedelta(days=20)
     spacing = timedelta(days=19) / max(1, jobs)
-    conn = sqlite3.connect(db_path)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=OFF")
-    counts = {"jobs": 0, "attempts": 0, "tasks": 0, "metric_points": 0, "log_lines": 0}
-    with conn:
-        conn.execute(
-            "INSERT INTO bundles (digest, size, archive_format, filename, created_at) VALUES (?, ?, ?, ?, ?)",
-            (DIGEST, 100, "tar.gz", "bench.tar.gz", _ts(start)),
+    bundle_rows = [(DIGEST, 100, "tar.gz", "bench.tar.gz", _ts(start))]
+    agent_rows = [
+        (
+            f"agent{i:07d}",
+            f"bench-agent-{i}",
+            f"host{i}",
+            "127.0.0.1",
+            20000,
+            20100,
+            "bench",
+            json.dumps([{"kind": "cpu", "index": 0, "name": "cpu", "uuid": "", "memory_mib": 0}]),
+            _ts(start),
         )
-        conn.executemany(
-            "INSERT INTO agents (id, name, hostname, advertise_address, port_low, port_high, version, devices, "
-            "registered_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [
-                (
-                    f"agent{i:07d}",
-                    f"bench-agent-{i}",
-                    f"host{i}",
-                    "127.0.0.1",
-                    20000,
-                    20100,
-                    "bench",
-                    json.dumps([{"kind": "cpu", "index": 0, "name": "cpu", "uuid": "", "memory_mib": 0}]),
-                    _ts(start),
-                )
-                for i in range(AGENTS)
-            ],
-        )
-
+        for i in range(AGENTS)
+    ]
     job_rows: list[tuple] = []
     attempt_rows: list[tuple] = []
     task_rows: list[tuple] = []
@@ -191,42 +199,104 @@ def seed(db_path: Path, jobs: int, seed_value: int = 7) -> dict[str, int]:
                     for seq in range(1, 3):
                         line_rows.append((job_id, task_id, seq, "stdout", f"step {seq}", _ts(created)))
 
-    statements = {
+    return {
+        "bundles": (("digest", "size", "archive_format", "filename", "created_at"), bundle_rows),
+        "agents": (
+            (
+                "id",
+                "name",
+                "hostname",
+                "advertise_address",
+                "port_low",
+                "port_high",
+                "version",
+                "devices",
+                "registered_at",
+            ),
+            agent_rows,
+        ),
         "jobs": (
-            "INSERT INTO jobs (id, name, state, reason, bundle_digest, command, env, num_workers, "
-            "gpus_per_worker, options, restarts, created_at, started_at, finished_at, submitted_by, "
-            "cancelled_by) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                "id",
+                "name",
+                "state",
+                "reason",
+                "bundle_digest",
+                "command",
+                "env",
+                "num_workers",
+                "gpus_per_worker",
+                "options",
+                "restarts",
+                "created_at",
+                "started_at",
+                "finished_at",
+                "submitted_by",
+                "cancelled_by",
+            ),
             job_rows,
         ),
-        "attempts": (
-            "INSERT INTO attempts (id, job_id, number, state, reason, created_at, ended_at) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            attempt_rows,
-        ),
+        "attempts": (("id", "job_id", "number", "state", "reason", "created_at", "ended_at"), attempt_rows),
         "tasks": (
-            'INSERT INTO tasks (id, job_id, attempt_id, attempt_number, "index", agent_id, host, port, '
-            "device_kind, device_indices, tf_config, state, exit_code, message, pid, stop_requested, "
-            "stop_reason, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                "id",
+                "job_id",
+                "attempt_id",
+                "attempt_number",
+                "index",
+                "agent_id",
+                "host",
+                "port",
+                "device_kind",
+                "device_indices",
+                "tf_config",
+                "state",
+                "exit_code",
+                "message",
+                "pid",
+                "stop_requested",
+                "stop_reason",
+                "created_at",
+            ),
             task_rows,
         ),
         "metric_points": (
-            "INSERT INTO metric_points (job_id, task_id, attempt, seq, name, step, value, wall_time) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            ("job_id", "task_id", "attempt", "seq", "name", "step", "value", "wall_time"),
             point_rows,
         ),
-        "log_lines": (
-            "INSERT INTO log_lines (job_id, task_id, seq, stream, text, at) VALUES (?, ?, ?, ?, ?, ?)",
-            line_rows,
-        ),
+        "log_lines": (("job_id", "task_id", "seq", "stream", "text", "at"), line_rows),
     }
+
+
+def _columns(columns: tuple[str, ...]) -> str:
+    return ", ".join(f'"{c}"' for c in columns)
+
+
+def _write_sqlite(db_path: Path, tables: Tables) -> None:
+    conn = sqlite3.connect(db_path)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=OFF")
     with conn:
-        for table, (sql, rows) in statements.items():
-            for chunk in _chunks(iter(rows)):
+        for table, (columns, table_rows) in tables.items():
+            sql = f"INSERT INTO {table} ({_columns(columns)}) VALUES ({', '.join('?' * len(columns))})"
+            for chunk in _chunks(iter(table_rows)):
                 conn.executemany(sql, chunk)
-            counts[table] = len(rows)
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()
-    return counts
+
+
+def _write_postgres(database_url: str, tables: Tables) -> None:
+    import psycopg
+
+    with psycopg.connect(database_url.replace("postgresql+psycopg://", "postgresql://")) as conn:
+        conn.execute("SET TIME ZONE 'UTC'")  # the rows' timestamps are UTC text without a zone
+        for table, (columns, table_rows) in tables.items():
+            with conn.cursor().copy(f"COPY {table} ({_columns(columns)}) FROM STDIN") as copy:
+                for row in table_rows:
+                    copy.write_row(row)
+        conn.commit()
+        conn.autocommit = True
+        conn.execute("VACUUM ANALYZE")
 
 
 def timed(call: Callable[[], httpx.Response], requests: int, warmup: int = 10) -> dict[str, float]:
@@ -280,14 +350,22 @@ def measure(cluster: Cluster, requests: int, jobs: int) -> dict[str, dict[str, f
 RECORDED_ONLY = ("GET /jobs?limit=500",)
 
 
-def run_scenario(jobs: int = 100_000, requests: int = 200) -> dict[str, Any]:
+def run_scenario(
+    jobs: int = 100_000, requests: int = 200, database: BenchDatabase | None = None
+) -> dict[str, Any]:
     """Seeds `jobs` finished jobs, starts a coordinator on them and times the endpoints; the results dict
-    (as written to results_jobs.json) lists the missed targets under "missed". For bench/run.py."""
+    (as written to results_jobs.json) lists the missed targets under "missed". For bench/run.py.
+
+    `database`: where the coordinator stores its state (default: SQLite in its data dir)."""
+    database = database or BenchDatabase("sqlite")
+    url = database.fresh("jobs")
     with tempfile.TemporaryDirectory() as tmp:
-        cluster = Cluster(root=Path(tmp), http_port=free_port(), grpc_port=free_port())
+        cluster = Cluster(
+            root=Path(tmp), http_port=free_port(), grpc_port=free_port(), server_env=database.server_env(url)
+        )
         (cluster.root / "data").mkdir()
         began = time.monotonic()
-        counts = seed(cluster.root / "data" / "mwms.db", jobs)
+        counts = seed(url or f"sqlite:///{cluster.root / 'data' / 'mwms.db'}", jobs)
         seed_s = time.monotonic() - began
         print(f"seeded {counts} in {seed_s:.1f} s", flush=True)
         try:
@@ -295,6 +373,7 @@ def run_scenario(jobs: int = 100_000, requests: int = 200) -> dict[str, Any]:
             endpoints = measure(cluster, requests, jobs)
         finally:
             cluster.stop()
+        top_statements = database.top_statements(url)
     missed = []
     print(f"\n{'endpoint':<36} {'p50 ms':>8} {'p99 ms':>8}   target")
     for name, figures in endpoints.items():
@@ -319,6 +398,8 @@ def run_scenario(jobs: int = 100_000, requests: int = 200) -> dict[str, Any]:
         "target_create_p50_ms": TARGET_CREATE_P50_MS,
         "endpoints": endpoints,
         "missed": missed,
+        "database": database.kind,
+        "database_top_statements": top_statements,
     }
 
 
@@ -328,10 +409,16 @@ def main() -> int:
     )
     parser.add_argument("--jobs", type=int, default=100_000)
     parser.add_argument("--requests", type=int, default=200)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results_jobs.json")
+    parser.add_argument("--db", choices=CHOICES, default="sqlite", help="the coordinator's database")
+    parser.add_argument(
+        "--out", type=Path, help="default: bench/results_jobs.json, results_jobs_postgres.json"
+    )
     args = parser.parse_args()
-    results = run_scenario(args.jobs, args.requests)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    suffix = "" if args.db == "sqlite" else f"_{args.db}"
+    out = args.out or ROOT / "bench" / f"results_jobs{suffix}.json"
+    with bench_database(args.db) as database:
+        results = run_scenario(args.jobs, args.requests, database)
+    out.write_text(json.dumps(results, indent=2) + "\n")
     for name in results["missed"]:
         print(f"MISSED TARGET {name}", file=sys.stderr)
     return 1 if results["missed"] else 0

@@ -9,8 +9,11 @@ Scenarios (--scenario, repeatable; default: all):
   jobs        the endpoints the dashboard polls with 100,000 finished jobs stored (bench/jobs_at_volume.py)
   agents, gangs, ingest  issue 10's scale scenarios with simulated agents speaking the real protocol
               (bench/scale.py, bench/simulator.py), each against a fresh coordinator.
-Targets live here, not in unit tests. Results go to bench/results.json; exit status 1 when one is missed.
-Usage: python bench/run.py [--scenario agents --agents 1000 --seconds 30] [--runs 5] [--lines 50000]
+Every scenario runs against SQLite (--db sqlite, the default) or against a fresh database in a throwaway
+PostgreSQL server this script starts and removes (--db postgres; bench/databases.py).
+Targets live here, not in unit tests. Results go to bench/results.json (bench/results_postgres.json with
+--db postgres); exit status 1 when one is missed.
+Usage: python bench/run.py [--db postgres] [--scenario agents --agents 1000 --seconds 30] [--runs 5]
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import asyncio
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -34,6 +38,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import jobs_at_volume  # noqa: E402
 import scale  # noqa: E402
+from databases import CHOICES, BenchDatabase, bench_database  # noqa: E402
 
 from cluster import Cluster, free_port, wait_until  # noqa: E402
 
@@ -104,9 +109,12 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
-def run_turnaround(args: argparse.Namespace) -> dict[str, float]:
+def run_turnaround(args: argparse.Namespace, database: BenchDatabase) -> dict[str, object]:
+    url = database.fresh("turnaround")
     with tempfile.TemporaryDirectory() as tmp:
-        cluster = Cluster(root=Path(tmp), http_port=free_port(), grpc_port=free_port())
+        cluster = Cluster(
+            root=Path(tmp), http_port=free_port(), grpc_port=free_port(), server_env=database.server_env(url)
+        )
         try:
             cluster.start_server()
             cluster.start_agent("bench-1", 22000)
@@ -118,31 +126,41 @@ def run_turnaround(args: argparse.Namespace) -> dict[str, float]:
                 "log_lines_per_s": log_throughput(cluster, args.lines),
                 "metric_points_per_s": metric_throughput(cluster, args.points),
                 "coordinator_rss_mib": rss_mib(cluster.server.popen.pid) if cluster.server else 0.0,
+                "database_top_statements": database.top_statements(url),
             }
         finally:
             cluster.stop()
 
 
-def run_scale(name: str, args: argparse.Namespace) -> dict[str, object]:
-    """One scale scenario against a fresh coordinator, with this process as the simulator.
+def run_scale(name: str, args: argparse.Namespace, database: BenchDatabase) -> dict[str, object]:
+    """One scale scenario against a fresh coordinator and database, with this process as the simulator.
 
     A scenario that breaks returns what it measured until then, with the error.
     """
     results: dict[str, object] = {}
+    url = database.fresh(name)
+    pid = database.pid
     with tempfile.TemporaryDirectory() as tmp:
-        cluster = Cluster(root=Path(tmp), http_port=free_port(), grpc_port=free_port())
+        cluster = Cluster(
+            root=Path(tmp), http_port=free_port(), grpc_port=free_port(), server_env=database.server_env(url)
+        )
         try:
             cluster.start_server()
             assert cluster.server is not None
             if name == "agents":
-                coroutine = scale.scenario_agents(cluster, results, args.agents, args.seconds)
+                coroutine = scale.scenario_agents(
+                    cluster, results, args.agents, args.seconds, database_pid=pid
+                )
             elif name == "gangs":
                 sizes = tuple(s for s in args.gang if s <= args.agents)
-                coroutine = scale.scenario_gangs(cluster, results, args.agents, sizes)
+                coroutine = scale.scenario_gangs(cluster, results, args.agents, sizes, database_pid=pid)
             else:
-                coroutine = scale.scenario_ingest(cluster, results, args.agents, args.tasks, args.seconds)
+                coroutine = scale.scenario_ingest(
+                    cluster, results, args.agents, args.tasks, args.seconds, database_pid=pid
+                )
             asyncio.run(coroutine)
             results["coordinator_rss_mib"] = rss_mib(cluster.server.popen.pid)
+            results["database_top_statements"] = database.top_statements(url)
             return results
         except Exception as error:  # noqa: BLE001 - a scenario that breaks is a result too
             tail = cluster.server.log_tail(40) if cluster.server else ""
@@ -220,7 +238,21 @@ def earlier_scenarios(path: Path) -> dict[str, dict[str, object]]:
     return {name: {**stamp, **figures} for name, figures in scenarios.items() if isinstance(figures, dict)}
 
 
+def write_results(
+    path: Path, stamp: dict[str, str], scenarios: dict[str, dict[str, object]], missed: list[str] | None
+) -> None:
+    """This run's scenarios over the earlier file's; `missed` None while the run is still going."""
+    results = {**stamp, "scenarios": earlier_scenarios(path) | scenarios, "missed_this_run": missed}
+    path.write_text(json.dumps(results, indent=2, default=str) + "\n")
+
+
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    # As SystemExit, so the coordinators and a PostgreSQL server are stopped on the way out, as on Ctrl-C.
+    raise SystemExit(128 + signum)
+
+
 def main() -> int:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -234,8 +266,11 @@ def main() -> int:
     parser.add_argument("--tasks", type=int, default=50, help="streaming tasks (ingest)")
     parser.add_argument("--jobs", type=int, default=100_000, help="finished jobs stored (jobs)")
     parser.add_argument("--requests", type=int, default=200, help="requests per endpoint (jobs)")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results.json")
+    parser.add_argument("--db", choices=CHOICES, default="sqlite", help="the coordinators' database")
+    parser.add_argument("--out", type=Path, help="default: bench/results.json, results_postgres.json")
     args = parser.parse_args()
+    if args.out is None:
+        args.out = ROOT / "bench" / ("results.json" if args.db == "sqlite" else f"results_{args.db}.json")
     args.gang = args.gang or [64, 256]
     chosen = args.scenario or list(SCENARIOS)
     # Taken at the start: the tree measured is the one the coordinators started from.
@@ -244,26 +279,32 @@ def main() -> int:
         "commit": commit(),
         "machine": machine(),
         "arguments": " ".join(sys.argv[1:]),
+        "database": args.db,
     }
     scenarios: dict[str, dict[str, object]] = {}
-    for name in SCENARIOS:
-        if name not in chosen:
-            continue
-        started = time.monotonic()
-        print(f"--- {name}", file=sys.stderr, flush=True)
-        if name == "turnaround":
-            scenarios[name] = run_turnaround(args)
-        elif name == "jobs":  # bench/jobs_at_volume.py prints and judges its own endpoints' targets
-            scenarios[name] = jobs_at_volume.run_scenario(args.jobs, args.requests)
-        else:
-            scenarios[name] = run_scale(name, args)
-        scenarios[name]["scenario_wall_s"] = time.monotonic() - started
-        print(json.dumps({name: scenarios[name]}, indent=2, default=str), flush=True)
+    with bench_database(args.db) as database:
+        for name in SCENARIOS:
+            if name not in chosen:
+                continue
+            started = time.monotonic()
+            load_before = os.getloadavg()
+            print(f"--- {name} ({args.db})", file=sys.stderr, flush=True)
+            if name == "turnaround":
+                scenarios[name] = run_turnaround(args, database)
+            elif name == "jobs":  # bench/jobs_at_volume.py prints and judges its own endpoints' targets
+                scenarios[name] = jobs_at_volume.run_scenario(args.jobs, args.requests, database)
+            else:
+                scenarios[name] = run_scale(name, args, database)
+            scenarios[name]["scenario_wall_s"] = time.monotonic() - started
+            # The 1-minute load average (as `uptime` shows it) before and after: how shared the machine was.
+            scenarios[name]["load_average_before"] = load_before
+            scenarios[name]["load_average_after"] = os.getloadavg()
+            scenarios[name].update(stamp)
+            print(json.dumps({name: scenarios[name]}, indent=2, default=str), flush=True)
+            # Written after each scenario, so an interrupted run keeps what it measured.
+            write_results(args.out, stamp, scenarios, missed=None)
     missed = report(scenarios) + [f"jobs.{m}" for m in scenarios.get("jobs", {}).get("missed", [])]  # type: ignore[union-attr]
-    for figures in scenarios.values():
-        figures.update(stamp)
-    results = {**stamp, "scenarios": earlier_scenarios(args.out) | scenarios, "missed_this_run": missed}
-    args.out.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    write_results(args.out, stamp, scenarios, missed)
     for line in missed:
         print(f"MISSED TARGET {line}", file=sys.stderr)
     return 1 if missed else 0

@@ -6,8 +6,9 @@
   ingest: 50 tasks streaming metric points and log lines as fast as acks allow while the other agents
           heartbeat: points/s and lines/s acked AND readable through the API, heartbeat round trips.
 
-The coordinator is a real `mwms server` process (tests/cluster.py); the simulator runs in this process,
-on one asyncio loop, and its own CPU and loop lag are reported beside the figures.
+The coordinator is a real `mwms server` process (tests/cluster.py), on SQLite or on PostgreSQL as
+bench/run.py --db chooses; the simulator runs in this process, on one asyncio loop, and its own CPU and
+loop lag (and the PostgreSQL server's CPU, when there is one) are reported beside the figures.
 """
 
 from __future__ import annotations
@@ -37,6 +38,21 @@ def cpu_seconds(pid: int | str) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
+def process_tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of a server process and its children, live and ended (a PostgreSQL postmaster and its
+    backends): its own time, its waited-for children's (cutime, cstime) and its live children's."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    total = sum(int(x) for x in fields[11:15])
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            child = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile: its time is in the parent's cutime now
+        if child[1] == str(pid):
+            total += int(child[11]) + int(child[12])
+    return total / TICKS
+
+
 def runqueue_wait_seconds(pid: int | str) -> float:
     """Seconds the threads of a process spent runnable but waiting for a CPU (/proc/<pid>/task/*/schedstat)."""
     total = 0
@@ -62,10 +78,12 @@ def percentile(values: list[float], p: float) -> float | None:
 
 
 class Window:
-    """CPU of the coordinator and of this process over a stretch of wall time."""
+    """CPU of the coordinator, of this process and of the database server (when one runs) over wall time."""
 
-    def __init__(self, coordinator_pid: int) -> None:
+    def __init__(self, coordinator_pid: int, database_pid: int | None = None) -> None:
         self.pid = coordinator_pid
+        self.database_pid = database_pid
+        self.database0 = process_tree_cpu_seconds(database_pid) if database_pid else 0.0
         self.start = time.monotonic()
         self.cpu0 = cpu_seconds(coordinator_pid)
         self.self0 = cpu_seconds("self")
@@ -78,13 +96,20 @@ class Window:
         coordinator = 100 * (cpu_seconds(self.pid) - self.cpu0) / wall
         simulator = 100 * (cpu_seconds("self") - self.self0) / wall
         machine = 100 * (machine_busy_seconds() - self.machine0) / wall
+        database = (
+            100 * (process_tree_cpu_seconds(self.database_pid) - self.database0) / wall
+            if self.database_pid
+            else 0.0
+        )
         return {
             "window_s": wall,
             "coordinator_cpu_pct": coordinator,
             "simulator_cpu_pct": simulator,
+            # The PostgreSQL server's processes (0 with SQLite, which runs inside the coordinator).
+            "database_cpu_pct": database,
             # Other processes on this machine in the same window (other benchmarks, test suites): a shared
             # machine makes every figure worse, so the figure says how shared it was.
-            "other_processes_cpu_pct": max(0.0, machine - coordinator - simulator),
+            "other_processes_cpu_pct": max(0.0, machine - coordinator - simulator - database),
             # Time the coordinator's threads were ready to run but had no CPU, % of the window (summed over
             # threads, so it can pass 100): round trips include this wait.
             "coordinator_cpu_wait_pct": 100 * (runqueue_wait_seconds(self.pid) - self.wait0) / wall,
@@ -156,7 +181,12 @@ def run_async(main: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
 
 
 async def scenario_agents(
-    cluster: Cluster, results: dict[str, Any], agents: int, seconds: float, settle_s: float = 5.0
+    cluster: Cluster,
+    results: dict[str, Any],
+    agents: int,
+    seconds: float,
+    settle_s: float = 5.0,
+    database_pid: int | None = None,
 ) -> None:
     """N agents heartbeating at 1 Hz for `seconds`: round trips, coordinator CPU, lost agents."""
     assert cluster.server is not None
@@ -164,7 +194,7 @@ async def scenario_agents(
     sim = await start_fleet(cluster, agents, sim_config(cluster), results)
     try:
         await asyncio.sleep(settle_s)  # registration's own load passes before the window opens
-        window = Window(cluster.server.popen.pid)
+        window = Window(cluster.server.popen.pid, database_pid)
         await asyncio.sleep(seconds)
         results |= window.close()
         await drain_heartbeats(sim, window.end)
@@ -176,7 +206,11 @@ async def scenario_agents(
 
 
 async def scenario_gangs(
-    cluster: Cluster, results: dict[str, Any], agents: int, sizes: tuple[int, ...] = (64, 256)
+    cluster: Cluster,
+    results: dict[str, Any],
+    agents: int,
+    sizes: tuple[int, ...] = (64, 256),
+    database_pid: int | None = None,
 ) -> None:
     """With N agents connected, submit -> RUNNING (and -> SUCCEEDED) of one gang per size, one at a time."""
     assert cluster.server is not None
@@ -186,10 +220,12 @@ async def scenario_gangs(
         async with admin_client(cluster) as http:
             digest = await upload_bundle(http)
             for size in sizes:
-                window = Window(cluster.server.popen.pid)
+                window = Window(cluster.server.popen.pid, database_pid)
                 figures = await run_gang(http, sim, digest, size)
                 results |= {f"gang{size}_{k}": v for k, v in figures.items()}
-                results[f"gang{size}_coordinator_cpu_pct"] = window.close()["coordinator_cpu_pct"]
+                closed = window.close()
+                results[f"gang{size}_coordinator_cpu_pct"] = closed["coordinator_cpu_pct"]
+                results[f"gang{size}_database_cpu_pct"] = closed["database_cpu_pct"]
             results |= await lost_agents(http, sim)
     finally:
         await sim.close()
@@ -231,7 +267,12 @@ async def run_gang(http: httpx.AsyncClient, sim: Simulator, digest: str, workers
 
 
 async def scenario_ingest(
-    cluster: Cluster, results: dict[str, Any], agents: int, tasks: int, seconds: float
+    cluster: Cluster,
+    results: dict[str, Any],
+    agents: int,
+    tasks: int,
+    seconds: float,
+    database_pid: int | None = None,
 ) -> None:
     """`tasks` one-worker jobs streaming metrics and logs as fast as acks allow, the other agents heartbeating.
 
@@ -254,7 +295,7 @@ async def scenario_ingest(
             for agent in sim.agents:
                 agent.telemetry = None  # only the first `tasks` starts stream
             others = [a for a in sim.agents if not a.tasks]
-            window = Window(cluster.server.popen.pid)
+            window = Window(cluster.server.popen.pid, database_pid)
             await asyncio.sleep(seconds)
             for task in sim.tasks():
                 task.done.set()  # the producers stop; what is in flight is still acked

@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import tempfile
-import time
-from pathlib import Path
-
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from postgres_server import PostgresUnavailable, postgres_server
 from sqlalchemy import func, inspect, select
 
 from server.db.engine import Database
@@ -30,51 +24,15 @@ from server.services.telemetry import (
     value_out,
 )
 
-from cluster import free_port
-
-
-def _run_as_postgres(argv: list[str]) -> subprocess.CompletedProcess:
-    if os.geteuid() == 0:
-        argv = ["runuser", "-u", "postgres", "--", *argv]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
-
 
 @pytest.fixture(scope="module")
 def postgres_url():
-    initdb = shutil.which("initdb") or "/usr/lib/postgresql/15/bin/initdb"
-    pg_ctl = shutil.which("pg_ctl") or "/usr/lib/postgresql/15/bin/pg_ctl"
-    if not (Path(initdb).exists() and Path(pg_ctl).exists()):
-        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) are not installed")
-    root = Path(tempfile.mkdtemp(prefix="mwms-pg-"))
-    os.chmod(root, 0o777)
-    data = root / "data"
-    result = _run_as_postgres([initdb, "-D", str(data), "-U", "mwms", "--auth=trust", "-E", "UTF8"])
-    if result.returncode != 0:
-        shutil.rmtree(root, ignore_errors=True)
-        pytest.skip(f"cannot initialise a PostgreSQL cluster here: {result.stderr.strip()[:300]}")
-    port = free_port()
-    started = _run_as_postgres(
-        [
-            pg_ctl,
-            "-D",
-            str(data),
-            "-l",
-            str(root / "log"),
-            "-w",
-            "-o",
-            f"-p {port} -k {root} -c listen_addresses=127.0.0.1",
-            "start",
-        ]
-    )
-    if started.returncode != 0:
-        shutil.rmtree(root, ignore_errors=True)
-        pytest.skip(f"cannot start PostgreSQL here: {started.stderr.strip()[:300]}")
+    """A fresh PostgreSQL cluster for this module (tests/postgres_server.py, shared with bench/run.py)."""
     try:
-        yield f"postgresql+psycopg://mwms@127.0.0.1:{port}/postgres"
-    finally:
-        _run_as_postgres([pg_ctl, "-D", str(data), "-m", "fast", "stop"])
-        time.sleep(0.2)
-        shutil.rmtree(root, ignore_errors=True)
+        with postgres_server() as server:
+            yield server.url
+    except PostgresUnavailable as error:
+        pytest.skip(str(error))
 
 
 def test_migrations_run_both_ways_on_postgres(postgres_url):
