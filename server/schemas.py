@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from datetime import datetime
 from enum import Enum
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
@@ -445,3 +445,29 @@ class JobDevicesOut(BaseModel):
 
 
 # --- end of device telemetry ---
+
+
+class PreflightResultOut(BaseModel):
+    """What one task's preflight check found (report: see mwms/preflight_contract.py)."""
+
+    task_index: int
+    task_id: str
+    ok: bool
+    message: str
+    at: datetime
+    report: dict[str, Any] = Field(
+        description="reachable_s, peers, tcp, collective, allreduce [{bytes, seconds, algbw_gbps, busbw_gbps}]"
+    )
+
+
+class PreflightAttemptOut(BaseModel):
+    attempt: int
+    ok: bool = Field(description="every task that reported passed")
+    results: list[PreflightResultOut]
+
+
+class PreflightOut(BaseModel):
+    """The preflight results of a job, per attempt and task; empty when no check ran."""
+
+    job_id: str
+    attempts: list[PreflightAttemptOut]
