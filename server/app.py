@@ -20,6 +20,7 @@ from server.api.auth import AuthMiddleware
 from server.api.body_limit import BodyLimitMiddleware
 from server.api.deps import Runtime
 from server.api.errors import install_error_handlers
+from server.api.preflight import router as preflight_router
 from server.api.security_headers import SecurityHeadersMiddleware
 from server.db.engine import Database
 from server.db.migrate import upgrade_to_head
@@ -122,6 +123,7 @@ def create_app(settings: Settings) -> FastAPI:
         return HTMLResponse(SWAGGER_PAGE)
 
     install_error_handlers(app)
+    app.include_router(preflight_router)
     app.state.follow_slots = FollowSlots(settings.max_follows_per_user, settings.max_follows_total)
     routers = (health.router, session.router, tokens.router, bundles.router, jobs.router, agents.router)
     for router in (*routers, devices.router, dashboard.router):

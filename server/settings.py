@@ -61,6 +61,8 @@ class Settings(BaseSettings):
     hang_timeout_s: float = Field(default=0.0, ge=0, le=30 * 24 * 3600, allow_inf_nan=False)
     # Default for jobs that do not set preflight: run the gang's preflight check before the program.
     preflight: bool = False
+    # Seconds an agent lets a task's preflight check run before it kills it and fails the task.
+    preflight_timeout_s: int = Field(default=120, ge=10, le=3600)
     # A shared filesystem path for checkpoints; empty: agents ship checkpoints through the coordinator.
     shared_checkpoint_dir: str = ""
 

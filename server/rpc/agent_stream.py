@@ -25,7 +25,7 @@ from server.errors import DomainError
 from server.poison import contain, count_poison, is_transient
 from server.rpc import convert
 from server.rpc.status import grpc_status
-from server.services import agent_messages
+from server.services import agent_messages, preflight
 from server.services.telemetry import StoreOutcome
 
 if TYPE_CHECKING:
@@ -168,6 +168,11 @@ class AgentStream:
                 agent_messages.TelemetryBatch(self.agent_id, message.metrics.task_id, points=points)
             )
             self._unacked.put_nowait((message, body, store))
+        elif body == "preflight":
+            # Stored only: a failed check's task report (which follows) ends the attempt.
+            await service.write_tracked(
+                preflight.store_result, self.agent_id, convert.preflight_result(message.preflight)
+            )
         elif body == "devices" and service.devices is not None:
             # Best effort: checked and queued (server/rpc/device_ingest.py), never acknowledged.
             await service.devices.accept(self, self.agent_id, convert.device_samples(message.devices))
@@ -243,8 +248,12 @@ class AgentStream:
     async def _start_command(self, task: Any, job: Any) -> pb.CoordinatorMessage | None:
         """The StartTask for `task`, or None when its job's row cannot make one (the job is failed)."""
         try:
+            settings = self.settings
+            preflight_s = (
+                settings.preflight_timeout_s if preflight.preflight_wanted(job, settings.preflight) else None
+            )
             command = convert.start_task(
-                task, job, self.settings.stop_grace_s, self.settings.shared_checkpoint_dir
+                task, job, settings.stop_grace_s, settings.shared_checkpoint_dir, preflight_s
             )
         except Exception as error:  # noqa: BLE001 - a damaged job row must not stop this agent's commands
             contain(log, "start_task", task.id, f"the start command of task {task.id} (job {job.id})")

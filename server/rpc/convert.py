@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from mwms.preflight_contract import parse_report
 from mwms.v1 import agent_pb2 as pb
 from server.db.models import Job, Task
 from server.services.agents import Registration
 from server.services.device_telemetry import IncomingSample
 from server.services.jobs import job_env
+from server.services.preflight import IncomingPreflight
 from server.services.tasks import TaskReport
 from server.services.telemetry import IncomingLine, IncomingPoint, StoreOutcome
 from server.states import TaskState
 
+# A preflight report longer than this is stored as {} (the agent sends at most 64 KiB).
+MAX_REPORT_CHARS = 64 * 1024
 _DEVICE_KINDS = {pb.DEVICE_KIND_GPU: "gpu", pb.DEVICE_KIND_CPU_SLOT: "cpu"}
 _TASK_STATES = {
     pb.TASK_STATE_STARTING: TaskState.STARTING,
@@ -82,7 +86,14 @@ def device_samples(telemetry: pb.DeviceTelemetry) -> list[IncomingSample]:
     ]
 
 
-def start_task(task: Task, job: Job, stop_grace_s: int, shared_checkpoint_dir: str) -> pb.CoordinatorMessage:
+def start_task(
+    task: Task,
+    job: Job,
+    stop_grace_s: int,
+    shared_checkpoint_dir: str,
+    preflight_timeout_s: int | None = None,
+) -> pb.CoordinatorMessage:
+    """The StartTask; `preflight_timeout_s` (not None) asks for the gang's preflight check first."""
     return pb.CoordinatorMessage(
         start=pb.StartTask(
             task_id=task.id,
@@ -100,7 +111,18 @@ def start_task(task: Task, job: Job, stop_grace_s: int, shared_checkpoint_dir: s
             stop_grace_seconds=stop_grace_s,
             restore_checkpoint=task.attempt_number > 1,
             shared_checkpoint_dir=shared_checkpoint_dir,
+            preflight=preflight_timeout_s is not None,
+            preflight_timeout_seconds=preflight_timeout_s or 0,
         )
+    )
+
+
+def preflight_result(result: pb.PreflightResult) -> IncomingPreflight:
+    return IncomingPreflight(
+        task_id=result.task_id,
+        ok=result.ok,
+        message=result.message,
+        report=parse_report(result.report_json[:MAX_REPORT_CHARS]),
     )
 
 
