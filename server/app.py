@@ -22,8 +22,10 @@ from server.api.deps import Runtime
 from server.api.errors import install_error_handlers
 from server.api.preflight import router as preflight_router
 from server.api.security_headers import SecurityHeadersMiddleware
+from server.api.stacks import router as stacks_router
 from server.db.engine import Database
 from server.db.migrate import upgrade_to_head
+from server.hang_detector import HangDetector
 from server.liveness import Liveness
 from server.loops import BackgroundLoops
 from server.rpc.agent_service import AgentService
@@ -31,9 +33,11 @@ from server.rpc.auth import AgentAuthInterceptor
 from server.rpc.device_ingest import DeviceTelemetryWriter
 from server.rpc.hub import AgentHub
 from server.rpc.ingest import TelemetryWriter
+from server.rpc.stack_collector import StackCollector
 from server.services.agents import grant_reconnect_grace
 from server.services.follows import FollowSlots
 from server.settings import Settings
+from server.task_progress import TaskProgress
 from server.tls import bind_grpc_port
 
 log = logging.getLogger("mwms.server")
@@ -67,7 +71,10 @@ def create_app(settings: Settings) -> FastAPI:
         hub = AgentHub(asyncio.get_running_loop(), db)
         liveness = Liveness()
         loops = BackgroundLoops(db, settings, hub, liveness)
-        telemetry = TelemetryWriter(db, hub.wake, loops.poke)
+        progress = TaskProgress()  # hang detection's clock, fed by the telemetry writer
+        telemetry = TelemetryWriter(db, hub.wake, loops.poke, progress=progress)
+        stacks = StackCollector(db, hub)
+        hangs = HangDetector(db, settings, stacks, progress, hub.wake, loops.poke)
         devices = DeviceTelemetryWriter(db, settings)
         grpc_server = grpc.aio.server(
             interceptors=[AgentAuthInterceptor(db)],
@@ -80,7 +87,8 @@ def create_app(settings: Settings) -> FastAPI:
             ],
         )
         agent_pb2_grpc.add_AgentServiceServicer_to_server(
-            AgentService(db, settings, hub, loops.poke, liveness, telemetry, devices), grpc_server
+            AgentService(db, settings, hub, loops.poke, liveness, telemetry, devices, stacks=stacks),
+            grpc_server,
         )
         bound = bind_grpc_port(grpc_server, settings)  # TLS when a certificate is configured
         if bound == 0:
@@ -91,17 +99,20 @@ def create_app(settings: Settings) -> FastAPI:
         app.state.grpc_port = bound
         app.state.hub, app.state.liveness, app.state.telemetry = hub, liveness, telemetry  # tests, benchmarks
         app.state.device_telemetry = devices  # the newest device samples, for server/api/devices.py
+        app.state.stacks = stacks  # server/api/stacks.py sends and waits through it
         await grpc_server.start()
         app.state.runtime = Runtime(db=db, settings=settings, poke_scheduler=loops.poke, wake_agents=hub.wake)
         hub.start()
         telemetry.start()
         devices.start()
         loops.start()
+        hangs.start()
         log.info("coordinator ready: gRPC for agents on %s:%d", settings.grpc_host, bound)
         try:
             yield
         finally:
             await grpc_server.stop(grace=2)
+            await hangs.stop()
             await telemetry.stop()
             await devices.stop()
             await hub.stop()
@@ -123,6 +134,7 @@ def create_app(settings: Settings) -> FastAPI:
         return HTMLResponse(SWAGGER_PAGE)
 
     install_error_handlers(app)
+    app.include_router(stacks_router)
     app.include_router(preflight_router)
     app.state.follow_slots = FollowSlots(settings.max_follows_per_user, settings.max_follows_total)
     routers = (health.router, session.router, tokens.router, bundles.router, jobs.router, agents.router)

@@ -29,6 +29,7 @@ RESERVED_ENV = frozenset(
         "MWMS_METRICS_FILE",
         "MWMS_DEVICE_KIND",
         "MWMS_NUM_GPUS",
+        "MWMS_STACKS_DIR",
     }
 )
 SPEC_ENV = {
@@ -56,6 +57,8 @@ Text = Annotated[str, AfterValidator(_no_nul)]
 Name = Annotated[str, Field(max_length=MAX_NAME_CHARS), AfterValidator(_no_nul)]
 TIMEOUT_HELP = "a finite number of seconds, at most MWMS_MAX_TIMEOUT_SECONDS (default 30 days)"
 Timeout = Annotated[float, BeforeValidator(_finite), Field(gt=0, description=TIMEOUT_HELP)]
+# Like Timeout, but 0 is allowed: it turns hang detection off for a job when the coordinator's default is on.
+HangTimeout = Annotated[float, BeforeValidator(_finite), Field(ge=0, description=TIMEOUT_HELP)]
 
 
 class CommunicationImplementation(str, Enum):
@@ -116,7 +119,7 @@ class JobCreate(BaseModel):
     restart: RestartPolicy = Field(default_factory=RestartPolicy)
     startup_timeout_seconds: Timeout | None = None
     max_runtime_seconds: Timeout | None = None
-    hang_timeout_seconds: Timeout | None = Field(
+    hang_timeout_seconds: HangTimeout | None = Field(
         default=None,
         description="a RUNNING attempt whose tasks produce no metric point and no log line for this long is "
         "flagged as hung: its stacks are dumped and the restart policy applies (retryable); default "
@@ -471,3 +474,49 @@ class PreflightOut(BaseModel):
 
     job_id: str
     attempts: list[PreflightAttemptOut]
+
+
+# --- stack dumps (issue 11) ---
+
+
+class StackThreadOut(BaseModel):
+    """One thread of a dump: its title as the tool printed it and its frames, innermost first."""
+
+    title: str
+    frames: list[str]
+    in_collective: bool = Field(description="this thread waits inside a TensorFlow collective")
+
+
+class TaskStacksOut(BaseModel):
+    """The stacks of one task, as its agent took them (or why there are none)."""
+
+    task_index: int
+    task_id: str
+    agent_id: str
+    agent_name: str
+    pid: int | None
+    method: str = Field(description='"py-spy" or "faulthandler"; empty when no dump was taken')
+    answered: bool = Field(description="false while (or when) the agent has not answered")
+    error: str = Field(description="why there is no dump: the agent's reason, or no answer")
+    in_collective: bool | None = Field(
+        description="some thread waits inside a TensorFlow collective; null when there is no dump"
+    )
+    received_at: datetime
+    threads: list[StackThreadOut]
+    text: str = Field(description="the dump as the tool printed it, at most 256 KiB")
+
+
+class StackDumpsOut(BaseModel):
+    """One collection of the stacks of every running task of an attempt, taken at the same moment."""
+
+    id: str
+    job_id: str
+    attempt: int
+    cause: str = Field(description='"request" (a user asked) or "hang" (hang detection)')
+    requested_by: str
+    requested_at: datetime
+    complete: bool = Field(description="every task asked has answered")
+    tasks: list[TaskStacksOut]
+
+
+# --- end of stack dumps ---

@@ -26,6 +26,7 @@ from server.rpc.auth import authenticated_agent_id, presented_credential
 from server.rpc.device_ingest import DeviceTelemetryWriter
 from server.rpc.hub import AgentHub
 from server.rpc.ingest import TelemetryWriter
+from server.rpc.stack_collector import StackCollector
 from server.services import agent_auth, files
 from server.services.bundles import CHUNK
 from server.services.command_targets import track_command_targets
@@ -47,6 +48,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         liveness: Liveness,
         telemetry: TelemetryWriter,
         devices: DeviceTelemetryWriter | None = None,
+        stacks: StackCollector | None = None,
     ) -> None:
         self.db = db
         self.settings = settings
@@ -54,6 +56,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         self.on_change = on_change  # wakes the scheduler when task states changed
         self.liveness = liveness
         self.telemetry = telemetry
+        self.stacks = stacks  # stack dump requests waiting for answers; None: answers dropped
         self.devices = devices  # device samples; None: dropped
 
     async def _write(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

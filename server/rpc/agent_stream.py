@@ -176,6 +176,8 @@ class AgentStream:
         elif body == "devices" and service.devices is not None:
             # Best effort: checked and queued (server/rpc/device_ingest.py), never acknowledged.
             await service.devices.accept(self, self.agent_id, convert.device_samples(message.devices))
+        elif body == "stacks" and service.stacks is not None:
+            await service.stacks.accept(self.agent_id, convert.stack_dump(message.stacks))
 
     async def _acknowledge(self) -> None:
         """Acknowledges stored batches in the order they came; a batch that could not be stored is

@@ -9,6 +9,7 @@ from server.services.agents import Registration
 from server.services.device_telemetry import IncomingSample
 from server.services.jobs import job_env
 from server.services.preflight import IncomingPreflight
+from server.services.stacks import IncomingStackDump
 from server.services.tasks import TaskReport
 from server.services.telemetry import IncomingLine, IncomingPoint, StoreOutcome
 from server.states import TaskState
@@ -156,4 +157,15 @@ def ack(
             rejected=stored.rejected if stored else 0,
             reject_reason=stored.reason[:500] if stored else "",
         )
+    )
+
+
+def stack_dump(message: pb.StackDump) -> IncomingStackDump:
+    return IncomingStackDump(
+        request_id=message.request_id,
+        task_id=message.task_id,
+        pid=message.pid,
+        method=message.method,
+        text=message.text,
+        error=message.error,
     )

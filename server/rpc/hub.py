@@ -15,6 +15,7 @@ import logging
 from collections.abc import Iterable
 from typing import Protocol
 
+from mwms.v1 import agent_pb2 as pb
 from server.db.engine import Database
 from server.services import agent_messages
 
@@ -27,6 +28,8 @@ class CommandSink(Protocol):
     ready: bool  # the agent said hello, so it knows what it runs: commands may flow
 
     async def deliver(self, commands: agent_messages.Commands) -> None: ...
+
+    async def send(self, message: pb.CoordinatorMessage) -> None: ...
 
     def close(self, reason: str) -> None: ...
 
@@ -63,6 +66,19 @@ class AgentHub:
     def connected_count(self) -> int:
         """Agents with a live session; safe from any thread (no iteration)."""
         return len(self._owners)
+
+    async def send_to(self, agent_id: str, message: pb.CoordinatorMessage) -> bool:
+        """Sends one message on the agent's current session (a stack dump request); False when it has
+        no session that takes commands, or the send failed."""
+        owner = self._owners.get(agent_id)
+        if owner is None or not owner.ready:
+            return False
+        try:
+            await owner.send(message)
+        except Exception as error:  # noqa: BLE001 - a broken stream answers nothing; its reader ends it
+            log.info("could not send a %s to agent %s: %s", message.WhichOneof("body"), agent_id, error)
+            return False
+        return True
 
     def wake(self, agent_ids: Iterable[str] | None = None) -> None:
         """Pushes the pending commands of the given agents (every connected one when None); any thread."""

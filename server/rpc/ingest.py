@@ -19,6 +19,7 @@ from server.observability.instruments import count_ingested
 from server.services.agent_messages import TelemetryBatch, accept_telemetry
 from server.services.command_targets import track_command_targets
 from server.services.telemetry import StoreOutcome
+from server.task_progress import TaskProgress
 
 log = logging.getLogger("mwms.server.rpc")
 # Bounds one transaction, so a burst is committed (and acknowledged) in steps the agents can see.
@@ -40,10 +41,12 @@ class TelemetryWriter:
         db: Database,
         wake_agents: Callable[[Iterable[str]], None],
         on_change: Callable[[], None],
+        progress: TaskProgress | None = None,
     ) -> None:
         self._db = db
         self._wake_agents = wake_agents
         self._on_change = on_change
+        self._progress = progress  # hang detection's clock: tasks whose lines or points were stored
         self._queue: asyncio.Queue[_Queued] = asyncio.Queue()
         self._runner: asyncio.Task[None] | None = None
         self.transactions = 0  # committed transactions (tests, benchmarks)
@@ -88,6 +91,12 @@ class TelemetryWriter:
                         queued.done.set_exception(error)
                 continue
             self.transactions += 1
+            if self._progress is not None:
+                self._progress.seen(
+                    q.batch.task_id
+                    for q, o in zip(group, outcomes, strict=True)
+                    if isinstance(o, StoreOutcome) and q.size
+                )
             _count_ingested(group, outcomes)
             for queued, outcome in zip(group, outcomes, strict=True):
                 if queued.done.done():

@@ -1,0 +1,206 @@
+"""Stack dumps of an attempt's tasks: opening a request, storing what the agents answer, reading it back.
+
+A request (StackRequest) is opened for the job's current attempt while its tasks run; it holds one row
+per task asked (StackDump), first as a placeholder that says no answer has come, then the agent's
+answer with whether the task waits in a TensorFlow collective (server/services/stack_text.py).
+Sending the command and waiting for the answers is the transport's part (server/rpc/stack_collector.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, selectinload
+
+from server.db.models import Agent, StackDump, StackRequest, utcnow
+from server.errors import Conflict, NotFound
+from server.services.jobs import current_attempt, get_job
+from server.services.stack_text import dump_in_collective, main_thread_frame, parse_threads
+from server.states import AttemptState, JobState, TaskState
+
+CAUSES = ("request", "hang")
+# A placeholder's error, until the agent answers; an agent's own errors never start like this.
+NO_ANSWER_PREFIX = "no answer from agent"
+
+
+@dataclass(frozen=True)
+class DumpAsked:
+    """One task whose stacks were asked of its agent."""
+
+    task_id: str
+    task_index: int
+    agent_id: str
+
+
+@dataclass(frozen=True)
+class OpenedRequest:
+    request_id: str
+    job_id: str
+    attempt: int
+    asked: list[DumpAsked]
+
+
+@dataclass(frozen=True)
+class IncomingStackDump:
+    """A StackDump message from an agent, as the services see it."""
+
+    request_id: str
+    task_id: str
+    pid: int
+    method: str
+    text: str
+    error: str
+
+
+def open_stack_request(
+    session: Session, job_id: str, cause: str, requested_by: str, now: datetime | None = None
+) -> OpenedRequest:
+    """A new request for the stacks of every running task of the job's current attempt.
+
+    Conflict when the job has no attempt whose tasks run (pending, finished, or still starting).
+    """
+    if cause not in CAUSES:
+        raise ValueError(f"cause must be one of {CAUSES}, not {cause!r}")
+    now = now or utcnow()
+    job = get_job(session, job_id)
+    attempt = current_attempt(job)
+    running = (
+        [t for t in attempt.tasks if t.state == TaskState.RUNNING.value]
+        if attempt is not None and attempt.state == AttemptState.ACTIVE.value
+        else []
+    )
+    if JobState(job.state) not in (JobState.SCHEDULED, JobState.RUNNING) or attempt is None or not running:
+        raise Conflict(
+            f"job {job.id} is {job.state} and has no running attempt: stacks can be dumped only while its "
+            "tasks run (see `mwms status` for its state)"
+        )
+    request = StackRequest(
+        job_id=job.id, attempt=attempt.number, cause=cause, requested_by=requested_by, requested_at=now
+    )
+    session.add(request)
+    session.flush()
+    names = _agent_names(session, [t.agent_id for t in running])
+    for task in running:
+        session.add(
+            StackDump(
+                request_id=request.id,
+                task_id=task.id,
+                task_index=task.index,
+                agent_id=task.agent_id,
+                pid=task.pid,
+                error=f"{NO_ANSWER_PREFIX} {names.get(task.agent_id, task.agent_id)} yet",
+                received_at=now,
+            )
+        )
+    session.flush()
+    asked = [DumpAsked(t.id, t.index, t.agent_id) for t in running]
+    return OpenedRequest(request.id, job.id, attempt.number, asked)
+
+
+def mark_unreachable(session: Session, request_id: str, task_ids: Sequence[str], why: str) -> None:
+    """Tasks whose agent could not be asked (no live session): their rows say why."""
+    for dump in _dumps(session, request_id, task_ids):
+        dump.error = f"{NO_ANSWER_PREFIX}: {why}"
+
+
+def store_stack_dump(session: Session, agent_id: str, incoming: IncomingStackDump) -> bool:
+    """Stores an agent's answer in its placeholder; False when it answers nothing asked of this agent."""
+    dump = session.scalars(
+        select(StackDump).where(
+            StackDump.request_id == incoming.request_id, StackDump.task_id == incoming.task_id
+        )
+    ).one_or_none()
+    if dump is None or dump.agent_id != agent_id:
+        return False
+    dump.pid = incoming.pid or dump.pid
+    dump.method = incoming.method[:20]
+    dump.text = incoming.text
+    dump.error = incoming.error if incoming.error or incoming.text else "the agent sent an empty dump"
+    dump.in_collective = dump_in_collective(incoming.text) if incoming.text else None
+    dump.received_at = utcnow()
+    session.flush()
+    return True
+
+
+def answered(dump: StackDump) -> bool:
+    return not dump.error.startswith(NO_ANSWER_PREFIX)
+
+
+def count_answered(session: Session, request_id: str) -> int:
+    dumps = session.scalars(select(StackDump).where(StackDump.request_id == request_id)).all()
+    return sum(1 for d in dumps if answered(d))
+
+
+def read_stack_request(session: Session, job_id: str, request_id: str | None = None) -> StackRequest:
+    """A job's newest stack request (or the one named) with its dumps, ordered by task index."""
+    job = get_job(session, job_id)
+    query = (
+        select(StackRequest).options(selectinload(StackRequest.dumps)).where(StackRequest.job_id == job.id)
+    )
+    if request_id is not None:
+        found = session.scalars(query.where(StackRequest.id == request_id)).one_or_none()
+        if found is None:
+            raise NotFound(
+                f"job {job.id} has no stack dump {request_id}; GET /api/v1/jobs/{job.id}/stacks shows the latest"
+            )
+        return found
+    latest = session.scalars(
+        query.order_by(StackRequest.requested_at.desc(), StackRequest.id.desc()).limit(1)
+    ).first()
+    if latest is None:
+        raise NotFound(
+            f"no stacks of job {job.id} were dumped yet: take them with POST /api/v1/jobs/{job.id}/stacks "
+            f"or `mwms stacks {job.id}`"
+        )
+    return latest
+
+
+def agent_names(session: Session, request: StackRequest) -> dict[str, str]:
+    """The names of the agents of a request's dumps, in one query."""
+    return _agent_names(session, [d.agent_id for d in request.dumps])
+
+
+def describe_workers_outside_collectives(session: Session, request_id: str) -> str:
+    """For a hang's reason: which workers do not wait in a collective, and where they are."""
+    request = session.get(StackRequest, request_id)
+    if request is None or not request.dumps:
+        return "no stacks could be taken"
+    names = agent_names(session, request)
+    outside, unknown = [], []
+    for dump in request.dumps:
+        worker = f"worker {dump.task_index} on agent {names.get(dump.agent_id, dump.agent_id)}"
+        if dump.in_collective is None:
+            unknown.append(f"{worker} ({dump.error or 'no stacks'})")
+        elif not dump.in_collective:
+            where = main_thread_frame(parse_threads(dump.text))
+            details = f"pid {dump.pid}" + (f", in {where}" if where else "")
+            outside.append(f"{worker} ({details})")
+    parts = []
+    if outside:
+        parts.append("not in a collective: " + "; ".join(outside))
+    if unknown:
+        parts.append("no stacks from " + "; ".join(unknown))
+    return ". ".join(parts) if parts else "every worker waits in a collective"
+
+
+def _dumps(session: Session, request_id: str, task_ids: Sequence[str]) -> list[StackDump]:
+    if not task_ids:
+        return []
+    return list(
+        session.scalars(
+            select(StackDump).where(StackDump.request_id == request_id, StackDump.task_id.in_(list(task_ids)))
+        ).all()
+    )
+
+
+def _agent_names(session: Session, agent_ids: Sequence[str]) -> dict[str, str]:
+    ids = sorted(set(agent_ids))
+    if not ids:
+        return {}
+    return {
+        agent_id: name
+        for agent_id, name in session.execute(select(Agent.id, Agent.name).where(Agent.id.in_(ids)))
+    }

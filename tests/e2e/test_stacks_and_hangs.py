@@ -1,0 +1,216 @@
+"""Stack dumps on demand and hang detection on a real cluster: a coordinator and two agents as processes,
+one agent taking stacks with py-spy (when it can trace here), the other forced to the faulthandler handler
+(MWMS_AGENT_STACK_METHOD=faulthandler), and real task processes (plain Python, and a real 2-worker
+TensorFlow job whose worker 1 sleeps before its first all-reduce)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from worker_agent.stacks import py_spy_executable
+
+from cluster import Cluster, free_port, pack_dir, wait_until
+
+pytestmark = pytest.mark.e2e
+STRAGGLER = pack_dir(Path(__file__).parent / "programs" / "straggler")
+FAULTHANDLER_AGENT = "stk-fh"
+AUTO_AGENT = "stk-auto"
+
+# Both workers print WAITING, then stay where they are: worker 1 sleeps in a named function.
+SLEEPERS = """
+import os, time
+
+def wait_before_first_allreduce():
+    print("WAITING", flush=True)
+    time.sleep(600)
+
+def read_input_forever():
+    print("WAITING", flush=True)
+    time.sleep(600)
+
+if os.environ["MWMS_TASK_INDEX"] == "1":
+    wait_before_first_allreduce()
+else:
+    read_input_forever()
+"""
+
+
+class StacksCluster(Cluster):
+    """Agents started with MWMS_AGENT_STACK_METHOD=faulthandler when their name says so."""
+
+    starting: str = ""
+
+    def agent_environment(self) -> dict[str, str]:
+        env = super().agent_environment()
+        if self.starting == FAULTHANDLER_AGENT:
+            env["MWMS_AGENT_STACK_METHOD"] = "faulthandler"
+        return env
+
+    def start_agent(self, name: str, port_low: int, slots: int = 1):  # type: ignore[no-untyped-def]
+        self.starting = name
+        return super().start_agent(name, port_low, slots)
+
+
+@pytest.fixture(scope="module")
+def stk(tmp_path_factory):
+    cluster = StacksCluster(
+        root=tmp_path_factory.mktemp("stacks"),
+        http_port=free_port(),
+        grpc_port=free_port(),
+        server_env={"MWMS_STOP_GRACE_S": "2", "MWMS_RESTART_BACKOFF_S": "1"},
+    )
+    try:
+        cluster.start_server()
+        cluster.start_agent(AUTO_AGENT, 24000)
+        cluster.start_agent(FAULTHANDLER_AGENT, 24100)
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def py_spy_traces_here() -> bool:
+    import subprocess
+    import sys
+
+    executable = py_spy_executable()
+    if executable is None:
+        return False
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        time.sleep(0.3)  # let the interpreter start; py-spy needs its runtime in memory
+        done = subprocess.run(
+            [executable, "dump", "--pid", str(sleeper.pid)], capture_output=True, timeout=20
+        )
+        return done.returncode == 0
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def wait_for_waiting(cluster: Cluster, job_id: str, timeout: float = 120) -> None:
+    def both_waiting() -> bool:
+        job = cluster.job(job_id)
+        if job["state"] in {"FAILED", "SUCCEEDED", "CANCELLED"}:
+            raise AssertionError(f"job ended: {job['reason']}\n{cluster.logs_text(job_id)}")
+        text = {i: cluster.logs_text(job_id, i) for i in (0, 1)}
+        return job["state"] == "RUNNING" and all("WAITING" in t for t in text.values())
+
+    wait_until(both_waiting, timeout, f"both workers of {job_id} WAITING")
+
+
+def by_index(dumps: dict) -> dict[int, dict]:
+    return {task["task_index"]: task for task in dumps["tasks"]}
+
+
+def check_method(task: dict) -> None:
+    if task["agent_name"] == FAULTHANDLER_AGENT:
+        assert task["method"] == "faulthandler", task
+    elif py_spy_traces_here():
+        assert task["method"] == "py-spy", task
+    else:
+        assert task["method"] == "faulthandler", task  # py-spy may not trace here: the fallback answered
+
+
+def test_stacks_of_every_task_at_once_on_both_paths(stk):
+    job_id = stk.submit({"main.py": SLEEPERS}, ["python", "main.py"], workers=2, name="sleepers")
+    wait_for_waiting(stk, job_id)
+
+    response = stk.http.post(f"/api/v1/jobs/{job_id}/stacks")
+    assert response.status_code == 200, response.text
+    dumps = response.json()
+    assert dumps["cause"] == "request" and dumps["complete"] and dumps["attempt"] == 1
+    tasks = by_index(dumps)
+    assert set(tasks) == {0, 1}
+    assert {t["agent_name"] for t in tasks.values()} == {AUTO_AGENT, FAULTHANDLER_AGENT}
+    job = stk.job(job_id)
+    for index, task in tasks.items():
+        assert task["answered"] and task["error"] == "", task
+        check_method(task)
+        assert task["pid"] == next(t["pid"] for t in job["tasks"] if t["index"] == index)
+        assert task["in_collective"] is False
+        main = task["threads"][0]
+        expected = "wait_before_first_allreduce" if index == 1 else "read_input_forever"
+        assert expected in main["frames"][0], main  # innermost frame first
+        assert "main.py" in main["frames"][-1]
+
+    # Stored with the attempt: GET shows the newest, or one by id; a viewer may read but not take them.
+    latest = stk.http.get(f"/api/v1/jobs/{job_id}/stacks").json()
+    assert latest["id"] == dumps["id"] and by_index(latest)[1]["threads"] == tasks[1]["threads"]
+    viewer = stk.client(stk.create_token("stacks-viewer", role="viewer"))
+    assert viewer.get(f"/api/v1/jobs/{job_id}/stacks", params={"request": dumps["id"]}).status_code == 200
+    assert viewer.post(f"/api/v1/jobs/{job_id}/stacks").status_code == 403
+    assert stk.http.get(f"/api/v1/jobs/{job_id}/stacks", params={"request": "nope"}).status_code == 404
+
+    assert stk.http.post(f"/api/v1/jobs/{job_id}/cancel").status_code == 200
+    stk.wait_for(job_id, {"CANCELLED"})
+    refused = stk.http.post(f"/api/v1/jobs/{job_id}/stacks")
+    assert refused.status_code == 409 and "no running attempt" in refused.json()["detail"], refused.text
+
+
+def test_a_job_without_progress_fails_by_its_policy_naming_the_workers(stk):
+    timeout_s = 4
+    job_id = stk.submit(
+        {"main.py": SLEEPERS},
+        ["python", "main.py"],
+        workers=2,
+        name="hangs",
+        hang_timeout_seconds=timeout_s,
+        restart={"max_restarts": 0},
+    )
+    wait_for_waiting(stk, job_id)
+    waiting_seen = time.monotonic()
+    job = stk.wait_for(job_id, {"FAILED", "SUCCEEDED", "CANCELLED"}, timeout=60)
+    took = time.monotonic() - waiting_seen
+    assert job["state"] == "FAILED", job["reason"]
+    assert took <= timeout_s + 10, f"flagged {took:.1f} s after both workers waited"
+    reason = job["reason"]
+    assert reason.startswith(f"no progress for {timeout_s} s"), reason
+    assert "not in a collective: worker 0 on agent" in reason and "worker 1 on agent" in reason, reason
+    assert "in wait_before_first_allreduce" in reason, reason
+    dumps = stk.http.get(f"/api/v1/jobs/{job_id}/stacks").json()
+    assert dumps["cause"] == "hang" and dumps["requested_by"] == "hang detection"
+    assert all(t["answered"] and t["in_collective"] is False for t in dumps["tasks"]), dumps
+
+
+@pytest.mark.tf
+def test_a_straggler_before_its_first_all_reduce_is_named_and_the_job_restarts_then_fails(stk):
+    timeout_s = 15
+    job_id = stk.submit(
+        STRAGGLER,
+        ["python", "train.py", "--sleep", "600"],
+        workers=2,
+        name="straggler",
+        hang_timeout_seconds=timeout_s,
+        restart={"max_restarts": 1},
+    )
+    wait_for_waiting(stk, job_id, timeout=180)
+
+    def worker0_in_collective():
+        dumps = stk.http.post(f"/api/v1/jobs/{job_id}/stacks").json()
+        return dumps if by_index(dumps)[0]["in_collective"] else None
+
+    # Worker 0 reaches the collective a moment after it printed WAITING (tracing the step first).
+    dumps = wait_until(worker0_in_collective, 30, "worker 0 waiting in the collective", interval=1)
+    tasks = by_index(dumps)
+    assert tasks[1]["in_collective"] is False, tasks[1]
+    assert "wait_before_first_allreduce" in tasks[1]["threads"][0]["frames"][0], tasks[1]["threads"]
+    assert any(t["in_collective"] for t in tasks[0]["threads"]), tasks[0]["threads"]
+
+    def restarted():
+        job = stk.job(job_id)
+        return job if job["state"] in {"RESTARTING", "PENDING", "SCHEDULED"} or job["restarts"] else None
+
+    job = wait_until(restarted, timeout_s + 60, "the hang to restart the job")
+    hang = next(e for e in job["events"] if e["to_state"] == "RESTARTING")
+    assert hang["reason"].startswith(f"no progress for {timeout_s} s"), hang
+    assert "not in a collective: worker 1 on agent" in hang["reason"], hang
+    assert "worker 0" not in hang["reason"].split("not in a collective")[1], hang
+    assert "restart 1 of 1" in hang["reason"], hang
+
+    job = stk.wait_for(job_id, {"FAILED", "SUCCEEDED", "CANCELLED"}, timeout=240)
+    assert job["state"] == "FAILED" and "(all 1 restarts used)" in job["reason"], job["reason"]
+    assert "not in a collective: worker 1 on agent" in job["reason"], job["reason"]
+    assert len(job["attempt_history"]) == 2
