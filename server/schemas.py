@@ -7,7 +7,15 @@ from datetime import datetime
 from enum import Enum
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from mwms.metrics_line import NonFinite
 from server.limits import INT64_MAX, MAX_NAME_CHARS, MAX_WORKERS
@@ -130,6 +138,13 @@ class JobCreate(BaseModel):
         description="run the gang's preflight check (peers reachable, all-reduce of 1 MB and 64 MB) before "
         "the program; default MWMS_PREFLIGHT",
     )
+    agents: list[Name] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_WORKERS,
+        description="pins worker i to agents[i] (an agent's name or id), one entry per worker; the job "
+        "stays PENDING, saying why, while a named agent is offline or busy",
+    )
 
     @field_validator("command")
     @classmethod
@@ -137,6 +152,15 @@ class JobCreate(BaseModel):
         if not value[0].strip():
             raise ValueError("the first word of command must be a program, e.g. ['python', 'train.py']")
         return value
+
+    @model_validator(mode="after")
+    def _one_agent_per_worker(self) -> JobCreate:
+        if self.agents is not None and len(self.agents) != self.workers:
+            raise ValueError(
+                f"agents names {len(self.agents)} agents for {self.workers} workers: give one per worker "
+                "(the same agent twice runs two workers there)"
+            )
+        return self
 
     @field_validator("env")
     @classmethod

@@ -47,6 +47,7 @@ def create_job(session: Session, spec: JobCreate, submitted_by: str = "") -> Job
             "max_runtime_seconds": spec.max_runtime_seconds,
             "hang_timeout_seconds": spec.hang_timeout_seconds,
             "preflight": spec.preflight,
+            "agents": spec.agents,
         },
     )
     session.add(job)

@@ -119,3 +119,37 @@ def _pick_port(agent: AgentCapacity, used: set[int], rng: random.Random) -> int:
         if port not in used:
             return port
     return next(p for p in range(agent.port_low, agent.port_high + 1) if p not in used)
+
+
+def place_pinned(
+    agents: list[AgentCapacity], wanted: list[str], gpus_per_worker: int, rng: random.Random | None = None
+) -> list[TaskPlacement] | NoFit:
+    """Places worker i on the agent `wanted[i]` names (its id or name), or says which agent it waits for."""
+    rng = rng or random.Random()
+    kind, count = devices_needed(gpus_per_worker)
+    unit = "GPU" if kind == "gpu" else "CPU slot"
+    by_key = {a.agent_id: a for a in agents} | {a.name: a for a in agents}
+    missing = sorted({key for key in wanted if key not in by_key})
+    if missing:
+        return NoFit(
+            f"waiting for the agents the job names: {', '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} offline or unknown (see `mwms agents`)"
+        )
+    free: dict[str, list[int]] = {a.agent_id: sorted(a.free_devices) for a in agents}
+    ports: dict[str, set[int]] = {a.agent_id: set(a.used_ports) for a in agents}
+    placements: list[TaskPlacement] = []
+    for index, key in enumerate(wanted):
+        agent = by_key[key]
+        if agent.device_kind != kind:
+            return NoFit(f"worker {index} needs {unit}s but agent {agent.name} offers {agent.device_kind}")
+        if len(free[agent.agent_id]) < count or not _has_free_port(agent, ports):
+            return NoFit(
+                f"waiting for capacity on agent {agent.name} (worker {index} needs {wcount(count, unit)}, "
+                f"{len(free[agent.agent_id])} free); it starts when its running jobs finish"
+            )
+        taken = tuple(free[agent.agent_id][:count])
+        free[agent.agent_id] = free[agent.agent_id][count:]
+        port = _pick_port(agent, ports[agent.agent_id], rng)
+        ports[agent.agent_id].add(port)
+        placements.append(TaskPlacement(index, agent.agent_id, agent.address, port, kind, taken))
+    return placements

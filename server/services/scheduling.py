@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from server.db.models import Attempt, Job, Task, utcnow
 from server.poison import isolated
 from server.services.agents import capacities
-from server.services.placement import NoFit, place_gang
+from server.services.placement import NoFit, place_gang, place_pinned
 from server.services.tf_config import build_tf_config
 from server.services.transitions import transition_job
 from server.services.wording import count
@@ -57,7 +57,12 @@ def schedule_pending(
 
 def _place(session: Session, job: Job, now: datetime, connected: frozenset[str] | None) -> list[str]:
     """Places one PENDING job if it fits; returns the ids of the agents that got its tasks."""
-    placement = place_gang(capacities(session, now, connected), job.num_workers, job.gpus_per_worker)
+    offer = capacities(session, now, connected)
+    pinned = job.options.get("agents")
+    if pinned:
+        placement = place_pinned(offer, list(pinned), job.gpus_per_worker)
+    else:
+        placement = place_gang(offer, job.num_workers, job.gpus_per_worker)
     if isinstance(placement, NoFit):
         if job.reason != placement.reason:
             job.reason = placement.reason  # same state, newer explanation: not a transition
