@@ -1,101 +1,31 @@
 """Device telemetry end to end: a real coordinator and a real agent process whose GPUs are stand-ins.
 
-No GPU exists here, so the agent finds two GPUs through an `nvidia-smi` script on its PATH (the agent's
-ordinary detection) and samples them with MWMS_DEVICE_SAMPLER (its testing hook) instead of NVML; the
-sampler reads what to report from a file the test rewrites. Everything else is real: the agent's session,
-gRPC, the coordinator's checks, batched writes to SQLite, both REST endpoints, a real job on the GPUs.
+No GPU exists here: the agent finds two GPUs through an `nvidia-smi` script and samples them through its
+MWMS_DEVICE_SAMPLER hook (tests/fake_gpus.py). Everything else is real: the agent's session, gRPC, the
+coordinator's checks, batched writes to SQLite, the REST endpoints, a real job on the GPUs.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import stat
-import sys
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_gpus import start_fake_gpu_agent, two_gpus, write_samples
 
 from cluster import Cluster, free_port, wait_until
 
 pytestmark = pytest.mark.e2e
 
-FAKE_NVIDIA_SMI = """#!/bin/sh
-printf '0, Stand-in GPU, GPU-00000000-0000-0000-0000-000000000000, 81920\\n'
-printf '1, Stand-in GPU, GPU-11111111-1111-1111-1111-111111111111, 81920\\n'
-"""
-
-SAMPLER = """
-import json, os
-
-def sample():
-    with open(os.environ["FAKE_GPU_SAMPLES"]) as f:
-        return json.load(f)  # Python's json reads NaN
-"""
-
-
-def _good(util0: float, util1: float) -> list[dict[str, Any]]:
-    return [
-        {
-            "index": 0,
-            "utilization_pct": util0,
-            "memory_used_mib": 4096,
-            "memory_total_mib": 81920,
-            "temperature_c": 55.0,
-        },
-        {
-            "index": 1,
-            "utilization_pct": util1,
-            "memory_used_mib": 2048,
-            "memory_total_mib": 81920,
-            "temperature_c": 50.0,
-        },
-    ]
-
 
 @pytest.fixture
 def gpu_cluster(tmp_path: Path):
     cluster = Cluster(root=tmp_path, http_port=free_port(), grpc_port=free_port())
-    tools = tmp_path / "tools"
-    tools.mkdir()
-    smi = tools / "nvidia-smi"
-    smi.write_text(FAKE_NVIDIA_SMI)
-    smi.chmod(smi.stat().st_mode | stat.S_IXUSR)
-    (tools / "fake_gpu_sampler.py").write_text(SAMPLER)
     samples = tmp_path / "samples.json"
-    samples.write_text(json.dumps(_good(10.0, 20.0)))
     try:
         cluster.start_server()
-        env = {
-            **cluster.agent_environment(),
-            "PATH": f"{tools}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-            "PYTHONPATH": str(tools),
-            "MWMS_DEVICE_SAMPLER": "fake_gpu_sampler:sample",
-            "FAKE_GPU_SAMPLES": str(samples),
-        }
-        agent = cluster._spawn(
-            "gpu-agent",
-            [
-                "agent",
-                "--server",
-                f"127.0.0.1:{cluster.grpc_port}",
-                "--name",
-                "gpu-agent",
-                "--work-dir",
-                str(tmp_path / "gpu-agent"),
-                "--advertise-address",
-                "127.0.0.1",
-                "--port-range",
-                "23100-23199",
-                "--device-sample-interval",
-                "0.5",
-            ],
-            env,
-        )
-        cluster.agents["gpu-agent"] = agent
-        wait_until(lambda: cluster.agent_online("gpu-agent"), 60, f"the agent online\n{agent.log_tail()}")
+        start_fake_gpu_agent(cluster, "gpu-agent", samples, port_low=23100)
         yield cluster, samples
     finally:
         cluster.stop()
@@ -194,14 +124,14 @@ def test_samples_arrive_are_stored_and_bad_ones_are_refused(gpu_cluster) -> None
             "temperature_c": 40,
         },
     ]
-    samples.write_text(json.dumps(bad))
+    write_samples(samples, bad)
     refused = wait_until(
         lambda: (f := _devices(cluster, agent_id))["refused"] >= 6 and f, 30, "the bad samples to be refused"
     )
     assert refused["refused"] % 6 == 0, refused["refused"]  # six refused per message, every message
     assert {d["index"]: d["utilization_pct"] for d in refused["latest"]}[1] == 33.0
 
-    samples.write_text(json.dumps(_good(70.0, 80.0)))
+    write_samples(samples, two_gpus(70.0, 80.0))
     recovered = wait_until(
         lambda: (f := _devices(cluster, agent_id))["latest"][0]["utilization_pct"] == 70.0 and f,
         30,
@@ -224,7 +154,7 @@ time.sleep(6)
 
 def test_a_jobs_tasks_show_their_devices_over_their_run(gpu_cluster) -> None:
     cluster, samples = gpu_cluster
-    samples.write_text(json.dumps(_good(90.0, 45.0)))
+    write_samples(samples, two_gpus(90.0, 45.0))
     agent_id = _agent(cluster)["id"]
     wait_until(
         lambda: [d["utilization_pct"] for d in _devices(cluster, agent_id)["latest"]] == [90.0, 45.0],

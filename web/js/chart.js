@@ -100,8 +100,22 @@ function seriesByAttempt(points) {
  * the plot) and data-attempts (how many attempts are told apart), for tests and tooling.
  */
 export class MetricChart {
-  constructor(name) {
+  /**
+   * Options, for charts over something else than steps and attempts (device telemetry): xTitle (the x
+   * axis' title), formatX(x) (tick labels), describeX(x) (the tooltip's and the latest value's "step N"),
+   * seriesLabel(key) (legend and tooltip, for the points' `attempt` key), markRestarts (false: no
+   * "restart → attempt" lines between series).
+   */
+  constructor(name, options = {}) {
     this.name = name;
+    this.options = {
+      xTitle: name.startsWith("epoch_") ? "epoch" : "step",
+      formatX: String,
+      describeX: (x) => `step ${x}`,
+      seriesLabel: (key) => `attempt ${key}`,
+      markRestarts: true,
+      ...options,
+    };
     this.points = [];
     this.signature = "";
     this.width = 0;
@@ -146,7 +160,8 @@ export class MetricChart {
     this.element.dataset.nonfinite = String(drawnCount - finite.length);
     this.element.dataset.attempts = String(series.length);
     const newest = series.length ? series[series.length - 1].points.at(-1) : null;
-    this.latest.textContent = newest ? `${formatMetric(newest.value)} @ step ${newest.step}` : "";
+    const opts = this.options;
+    this.latest.textContent = newest ? `${formatMetric(newest.value)} @ ${opts.describeX(newest.step)}` : "";
     this.latest.classList.toggle("chart-latest-nonfinite", Boolean(newest) && !Number.isFinite(newest.value));
 
     const width = Math.max(240, this.plot.clientWidth || 600);
@@ -202,19 +217,19 @@ export class MetricChart {
     for (const tick of xTicks) {
       grid.append(
         svg("line", { x1: x(tick), x2: x(tick), y1: HEIGHT - MARGIN.bottom, y2: HEIGHT - MARGIN.bottom + 4, class: "axis-tick" }),
-        svg("text", { x: x(tick), y: HEIGHT - MARGIN.bottom + 17, class: "tick-label tick-x" }, String(tick)),
+        svg("text", { x: x(tick), y: HEIGHT - MARGIN.bottom + 17, class: "tick-label tick-x" }, opts.formatX(tick)),
       );
     }
     grid.append(
       svg("line", { x1: MARGIN.left, x2: width - MARGIN.right, y1: HEIGHT - MARGIN.bottom, y2: HEIGHT - MARGIN.bottom, class: "axis-line" }),
-      // The Keras callback reports epoch_* metrics per epoch, everything else per step.
-      svg("text", { x: width - MARGIN.right, y: HEIGHT - 2, class: "axis-title" }, this.name.startsWith("epoch_") ? "epoch" : "step"),
+      // The Keras callback reports epoch_* metrics per epoch, everything else per step (options.xTitle).
+      svg("text", { x: width - MARGIN.right, y: HEIGHT - 2, class: "axis-title" }, opts.xTitle),
     );
     root.append(grid);
 
     // A restart begins a new attempt: mark where each later attempt's first point lies.
     const restarts = svg("g", { class: "chart-restarts" });
-    series.slice(1).forEach((s) => {
+    (opts.markRestarts ? series.slice(1) : []).forEach((s) => {
       const at = x(s.points[0].step);
       restarts.append(
         svg("line", { x1: at, x2: at, y1: MARGIN.top, y2: HEIGHT - MARGIN.bottom, class: "restart-line" }),
@@ -264,8 +279,8 @@ export class MetricChart {
       const rows = series
         .map((s, slot) => ({ s, slot, point: s.points.find((p) => p.step === nearest) }))
         .filter((r) => r.point)
-        .map((r) => h("div", { class: "tooltip-row" }, legendSwatch(r.slot), `attempt ${r.s.attempt}: ${formatMetric(r.point.value)}`));
-      replaceChildren(this.tooltip, h("div", { class: "tooltip-step" }, `step ${nearest}`), rows);
+        .map((r) => h("div", { class: "tooltip-row" }, legendSwatch(r.slot), `${opts.seriesLabel(r.s.attempt)}: ${formatMetric(r.point.value)}`));
+      replaceChildren(this.tooltip, h("div", { class: "tooltip-step" }, opts.describeX(nearest)), rows);
       this.tooltip.hidden = false;
       const left = (x(nearest) / width) * box.width;
       this.tooltip.style.left = `${Math.min(Math.max(left, 70), box.width - 70)}px`;
@@ -279,7 +294,7 @@ export class MetricChart {
     replaceChildren(
       this.legend,
       series.map((s, slot) =>
-        h("span", { class: "legend-item" }, legendSwatch(slot), `attempt ${s.attempt}`, h("span", { class: "legend-count" }, ` · ${s.points.length} pts`)),
+        h("span", { class: "legend-item" }, legendSwatch(slot), opts.seriesLabel(s.attempt), h("span", { class: "legend-count" }, ` · ${s.points.length} pts`)),
       ),
     );
   }

@@ -4,6 +4,7 @@ import { API, getJson, describeError, UnreachableError } from "../api.js";
 import { h, replaceChildren, emptyState, table } from "../dom.js";
 import { formatAgo, formatTime } from "../format.js";
 import { startPolling } from "../poll.js";
+import { deviceReadings, latestDevicesByAgent } from "./devices.js";
 
 /** "2 × NVIDIA H100 80GB HBM3 · 80 GiB" per distinct model, or "4 CPU slots". */
 function describeDevices(devices) {
@@ -49,14 +50,14 @@ function taskLinks(tasks) {
   );
 }
 
-function agentRow(agent) {
+function agentRow(agent, readings) {
   return h(
     "tr",
     { dataset: { agentId: agent.id, online: String(agent.online) }, class: agent.online ? null : "row-lost" },
     h("td", { class: "cell-name" }, h("div", { class: "strong" }, agent.name), h("div", { class: "muted small" }, agent.hostname)),
     h("td", null, h("span", { class: ["badge", agent.online ? "state-online" : "state-lost"] }, agent.online ? "online" : "lost")),
     h("td", { class: "nowrap" }, h("div", { class: "mono" }, agent.address), h("div", { class: "muted small" }, agent.port_range ? `ports ${agent.port_range}` : "")),
-    h("td", null, describeDevices(agent.devices)),
+    h("td", null, describeDevices(agent.devices), deviceReadings(readings)),
     h("td", null, usageBar(agent.devices_used, agent.devices_free)),
     h("td", null, taskLinks(agent.tasks)),
     h("td", { class: "nowrap", title: formatTime(agent.last_heartbeat_at) }, formatAgo(agent.last_heartbeat_at)),
@@ -82,8 +83,9 @@ export function mountAgents(container) {
 
   async function refresh() {
     let agents;
+    let readings = new Map(); // the newest GPU samples; the page works without them
     try {
-      agents = await getJson(`${API}/agents`);
+      [agents, readings] = await Promise.all([getJson(`${API}/agents`), latestDevicesByAgent().catch(() => readings)]);
       error.hidden = true;
     } catch (err) {
       if (!(err instanceof UnreachableError)) {
@@ -106,7 +108,7 @@ export function mountAgents(container) {
       return;
     }
     const sorted = [...agents].sort((a, b) => Number(b.online) - Number(a.online) || a.name.localeCompare(b.name));
-    replaceChildren(body, table(COLUMNS, sorted.map(agentRow), { class: "agents-table", attrs: { "data-testid": "agents-table" } }));
+    replaceChildren(body, table(COLUMNS, sorted.map((agent) => agentRow(agent, readings.get(agent.id))), { class: "agents-table", attrs: { "data-testid": "agents-table" } }));
   }
 
   const poller = startPolling(refresh, { onError: () => {} });

@@ -18,6 +18,7 @@ import {
 } from "../format.js";
 import { LogViewer } from "../logs.js";
 import { startPolling } from "../poll.js";
+import { JobDevices } from "./devices.js";
 import { mayCancel } from "../session.js";
 
 // After a job ends, keep refreshing metrics and artifacts a little longer: the last reports and
@@ -66,6 +67,7 @@ export function mountJob(container, jobId) {
   const stats = h("div", { class: "kv-strip" });
   const chartsGrid = h("div", { class: "charts" });
   const charts = new Map();
+  const devices = new JobDevices(jobId); // GPU utilisation and memory per task; hidden for CPU-only jobs
   const tasksBody = h("div");
   const eventsBody = h("div");
   const attemptsBody = h("div");
@@ -88,6 +90,7 @@ export function mountJob(container, jobId) {
     loadError,
     stats,
     panel("Metrics", chartsGrid, { id: "metrics" }),
+    devices.element,
     panel("Tasks", tasksBody, { id: "tasks", tools: attemptLabel }),
     panel("Logs", logsBody, { id: "logs" }),
     h("div", { class: "grid-2" }, panel("State history", eventsBody, { id: "history" }), panel("Attempts", attemptsBody, { id: "attempts" })),
@@ -339,7 +342,7 @@ export function mountJob(container, jobId) {
     pollsSinceEnd = isTerminal(job.state) ? pollsSinceEnd + 1 : 0;
     // Ended jobs: refresh a few more times at once, then every tenth poll (artifacts upload after the end).
     if (pollsSinceEnd <= POLLS_AFTER_END || pollsSinceEnd % 10 === 0) {
-      const [metrics, artifacts] = await Promise.allSettled([refreshMetrics(), getJson(`${base}/artifacts`)]);
+      const [metrics, artifacts] = await Promise.allSettled([refreshMetrics(), getJson(`${base}/artifacts`), devices.refresh(job)]);
       if (artifacts.status === "fulfilled") renderArtifacts(artifacts.value);
       const failure = [metrics, artifacts].find((r) => r.status === "rejected");
       if (failure) throw failure.reason;
@@ -349,5 +352,6 @@ export function mountJob(container, jobId) {
   const poller = startPolling(refresh, { onError: () => {} });
   disposers.push(() => poller.stop());
   disposers.push(() => charts.forEach((chart) => chart.dispose()));
+  disposers.push(() => devices.dispose());
   return () => disposers.forEach((dispose) => dispose());
 }
