@@ -16,8 +16,10 @@ import typer
 
 from mwms import __version__
 from mwms.cli import admin_commands, auth_commands, job_commands, quickstart, submit
+from mwms.cli.doctor import doctor
 from mwms.cli.errors import EXIT_CODES_HELP, CliError, ExitCode, handles_errors
 from mwms.cli.parsing import parse_port_range
+from mwms.cli.stacks_command import stacks
 
 app = typer.Typer(
     name="mwms",
@@ -285,7 +287,9 @@ app.command()(job_commands.cancel)
 app.command()(job_commands.metrics)
 app.command()(job_commands.artifacts)
 app.command()(job_commands.agents)
+app.command()(stacks)
 app.command()(quickstart.quickstart)
+app.command()(doctor)
 app.command()(auth_commands.login)
 app.command()(auth_commands.logout)
 app.command()(auth_commands.whoami)

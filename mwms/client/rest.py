@@ -113,6 +113,20 @@ class RestApi:
         """A job with its tasks, attempts and state changes."""
         return self._json("GET", f"{API_PREFIX}/jobs/{quote(job_id, safe='')}")
 
+    def job_preflight(self, job_id: str) -> dict[str, Any]:
+        """{"job_id", "attempts": [{"attempt", "ok", "results": [...]}]}: the job's preflight results."""
+        return self._json("GET", f"{API_PREFIX}/jobs/{quote(job_id, safe='')}/preflight")
+
+    def dump_stacks(self, job_id: str) -> dict[str, Any]:
+        """Takes the Python stacks of the job's running tasks now (never resent: each call takes a new
+        dump); the coordinator waits up to 10 s for its agents. Returns the dump."""
+        return self._json("POST", f"{API_PREFIX}/jobs/{quote(job_id, safe='')}/stacks", replayable=False)
+
+    def job_stacks(self, job_id: str, request_id: str | None = None) -> dict[str, Any]:
+        """The job's newest stack dump, or the one named by `request_id`."""
+        params = _params(request=request_id)
+        return self._json("GET", f"{API_PREFIX}/jobs/{quote(job_id, safe='')}/stacks", params=params)
+
     def cancel_job(self, job_id: str) -> dict[str, Any]:
         """Cancels a job (never resent: a second cancel would be a 409); returns the job."""
         return self._json("POST", f"{API_PREFIX}/jobs/{quote(job_id, safe='')}/cancel")

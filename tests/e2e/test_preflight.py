@@ -7,6 +7,9 @@ nobody listens on fails within seconds, with a reason naming both workers and th
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -14,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from cluster import TERMINAL, Cluster, free_port, pack_dir, wait_until
+from cluster import MWMS, TERMINAL, Cluster, free_port, pack_dir, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.tf]
 PROGRAM = pack_dir(Path(__file__).parent / "programs" / "preflight_user")
@@ -115,3 +118,42 @@ def test_unreachable_peer_fails_the_job_within_seconds_naming_both_workers(
     failed = [r for a in results for r in a["results"] if not r["ok"]]
     assert failed and NOBODY_ADDRESS in failed[0]["message"], results
     print(f"failed {took:.1f} s after placement: {reason.splitlines()[0]}")
+
+
+def _doctor(cluster: Cluster, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MWMS_")}
+    return subprocess.run(
+        [MWMS, "doctor", "--api", cluster.api, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**env, "MWMS_TOKEN": cluster.admin_token, "COLUMNS": "200"},
+    )
+
+
+def test_doctor_prints_reachability_allreduce_and_tcp_bandwidth_per_worker(cluster: Cluster) -> None:
+    shown = _doctor(cluster, "--agents", "e2e-1,e2e-2", "--tcp-mb", "16")
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert "doctor job" in shown.stderr and "SUCCEEDED" in shown.stderr  # progress on stderr
+    lines = shown.stdout.splitlines()
+    assert "1 MB BUSBW" in lines[0] and "64 MB BUSBW" in lines[0] and "TCP" in lines[0], shown.stdout
+    assert lines[1].split()[:2] == ["0", "e2e-1"] and lines[2].split()[:2] == ["1", "e2e-2"], shown.stdout
+    assert all(line.rstrip().endswith("ok") for line in lines[1:3]), shown.stdout
+    print(shown.stdout)
+
+    as_json = _doctor(cluster, "--agents", "e2e-2,e2e-1", "--tcp-mb", "8", "--json")
+    assert as_json.returncode == 0, as_json.stdout + as_json.stderr
+    found = json.loads(as_json.stdout)
+    assert found["ok"] and found["state"] == "SUCCEEDED"
+    assert [(w["worker"], w["agent"]) for w in found["workers"]] == [(0, "e2e-2"), (1, "e2e-1")]
+    for worker in found["workers"]:
+        assert worker["tcp"]["bytes"] == 8 << 20 and worker["tcp"]["gbps"] > 0
+        assert [a["bytes"] for a in worker["allreduce"]] == [1 << 20, 64 << 20]
+        assert all(a["busbw_gbps"] > 0 for a in worker["allreduce"])
+
+
+def test_doctor_on_an_unknown_agent_says_why_it_waits_and_gives_up(cluster: Cluster) -> None:
+    shown = _doctor(cluster, "--agents", "e2e-1,no-such-agent", "--timeout", "3", timeout=60)
+    assert shown.returncode == 2, shown.stdout + shown.stderr
+    assert "no-such-agent is offline or unknown" in shown.stderr, shown.stderr
+    assert "was cancelled" in shown.stderr, shown.stderr
