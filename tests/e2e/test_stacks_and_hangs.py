@@ -5,6 +5,10 @@ TensorFlow job whose worker 1 sleeps before its first all-reduce)."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -12,7 +16,7 @@ import pytest
 
 from worker_agent.stacks import py_spy_executable
 
-from cluster import Cluster, free_port, pack_dir, wait_until
+from cluster import MWMS, Cluster, free_port, pack_dir, wait_until
 
 pytestmark = pytest.mark.e2e
 STRAGGLER = pack_dir(Path(__file__).parent / "programs" / "straggler")
@@ -72,9 +76,6 @@ def stk(tmp_path_factory):
 
 
 def py_spy_traces_here() -> bool:
-    import subprocess
-    import sys
-
     executable = py_spy_executable()
     if executable is None:
         return False
@@ -99,6 +100,12 @@ def wait_for_waiting(cluster: Cluster, job_id: str, timeout: float = 120) -> Non
         return job["state"] == "RUNNING" and all("WAITING" in t for t in text.values())
 
     wait_until(both_waiting, timeout, f"both workers of {job_id} WAITING")
+
+
+def mwms_cli(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MWMS_")}
+    env.update(MWMS_API=cluster.api, MWMS_TOKEN=cluster.admin_token, COLUMNS="200")
+    return subprocess.run([MWMS, *args], capture_output=True, text=True, env=env, timeout=60)
 
 
 def by_index(dumps: dict) -> dict[int, dict]:
@@ -144,10 +151,26 @@ def test_stacks_of_every_task_at_once_on_both_paths(stk):
     assert viewer.post(f"/api/v1/jobs/{job_id}/stacks").status_code == 403
     assert stk.http.get(f"/api/v1/jobs/{job_id}/stacks", params={"request": "nope"}).status_code == 404
 
+    # The CLI: a new dump printed per task, the last one as JSON, and its exit codes.
+    shown = mwms_cli(stk, "stacks", job_id)
+    assert shown.returncode == 0, shown.stderr
+    assert f"worker 1  agent {tasks[1]['agent_name']}  pid {tasks[1]['pid']}" in shown.stdout, shown.stdout
+    assert "in collective: NO" in shown.stdout and "wait_before_first_allreduce" in shown.stdout
+    assert (
+        shown.stdout.index("worker 0")
+        < shown.stdout.index("read_input_forever")
+        < shown.stdout.index("worker 1")
+    )
+    last = json.loads(mwms_cli(stk, "stacks", job_id, "--no-refresh", "--json").stdout)
+    assert last["id"] != dumps["id"] and last["requested_by"] == "admin" and last["complete"]
+    assert mwms_cli(stk, "stacks", "no-such-job").returncode == 4
+
     assert stk.http.post(f"/api/v1/jobs/{job_id}/cancel").status_code == 200
     stk.wait_for(job_id, {"CANCELLED"})
     refused = stk.http.post(f"/api/v1/jobs/{job_id}/stacks")
     assert refused.status_code == 409 and "no running attempt" in refused.json()["detail"], refused.text
+    after_end = mwms_cli(stk, "stacks", job_id)
+    assert after_end.returncode == 2 and "no running attempt" in after_end.stderr, after_end.stderr
 
 
 def test_a_job_without_progress_fails_by_its_policy_naming_the_workers(stk):

@@ -1,0 +1,69 @@
+"""`mwms stacks JOB`: the Python stacks of every task of a running job, side by side with where each
+worker waits (inside a TensorFlow collective or not)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.text import Text
+
+from mwms.cli.connect import connect
+from mwms.cli.errors import handles_errors
+from mwms.cli.options import ApiOption, CaFileOption, JsonOption, TokenOption
+from mwms.cli.output import format_time, out, print_json
+
+
+def collective_text(in_collective: bool | None) -> Text:
+    if in_collective is None:
+        return Text("unknown", style="bright_black")
+    return Text("yes", style="green") if in_collective else Text("NO", style="bold red")
+
+
+def print_stacks(dump: dict[str, Any]) -> None:
+    """A header line for the dump, then per task its agent, pid, method and collective, then each
+    thread's frames, innermost first."""
+    cause = "hang detection" if dump["cause"] == "hang" else f"requested by {dump['requested_by'] or '?'}"
+    missing = "" if dump["complete"] else " (some tasks did not answer)"
+    header = f"stacks {dump['id']} of job {dump['job_id']}, attempt {dump['attempt']}: {cause}, "
+    out.print(Text(header + format_time(dump["requested_at"]) + missing))
+    for task in dump["tasks"]:
+        out.print()
+        line = Text(f"worker {task['task_index']}  agent {task['agent_name'] or task['agent_id']}  ")
+        line.append(f"pid {task['pid'] if task['pid'] is not None else '-'}  ")
+        line.append(f"method {task['method'] or '-'}  in collective: ")
+        line.append_text(collective_text(task["in_collective"]))
+        out.print(line)
+        if task["error"]:
+            out.print(Text(f"  {task['error']}", style="yellow"))
+        for thread in task["threads"]:
+            marker = "  [in collective]" if thread["in_collective"] else ""
+            out.print(Text(f"  {thread['title']}{marker}", style="bold"))
+            for frame in thread["frames"]:
+                out.print(Text(f"    {frame}"))
+
+
+@handles_errors()
+def stacks(
+    job_id: Annotated[str, typer.Argument(help="The job's id (as printed by `mwms submit` or `mwms jobs`).")],
+    refresh: Annotated[
+        bool,
+        typer.Option(
+            "--refresh/--no-refresh",
+            help="Take the stacks now (the job must be running); --no-refresh shows the last dump taken "
+            "(on request or by hang detection).",
+        ),
+    ] = True,
+    json_output: JsonOption = False,
+    api: ApiOption = None,
+    token: TokenOption = None,
+    ca_file: CaFileOption = None,
+) -> None:
+    """Show the Python stacks of every task of a job: per task its agent, pid and whether it waits in a
+    TensorFlow collective, then every thread's stack, innermost frame first."""
+    with connect(api, token, ca_file) as client:
+        dump = client.rest.dump_stacks(job_id) if refresh else client.rest.job_stacks(job_id)
+    if json_output:
+        print_json(dump)
+    else:
+        print_stacks(dump)
