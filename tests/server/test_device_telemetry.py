@@ -266,3 +266,39 @@ def test_retention_deletes_old_samples_agent_by_agent_in_batches(db: Database) -
             select(func.count(), func.min(DeviceSample.at)).select_from(DeviceSample)
         ).one()
     assert left[0] == 30 and left[1] == before
+
+
+# --- the writer: checks on arrival, one transaction a second, retention ----------------------------------
+
+
+def test_the_writer_checks_batches_and_purges(tmp_path: Path) -> None:
+    import asyncio
+
+    from server.rpc.device_ingest import DeviceTelemetryWriter
+    from server.settings import Settings
+
+    database = Database(f"sqlite:///{tmp_path / 'writer.db'}")
+    upgrade_to_head(database.engine)
+    agents = [_agent(database, f"w{i}", 8) for i in range(50)]
+    settings = Settings(data_dir=tmp_path, device_sample_retention_hours=1)
+
+    async def run() -> DeviceTelemetryWriter:
+        writer = DeviceTelemetryWriter(database, settings)
+        stream = object()
+        for agent_id in agents:
+            await writer.accept(stream, agent_id, [good(i, util=float(i)) for i in range(8)] + [good(9)])
+        assert writer.stored == 0  # queued, not yet written
+        await writer.flush()
+        with database.write() as session:  # an hour-old sample of every agent: past the 1 h window
+            store_rows(session, [sample_row(a, good(0), T0) for a in agents])
+        await writer.purge()
+        return writer
+
+    writer = asyncio.run(run())
+    assert writer.stored == 50 * 8 and writer.dropped == 0
+    assert [s.utilization_pct for s in writer.latest.of(agents[0])] == [float(i) for i in range(8)]
+    assert writer.latest.refused(agents[0]) == 1  # GPU 9 is not one it registered
+    with database.read() as session:
+        assert session.scalar(select(func.count()).select_from(DeviceSample)) == 50 * 8
+        assert session.scalar(select(func.min(DeviceSample.at))) > T0
+    database.dispose()
