@@ -17,8 +17,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from server.db.engine import Database
-from server.services.cluster_counts import count_cluster
-from server.states import JobState, TaskState
+from server.services.cluster_counts import LIVE_TASK_STATES, count_cluster
+from server.states import JobState
 
 log = logging.getLogger("mwms.server.metrics")
 LIVENESS_STATES = ("online", "lost", "removed")
@@ -57,10 +57,10 @@ class ClusterGauges(Collector):
         yield _gauge("mwms_jobs", "Jobs by state", "state", counts.jobs_by_state, (s.value for s in JobState))
         yield _gauge(
             "mwms_tasks",
-            "Tasks (workers of all attempts) by state",
+            "Tasks not ended (the workers running or starting now) by state",
             "state",
             counts.tasks_by_state,
-            (s.value for s in TaskState),
+            LIVE_TASK_STATES,
         )
         yield _gauge(
             "mwms_agents",

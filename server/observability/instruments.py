@@ -11,13 +11,17 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Histogram, disable_created_metrics
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from server.db.models import Job, JobEvent
 from server.observability.on_commit import on_commit
 from server.states import TERMINAL_JOB_STATES, JobState
+
+# No `<name>_created` series: nothing reads them, they double the series and the text format shows them
+# as gauges of their own. Process-wide, so mwms_poison_total and the hang detector's counter lose theirs too.
+disable_created_metrics()
 
 # Seconds: from a second (a placed gang on idle agents) to hours (a queue behind a long job).
 _WAIT_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 12 * 3600)

@@ -1,7 +1,8 @@
 """What the cluster holds right now, counted in a fixed number of aggregate queries (Prometheus gauges).
 
-Four GROUP BY queries whatever the size: jobs by state and tasks by state (each read from its state
-index), agents by liveness and device kind, and the devices that live tasks hold. Agents' liveness is
+Four GROUP BY queries whatever the size: jobs by state (one pass over the state index: about 4 ms per
+100,000 jobs in SQLite), live tasks by state (an index seek), agents by liveness and device kind, and
+the devices that live tasks hold. Agents' liveness is
 the same derived rule the API uses (online while now < online_until; the in-memory liveness is flushed
 into online_until every reconciler pass, about once a second), so Grafana and the dashboard agree.
 """
@@ -17,6 +18,9 @@ from sqlalchemy.orm import Session
 from server.db.models import Agent, Job, Task, utcnow
 from server.states import TaskState
 
+# Tasks not ended: what the cluster runs now. Ended tasks are history (every attempt of every job) and
+# would make each scrape read the whole table; jobs by state and the histograms cover what ended.
+LIVE_TASK_STATES = [s.value for s in TaskState if not s.terminal]
 # Tasks that hold their devices: not ended, or LOST until their agent confirms they ended (as placement).
 DEVICE_HOLDING_TASK_STATES = [s.value for s in TaskState if not s.terminal] + [TaskState.LOST.value]
 
@@ -24,7 +28,7 @@ DEVICE_HOLDING_TASK_STATES = [s.value for s in TaskState if not s.terminal] + [T
 @dataclass
 class ClusterCounts:
     jobs_by_state: dict[str, int] = field(default_factory=dict)
-    tasks_by_state: dict[str, int] = field(default_factory=dict)
+    tasks_by_state: dict[str, int] = field(default_factory=dict)  # live ones: ASSIGNED, STARTING, RUNNING
     agents_by_liveness: dict[str, int] = field(default_factory=dict)  # online, lost, removed
     # Devices of online agents, and those of them that live tasks hold, by kind ("gpu", "cpu").
     devices_by_kind: dict[str, int] = field(default_factory=dict)
@@ -36,7 +40,11 @@ def count_cluster(session: Session, now: datetime | None = None) -> ClusterCount
     now = now or utcnow()
     counts = ClusterCounts()
     counts.jobs_by_state = dict(session.execute(select(Job.state, func.count()).group_by(Job.state)).all())
-    counts.tasks_by_state = dict(session.execute(select(Task.state, func.count()).group_by(Task.state)).all())
+    counts.tasks_by_state = dict(
+        session.execute(
+            select(Task.state, func.count()).where(Task.state.in_(LIVE_TASK_STATES)).group_by(Task.state)
+        ).all()
+    )
 
     online = Agent.removed_at.is_(None) & Agent.online_until.is_not(None) & (Agent.online_until > now)
     liveness = case((Agent.removed_at.is_not(None), "removed"), (online, "online"), else_="lost").label(
