@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from postgres_server import PostgresUnavailable, postgres_server
 from prometheus_client import REGISTRY
 from sqlalchemy import event, select, update
 
@@ -171,6 +172,27 @@ def test_registrations_are_counted(db: Database) -> None:
 
 
 def test_cluster_counts_jobs_tasks_agents_and_devices(db: Database) -> None:
+    check_cluster_counts(db)
+
+
+def test_cluster_counts_on_postgres(tmp_path: Path) -> None:
+    """The same queries (JSON functions, CASE grouping) on a real PostgreSQL server."""
+    pytest.importorskip("psycopg")
+    try:
+        with postgres_server() as server:
+            database = Database(server.url)
+            upgrade_to_head(database.engine)
+            with database.write() as session:
+                session.add(Bundle(digest=DIGEST, size=1, archive_format="tar.gz"))
+            try:
+                check_cluster_counts(database)
+            finally:
+                database.dispose()
+    except PostgresUnavailable as error:
+        pytest.skip(str(error))
+
+
+def check_cluster_counts(db: Database) -> None:
     gpu_agents = add_agents(db, 2, prefix="g", kind="gpu", devices=4)
     cpu_agents = add_agents(db, 3, prefix="c")
     with db.write() as session:
