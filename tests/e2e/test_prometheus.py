@@ -127,6 +127,8 @@ def test_scraping_needs_a_token_and_any_role_may_scrape(cluster: Any) -> None:
     status, text = scrape(cluster, cluster.create_token("prometheus", role="viewer"))
     assert status == 200, text[:500]
     assert "# HELP mwms_jobs " in text and "# TYPE mwms_jobs gauge" in text
+    # The refused scrapes are timed too, under no route (they never reached one), not under their path.
+    assert value(text, "mwms_api_request_duration_seconds_count", route="unmatched", status="4xx") >= 2
 
 
 def test_every_exported_mwms_metric_has_help_text(cluster: Any) -> None:
