@@ -19,6 +19,8 @@ import {
 import { LogViewer } from "../logs.js";
 import { startPolling } from "../poll.js";
 import { JobDevices } from "./devices.js";
+import { JobStacks } from "./stacks.js";
+import { JobPreflight } from "./preflight.js";
 import { mayCancel } from "../session.js";
 
 // After a job ends, keep refreshing metrics and artifacts a little longer: the last reports and
@@ -68,6 +70,8 @@ export function mountJob(container, jobId) {
   const chartsGrid = h("div", { class: "charts" });
   const charts = new Map();
   const devices = new JobDevices(jobId); // GPU utilisation and memory per task; hidden for CPU-only jobs
+  const stacks = new JobStacks(jobId); // Dump stacks button and the newest dump, tasks side by side
+  const preflight = new JobPreflight(jobId); // the gang's preflight check per attempt; hidden when none ran
   const tasksBody = h("div");
   const eventsBody = h("div");
   const attemptsBody = h("div");
@@ -91,7 +95,9 @@ export function mountJob(container, jobId) {
     stats,
     panel("Metrics", chartsGrid, { id: "metrics" }),
     devices.element,
+    preflight.element,
     panel("Tasks", tasksBody, { id: "tasks", tools: attemptLabel }),
+    stacks.element,
     panel("Logs", logsBody, { id: "logs" }),
     h("div", { class: "grid-2" }, panel("State history", eventsBody, { id: "history" }), panel("Attempts", attemptsBody, { id: "attempts" })),
     h("div", { class: "grid-2" }, panel("Spec", specBody, { id: "spec" }), panel("Artifacts", artifactsBody, { id: "artifacts" })),
@@ -338,11 +344,12 @@ export function mountJob(container, jobId) {
     renderTasks();
     renderHistory();
     renderSpec();
+    stacks.update(job);
 
     pollsSinceEnd = isTerminal(job.state) ? pollsSinceEnd + 1 : 0;
     // Ended jobs: refresh a few more times at once, then every tenth poll (artifacts upload after the end).
     if (pollsSinceEnd <= POLLS_AFTER_END || pollsSinceEnd % 10 === 0) {
-      const [metrics, artifacts] = await Promise.allSettled([refreshMetrics(), getJson(`${base}/artifacts`), devices.refresh(job)]);
+      const [metrics, artifacts] = await Promise.allSettled([refreshMetrics(), getJson(`${base}/artifacts`), devices.refresh(job), preflight.refresh(job)]);
       if (artifacts.status === "fulfilled") renderArtifacts(artifacts.value);
       const failure = [metrics, artifacts].find((r) => r.status === "rejected");
       if (failure) throw failure.reason;
@@ -353,5 +360,6 @@ export function mountJob(container, jobId) {
   disposers.push(() => poller.stop());
   disposers.push(() => charts.forEach((chart) => chart.dispose()));
   disposers.push(() => devices.dispose());
+  disposers.push(() => stacks.dispose());
   return () => disposers.forEach((dispose) => dispose());
 }
