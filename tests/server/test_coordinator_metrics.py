@@ -241,7 +241,7 @@ def test_cluster_counts_take_the_same_few_queries_at_any_size(db: Database) -> N
     assert queries() == small == 4
 
 
-def test_a_lost_agent_and_a_killed_worker_restart_with_their_causes(db: Database) -> None:
+def test_a_killed_worker_and_a_lost_agent_restart_with_their_causes(db: Database) -> None:
     (agent_id,) = add_agents(db, 1)
     lost_before = sample("mwms_job_restarts_total", cause="agent_lost")
     signal_before = sample("mwms_job_restarts_total", cause="signal")
@@ -254,10 +254,15 @@ def test_a_lost_agent_and_a_killed_worker_restart_with_their_causes(db: Database
         apply_report(session, agent, TaskReport(task.id, TaskState.FAILED, exit_code=137), backoff_base_s=1)
     assert sample("mwms_job_restarts_total", cause="signal") == signal_before + 1
 
+    restarted_before = sample("mwms_scheduling_latency_seconds_count", attempt="restart")
     with db.write() as session:  # the backoff is over: the restarted job is placed on the agent again
         session.execute(update(Job).where(Job.id == killed).values(not_before=None))
         schedule_pending(session)
-        assert session.scalars(select(Task).where(Task.job_id == killed, Task.state == "ASSIGNED")).all()
+        (again,) = session.scalars(select(Task).where(Task.job_id == killed, Task.state == "ASSIGNED")).all()
+        agent = session.get(Agent, agent_id)
+        assert agent is not None
+        apply_report(session, agent, TaskReport(again.id, TaskState.RUNNING, pid=2), backoff_base_s=1)
+    assert sample("mwms_scheduling_latency_seconds_count", attempt="restart") == restarted_before + 1
     with db.write() as session:  # a minute of silence: the agent is lost, with the task it held
         reconcile(
             session, backoff_base_s=1, default_startup_timeout_s=0, now=utcnow() + timedelta(seconds=60)
