@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable
+from datetime import datetime
 
 from prometheus_client import Counter
 
@@ -46,6 +47,7 @@ class HangDetector:
         progress: TaskProgress,
         wake_agents: Callable[[Iterable[str]], None],
         poke_scheduler: Callable[[], None],
+        clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self._db = db
         self._settings = settings
@@ -53,7 +55,8 @@ class HangDetector:
         self._progress = progress
         self._wake_agents = wake_agents
         self._poke = poke_scheduler
-        self._started_at = utcnow()
+        self._clock = clock
+        self._started_at = clock()
         self._flagged: set[str] = set()  # attempt ids already handled
         self._runner: asyncio.Task[None] | None = None
 
@@ -76,7 +79,7 @@ class HangDetector:
         watched = await asyncio.to_thread(read)
         self._progress.retain(t.task_id for w in watched for t in w.tasks)
         self._flagged &= {w.attempt_id for w in watched}
-        now = utcnow()
+        now = self._clock()
         hung = []
         for attempt in watched:
             if attempt.timeout_s is None or attempt.attempt_id in self._flagged:
