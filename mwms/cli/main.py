@@ -106,6 +106,14 @@ def server(
             "the CA's path and fingerprint for agents (--ca-file) and the CLI (MWMS_CA_FILE).",
         ),
     ] = None,
+    hang_timeout: Annotated[
+        float | None,
+        typer.Option(
+            min=0.0,
+            help="Seconds without a log line or metric point after which a RUNNING job that sets no "
+            "--hang-timeout of its own counts as hung (MWMS_HANG_TIMEOUT_S) [default: 0, off].",
+        ),
+    ] = None,
 ) -> None:
     """Run the coordinator: REST API + dashboard over HTTP(S), agent connections over gRPC.
 
@@ -134,6 +142,7 @@ def server(
         "grpc_tls_cert": grpc_tls_cert,
         "grpc_tls_key": grpc_tls_key,
         "tls_self_signed": tls_self_signed,
+        "hang_timeout_s": hang_timeout,
     }
     serve(Settings.model_validate({key: value for key, value in given.items() if value is not None}))
 

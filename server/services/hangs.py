@@ -103,5 +103,7 @@ def act_on_hang(
         else "no stacks could be taken"
     )
     reason = f"no progress for {timeout_s:g} s (no log line or metric point from any worker); {where}"
-    fail_attempt(session, job, attempt, reason, retryable=True, backoff_base_s=backoff_base_s, now=now)
+    fail_attempt(
+        session, job, attempt, reason, retryable=True, backoff_base_s=backoff_base_s, now=now, cause="hang"
+    )
     return reason

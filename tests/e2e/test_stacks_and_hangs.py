@@ -42,10 +42,20 @@ else:
 """
 
 
+SERVER_HANG_TIMEOUT_S = 4
+
+
 class StacksCluster(Cluster):
-    """Agents started with MWMS_AGENT_STACK_METHOD=faulthandler when their name says so."""
+    """A coordinator started with `--hang-timeout` (its default for jobs that set none), and agents started
+    with MWMS_AGENT_STACK_METHOD=faulthandler when their name says so."""
 
     starting: str = ""
+
+    def start_server(self) -> None:
+        args = ["server", "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port)]
+        args += ["--data-dir", str(self.root / "data"), "--hang-timeout", str(SERVER_HANG_TIMEOUT_S)]
+        self.server = self._spawn("server", args, self.server_environment())
+        wait_until(self._healthy, 60, f"coordinator health on {self.api}\n{self.server.log_tail()}")
 
     def agent_environment(self) -> dict[str, str]:
         env = super().agent_environment()
@@ -122,8 +132,12 @@ def check_method(task: dict) -> None:
 
 
 def test_stacks_of_every_task_at_once_on_both_paths(stk):
-    job_id = stk.submit({"main.py": SLEEPERS}, ["python", "main.py"], workers=2, name="sleepers")
+    # 0 turns hang detection off for this job, although the coordinator's default is on.
+    job_id = stk.submit(
+        {"main.py": SLEEPERS}, ["python", "main.py"], workers=2, name="sleepers", hang_timeout_seconds=0
+    )
     wait_for_waiting(stk, job_id)
+    waiting_seen = time.monotonic()
 
     response = stk.http.post(f"/api/v1/jobs/{job_id}/stacks")
     assert response.status_code == 200, response.text
@@ -164,6 +178,10 @@ def test_stacks_of_every_task_at_once_on_both_paths(stk):
     last = json.loads(mwms_cli(stk, "stacks", job_id, "--no-refresh", "--json").stdout)
     assert last["id"] != dumps["id"] and last["requested_by"] == "admin" and last["complete"]
     assert mwms_cli(stk, "stacks", "no-such-job").returncode == 4
+    # Silent for longer than the coordinator's default: still running, as the job turned detection off.
+    while time.monotonic() - waiting_seen < SERVER_HANG_TIMEOUT_S + 3:
+        assert stk.job(job_id)["state"] == "RUNNING", stk.job(job_id)["reason"]
+        time.sleep(0.5)
 
     assert stk.http.post(f"/api/v1/jobs/{job_id}/cancel").status_code == 200
     stk.wait_for(job_id, {"CANCELLED"})
@@ -174,14 +192,9 @@ def test_stacks_of_every_task_at_once_on_both_paths(stk):
 
 
 def test_a_job_without_progress_fails_by_its_policy_naming_the_workers(stk):
-    timeout_s = 4
+    timeout_s = SERVER_HANG_TIMEOUT_S  # the coordinator's default (mwms server --hang-timeout)
     job_id = stk.submit(
-        {"main.py": SLEEPERS},
-        ["python", "main.py"],
-        workers=2,
-        name="hangs",
-        hang_timeout_seconds=timeout_s,
-        restart={"max_restarts": 0},
+        {"main.py": SLEEPERS}, ["python", "main.py"], workers=2, name="hangs", restart={"max_restarts": 0}
     )
     wait_for_waiting(stk, job_id)
     waiting_seen = time.monotonic()
