@@ -90,8 +90,12 @@ class HangDetector:
             if (now - max(moments)).total_seconds() >= attempt.timeout_s:
                 self._flagged.add(attempt.attempt_id)
                 hung.append(attempt)
-        if hung:
-            await asyncio.gather(*(self._handle(attempt) for attempt in hung))
+        outcomes = await asyncio.gather(*(self._handle(attempt) for attempt in hung), return_exceptions=True)
+        for attempt, outcome in zip(hung, outcomes, strict=True):
+            if isinstance(outcome, Exception):
+                # Not handled (the database was busy, say): the next pass tries this attempt again.
+                self._flagged.discard(attempt.attempt_id)
+                log.error("handling the hang of job %s failed: %r", attempt.job_id, outcome)
 
     async def _handle(self, attempt: hangs.WatchedAttempt) -> None:
         assert attempt.timeout_s is not None
