@@ -237,6 +237,8 @@ class JobOut(JobSummary):
     restart: RestartPolicy
     startup_timeout_seconds: float | None
     max_runtime_seconds: float | None
+    preflight: bool | None = Field(default=None, description="as submitted; None: the coordinator's default")
+    agents: list[str] | None = Field(default=None, description="worker i runs on agents[i], when set")
     tasks: list[TaskOut] = Field(description="tasks of the newest attempt")
     attempt_history: list[AttemptOut]
     events: list[JobEventOut]

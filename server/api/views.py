@@ -112,6 +112,8 @@ def job_out(session: Session, job: Job) -> JobOut:
         restart=RestartPolicy(**options.get("restart", {})),
         startup_timeout_seconds=options.get("startup_timeout_seconds"),
         max_runtime_seconds=options.get("max_runtime_seconds"),
+        preflight=options.get("preflight"),
+        agents=options.get("agents"),
         tasks=[task_out(t, names) for t in (job.attempts[-1].tasks if job.attempts else [])],
         attempt_history=[attempt_out(a, names) for a in job.attempts],
         events=[

@@ -1,0 +1,101 @@
+"""The coordinator's side of the preflight check, against a real coordinator (gRPC on loopback, SQLite):
+StartTask asks for the check when the job does, results are stored once and read over REST, and a task that
+fails its check fails the job with the check's message; jobs pinned to agents land where they name.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from test_poison_containment import Coordinator, coordinator, hello, wait_until  # noqa: F401
+
+from mwms.v1 import agent_pb2 as pb
+from server.services.preflight import preflight_wanted
+
+from cluster import pack
+
+
+def _submit(coordinator: Coordinator, **spec: Any) -> str:  # noqa: F811
+    uploaded = coordinator.http.post(
+        "/api/v1/bundles", files={"file": ("b.tar.gz", pack({"t.py": "print(1)\n"}))}
+    )
+    assert uploaded.status_code in (200, 201), uploaded.text
+    body = {"bundle_digest": uploaded.json()["digest"], "command": ["python", "t.py"], **spec}
+    response = coordinator.http.post("/api/v1/jobs", json=body)
+    assert response.status_code == 201, response.text
+    return response.json()["id"]
+
+
+def test_a_failed_check_fails_the_job_with_its_message_and_results_are_kept(coordinator: Coordinator) -> None:  # noqa: F811
+    a_id, a = coordinator.join("pf-a")
+    b_id, b = coordinator.join("pf-b")
+    hello(a, a_id)
+    hello(b, b_id)
+    job_id = _submit(coordinator, workers=2, preflight=True, agents=["pf-b", "pf-a"])
+    start_b, start_a = b.next("start"), a.next("start")  # worker 0 on pf-b, worker 1 on pf-a
+    assert (start_b.task_index, start_a.task_index) == (0, 1)
+    for start in (start_a, start_b):
+        assert start.preflight and start.preflight_timeout_seconds == 120
+    job = coordinator.job(job_id)
+    assert job["preflight"] is True and job["agents"] == ["pf-b", "pf-a"]
+
+    report = {"ok": True, "allreduce": [{"bytes": 1 << 20, "algbw_gbps": 1.0, "busbw_gbps": 1.0}]}
+    a.send(preflight=pb.PreflightResult(task_id=start_a.task_id, ok=True, report_json=json.dumps(report)))
+    message = (
+        "worker 0 (host 127.0.0.1) cannot reach worker 1 at 127.0.0.1:21001: connection refused after 15 s"
+    )
+    failed = pb.PreflightResult(task_id=start_b.task_id, ok=False, message=message, report_json="{not json")
+    b.send(preflight=failed)
+    b.send(preflight=failed)  # resent: stored once
+    b.send(
+        task=pb.TaskReport(
+            task_id=start_b.task_id,
+            state=pb.TASK_STATE_FAILED,
+            exit_code=3,
+            message=f"preflight check failed: {message}",
+            pid=7,
+        )
+    )
+    stop = a.next("stop")  # the other worker is stopped at once
+    assert stop.task_id == start_a.task_id
+    a.send(task=pb.TaskReport(task_id=start_a.task_id, state=pb.TASK_STATE_STOPPED, message="stopped"))
+    job = wait_until(lambda: (j := coordinator.job(job_id))["state"] == "FAILED" and j, 10, "the job to fail")
+    assert job["reason"].startswith(f"task 0 on agent pf-b: preflight check failed: {message}"), job["reason"]
+    assert "not retryable" in job["reason"]
+
+    found = coordinator.http.get(f"/api/v1/jobs/{job_id}/preflight").json()
+    [attempt] = found["attempts"]
+    assert attempt["attempt"] == 1 and attempt["ok"] is False
+    assert [(r["task_index"], r["ok"]) for r in attempt["results"]] == [(0, False), (1, True)]
+    assert attempt["results"][0]["message"] == message and attempt["results"][0]["report"] == {}
+    assert attempt["results"][1]["report"] == report
+    assert coordinator.http.get("/api/v1/jobs/nope/preflight").status_code == 404
+    a.close()
+    b.close()
+
+
+def test_start_asks_for_the_check_only_when_the_job_wants_it_and_has_a_gang(coordinator: Coordinator) -> None:  # noqa: F811
+    agent_id, stream = coordinator.join("pf-solo")
+    hello(stream, agent_id)
+    single = _submit(coordinator, workers=1, preflight=True)
+    assert not stream.next("start").preflight
+    stream.send(
+        task=pb.TaskReport(task_id=coordinator.job(single)["tasks"][0]["id"], state=pb.TASK_STATE_SUCCEEDED)
+    )
+    wait_until(lambda: coordinator.job(single)["state"] == "SUCCEEDED", 10, "the single-worker job to end")
+    pinned = _submit(coordinator, workers=2, agents=["pf-solo", "pf-gone"])
+    job = wait_until(lambda: "pf-gone" in (j := coordinator.job(pinned))["reason"] and j, 10, "a reason")
+    assert job["state"] == "PENDING" and "pf-gone is offline or unknown" in job["reason"]
+    stream.close()
+
+
+def test_the_job_decides_else_the_coordinator_default() -> None:
+    class Job:
+        def __init__(self, value: bool | None, workers: int = 2) -> None:
+            self.options = {"preflight": value}
+            self.num_workers = workers
+
+    assert preflight_wanted(Job(None), default=True) and not preflight_wanted(Job(None), default=False)
+    assert preflight_wanted(Job(True), default=False) and not preflight_wanted(Job(False), default=True)
+    assert not preflight_wanted(Job(True, workers=1), default=True)
