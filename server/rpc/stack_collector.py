@@ -85,7 +85,7 @@ class StackCollector:
                 )
             try:
                 await asyncio.wait_for(answers.complete.wait(), timeout=wait_s)
-            except TimeoutError:
+            except (TimeoutError, asyncio.TimeoutError):  # the same class from Python 3.11 on
                 log.info(
                     "stacks of job %s: no answer within %.0f s for %d task(s)",
                     job_id,
