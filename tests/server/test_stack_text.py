@@ -1,5 +1,6 @@
-"""The collective rule over real dumps: a 2-worker MWMS job (TF 2.21, CPU) whose worker 1 sleeps while
-worker 0 waits, taken with py-spy and with the agent's faulthandler handler (tests/server/stack_dumps)."""
+"""The collective rule over real dumps: 2-worker MWMS jobs (TF 2.21, CPU; a custom loop, and model.fit with
+a callback) whose worker 1 sleeps while worker 0 waits, taken with py-spy and with the agent's faulthandler
+handler (tests/server/stack_dumps)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,11 @@ def dump(name: str) -> str:
         # A later step: worker 0 waits in the tf.function call, where the step's all-reduce runs.
         ("py_spy_worker0_step_in_tf_function.txt", True),
         ("faulthandler_worker0_step_in_tf_function.txt", True),
+        # model.fit: worker 0 waits in the train function, worker 1 sleeps in a callback.
+        ("py_spy_worker0_keras_fit.txt", True),
+        ("faulthandler_worker0_keras_fit.txt", True),
+        ("py_spy_worker1_keras_callback_sleeping.txt", False),
+        ("faulthandler_worker1_keras_callback_sleeping.txt", False),
         # Worker 1 sleeps before its all-reduce, in Python.
         ("py_spy_worker1_sleeping.txt", False),
         ("py_spy_worker1_sleeping_after_steps.txt", False),
