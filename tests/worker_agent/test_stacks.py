@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import queue
+import signal
 import subprocess
 import sys
 import textwrap
@@ -58,7 +59,10 @@ def processes() -> Iterator[list[subprocess.Popen]]:
     started: list[subprocess.Popen] = []
     yield started
     for process in started:
-        process.kill()
+        try:
+            os.killpg(process.pid, signal.SIGKILL)  # the whole group: a shell's python child too
+        except ProcessLookupError:
+            pass
         process.wait()
 
 
@@ -108,7 +112,9 @@ def test_python_under_a_shell_is_found_through_its_handler(
 def test_a_process_without_the_handler_is_an_error_not_a_signal(
     tmp_path: Path, processes: list[subprocess.Popen]
 ) -> None:
-    process = subprocess.Popen(["/bin/sh", "-c", "echo ready; sleep 60"], stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        ["/bin/sh", "-c", "echo ready; sleep 60"], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     processes.append(process)
     assert process.stdout is not None and process.stdout.readline().strip() == "ready"
     (tmp_path / "stacks").mkdir()
