@@ -46,6 +46,7 @@ def build_job_spec(
     max_runtime: float | None = None,
     hang_timeout: float | None = None,
     preflight: bool | None = None,
+    agents: list[str] | None = None,
 ) -> dict[str, Any]:
     """The `POST /api/v1/jobs` body, leaving out what was not set so the coordinator's defaults apply."""
     spec: dict[str, Any] = {
@@ -80,6 +81,8 @@ def build_job_spec(
         spec["hang_timeout_seconds"] = hang_timeout
     if preflight is not None:
         spec["preflight"] = preflight
+    if agents:
+        spec["agents"] = agents
     return spec
 
 
@@ -245,6 +248,13 @@ def submit(
             help="Check that the workers reach each other and measure all-reduce bandwidth before the program.",
         ),
     ] = None,
+    agents: Annotated[
+        str | None,
+        typer.Option(
+            "--agents",
+            help="Comma-separated agent names (or ids), one per worker: worker i runs on the i-th.",
+        ),
+    ] = None,
     wait: Annotated[
         bool, typer.Option("--wait", help="Follow the job to its end; exit 0 only if it SUCCEEDED.")
     ] = False,
@@ -289,6 +299,7 @@ def submit(
             max_runtime=max_runtime,
             hang_timeout=hang_timeout,
             preflight=preflight,
+            agents=[a.strip() for a in agents.split(",") if a.strip()] if agents else None,
         )
         job = client.create_job(spec).raw
         if not json_output:
