@@ -36,6 +36,8 @@ def test_preflight_results_are_shown_per_task(cluster, new_page) -> None:
         cells = rows.nth(i).locator("td")
         assert cells.nth(1).inner_text().strip() == "passed"
         assert float(cells.nth(cells.count() - 1).inner_text()) > 0  # 64 MB busbw
+    spec = page.locator("#spec").inner_text()
+    assert "Preflight check\non" in spec or "Preflight check\ton" in spec, spec
     watched.screenshot("job-preflight")
 
     page.goto(f"{cluster.api}/#/jobs/{plain_id}")

@@ -255,6 +255,8 @@ export function mountJob(container, jobId) {
         ["Restarts", `up to ${restart.max_restarts ?? "–"} on ${restart.restart_on || "–"} failures`],
         ["Startup timeout", job.startup_timeout_seconds ? formatSeconds(job.startup_timeout_seconds) : "server default"],
         ["Max runtime", job.max_runtime_seconds ? formatSeconds(job.max_runtime_seconds) : "unlimited"],
+        ["Preflight check", job.preflight == null ? "server default" : job.preflight ? "on" : "off"],
+        ...(job.agents ? [["Pinned to", h("span", { class: "tags" }, job.agents.map((name, i) => h("code", { class: "tag", title: `worker ${i}` }, name)))]] : []),
         ["Created", formatTime(job.created_at)],
         ["Finished", formatTime(job.finished_at)],
       ]),
