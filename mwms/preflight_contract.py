@@ -29,6 +29,8 @@ CONNECT_TIMEOUT_ENV = "MWMS_PREFLIGHT_CONNECT_TIMEOUT_S"
 DEFAULT_CONNECT_TIMEOUT_S = 15.0
 # MB each worker streams to the next over a plain socket in phase 1 (mwms doctor sets it); 0: none.
 TCP_MB_ENV = "MWMS_PREFLIGHT_TCP_MB"
+# "0": phase 1 only (reachability, no TensorFlow, well under a second of its own); anything else: both phases.
+ALLREDUCE_ENV = "MWMS_PREFLIGHT_ALLREDUCE"
 # Sizes all-reduced in phase 2, with timed iterations after one warm-up each.
 ALLREDUCE_SIZES = ((1 << 20, 5), (64 << 20, 3))
 

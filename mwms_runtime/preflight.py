@@ -4,7 +4,8 @@ Phase 1 (no TensorFlow, seconds): every worker reaches every other on its TF_CON
 (mwms_runtime.reachability). Phase 2: the job's MultiWorkerMirroredStrategy, built as the runtime builds
 it (strategy_factory, communication options from the MWMS_* environment), all-reduces 1 MB and 64 MB
 (one warm-up, then timed iterations) and checks the sum. TensorFlow is imported in a background thread
-while phase 1 waits for the peers, so the import costs little extra time.
+while phase 1 waits for the peers, so the import costs little extra time. With MWMS_PREFLIGHT_ALLREDUCE=0
+only phase 1 runs, and TensorFlow is not imported at all.
 
 The report goes to the file named by MWMS_PREFLIGHT_REPORT (contract: mwms/preflight_contract.py) and
 the exit code says the outcome. The process ends with os._exit right after a last all-reduce that every
@@ -23,6 +24,7 @@ import traceback
 from typing import Any
 
 from mwms.preflight_contract import (
+    ALLREDUCE_ENV,
     ALLREDUCE_SIZES,
     CONNECT_TIMEOUT_ENV,
     DEFAULT_CONNECT_TIMEOUT_S,
@@ -130,7 +132,9 @@ def run_check(report: dict[str, Any]) -> int:
         return EXIT_BAD_CONFIG
     me = endpoints[index]
     report.update(worker=index, host=me.host, num_workers=len(endpoints))
-    threading.Thread(target=_import_tensorflow, name="import-tensorflow", daemon=True).start()
+    allreduce = os.environ.get(ALLREDUCE_ENV, "").strip() != "0"
+    if allreduce:
+        threading.Thread(target=_import_tensorflow, name="import-tensorflow", daemon=True).start()
 
     timeout_s = _float_env(CONNECT_TIMEOUT_ENV, DEFAULT_CONNECT_TIMEOUT_S)
     stream_bytes = int(_float_env(TCP_MB_ENV, 0.0) * (1 << 20))
@@ -144,6 +148,9 @@ def run_check(report: dict[str, Any]) -> int:
     if not found.ok:
         report.update(ok=False, phase="reachability", message=found.failure)
         return EXIT_UNREACHABLE
+    if not allreduce:
+        report.update(ok=True, phase="done", message="", allreduce=[], total_s=time.monotonic() - started)
+        return EXIT_OK
 
     try:
         from mwms_runtime.strategy_factory import communication_options, strategy

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -136,3 +139,33 @@ def test_tcp_stream_to_the_next_worker_is_timed() -> None:
         assert result.tcp_sent is not None and result.tcp_sent["to_worker"] == 1 - i
         assert result.tcp_sent["bytes"] == 8 << 20 and result.tcp_sent["gbps"] > 0
         assert result.tcp_received is not None and result.tcp_received["from_worker"] == 1 - i
+
+
+def test_the_check_with_reachability_only_passes_fast_without_tensorflow(tmp_path) -> None:
+    endpoints = _gang(2)
+    workers = [f"127.0.0.1:{e.port}" for e in endpoints]
+    processes = []
+    for index in range(2):
+        config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
+        env = {
+            **os.environ,
+            "TF_CONFIG": json.dumps(config),
+            "MWMS_PREFLIGHT_ALLREDUCE": "0",
+            "MWMS_PREFLIGHT_REPORT": str(tmp_path / f"report-{index}.json"),
+        }
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, "-X", "importtime", "-m", "mwms_runtime.preflight"],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    for index, process in enumerate(processes):
+        out, err = process.communicate(timeout=60)
+        assert process.returncode == 0, out + err[-2000:]
+        report = json.loads((tmp_path / f"report-{index}.json").read_text())
+        assert report["ok"] and report["allreduce"] == [] and report["peers"][0]["worker"] == 1 - index
+        assert " tensorflow" not in err, "phase 1 alone must not import TensorFlow"
+        assert "mwms preflight: ok: peers reachable" in out
