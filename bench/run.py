@@ -23,6 +23,7 @@ import asyncio
 import json
 import os
 import platform
+import shutil
 import signal
 import statistics
 import subprocess
@@ -51,6 +52,7 @@ TARGETS = [
     ("agents", "heartbeat_rtt_p99_ms", 50, "<"),
     ("agents", "coordinator_cpu_pct", 50, "<"),
     ("agents", "agents_lost", 0, "=="),
+    ("agents", "agents_offline_max_in_window", 0, "=="),
     ("agents", "register_all_s", 10, "<"),
     ("gangs", "gang64_running_s", 2, "<="),
     ("gangs", "gang256_running_s", 5, "<="),
@@ -60,6 +62,8 @@ TARGETS = [
     ("ingest", "points_stored_once", True, "=="),
     ("ingest", "heartbeat_rtt_p99_ms", 50, "<"),
     ("ingest", "agents_lost", 0, "=="),
+    ("ingest", "agents_offline_max_in_window", 0, "=="),
+    ("ingest", "tasks_stopped", 0, "=="),
 ]
 
 
@@ -171,6 +175,14 @@ def run_scale(name: str, args: argparse.Namespace, database: BenchDatabase) -> d
             }
         finally:
             cluster.stop()
+            keep_log(cluster, args, name)
+
+
+def keep_log(cluster: Cluster, args: argparse.Namespace, scenario: str) -> None:
+    """Copies the coordinator's log to --logs DIR (the scenario's temp dir is removed afterwards)."""
+    if args.logs and cluster.server is not None:
+        args.logs.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(cluster.server.log_path, args.logs / f"{scenario}-{args.db}-coordinator.log")
 
 
 def meets(value: object, target: object, op: str) -> bool:
@@ -268,6 +280,7 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=200, help="requests per endpoint (jobs)")
     parser.add_argument("--db", choices=CHOICES, default="sqlite", help="the coordinators' database")
     parser.add_argument("--out", type=Path, help="default: bench/results.json, results_postgres.json")
+    parser.add_argument("--logs", type=Path, help="keep each scale scenario's coordinator log in this folder")
     args = parser.parse_args()
     if args.out is None:
         args.out = ROOT / "bench" / ("results.json" if args.db == "sqlite" else f"results_{args.db}.json")

@@ -158,6 +158,40 @@ async def lost_agents(http: httpx.AsyncClient, sim: Simulator) -> dict[str, int]
     }
 
 
+class OfflineWatch:
+    """Polls `GET /api/v1/agents` every `interval_s` while a window is open: the most of this simulator's
+    agents shown offline at once. An agent marked lost and back online by the end leaves no other trace
+    (a streaming one shows as a stopped task; an idle one not at all)."""
+
+    def __init__(self, cluster: Cluster, sim: Simulator, interval_s: float = 2.0) -> None:
+        self.cluster, self.sim, self.interval_s = cluster, sim, interval_s
+        self.most = 0
+        self.polls = 0
+        self.errors = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def __enter__(self) -> OfflineWatch:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _run(self) -> None:
+        async with admin_client(self.cluster) as http:
+            while True:
+                try:
+                    self.most = max(self.most, (await lost_agents(http, self.sim))["agents_lost"])
+                    self.polls += 1
+                except httpx.HTTPError:
+                    self.errors += 1
+                await asyncio.sleep(self.interval_s)
+
+    def figures(self) -> dict[str, int]:
+        return {"agents_offline_max_in_window": self.most, "offline_polls": self.polls}
+
+
 async def start_fleet(cluster: Cluster, agents: int, config: SimConfig, results: dict[str, Any]) -> Simulator:
     """Registers and connects `agents` simulated agents; records how long registration took."""
     sim = Simulator(config, agents, run_id=str(int(time.time()) % 100000))
@@ -195,8 +229,9 @@ async def scenario_agents(
     try:
         await asyncio.sleep(settle_s)  # registration's own load passes before the window opens
         window = Window(cluster.server.popen.pid, database_pid)
-        await asyncio.sleep(seconds)
-        results |= window.close()
+        with OfflineWatch(cluster, sim) as watch:
+            await asyncio.sleep(seconds)
+        results |= window.close() | watch.figures()
         await drain_heartbeats(sim, window.end)
         results |= heartbeat_figures(sim, window.start, window.end)
         async with admin_client(cluster) as http:
@@ -296,11 +331,12 @@ async def scenario_ingest(
                 agent.telemetry = None  # only the first `tasks` starts stream
             others = [a for a in sim.agents if not a.tasks]
             window = Window(cluster.server.popen.pid, database_pid)
-            await asyncio.sleep(seconds)
+            with OfflineWatch(cluster, sim) as watch:
+                await asyncio.sleep(seconds)
             for task in sim.tasks():
                 task.done.set()  # the producers stop; what is in flight is still acked
             sent_at = time.monotonic()
-            results |= window.close()
+            results |= window.close() | watch.figures()
             await drain_heartbeats(sim, window.end)
             results |= heartbeat_figures(sim, window.start, window.end, others)
             results |= {
@@ -379,7 +415,11 @@ async def wait_until_readable(http: httpx.AsyncClient, tasks: list[Any]) -> None
 async def count_points(http: httpx.AsyncClient, task: Any) -> bool:
     """True when one task's metric series through the API holds every acknowledged point exactly once."""
     points = (
-        await http.get(f"/api/v1/jobs/{task.job_id}/metrics", params={"name": "loss"}, timeout=300)
+        await http.get(
+            f"/api/v1/jobs/{task.job_id}/metrics",
+            params={"name": "loss", "attempt": task.attempt},  # a restarted job's next attempt counts anew
+            timeout=300,
+        )
     ).json()
     steps = [p["step"] for p in points["points"]]
     return len(steps) == len(set(steps)) and set(range(1, task.acked_metric_seq + 1)) <= set(steps)
