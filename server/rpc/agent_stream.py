@@ -255,7 +255,12 @@ class AgentStream:
                 settings.preflight_timeout_s if preflight.preflight_wanted(job, settings.preflight) else None
             )
             command = convert.start_task(
-                task, job, settings.stop_grace_s, settings.shared_checkpoint_dir, preflight_s
+                task,
+                job,
+                settings.stop_grace_s,
+                settings.shared_checkpoint_dir,
+                preflight_s,
+                settings.preflight_allreduce,
             )
         except Exception as error:  # noqa: BLE001 - a damaged job row must not stop this agent's commands
             contain(log, "start_task", task.id, f"the start command of task {task.id} (job {job.id})")

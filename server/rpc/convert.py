@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mwms.preflight_contract import parse_report
+from mwms.preflight_contract import ALLREDUCE_ENV, parse_report
 from mwms.v1 import agent_pb2 as pb
 from server.db.models import Job, Task
 from server.services.agents import Registration
@@ -93,8 +93,13 @@ def start_task(
     stop_grace_s: int,
     shared_checkpoint_dir: str,
     preflight_timeout_s: int | None = None,
+    preflight_allreduce: bool = True,
 ) -> pb.CoordinatorMessage:
-    """The StartTask; `preflight_timeout_s` (not None) asks for the gang's preflight check first."""
+    """The StartTask; `preflight_timeout_s` (not None) asks for the gang's preflight check first, without
+    its all-reduce phase when not `preflight_allreduce` (unless the job's env asks for it)."""
+    env = job_env(job)
+    if preflight_timeout_s is not None and not preflight_allreduce:
+        env.setdefault(ALLREDUCE_ENV, "0")
     return pb.CoordinatorMessage(
         start=pb.StartTask(
             task_id=task.id,
@@ -104,7 +109,7 @@ def start_task(
             num_workers=job.num_workers,
             bundle_digest=job.bundle_digest,
             command=list(job.command),
-            env=job_env(job),
+            env=env,
             tf_config=task.tf_config,
             port=task.port,
             device_indices=list(task.device_indices),
