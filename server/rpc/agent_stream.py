@@ -260,7 +260,7 @@ class AgentStream:
                 settings.stop_grace_s,
                 settings.shared_checkpoint_dir,
                 preflight_s,
-                settings.preflight_allreduce,
+                preflight.allreduce_wanted(job, settings.preflight_allreduce),
             )
         except Exception as error:  # noqa: BLE001 - a damaged job row must not stop this agent's commands
             contain(log, "start_task", task.id, f"the start command of task {task.id} (job {job.id})")

@@ -39,6 +39,11 @@ def preflight_wanted(job: Job, default: bool) -> bool:
     return wanted and job.num_workers > 1
 
 
+def allreduce_wanted(job: Job, default: bool) -> bool:
+    """Whether the check includes its all-reduce phase: always when the job itself asked for the check."""
+    return default or job.options.get("preflight") is True
+
+
 def store_result(session: Session, agent_id: str, result: IncomingPreflight) -> bool:
     """Stores a task's result once (a resent one changes nothing); False for a task not on this agent."""
     task = session.get(Task, result.task_id)

@@ -150,6 +150,8 @@ def test_the_coordinator_defaults_can_turn_the_check_on_without_its_all_reduce(t
             assert start.env["MWMS_PREFLIGHT_ALLREDUCE"] == "0"
             asked = run(["dflt-b", "dflt-a"], env={"MWMS_PREFLIGHT_ALLREDUCE": "1"})
             assert asked.preflight and asked.env["MWMS_PREFLIGHT_ALLREDUCE"] == "1"
+            explicit = run(["dflt-a", "dflt-b"], preflight=True)  # the job asked: the full check
+            assert explicit.preflight and "MWMS_PREFLIGHT_ALLREDUCE" not in explicit.env
             assert not run(["dflt-a", "dflt-b"], preflight=False).preflight
             a.close()
             b.close()
