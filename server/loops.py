@@ -7,6 +7,7 @@ import logging
 
 from mwms.loop import run_every_async
 from server.db.engine import Database
+from server.db.models import utcnow
 from server.liveness import Liveness
 from server.rpc.hub import AgentHub
 from server.services.agents import record_heartbeats
@@ -104,7 +105,10 @@ class BackgroundLoops:
             self.hub.wake(touched)
 
     async def _reconcile(self) -> None:
-        # Liveness first, so the lost decision below never runs on heartbeats not written yet.
+        # Liveness first, so the lost decision below never runs on heartbeats not written yet. It is
+        # made as of the moment they were taken: both writes may wait for the writer (a long telemetry
+        # transaction), and that wait must not age every agent into "lost".
+        taken_at = utcnow()
         await self.flush_liveness()
 
         def run() -> set[str]:
@@ -114,6 +118,7 @@ class BackgroundLoops:
                     session,
                     backoff_base_s=self.settings.restart_backoff_s,
                     default_startup_timeout_s=self.settings.startup_timeout_s,
+                    now=taken_at,
                 )
             return targets
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
+
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
@@ -10,7 +14,10 @@ from sqlalchemy import func, inspect, select
 
 from server.db.engine import Database
 from server.db.migrate import downgrade_to, upgrade_to_head
-from server.db.models import Base, Bundle, Job, LogLine, MetricPoint
+from server.db.models import Agent, Base, Bundle, Job, LogLine, MetricPoint
+from server.liveness import Liveness
+from server.loops import BackgroundLoops
+from server.rpc.hub import AgentHub
 from server.schemas import JobCreate
 from server.services.agents import Registration, register_agent
 from server.services.jobs import cancel_job, create_job
@@ -23,6 +30,7 @@ from server.services.telemetry import (
     store_metric_points,
     value_out,
 )
+from server.settings import Settings
 
 
 @pytest.fixture(scope="module")
@@ -140,4 +148,53 @@ def test_non_finite_metrics_and_poison_rows_on_postgres(postgres_url):
             "a\ufffdb",
             "after",
         ]
+    db.dispose()
+
+
+def test_waiting_for_the_writer_does_not_age_liveness_on_postgres(postgres_url, tmp_path):
+    """A reconciler pass that waits for the writer (a long telemetry transaction holds it) decides who is
+    lost as of when it took the heartbeats it writes: an agent heard from just before is not lost.
+
+    Found by bench/run.py --db postgres: on a loaded machine the ingest scenario's streaming agents were
+    declared lost ("stopped heartbeating for 10-13 s") while their heartbeats were acked within 4 s.
+    """
+    pytest.importorskip("psycopg")
+    db = Database(postgres_url)
+    upgrade_to_head(db.engine)
+    with db.write() as session:
+        agent = register_agent(
+            session,
+            Registration(
+                "pg-busy-writer",
+                "h",
+                "127.0.0.1",
+                20000,
+                20010,
+                [{"kind": "cpu", "index": 0, "name": "s"}],
+                "t",
+            ),
+            30,
+        )
+    settings = Settings(data_dir=tmp_path, agent_timeout_s=0.5)
+    holding = threading.Event()
+
+    def hold_the_writer() -> None:
+        with db.write():
+            holding.set()
+            time.sleep(1.5)  # three agent timeouts
+
+    async def one_pass() -> None:
+        liveness = Liveness()
+        loops = BackgroundLoops(db, settings, AgentHub(asyncio.get_running_loop(), db), liveness)
+        holder = threading.Thread(target=hold_the_writer)
+        holder.start()
+        holding.wait(10)
+        liveness.seen(agent.id)  # heard from now; the pass below waits 1.5 s for the writer
+        await loops._reconcile()
+        holder.join()
+
+    asyncio.run(one_pass())
+    with db.read() as session:
+        stored = session.get(Agent, agent.id)
+        assert stored is not None and stored.lost_at is None, (stored.last_heartbeat_at, stored.lost_at)
     db.dispose()
