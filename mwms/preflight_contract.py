@@ -8,11 +8,12 @@ PreflightResult.report_json)::
     {"ok": true, "worker": 0, "host": "10.0.0.1", "num_workers": 2, "phase": "done", "message": "",
      "reachable_s": 0.02, "peers": [{"worker": 1, "address": "10.0.0.2:20001", "connect_s": 0.01}],
      "tcp": {"to_worker": 1, "bytes": .., "seconds": .., "gbps": ..} | null,
-     "collective": "RING", "allreduce": [{"bytes": 1048576, "iterations": 5, "seconds": ..,
+     "collective": "RING", "replicas": 2, "allreduce": [{"bytes": 1048576, "iterations": 5, "seconds": ..,
      "algbw_gbps": .., "busbw_gbps": ..}], "total_s": 3.1}
 
 Bandwidths are in GB/s (10^9 bytes per second); ``busbw = algbw * 2 (n - 1) / n`` as nccl-tests define
-it for all-reduce, so figures from gangs of different sizes compare with the link's speed.
+it for all-reduce, n being the replicas (workers × GPUs per worker), so figures from gangs of different
+sizes compare with the link's speed.
 
 Dependency-free (standard library only).
 """

@@ -70,8 +70,11 @@ def _float_env(name: str, default: float) -> float:
         return default
 
 
-def measure_allreduce(strategy: Any, num_workers: int) -> list[dict[str, Any]]:
-    """All-reduces each size of ALLREDUCE_SIZES (warm-up, then timed) and checks the sum on every element."""
+def measure_allreduce(strategy: Any) -> list[dict[str, Any]]:
+    """All-reduces each size of ALLREDUCE_SIZES (warm-up, then timed) and checks the sum on every element.
+
+    busbw's n is the number of replicas (workers × GPUs per worker), the ranks nccl-tests would count.
+    """
     import tensorflow as tf
 
     @tf.function
@@ -100,7 +103,7 @@ def measure_allreduce(strategy: Any, num_workers: int) -> list[dict[str, Any]]:
                 "iterations": iterations,
                 "seconds": seconds,
                 "algbw_gbps": algbw,
-                "busbw_gbps": busbw_gbps(algbw, num_workers),
+                "busbw_gbps": busbw_gbps(algbw, strategy.num_replicas_in_sync),
             }
         )
     return results
@@ -157,7 +160,8 @@ def run_check(report: dict[str, Any]) -> int:
 
         built = strategy()
         report["collective"] = communication_options().implementation.name
-        report["allreduce"] = measure_allreduce(built, len(endpoints))
+        report["replicas"] = built.num_replicas_in_sync
+        report["allreduce"] = measure_allreduce(built)
         # Every worker reaches this before any exits: no one leaves a peer waiting in a collective.
         _barrier(built)
     except Exception as error:  # noqa: BLE001 - any failure of the collective is the check's finding
