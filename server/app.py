@@ -28,6 +28,8 @@ from server.db.migrate import upgrade_to_head
 from server.hang_detector import HangDetector
 from server.liveness import Liveness
 from server.loops import BackgroundLoops
+from server.observability.cluster_gauges import cluster_registry
+from server.observability.request_latency import RequestLatencyMiddleware
 from server.rpc.agent_service import AgentService
 from server.rpc.auth import AgentAuthInterceptor
 from server.rpc.device_ingest import DeviceTelemetryWriter
@@ -102,6 +104,7 @@ def create_app(settings: Settings) -> FastAPI:
         app.state.stacks = stacks  # server/api/stacks.py sends and waits through it
         await grpc_server.start()
         app.state.runtime = Runtime(db=db, settings=settings, poke_scheduler=loops.poke, wake_agents=hub.wake)
+        app.state.cluster_metrics = cluster_registry(db, hub.connected_count)  # read by /metrics
         hub.start()
         telemetry.start()
         devices.start()
@@ -140,10 +143,11 @@ def create_app(settings: Settings) -> FastAPI:
     routers = (health.router, session.router, tokens.router, bundles.router, jobs.router, agents.router)
     for router in (*routers, devices.router, dashboard.router):
         app.include_router(router)
-    # The last added runs first: headers on every response, then the Host check, then authentication,
-    # then the bound on request bodies.
+    # The last added runs first: request timing, headers on every response, then the Host check, then
+    # authentication, then the bound on request bodies.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_body_bytes)
     app.add_middleware(AuthMiddleware)
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.trusted_hosts)
     app.add_middleware(SecurityHeadersMiddleware, tls=settings.serves_tls)
+    app.add_middleware(RequestLatencyMiddleware)  # outermost: times every request, refused ones too
     return app

@@ -22,6 +22,7 @@ import grpc
 
 from mwms.v1 import agent_pb2 as pb
 from server.errors import DomainError
+from server.observability.instruments import count_command, observe_heartbeat_round_trip
 from server.poison import contain, count_poison, is_transient
 from server.rpc import convert
 from server.rpc.status import grpc_status
@@ -123,6 +124,7 @@ class AgentStream:
         service = self.service
         if body == "heartbeat":
             await self.send(HEARTBEAT_ACK)  # lets the agent tell a live stream from a dead one
+            observe_heartbeat_round_trip(message.heartbeat.last_round_trip_ms)
         elif body == "hello":
             if message.hello.agent_id and message.hello.agent_id != self.agent_id:
                 log.warning(
@@ -238,10 +240,12 @@ class AgentStream:
                         command = await self._start_command(task, job)
                         if command is not None:
                             await self.send(command)
+                            count_command("start")
                 for task in commands.stops:
                     if task.id not in self.sent_stops:
                         self.sent_stops.add(task.id)
                         await self.send(convert.stop_task(task, self.settings.stop_grace_s))
+                        count_command("stop")
         except grpc.RpcError:
             pass  # the stream is gone; its reader ends the session and the next hello asks again
         except Exception:  # noqa: BLE001 - one agent's trouble must not reach the hub
