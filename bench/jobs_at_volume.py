@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import signal
 import sqlite3
 import statistics
 import sys
@@ -414,6 +415,8 @@ def main() -> int:
         "--out", type=Path, help="default: bench/results_jobs.json, results_jobs_postgres.json"
     )
     args = parser.parse_args()
+    # As SystemExit, so the coordinator and a PostgreSQL server are stopped on the way out, as on Ctrl-C.
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     suffix = "" if args.db == "sqlite" else f"_{args.db}"
     out = args.out or ROOT / "bench" / f"results_jobs{suffix}.json"
     with bench_database(args.db) as database:
