@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from postgres_server import PostgresServer, postgres_server
 
@@ -50,11 +51,6 @@ class BenchDatabase:
         except (OSError, ValueError, IndexError):
             return None
 
-    def reset_statements(self, url: str | None) -> None:
-        if url:
-            with _connect(url) as conn:
-                conn.execute("SELECT pg_stat_statements_reset()")
-
     def top_statements(self, url: str | None, limit: int = 8) -> list[dict[str, object]]:
         """The statements of this database that took the most time since the last reset, for the results."""
         if not url:
@@ -78,7 +74,8 @@ class BenchDatabase:
         ]
 
 
-def _connect(url: str):  # type: ignore[no-untyped-def]
+def _connect(url: str) -> Any:
+    """A psycopg connection in autocommit (psycopg is imported only when PostgreSQL is used)."""
     import psycopg
 
     return psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True)
