@@ -1,7 +1,8 @@
 """One writer for the log and metric batches of every agent's stream: few transactions, acks after commit.
 
 Streams queue their batches (`submit`) and acknowledge each once its future resolves; the writer takes whatever has queued (up to
-MAX_ITEMS_PER_TRANSACTION lines and points) and stores it in one transaction
+what the last transaction's pace says fits in TARGET_TRANSACTION_S, within MIN_/MAX_ITEMS_PER_TRANSACTION lines and points) and
+stores it in one transaction
 (services.agent_messages.accept_telemetry), then resolves each batch's future, so the stream
 acknowledges only what is committed. Exactly-once holds through the unique (task_id, seq) constraints:
 a resend after a lost ack inserts nothing. Heartbeats never queue here (server/liveness.py).
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -24,6 +26,19 @@ from server.task_progress import TaskProgress
 log = logging.getLogger("mwms.server.rpc")
 # Bounds one transaction, so a burst is committed (and acknowledged) in steps the agents can see.
 MAX_ITEMS_PER_TRANSACTION = 50_000
+MIN_ITEMS_PER_TRANSACTION = 1_000
+# Every other writer (task reports, the liveness flush, the scheduler, POST /jobs) waits for the database's write
+# lock while a telemetry transaction holds it: sized by the pace measured, one holds it about this long, so a
+# slow database (PostgreSQL's per-row inserts, a loaded machine) never makes liveness wait for seconds.
+TARGET_TRANSACTION_S = 0.25
+
+
+def items_per_transaction(items: int, seconds: float) -> int:
+    """How many items the next transaction takes, after the last stored `items` in `seconds`."""
+    if items <= 0 or seconds <= 0:
+        return MAX_ITEMS_PER_TRANSACTION
+    fitting = int(items / seconds * TARGET_TRANSACTION_S)
+    return max(MIN_ITEMS_PER_TRANSACTION, min(MAX_ITEMS_PER_TRANSACTION, fitting))
 
 
 @dataclass
@@ -50,6 +65,7 @@ class TelemetryWriter:
         self._queue: asyncio.Queue[_Queued] = asyncio.Queue()
         self._runner: asyncio.Task[None] | None = None
         self.transactions = 0  # committed transactions (tests, benchmarks)
+        self._items_cap = MAX_ITEMS_PER_TRANSACTION
 
     def start(self) -> None:
         self._runner = asyncio.create_task(self._run())
@@ -72,7 +88,7 @@ class TelemetryWriter:
         while True:
             group = [await self._queue.get()]
             items = group[0].size
-            while items < MAX_ITEMS_PER_TRANSACTION and not self._queue.empty():
+            while items < self._items_cap and not self._queue.empty():
                 queued = self._queue.get_nowait()
                 group.append(queued)
                 items += queued.size
@@ -80,7 +96,7 @@ class TelemetryWriter:
             if not group:
                 continue
             try:
-                outcomes, targets = await asyncio.to_thread(self._write, [q.batch for q in group])
+                outcomes, targets, held_s = await asyncio.to_thread(self._write, [q.batch for q in group])
             except asyncio.CancelledError:
                 for queued in group:
                     queued.done.cancel()
@@ -91,6 +107,7 @@ class TelemetryWriter:
                         queued.done.set_exception(error)
                 continue
             self.transactions += 1
+            self._items_cap = items_per_transaction(items, held_s)
             if self._progress is not None:
                 self._progress.seen(
                     q.batch.task_id
@@ -110,11 +127,14 @@ class TelemetryWriter:
             if targets:
                 self._wake_agents(targets)
 
-    def _write(self, batches: list[TelemetryBatch]) -> tuple[list[StoreOutcome | Exception], set[str]]:
+    def _write(self, batches: list[TelemetryBatch]) -> tuple[list[StoreOutcome | Exception], set[str], float]:
+        """Stores `batches` in one transaction; also says how long it held the write lock (not waited for it)."""
         with self._db.write() as session:
+            session.connection()  # BEGIN (IMMEDIATE on SQLite): the write lock is ours from here
+            locked_at = time.monotonic()
             targets = track_command_targets(session)
             outcomes = accept_telemetry(session, batches)
-        return outcomes, targets
+        return outcomes, targets, time.monotonic() - locked_at
 
 
 def _count_ingested(group: list[_Queued], outcomes: list[StoreOutcome | Exception]) -> None:

@@ -248,3 +248,19 @@ def test_a_flush_never_moves_liveness_back_behind_a_registration(cluster: tuple[
         record_heartbeats(session, {agent_id: newer}, timeout_s=2)
     row = _agent(coordinator, agent_id)
     assert (row.last_heartbeat_at, row.online_until) == (newer, newer + timedelta(seconds=2))
+
+
+def test_telemetry_transactions_are_sized_to_hold_the_write_lock_briefly() -> None:
+    from server.rpc.ingest import (
+        MAX_ITEMS_PER_TRANSACTION,
+        MIN_ITEMS_PER_TRANSACTION,
+        TARGET_TRANSACTION_S,
+        items_per_transaction,
+    )
+
+    # A fast database keeps the largest transactions; a slow one gets transactions of about the target's length.
+    assert items_per_transaction(50_000, 0.1) == MAX_ITEMS_PER_TRANSACTION
+    assert items_per_transaction(30_000, 1.0) == int(30_000 * TARGET_TRANSACTION_S)
+    # Never so small that per-transaction costs dominate, and nothing measured yet means no bound but the largest.
+    assert items_per_transaction(1_000, 10.0) == MIN_ITEMS_PER_TRANSACTION
+    assert items_per_transaction(0, 0.0) == MAX_ITEMS_PER_TRANSACTION
