@@ -9,6 +9,7 @@ import sys
 import uvicorn
 
 from server.app import create_app
+from server.heap import settle_heap
 from server.settings import Settings
 from server.tls import TlsError, TlsPlan, plan_tls, warn_if_clear_text
 
@@ -40,6 +41,7 @@ def serve(settings: Settings) -> None:
         timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
     )
     server = uvicorn.Server(config)
+    settle_heap()  # only in the coordinator's own process: tests build many apps in one
     server.run()
     if not server.started:
         raise SystemExit(1)
