@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from server.db.models import Attempt, Job, Task, utcnow
 from server.poison import isolated
 from server.services.agents import capacities
-from server.services.placement import NoFit, place_gang, place_pinned
+from server.services.placement import AgentCapacity, NoFit, place_gang, place_pinned
 from server.services.tf_config import build_tf_config
 from server.services.transitions import transition_job
 from server.services.wording import count
@@ -49,15 +49,22 @@ def schedule_pending(
         select(Job).where(Job.state == JobState.PENDING.value).order_by(Job.created_at, Job.id)
     ).all()
     touched: set[str] = set()
+    # What the agents offer is read once and again only after a job was placed: a job that does not fit
+    # changes nothing, so a backlog of waiting jobs costs one read per pass, not one per job.
+    offer: list[AgentCapacity] | None = None
     for job in jobs:
         with isolated(session, log, "schedule_job", job.id, f"placement of job {job.id}"):
-            touched.update(_place(session, job, now, connected))
+            if offer is None:
+                offer = capacities(session, now, connected)
+            placed = _place(session, job, now, offer)
+            if placed:
+                offer = None
+            touched.update(placed)
     return sorted(touched)
 
 
-def _place(session: Session, job: Job, now: datetime, connected: frozenset[str] | None) -> list[str]:
-    """Places one PENDING job if it fits; returns the ids of the agents that got its tasks."""
-    offer = capacities(session, now, connected)
+def _place(session: Session, job: Job, now: datetime, offer: list[AgentCapacity]) -> list[str]:
+    """Places one PENDING job if it fits `offer`; returns the ids of the agents that got its tasks."""
     pinned = job.options.get("agents")
     if pinned:
         placement = place_pinned(offer, list(pinned), job.gpus_per_worker)

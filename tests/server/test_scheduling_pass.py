@@ -1,0 +1,63 @@
+"""The scheduler pass on a real SQLite database: a backlog of jobs that do not fit costs no reads per job."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import event
+
+from server.db.engine import Database
+from server.db.migrate import upgrade_to_head
+from server.db.models import Bundle, Job
+from server.schemas import JobCreate
+from server.services.agents import Registration, register_agent
+from server.services.jobs import create_job
+from server.services.scheduling import schedule_pending
+from server.states import JobState
+
+
+def _statements_of_a_pass(db: Database) -> tuple[int, list[str]]:
+    statements: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        statements.append(statement)
+
+    event.listen(db.engine, "before_cursor_execute", record)
+    try:
+        with db.write() as session:
+            placed = schedule_pending(session)
+    finally:
+        event.remove(db.engine, "before_cursor_execute", record)
+    return len(statements), placed
+
+
+def test_waiting_jobs_do_not_each_read_the_agents_and_placed_ones_see_what_is_left(tmp_path) -> None:
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    upgrade_to_head(db.engine)
+    with db.write() as session:
+        session.add(Bundle(digest="b" * 64, size=1, archive_format="tar.gz"))
+        slot = [{"kind": "cpu", "index": 0, "name": "cpu-slot-0"}]
+        for name in ("a-1", "a-2"):
+            register_agent(session, Registration(name, name, "127.0.0.1", 20000, 20010, slot, "t"), 30)
+        spec = {"bundle_digest": "b" * 64, "command": ["python", "x.py"]}
+        first = create_job(session, JobCreate(**spec, workers=1))
+        second = create_job(session, JobCreate(**spec, workers=1))
+        third = create_job(session, JobCreate(**spec, workers=1))  # two agents, one slot each: waits
+        too_big = [create_job(session, JobCreate(**spec, workers=3)).id for _ in range(5)]
+    _, placed = _statements_of_a_pass(db)
+    assert len(placed) == 2
+    with db.read() as session:
+        states = {job.id: job.state for job in session.query(Job)}
+    assert states[first.id] == states[second.id] == JobState.SCHEDULED.value, states
+    assert states[third.id] == JobState.PENDING.value
+    assert {states[i] for i in too_big} == {JobState.PENDING.value}
+
+    few, _ = _statements_of_a_pass(db)
+    with db.write() as session:
+        for _ in range(40):
+            create_job(session, JobCreate(**spec, workers=3))
+    many, _ = _statements_of_a_pass(db)
+    # Each waiting job still costs its savepoint; reading the agents' offer happens once per pass.
+    per_job = (many - few) / 40
+    assert per_job <= 3, (few, many)
+    db.dispose()
