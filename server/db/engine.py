@@ -34,12 +34,14 @@ class Database:
     def write(self) -> Iterator[Session]:
         """A read-then-write transaction, committed on success; one at a time.
 
-        This process serialises its own writers: the coordinator is the only writer, and read-then-write
-        passes (a task report and the reconciler ending the same attempt) must not interleave. On SQLite the
-        transaction also takes the database's write lock up front (BEGIN IMMEDIATE); queueing on the process's
-        lock first matters there too: writers that met at BEGIN IMMEDIATE retried in SQLite's busy-handler
-        sleeps (1, 2, 5, 10, ... ms), which made a submit wait 50-250 ms behind the scheduler's passes.
+        SQLite takes its write lock up front (BEGIN IMMEDIATE). On other databases this process
+        serialises its own writers: the coordinator is the only writer, and read-then-write passes
+        (a task report and the reconciler ending the same attempt) must not interleave.
         """
+        if self.is_sqlite:
+            with self._write() as session, session.begin():
+                yield session
+            return
         with self._writer_lock, self._write() as session, session.begin():
             yield session
 
