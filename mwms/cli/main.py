@@ -5,6 +5,7 @@ Heavy imports (the coordinator, the agent, TensorFlow) happen inside commands so
 
 from __future__ import annotations
 
+import logging
 import signal
 import socket
 import sys
@@ -278,6 +279,9 @@ def agent(
         tls=tls,
         **({} if device_sample_interval is None else {"device_sample_interval": device_sample_interval}),
     )
+    # As `mwms server` does: the agent's INFO lines (registered as, no device telemetry, tasks started and
+    # stopped) go to stderr, which systemd's journal or the quickstart's log file keeps.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     stop_event = threading.Event()
 
     def request_stop(signum: int, _frame: object) -> None:
