@@ -30,7 +30,7 @@ MIN_ITEMS_PER_TRANSACTION = 1_000
 # Every other writer (task reports, the liveness flush, the scheduler, POST /jobs) waits for the database's write
 # lock while a telemetry transaction holds it: sized by the pace measured, one holds it about this long, so a
 # slow database (PostgreSQL's per-row inserts, a loaded machine) never makes liveness wait for seconds.
-TARGET_TRANSACTION_S = 0.25
+TARGET_TRANSACTION_S = 1.0
 
 
 def items_per_transaction(items: int, seconds: float) -> int:
