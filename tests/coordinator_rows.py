@@ -1,13 +1,18 @@
-"""What tests of an in-process coordinator share: an agent's Register request, and a job with one task
-placed on an agent, written straight into the database (no scheduler involved)."""
+"""What tests of an in-process coordinator share: an agent's Register request, a migrated database holding a
+bundle and one-slot CPU agents, and a job with one task placed on an agent, written straight into the database
+(no scheduler involved)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from mwms.v1 import agent_pb2 as pb
 from server.db.engine import Database
+from server.db.migrate import upgrade_to_head
 from server.db.models import Attempt, Bundle, Job, Task, utcnow
+from server.services.agents import Registration, register_agent
 
 
 def register_request(
@@ -24,6 +29,18 @@ def register_request(
         version="test",
         join_token=join_token,
     )
+
+
+def seeded_database(path: Path, digest: str, agent_names: Iterable[str]) -> Database:
+    """A migrated SQLite database at `path` with bundle `digest` and a one-CPU-slot agent per name, online."""
+    database = Database(f"sqlite:///{path}")
+    upgrade_to_head(database.engine)
+    slot = [{"kind": "cpu", "index": 0, "name": "s"}]
+    with database.write() as session:
+        session.add(Bundle(digest=digest, size=1, archive_format="tar.gz"))
+        for name in agent_names:
+            register_agent(session, Registration(name, name, "127.0.0.1", 20000, 20010, slot, "t"), 30)
+    return database
 
 
 def place_task(

@@ -9,17 +9,16 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
+from coordinator_rows import seeded_database
 
 from server.db.engine import Database
-from server.db.migrate import upgrade_to_head
-from server.db.models import Agent, Bundle, Job, StackDump, StackRequest, utcnow
+from server.db.models import Agent, Job, StackDump, StackRequest, utcnow
 from server.errors import Conflict
 from server.hang_detector import HANG_DETECTIONS, HangDetector
 from server.rpc.hub import AgentHub
 from server.rpc.stack_collector import StackCollector
 from server.schemas import JobCreate
 from server.services import hangs, stacks
-from server.services.agents import Registration, register_agent
 from server.services.jobs import create_job
 from server.services.scheduling import schedule_pending
 from server.services.tasks import TaskReport, apply_report
@@ -34,18 +33,7 @@ SLEEPING = (DUMPS / "py_spy_worker1_sleeping.txt").read_text()
 
 @pytest.fixture
 def db(tmp_path):
-    database = Database(f"sqlite:///{tmp_path / 'hangs.db'}")
-    upgrade_to_head(database.engine)
-    with database.write() as session:
-        session.add(Bundle(digest="c" * 64, size=1, archive_format="tar.gz"))
-        for name in ("a", "b", "c", "d"):
-            register_agent(
-                session,
-                Registration(
-                    name, name, "127.0.0.1", 20000, 20010, [{"kind": "cpu", "index": 0, "name": "s"}], "t"
-                ),
-                30,
-            )
+    database = seeded_database(tmp_path / "hangs.db", "c" * 64, ("a", "b", "c", "d"))
     yield database
     database.dispose()
 

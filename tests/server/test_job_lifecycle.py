@@ -5,10 +5,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from coordinator_rows import seeded_database
 
 from server.db.engine import Database
-from server.db.migrate import upgrade_to_head
-from server.db.models import Agent, Bundle, Job, utcnow
+from server.db.models import Agent, Job, utcnow
 from server.schemas import JobCreate
 from server.services.agents import Registration, register_agent
 from server.services.jobs import cancel_job, create_job
@@ -22,18 +22,7 @@ BACKOFF = 1.0
 
 @pytest.fixture
 def db(tmp_path):
-    database = Database(f"sqlite:///{tmp_path / 'lifecycle.db'}")
-    upgrade_to_head(database.engine)
-    with database.write() as session:
-        session.add(Bundle(digest="c" * 64, size=1, archive_format="tar.gz"))
-        for name in ("a", "b", "c"):
-            register_agent(
-                session,
-                Registration(
-                    name, name, "127.0.0.1", 20000, 20010, [{"kind": "cpu", "index": 0, "name": "s"}], "t"
-                ),
-                30,
-            )
+    database = seeded_database(tmp_path / "lifecycle.db", "c" * 64, ("a", "b", "c"))
     yield database
     database.dispose()
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import grpc
 import pytest
-from coordinator_rows import place_task, register_request
+from coordinator_rows import place_task, register_request, seeded_database
 from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 
@@ -26,11 +26,9 @@ from mwms.v1 import agent_pb2 as pb
 from mwms.v1 import agent_pb2_grpc
 from server.app import create_app
 from server.db.engine import Database
-from server.db.migrate import upgrade_to_head
-from server.db.models import Agent, Bundle, Job, Task, utcnow
+from server.db.models import Agent, Job, Task, utcnow
 from server.poison import POISON
 from server.schemas import JobCreate
-from server.services.agents import Registration, register_agent
 from server.services.jobs import create_job
 from server.services.reconcile import reconcile
 from server.services.scheduling import schedule_pending
@@ -265,18 +263,7 @@ def test_a_start_command_that_cannot_be_built_fails_its_job_and_the_agents_other
 
 @pytest.fixture
 def db(tmp_path: Path) -> Iterator[Database]:
-    database = Database(f"sqlite:///{tmp_path / 'poison.db'}")
-    upgrade_to_head(database.engine)
-    with database.write() as session:
-        session.add(Bundle(digest="e" * 64, size=1, archive_format="tar.gz"))
-        for name in "abcdefgh":
-            register_agent(
-                session,
-                Registration(
-                    name, name, "127.0.0.1", 20000, 20010, [{"kind": "cpu", "index": 0, "name": "s"}], "t"
-                ),
-                30,
-            )
+    database = seeded_database(tmp_path / "poison.db", "e" * 64, "abcdefgh")
     yield database
     database.dispose()
 

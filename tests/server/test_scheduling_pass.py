@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from coordinator_rows import seeded_database
 from sqlalchemy import event
 
 from server.db.engine import Database
-from server.db.migrate import upgrade_to_head
-from server.db.models import Bundle, Job
+from server.db.models import Job
 from server.schemas import JobCreate
-from server.services.agents import Registration, register_agent
 from server.services.jobs import create_job
 from server.services.scheduling import schedule_pending
 from server.states import JobState
@@ -32,13 +31,8 @@ def _statements_of_a_pass(db: Database) -> tuple[int, list[str]]:
 
 
 def test_waiting_jobs_do_not_each_read_the_agents_and_placed_ones_see_what_is_left(tmp_path) -> None:
-    db = Database(f"sqlite:///{tmp_path / 's.db'}")
-    upgrade_to_head(db.engine)
+    db = seeded_database(tmp_path / "s.db", "b" * 64, ("a-1", "a-2"))
     with db.write() as session:
-        session.add(Bundle(digest="b" * 64, size=1, archive_format="tar.gz"))
-        slot = [{"kind": "cpu", "index": 0, "name": "cpu-slot-0"}]
-        for name in ("a-1", "a-2"):
-            register_agent(session, Registration(name, name, "127.0.0.1", 20000, 20010, slot, "t"), 30)
         spec = {"bundle_digest": "b" * 64, "command": ["python", "x.py"]}
         first = create_job(session, JobCreate(**spec, workers=1))
         second = create_job(session, JobCreate(**spec, workers=1))
