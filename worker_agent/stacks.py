@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mwms import stack_dumps
+from mwms.stack_dumps import MAX_STACK_BYTES
 from mwms.v1 import agent_pb2
 
 if TYPE_CHECKING:
@@ -38,7 +40,6 @@ HANDLER_DIR = Path(__file__).parent / "stack_handler"
 # "auto" (py-spy when it can trace, else faulthandler), "py-spy" or "faulthandler"; read by the agent.
 METHOD_ENV = "MWMS_AGENT_STACK_METHOD"
 METHODS = ("auto", "py-spy", "faulthandler")
-MAX_STACK_BYTES = 256 * 1024
 PY_SPY_TIMEOUT_S = 5.0
 HANDLER_TIMEOUT_S = 3.0
 # The handler writes a dump in many small writes: it is complete once the file stops growing this long.
@@ -81,11 +82,7 @@ def preferred_method(env: Mapping[str, str] | None = None) -> str:
 
 def bounded(text: str, limit: int = MAX_STACK_BYTES) -> str:
     """`text` cut to at most `limit` bytes of UTF-8, saying so when it was cut."""
-    data = text.encode("utf-8", errors="replace")
-    if len(data) <= limit:
-        return text
-    note = f"\n... (cut at {limit // 1024} KiB by the agent)\n"
-    return data[: limit - len(note.encode())].decode("utf-8", errors="ignore") + note
+    return stack_dumps.bounded(text, "the agent", limit)
 
 
 def python_pid(pid: int, directory: Path | None) -> int:

@@ -22,6 +22,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     403: {"model": ErrorOut},
     404: {"model": ErrorOut},
     409: {"model": ErrorOut, "description": "the job has no running attempt"},
+    429: {"model": ErrorOut, "description": "the job's stacks were dumped less than 2 s ago"},
     422: {"model": ValidationErrorOut},
 }
 # How long a request waits for the agents' answers; the ones that come later are stored all the same.
@@ -67,7 +68,8 @@ def stack_dumps_out(session: Session, request: StackRequest) -> StackDumpsOut:
 @router.post("/{job_id}/stacks", response_model=StackDumpsOut, responses=ERRORS)
 async def dump_stacks(job_id: str, request: Request, rt: RuntimeDep, caller: Caller) -> StackDumpsOut:
     """Takes the Python stacks of every running task of the job's current attempt at the same moment and
-    returns what arrived within 10 s (tasks whose agent did not answer are marked). Stored with the attempt."""
+    returns what arrived within 10 s (tasks whose agent did not answer are marked). Stored with the attempt;
+    one dump per job every 2 s (429 sooner), and the newest 20 of a job are kept."""
     collector: StackCollector = request.app.state.stacks
     opened = await collector.collect(job_id, "request", caller.user, ANSWER_WAIT_S)
 

@@ -10,18 +10,25 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, selectinload
 
+from mwms.stack_dumps import bounded
 from server.db.models import Agent, StackDump, StackRequest, utcnow
 from server.errors import Conflict, NotFound
+from server.limits import TooManyRequests
 from server.services.jobs import current_attempt, get_job
 from server.services.stack_text import dump_in_collective, main_thread_frame, parse_threads
 from server.states import AttemptState, JobState, TaskState
 
 CAUSES = ("request", "hang")
+# Dumps on request pause every task of a job (py-spy) or make it write its stacks (faulthandler) and store up
+# to 256 KiB per task: one per job every this many seconds, and only the newest KEPT_PER_JOB per job are kept.
+MIN_REQUEST_INTERVAL_S = 2.0
+KEPT_PER_JOB = 20
+MAX_ERROR_CHARS = 2000
 # A placeholder's error, until the agent answers; an agent's own errors never start like this.
 NO_ANSWER_PREFIX = "no answer from agent"
 
@@ -77,11 +84,14 @@ def open_stack_request(
             f"job {job.id} is {job.state} and has no running attempt: stacks can be dumped only while its "
             "tasks run (see `mwms status` for its state)"
         )
+    if cause == "request":
+        _refuse_a_second_request_too_soon(session, job.id, now)
     request = StackRequest(
         job_id=job.id, attempt=attempt.number, cause=cause, requested_by=requested_by, requested_at=now
     )
     session.add(request)
     session.flush()
+    _forget_all_but_the_newest(session, job.id)
     names = _agent_names(session, [t.agent_id for t in running])
     for task in running:
         session.add(
@@ -98,6 +108,35 @@ def open_stack_request(
     session.flush()
     asked = [DumpAsked(t.id, t.index, t.agent_id) for t in running]
     return OpenedRequest(request.id, job.id, attempt.number, asked)
+
+
+def _refuse_a_second_request_too_soon(session: Session, job_id: str, now: datetime) -> None:
+    last = session.scalar(
+        select(StackRequest.requested_at)
+        .where(StackRequest.job_id == job_id, StackRequest.cause == "request")
+        .order_by(StackRequest.requested_at.desc())
+        .limit(1)
+    )
+    if last is not None and now - last < timedelta(seconds=MIN_REQUEST_INTERVAL_S):
+        raise TooManyRequests(
+            f"the stacks of job {job_id} were dumped {(now - last).total_seconds():.1f} s ago: one dump per job "
+            f"every {MIN_REQUEST_INTERVAL_S:g} s; GET /api/v1/jobs/{job_id}/stacks shows the last one"
+        )
+
+
+def _forget_all_but_the_newest(session: Session, job_id: str) -> None:
+    kept = (
+        select(StackRequest.id)
+        .where(StackRequest.job_id == job_id)
+        .order_by(StackRequest.requested_at.desc(), StackRequest.id.desc())
+        .limit(KEPT_PER_JOB)
+    )
+    old = session.scalars(
+        select(StackRequest.id).where(StackRequest.job_id == job_id, StackRequest.id.not_in(kept))
+    ).all()
+    if old:
+        session.execute(delete(StackDump).where(StackDump.request_id.in_(old)))
+        session.execute(delete(StackRequest).where(StackRequest.id.in_(old)))
 
 
 def mark_unreachable(session: Session, request_id: str, task_ids: Sequence[str], why: str) -> None:
@@ -117,9 +156,10 @@ def store_stack_dump(session: Session, agent_id: str, incoming: IncomingStackDum
         return False
     dump.pid = incoming.pid or dump.pid
     dump.method = incoming.method[:20]
-    dump.text = incoming.text
-    dump.error = incoming.error if incoming.error or incoming.text else "the agent sent an empty dump"
-    dump.in_collective = dump_in_collective(incoming.text) if incoming.text else None
+    dump.text = bounded(incoming.text, "the coordinator")  # an agent that does not bound it is held to it
+    error = incoming.error[:MAX_ERROR_CHARS]
+    dump.error = error if error or incoming.text else "the agent sent an empty dump"
+    dump.in_collective = dump_in_collective(dump.text) if dump.text else None
     dump.received_at = utcnow()
     session.flush()
     return True

@@ -142,6 +142,10 @@ def test_stacks_of_every_task_at_once_on_both_paths(stk):
     response = stk.http.post(f"/api/v1/jobs/{job_id}/stacks")
     assert response.status_code == 200, response.text
     dumps = response.json()
+    taken = time.monotonic()
+    # One dump per job every 2 s: a second one at once is refused, saying where the last one is.
+    again = stk.http.post(f"/api/v1/jobs/{job_id}/stacks")
+    assert again.status_code == 429 and "one dump per job every 2 s" in again.json()["detail"], again.text
     assert dumps["cause"] == "request" and dumps["complete"] and dumps["attempt"] == 1
     tasks = by_index(dumps)
     assert set(tasks) == {0, 1}
@@ -166,6 +170,7 @@ def test_stacks_of_every_task_at_once_on_both_paths(stk):
     assert stk.http.get(f"/api/v1/jobs/{job_id}/stacks", params={"request": "nope"}).status_code == 404
 
     # The CLI: a new dump printed per task, the last one as JSON, and its exit codes.
+    time.sleep(max(0.0, taken + 2.1 - time.monotonic()))  # past the interval between two dumps of a job
     shown = mwms_cli(stk, "stacks", job_id)
     assert shown.returncode == 0, shown.stderr
     assert f"worker 1  agent {tasks[1]['agent_name']}  pid {tasks[1]['pid']}" in shown.stdout, shown.stdout
@@ -225,11 +230,14 @@ def test_a_straggler_before_its_first_all_reduce_is_named_and_the_job_restarts_t
     wait_for_waiting(stk, job_id, timeout=180)
 
     def worker0_in_collective():
-        dumps = stk.http.post(f"/api/v1/jobs/{job_id}/stacks").json()
+        response = stk.http.post(f"/api/v1/jobs/{job_id}/stacks")
+        if response.status_code == 429:  # the last dump was taken less than 2 s ago
+            return None
+        dumps = response.json()
         return dumps if by_index(dumps)[0]["in_collective"] else None
 
     # Worker 0 reaches the collective a moment after it printed WAITING (tracing the step first).
-    dumps = wait_until(worker0_in_collective, 30, "worker 0 waiting in the collective", interval=1)
+    dumps = wait_until(worker0_in_collective, 30, "worker 0 waiting in the collective", interval=2.1)
     tasks = by_index(dumps)
     assert tasks[1]["in_collective"] is False, tasks[1]
     assert "wait_before_first_allreduce" in tasks[1]["threads"][0]["frames"][0], tasks[1]["threads"]
