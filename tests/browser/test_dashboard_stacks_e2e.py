@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from .conftest import WIDE, WatchedPage
@@ -11,22 +13,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 
 expect = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the dev extra)").expect
 
-SLEEPERS = """
-import os, time
-
-def wait_before_first_allreduce():
-    print("WAITING", flush=True)
-    time.sleep(600)
-
-def read_input_forever():
-    print("WAITING", flush=True)
-    time.sleep(600)
-
-if os.environ["MWMS_TASK_INDEX"] == "1":
-    wait_before_first_allreduce()
-else:
-    read_input_forever()
-"""
+# Both workers print WAITING, then stay where they are: worker 1 sleeps in a named function.
+SLEEPERS = (Path(__file__).parents[1] / "e2e" / "programs" / "sleepers" / "main.py").read_text()
 
 
 def logged_in_page(new_page, cluster, token: str) -> WatchedPage:

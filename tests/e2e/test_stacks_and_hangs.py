@@ -24,22 +24,7 @@ FAULTHANDLER_AGENT = "stk-fh"
 AUTO_AGENT = "stk-auto"
 
 # Both workers print WAITING, then stay where they are: worker 1 sleeps in a named function.
-SLEEPERS = """
-import os, time
-
-def wait_before_first_allreduce():
-    print("WAITING", flush=True)
-    time.sleep(600)
-
-def read_input_forever():
-    print("WAITING", flush=True)
-    time.sleep(600)
-
-if os.environ["MWMS_TASK_INDEX"] == "1":
-    wait_before_first_allreduce()
-else:
-    read_input_forever()
-"""
+SLEEPERS = (Path(__file__).parent / "programs" / "sleepers" / "main.py").read_text()
 
 
 SERVER_HANG_TIMEOUT_S = 4
