@@ -13,6 +13,7 @@ from mwms.cli import connect
 from mwms.cli.errors import CliError, ExitCode, exit_code_for, handles_errors, message_for
 from mwms.cli.options import ApiOption, CaFileOption, JsonOption, TokenOption
 from mwms.cli.output import err, out, print_json
+from mwms.cli.safe_text import safe_text
 from mwms.client import Client
 from mwms.connection import (
     API_ENV,
@@ -104,7 +105,7 @@ def login(
     if json_output:
         print_json({**identity, "api": connection.api, "config_file": str(path)})
     else:
-        out.print(f"logged in to {connection.api} as {identity['user']} ({identity['role']})")
+        out.print(safe_text(f"logged in to {connection.api} as {identity['user']} ({identity['role']})"))
         err.print(f"token saved in {path}")
     if os.environ.get(TOKEN_ENV) and os.environ[TOKEN_ENV].strip() != secret:
         err.print(f"note: {TOKEN_ENV} is set in this shell and takes precedence over the saved token")
@@ -139,6 +140,6 @@ def whoami(
     if json_output:
         print_json(identity)
         return
-    out.print(f"{identity['user']} ({identity['role']}) at {connection.api}")
+    out.print(safe_text(f"{identity['user']} ({identity['role']}) at {connection.api}"))
     name = f"token {identity['token_name']!r}" if identity.get("token_name") else "a token"
-    err.print(f"using {name} from {connection.token_source}")
+    err.print(safe_text(f"using {name} from {connection.token_source}"))

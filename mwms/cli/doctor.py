@@ -20,7 +20,8 @@ import mwms.doctor_bundle
 from mwms.cli.connect import connect
 from mwms.cli.errors import CliError, ExitCode, handles_errors
 from mwms.cli.options import ApiOption, CaFileOption, JsonOption, TokenOption
-from mwms.cli.output import err, first_line, out, print_json
+from mwms.cli.output import cells, err, first_line, out, print_json
+from mwms.cli.safe_text import safe_text, terminal_safe
 from mwms.cli.submit import pack_and_upload
 from mwms.client import Client
 from mwms.preflight_contract import TCP_MB_ENV, size_label
@@ -62,9 +63,9 @@ def wait_for_end(client: Client, job_id: str, timeout_s: float) -> dict[str, Any
     said = ""
     while True:
         job = client.rest.get_job(job_id)
-        line = f"{job['state']}: {first_line(job.get('reason'))}"
+        line = terminal_safe(f"{job['state']}: {first_line(job.get('reason'))}")
         if line != said:
-            err.print(f"doctor job {job_id}: {line}")
+            err.print(safe_text(f"doctor job {job_id}: {line}"))
             said = line
         if job["state"] in TERMINAL:
             return job
@@ -120,8 +121,8 @@ def doctor_table(rows: list[dict[str, Any]]) -> Table:
     for row in rows:
         by_size = {a["bytes"]: a for a in row["allreduce"]}
         tcp = row["tcp"]
-        cells = [
-            str(row["worker"]),
+        values: list[object] = [
+            row["worker"],
             row["agent"],
             row["address"],
             ",".join(str(p) for p in row["peers_reachable"]) or "-",
@@ -129,9 +130,9 @@ def doctor_table(rows: list[dict[str, Any]]) -> Table:
         ]
         for size in sizes:
             found = by_size.get(size)
-            cells += [_gbps(found and found["algbw_gbps"]), _gbps(found and found["busbw_gbps"])]
-        cells.append("ok" if row["ok"] else f"FAILED: {row['message']}")
-        table.add_row(*cells)
+            values += [_gbps(found and found["algbw_gbps"]), _gbps(found and found["busbw_gbps"])]
+        values.append("ok" if row["ok"] else f"FAILED: {row['message']}")
+        table.add_row(*cells(*values))
     return table
 
 
@@ -161,7 +162,7 @@ def doctor(
     with connect(api, token, ca_file) as client:
         digest = pack_and_upload(client, bundle_dir(), quiet=True)
         job = client.create_job(doctor_spec(digest, names, tcp_mb)).raw
-        err.print(f"doctor job {job['id']}: checking {', '.join(names)}")
+        err.print(safe_text(f"doctor job {job['id']}: checking {', '.join(names)}"))
         job = wait_for_end(client, job["id"], timeout)
         preflight = client.rest.job_preflight(job["id"])
     rows = worker_rows(job, preflight)
@@ -172,7 +173,9 @@ def doctor(
         out.print(doctor_table(rows))
         collective = next((row["collective"] for row in rows if row["collective"]), "")
         out.print(
-            f"busbw = algbw × 2(n−1)/n; collective {collective or 'unknown'}; job {job['id']} {job['state']}"
+            safe_text(
+                f"busbw = algbw × 2(n−1)/n; collective {collective or 'unknown'}; job {job['id']} {job['state']}"
+            )
         )
         if not ok:
             err.print(f"the check failed: {first_line(job.get('reason'))}")

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 import typer
 
+from mwms.cli.safe_text import terminal_safe
 from mwms.connection import FIRST_ADMIN_TOKEN_HINT, Connection, resolve_connection
 from mwms.errors import (
     ConfigError,
@@ -115,8 +116,9 @@ def unauthenticated_message(api: str, connection: Connection | None) -> str:
 
 
 def fail(message: str, code: ExitCode) -> typer.Exit:
-    """Prints `message` on stderr and returns the typer.Exit to raise."""
-    print(f"error: {message}", file=sys.stderr)
+    """Prints `message` on stderr, made `terminal_safe` (it quotes what the server and users sent), and
+    returns the typer.Exit to raise."""
+    print(f"error: {terminal_safe(message)}", file=sys.stderr)
     return typer.Exit(int(code))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from mwms.cli.safe_text import terminal_safe
 from mwms.client import Client, Job
 from mwms.client.job import first_failed_task
 
@@ -61,6 +62,7 @@ def _deliver_new_lines(
 
 
 def tail_of_task_logs(client: Client, job_id: str, task: int, attempt: int | None, count: int) -> list[str]:
-    """The last `count` lines of one task's log (of `attempt`, or of whatever the API picks)."""
+    """The last `count` lines of one task's log (of `attempt`, or of whatever the API picks), made
+    `terminal_safe` for printing."""
     page = client.rest.logs(job_id, task=task, attempt=attempt, tail=count)
-    return [line.get("text", "").rstrip("\n") for line in page.get("lines") or []]
+    return [terminal_safe(str(line.get("text", "")).rstrip("\n")) for line in page.get("lines") or []]

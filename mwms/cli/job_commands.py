@@ -4,9 +4,10 @@ metrics, artifacts."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from rich.text import Text
 
 from mwms.cli.connect import connect
 from mwms.cli.errors import CliError, handles_errors
@@ -21,8 +22,11 @@ from mwms.cli.output import (
     out,
     print_job,
     print_json,
+    raw_log_line,
     state_text,
+    write_raw,
 )
+from mwms.cli.safe_text import safe_text, terminal_safe
 from mwms.client import Artifact, Client, Job
 from mwms.client.packing import human_size
 
@@ -120,22 +124,39 @@ def logs(
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Keep printing new lines until the job ends.")
     ] = False,
+    raw: Annotated[
+        bool,
+        typer.Option(
+            "--raw",
+            help="Write the lines exactly as the job printed them, escape sequences and control characters "
+            "included, unstyled (a plain `[task I] ` prefix unless --task is given): for pipes and files. "
+            "Without it they are made safe for a terminal (escape sequences and controls but tab removed), "
+            "on a terminal or not.",
+        ),
+    ] = False,
     api: ApiOption = None,
     token: TokenOption = None,
     ca_file: CaFileOption = None,
 ) -> None:
     """Print a job's log lines: `[task I] text`, or the bare text when --task is given."""
     prefix = task is None
+
+    def show(line: dict[str, Any]) -> None:
+        if raw:
+            write_raw(raw_log_line(line, prefix=prefix))
+        else:
+            out.print(log_line_text(line, prefix=prefix))
+
     with connect(api, token, ca_file) as client:
         if follow:
             # Job.logs reconnects from the last line it saw if the coordinator restarts meanwhile.
             for line in Job(client, {"id": job_id}).logs(task, follow=True, attempt=attempt, tail=tail):
-                out.print(log_line_text(line.raw, prefix=prefix))
+                show(line.raw)
             return
         page = client.rest.logs(job_id, task=task, attempt=attempt, tail=tail)
     lines = page.get("lines") or []
     for line in lines:
-        out.print(log_line_text(line, prefix=prefix))
+        show(line)
     if tail is None and len(lines) >= DEFAULT_LOG_TAIL:
         err.print(f"showing the last {len(lines)} lines; ask for more with --tail N")
 
@@ -154,7 +175,7 @@ def cancel(
     if json_output:
         print_json(job)
         return
-    out.print("job ", job["id"], " ", state_text(job.get("state")), sep="")
+    out.print(Text.assemble("job ", safe_text(job["id"]), " ", state_text(job.get("state"))))
 
 
 @handles_errors()
@@ -182,7 +203,8 @@ def metrics(
                 {p["name"] for p in client.rest.metrics(job_id, attempt=attempt).get("points") or []}
             )
         if names:
-            err.print(f"no points for metric {name!r} in that range; this job reported: {', '.join(names)}")
+            reported = terminal_safe(", ".join(names))
+            err.print(f"no points for metric {name!r} in that range; this job reported: {reported}")
             return
     if not points:
         err.print(

@@ -9,18 +9,20 @@ import sys
 from datetime import datetime, timezone
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from mwms.cli.safe_text import SafeConsole, safe_text, terminal_safe
 from mwms.client.models import parse_number
 from mwms.metrics_line import parse_value
 
 # stdout carries results (tables, JSON, job ids, log text); stderr carries progress and errors.
 # Piped output is not cut to 80 columns: scripts and files want whole rows.
+# Both print no markup and no control sequences from the text they are given (mwms.cli.safe_text); values
+# from the API still go through safe_text / terminal_safe here, so a sequence is removed whole.
 _PIPED_WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 200
-out = Console(highlight=False, soft_wrap=True, width=_PIPED_WIDTH)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+out = SafeConsole(highlight=False, soft_wrap=True, width=_PIPED_WIDTH)
+err = SafeConsole(stderr=True, highlight=False, soft_wrap=True)
 
 STATE_STYLES = {
     "PENDING": "yellow",
@@ -48,7 +50,12 @@ def print_json(value: Any) -> None:
 
 def state_text(state: str | None) -> Text:
     state = state or "-"
-    return Text(state, style=STATE_STYLES.get(state, ""))
+    return safe_text(state, style=STATE_STYLES.get(state, ""))
+
+
+def cells(*values: object) -> list[Text]:
+    """Table cells: Text as given (already safe), anything else as `safe_text` (None as "")."""
+    return [value if isinstance(value, Text) else safe_text(value) for value in values]
 
 
 def parse_time(value: str | None) -> datetime | None:
@@ -92,8 +99,8 @@ def job_duration(job: dict[str, Any], now: datetime | None = None) -> float | No
 
 
 def first_line(text: str | None) -> str:
-    """The first line of a possibly multi-line reason, marked when more follows."""
-    lines = (text or "").strip().splitlines()
+    """The first line of a possibly multi-line reason, made `terminal_safe`, marked when more follows."""
+    lines = terminal_safe(text).strip().splitlines()
     if not lines:
         return ""
     return lines[0] + (" …" if len(lines) > 1 else "")
@@ -122,23 +129,44 @@ def jobs_table(jobs: list[dict[str, Any]]) -> Table:
         table.add_column(column, no_wrap=column in {"ID", "STATE", "CREATED"})
     for job in jobs:
         table.add_row(
-            job["id"],
-            job.get("name", ""),
-            job.get("submitted_by") or "-",
-            state_text(job.get("state")),
-            format_devices(job),
-            "-" if job.get("step") is None else str(job["step"]),
-            format_loss(job.get("loss")),
-            format_time(job.get("created_at")),
-            format_duration(job_duration(job)),
-            str(job.get("attempts", "-")),
+            *cells(
+                job["id"],
+                job.get("name", ""),
+                job.get("submitted_by") or "-",
+                state_text(job.get("state")),
+                format_devices(job),
+                "-" if job.get("step") is None else job["step"],
+                format_loss(job.get("loss")),
+                format_time(job.get("created_at")),
+                format_duration(job_duration(job)),
+                job.get("attempts", "-"),
+            )
         )
     return table
 
 
+def isolation_cell(label: str) -> Text:
+    """The agent's task isolation; one whose tasks share the agent's user stands out."""
+    if not label:
+        return Text("-")
+    return safe_text(label, style="yellow" if "share" in label or "no sandbox" in label else "")
+
+
 def agents_table(agents: list[dict[str, Any]]) -> Table:
     table = Table(box=None, header_style="bold")
-    for column in ("NAME", "ID", "ADDRESS", "STATUS", "DEVICES", "USED", "FREE", "TASKS", "HEARTBEAT"):
+    columns = (
+        "NAME",
+        "ID",
+        "ADDRESS",
+        "STATUS",
+        "DEVICES",
+        "USED",
+        "FREE",
+        "TASKS",
+        "ISOLATION",
+        "HEARTBEAT",
+    )
+    for column in columns:
         table.add_column(column)
     for agent in agents:
         devices = agent.get("devices", [])
@@ -150,15 +178,18 @@ def agents_table(agents: list[dict[str, Any]]) -> Table:
             for task in agent.get("tasks", [])
         )
         table.add_row(
-            agent.get("name", ""),
-            agent.get("id", ""),
-            agent.get("address", ""),
-            Text("online", style="green") if agent.get("online") else Text("lost", style="red"),
-            ", ".join(f"{count}×{kind}" for kind, count in kinds.items()) or "-",
-            str(agent.get("devices_used", "-")),
-            str(agent.get("devices_free", "-")),
-            tasks or "-",
-            format_time(agent.get("last_heartbeat_at")),
+            *cells(
+                agent.get("name", ""),
+                agent.get("id", ""),
+                agent.get("address", ""),
+                Text("online", style="green") if agent.get("online") else Text("lost", style="red"),
+                ", ".join(f"{count}×{kind}" for kind, count in kinds.items()) or "-",
+                agent.get("devices_used", "-"),
+                agent.get("devices_free", "-"),
+                tasks or "-",
+                isolation_cell(agent.get("task_isolation", "")),
+                format_time(agent.get("last_heartbeat_at")),
+            )
         )
     return table
 
@@ -171,15 +202,17 @@ def tasks_table(tasks: list[dict[str, Any]]) -> Table:
         indices = task.get("device_indices") or []
         devices = f"{task.get('device_kind', '')}:{','.join(map(str, indices))}" if indices else "-"
         table.add_row(
-            str(task.get("index")),
-            state_text(task.get("state")),
-            task.get("agent_name") or task.get("agent_id") or "-",
-            task.get("address") or "-",
-            devices,
-            "-" if task.get("exit_code") is None else str(task["exit_code"]),
-            format_time(task.get("started_at")),
-            format_time(task.get("ended_at")),
-            task.get("message") or "",
+            *cells(
+                task.get("index"),
+                state_text(task.get("state")),
+                task.get("agent_name") or task.get("agent_id") or "-",
+                task.get("address") or "-",
+                devices,
+                "-" if task.get("exit_code") is None else task["exit_code"],
+                format_time(task.get("started_at")),
+                format_time(task.get("ended_at")),
+                task.get("message") or "",
+            )
         )
     return table
 
@@ -187,7 +220,7 @@ def tasks_table(tasks: list[dict[str, Any]]) -> Table:
 def print_job(job: dict[str, Any]) -> None:
     """A readable summary of one job: fields, newest attempt's tasks, then its events."""
     state = state_text(job.get("state"))
-    header = Text.assemble((job.get("name", ""), "bold"), f"  {job['id']}  ", state)
+    header = Text.assemble(safe_text(job.get("name", ""), "bold"), safe_text(f"  {job['id']}  "), state)
     out.print(header)
     communication = job.get("communication") or {}
     restart = job.get("restart") or {}
@@ -221,7 +254,7 @@ def print_job(job: dict[str, Any]) -> None:
     if job.get("max_runtime_seconds") is not None:
         rows.append(("max runtime", f"{job['max_runtime_seconds']}s"))
     for label, value in rows:
-        out.print(f"  {label + ':':<14}{value}")
+        out.print(safe_text(f"  {label + ':':<14}{value}"))
     tasks = job.get("tasks") or []
     if tasks:
         out.print()
@@ -236,10 +269,12 @@ def print_job(job: dict[str, Any]) -> None:
             table.add_column(column)
         for event in events:
             table.add_row(
-                format_time(event.get("at")),
-                state_text(event.get("from_state")),
-                state_text(event.get("to_state")),
-                event.get("reason") or "",
+                *cells(
+                    format_time(event.get("at")),
+                    state_text(event.get("from_state")),
+                    state_text(event.get("to_state")),
+                    event.get("reason") or "",
+                )
             )
         out.print(table)
 
@@ -253,10 +288,10 @@ def metrics_table(points: list[dict[str, Any]]) -> Table:
     table = Table(box=None, header_style="bold")
     table.add_column("STEP", justify="right")
     for name in names:
-        table.add_column(name.upper(), justify="right")
+        table.add_column(safe_text(name.upper()), justify="right")
     for step in sorted(by_step):
         values = by_step[step]
-        table.add_row(str(step), *(f"{values[name]:.6g}" if name in values else "-" for name in names))
+        table.add_row(*cells(step, *(f"{values[name]:.6g}" if name in values else "-" for name in names)))
     return table
 
 
@@ -273,11 +308,13 @@ def metrics_summary_table(points: list[dict[str, Any]]) -> Table:
         first, last = ordered[0], ordered[-1]
         finite = [value for value in map(metric_value, ordered) if not math.isnan(value)]
         table.add_row(
-            name,
-            f"{metric_value(first):.6g} @{first['step']}",
-            f"{metric_value(last):.6g} @{last['step']}",
-            f"{min(finite):.6g}" if finite else "nan",
-            str(len(ordered)),
+            *cells(
+                name,
+                f"{metric_value(first):.6g} @{first['step']}",
+                f"{metric_value(last):.6g} @{last['step']}",
+                f"{min(finite):.6g}" if finite else "nan",
+                len(ordered),
+            )
         )
     return table
 
@@ -290,19 +327,41 @@ def artifacts_table(artifacts: list[dict[str, Any]]) -> Table:
         table.add_column(column)
     for artifact in artifacts:
         table.add_row(
-            artifact["path"],
-            human_size(artifact.get("size", 0)),
-            str(artifact.get("attempt", "-")),
-            format_time(artifact.get("created_at")),
-            (artifact.get("sha256") or "")[:12],
+            *cells(
+                artifact["path"],
+                human_size(artifact.get("size", 0)),
+                artifact.get("attempt", "-"),
+                format_time(artifact.get("created_at")),
+                (artifact.get("sha256") or "")[:12],
+            )
         )
     return table
 
 
 def log_line_text(line: dict[str, Any], *, prefix: bool) -> Text:
-    """`[task I] text` (or the bare text), stderr lines dimmed."""
+    """`[task I] text` (or the bare text), stderr lines dimmed, made `terminal_safe`."""
     style = "dim" if line.get("stream") == "stderr" else ""
-    text = Text(line.get("text", "").rstrip("\n"), style=style)
+    text = safe_text(str(line.get("text", "")).rstrip("\n"), style=style)
     if prefix:
-        return Text.assemble((f"[task {line.get('task')}] ", "cyan"), text)
+        return Text.assemble(safe_text(f"[task {line.get('task')}] ", "cyan"), text)
     return text
+
+
+def raw_log_line(line: dict[str, Any], *, prefix: bool) -> bytes:
+    """A log line's text exactly as stored (escape sequences included), for `mwms logs --raw`: a plain
+    `[task I] ` prefix when asked for, and a newline unless it ends in one."""
+    text = str(line.get("text", ""))
+    head = f"[task {line.get('task')}] " if prefix else ""
+    return (head + text + ("" if text.endswith("\n") else "\n")).encode("utf-8", "surrogatepass")
+
+
+def write_raw(data: bytes) -> None:
+    """Writes `data` to stdout unchanged, past rich (`mwms logs --raw`)."""
+    sys.stdout.flush()
+    stream = getattr(sys.stdout, "buffer", None)
+    if stream is None:  # a text-only stdout (some embedders): the same characters
+        sys.stdout.write(data.decode("utf-8", "surrogatepass"))
+        sys.stdout.flush()
+        return
+    stream.write(data)
+    stream.flush()

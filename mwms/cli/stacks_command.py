@@ -12,6 +12,7 @@ from mwms.cli.connect import connect
 from mwms.cli.errors import handles_errors
 from mwms.cli.options import ApiOption, CaFileOption, JsonOption, TokenOption
 from mwms.cli.output import format_time, out, print_json
+from mwms.cli.safe_text import safe_text
 
 
 def collective_text(in_collective: bool | None) -> Text:
@@ -26,21 +27,21 @@ def print_stacks(dump: dict[str, Any]) -> None:
     cause = "hang detection" if dump["cause"] == "hang" else f"requested by {dump['requested_by'] or '?'}"
     missing = "" if dump["complete"] else " (some tasks did not answer)"
     header = f"stacks {dump['id']} of job {dump['job_id']}, attempt {dump['attempt']}: {cause}, "
-    out.print(Text(header + format_time(dump["requested_at"]) + missing))
+    out.print(safe_text(header + format_time(dump["requested_at"]) + missing))
     for task in dump["tasks"]:
         out.print()
-        line = Text(f"worker {task['task_index']}  agent {task['agent_name'] or task['agent_id']}  ")
-        line.append(f"pid {task['pid'] if task['pid'] is not None else '-'}  ")
-        line.append(f"method {task['method'] or '-'}  in collective: ")
+        line = safe_text(f"worker {task['task_index']}  agent {task['agent_name'] or task['agent_id']}  ")
+        line.append_text(safe_text(f"pid {task['pid'] if task['pid'] is not None else '-'}  "))
+        line.append_text(safe_text(f"method {task['method'] or '-'}  in collective: "))
         line.append_text(collective_text(task["in_collective"]))
         out.print(line)
         if task["error"]:
-            out.print(Text(f"  {task['error']}", style="yellow"))
+            out.print(safe_text(f"  {task['error']}", style="yellow"))
         for thread in task["threads"]:
             marker = "  [in collective]" if thread["in_collective"] else ""
-            out.print(Text(f"  {thread['title']}{marker}", style="bold"))
+            out.print(safe_text(f"  {thread['title']}{marker}", style="bold"))
             for frame in thread["frames"]:
-                out.print(Text(f"    {frame}"))
+                out.print(safe_text(f"    {frame}"))
 
 
 @handles_errors()

@@ -17,6 +17,7 @@ from mwms.cli.follow import first_failed_task, tail_of_task_logs, watch_job
 from mwms.cli.options import ApiOption, CaFileOption, JsonOption, TokenOption
 from mwms.cli.output import err, first_line, format_loss, log_line_text, out, print_json, state_text
 from mwms.cli.parsing import parse_env
+from mwms.cli.safe_text import safe_text, terminal_safe
 from mwms.client import Client
 from mwms.client.packing import PackedBundle, human_size, pack_directory
 
@@ -135,7 +136,7 @@ class TextFollower:
     def on_job(self, job: dict[str, Any]) -> None:
         state = job.get("state")
         if state != self._state:
-            line = Text.assemble("job ", (job["id"], "bold"), " ", state_text(state))
+            line = Text.assemble("job ", safe_text(job["id"], "bold"), " ", state_text(state))
             if job.get("reason") and state != "RUNNING":
                 line.append(f": {first_line(job['reason'])}")
             err.print(line)
@@ -144,7 +145,7 @@ class TextFollower:
         if self._live and progress != (None, None):
             step = "-" if progress[0] is None else progress[0]
             status = f"{state} · attempt {job.get('attempts', '-')} · step {step} · loss {format_loss(progress[1])}"
-            self._live.update(Text(status, style="bold"), refresh=True)
+            self._live.update(safe_text(status, style="bold"), refresh=True)
 
     def on_log_lines(self, lines: list[dict[str, Any]]) -> None:
         for line in lines:
@@ -167,21 +168,21 @@ def follow_to_end(client: Client, job_id: str, *, logs_to_stdout: bool) -> dict[
 def report_ending(client: Client, job: dict[str, Any]) -> None:
     """On stderr: how the job ended and, if it failed, the end of the likeliest culprit's log."""
     state = job.get("state")
-    line = Text.assemble("job ", (job["id"], "bold"), " ended ", state_text(state))
+    line = Text.assemble("job ", safe_text(job["id"], "bold"), " ended ", state_text(state))
     if job.get("step") is not None:
-        line.append(f" at step {job['step']}, loss {format_loss(job.get('loss'))}")
+        line.append_text(safe_text(f" at step {job['step']}, loss {format_loss(job.get('loss'))}"))
     err.print(line)
     if state == "SUCCEEDED":
         return
     if job.get("reason"):
-        err.print(f"reason: {job['reason']}")
+        err.print(safe_text(f"reason: {job['reason']}"))
     culprit = first_failed_task(job)
     if culprit is not None and culprit.get("index", 0) != 0:
         lines = tail_of_task_logs(client, job["id"], culprit["index"], culprit.get("attempt"), 20)
         if lines:
-            err.print(f"last {len(lines)} log lines of task {culprit['index']}:", style="bold")
+            err.print(safe_text(f"last {len(lines)} log lines of task {culprit['index']}:", "bold"))
             for text in lines:
-                err.print(Text(text))
+                err.print(safe_text(text))
 
 
 @handles_errors()
@@ -303,12 +304,13 @@ def submit(
         )
         job = client.create_job(spec).raw
         if not json_output:
-            print(job["id"], flush=True)
+            print(terminal_safe(job["id"]), flush=True)
         if not wait:
             if json_output:
                 print_json(job)
             else:
-                err.print(f"follow it: mwms logs {job['id']} --follow   (or: mwms status {job['id']})")
+                job_id = terminal_safe(job["id"])
+                err.print(f"follow it: mwms logs {job_id} --follow   (or: mwms status {job_id})")
             return
         final = follow_to_end(client, job["id"], logs_to_stdout=not json_output)
         if json_output:

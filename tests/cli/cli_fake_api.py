@@ -57,6 +57,10 @@ class FakeState:
     idempotency_keys: list[str | None] = field(default_factory=list)
     # job id -> the points its metrics endpoint returns instead of the scripted ones
     metric_points: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # When set, what GET /api/v1/agents answers instead of the one canned agent.
+    agents: list[dict[str, Any]] | None = None
+    # job id -> the stack dump that GET and POST /api/v1/jobs/{id}/stacks answer (404 for other jobs).
+    stack_dumps: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for secret, user, role in (
@@ -413,8 +417,17 @@ def create_app(state: FakeState) -> FastAPI:
             raise HTTPException(404, f"no artifact {path}")
         return Response(data, media_type="application/octet-stream")
 
+    @app.get("/api/v1/jobs/{job_id}/stacks")
+    @app.post("/api/v1/jobs/{job_id}/stacks")
+    def stacks(job_id: str) -> Any:
+        if job_id not in state.stack_dumps:
+            raise HTTPException(404, f"job {job_id} has no stack dumps")
+        return state.stack_dumps[job_id]
+
     @app.get("/api/v1/agents")
     def agents() -> Any:
+        if state.agents is not None:
+            return state.agents
         return [
             {
                 "id": "a1",
