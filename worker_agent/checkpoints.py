@@ -25,6 +25,7 @@ import grpc
 from mwms.archive import DEFAULT_LIMITS, ArchiveLimits, archive_format, extract_archive, limit_exceeded
 from mwms.v1 import agent_pb2, agent_pb2_grpc
 from worker_agent import artifacts
+from worker_agent.task_files import pack_beneath
 
 log = logging.getLogger("mwms.agent.checkpoints")
 
@@ -73,8 +74,11 @@ class CheckpointWatcher:
         scratch_dir: Path,
         upload: Callable[[Path], None],
         poll_seconds: float | None = None,
+        within: Path | None = None,
     ) -> None:
         self.directory = directory
+        # The task dir `directory` lies in, which the task can write: packed without following links.
+        self._within = within
         self._scratch_dir = scratch_dir
         self._upload = upload
         self._poll_seconds = POLL_SECONDS if poll_seconds is None else poll_seconds
@@ -116,7 +120,10 @@ class CheckpointWatcher:
         self._scratch_dir.mkdir(parents=True, exist_ok=True)
         archive = self._scratch_dir / "checkpoint-upload.tar.gz"
         try:
-            pack_checkpoint(self.directory, archive)
+            if self._within is not None:
+                pack_beneath(self._within, self.directory, archive, skip_top=_is_worker_temp)
+            else:
+                pack_checkpoint(self.directory, archive)
             if directory_signature(self.directory) != signature:
                 log.info("checkpoint dir %s changed while packing; uploading after the save", self.directory)
                 return
@@ -130,6 +137,10 @@ class CheckpointWatcher:
         self.uploads += 1
 
 
+def _is_worker_temp(name: str) -> bool:
+    return name.startswith(WORKER_TEMP_PREFIX)
+
+
 def upload_checkpoint(stub: agent_pb2_grpc.AgentServiceStub, task_id: str, archive: Path) -> None:
     """Sends `archive` as the job's latest checkpoint (UploadFiles, kind CHECKPOINT)."""
     response = artifacts.upload_archive(stub, task_id, agent_pb2.FILE_KIND_CHECKPOINT, archive)
@@ -141,13 +152,14 @@ def restore_checkpoint(
     job_id: str,
     checkpoint_dir: Path,
     limits: ArchiveLimits = DEFAULT_LIMITS,
+    scratch: Path | None = None,
 ) -> int:
     """Replaces `checkpoint_dir`'s contents with the job's latest archive; returns its size (0: none stored).
 
     With no archive stored the local dir is left as it is. The archive is fetched and extracted next to
     the dir first, so a failure leaves the dir untouched.
     """
-    parent = checkpoint_dir.parent
+    parent = scratch or checkpoint_dir.parent  # the agent's own scratch dir, same filesystem
     parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(dir=parent, prefix=".checkpoint-fetch-", suffix=".tar.gz")
     archive = Path(name)

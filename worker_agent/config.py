@@ -27,6 +27,12 @@ class AgentConfig:
     tls: bool = False
     # Seconds between two samples of the GPUs' utilisation, memory and temperature; 0: none.
     device_sample_interval: float = 5.0
+    # How tasks are confined (worker_agent/sandbox.py): "auto" (bubblewrap when installed), "bwrap", "off".
+    sandbox: str = "auto"
+    # Who tasks run as when the agent is root (worker_agent/task_users.py): one user for every task
+    # (a name or uid), or else one uid per concurrent task from this inclusive range.
+    task_user: str | None = None
+    task_uids: tuple[int, int] = (60000, 60999)
 
     def __repr__(self) -> str:
         # The join token is a secret: keep it out of logs and tracebacks (the credential never is in here).
@@ -34,7 +40,8 @@ class AgentConfig:
             f"AgentConfig(server={self.server!r}, name={self.name!r}, work_dir={str(self.work_dir)!r}, "
             f"slots={self.slots}, advertise_address={self.advertise_address!r}, "
             f"ports={self.port_low}-{self.port_high}, stop_grace={self.stop_grace}, "
-            f"ca_file={str(self.ca_file) if self.ca_file else None!r}, tls={self.tls or self.ca_file is not None})"
+            f"ca_file={str(self.ca_file) if self.ca_file else None!r}, tls={self.tls or self.ca_file is not None}, "
+            f"sandbox={self.sandbox!r}, task_user={self.task_user!r}, task_uids={self.task_uids})"
         )
 
 

@@ -54,7 +54,7 @@ class CredentialStore:
 
     def save(self, credential: str) -> None:
         """Keeps `credential` in memory and replaces the file atomically, durably and with mode 0600."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # normally the prepared work dir
         partial = self.path.with_name(f".{self.path.name}.partial")
         partial.unlink(missing_ok=True)
         fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

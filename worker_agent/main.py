@@ -23,8 +23,11 @@ from worker_agent.config import AgentConfig, local_address_towards
 from worker_agent.credentials import CredentialStore
 from worker_agent.device_telemetry import start_device_telemetry
 from worker_agent.devices import detect_devices
+from worker_agent.sandbox import Confinement, SandboxError, find_bwrap
 from worker_agent.session import AgentSession
+from worker_agent.task_users import TaskUserError, TaskUsers
 from worker_agent.tasks import TaskManager
+from worker_agent.work_dir import prepare_work_dir
 
 log = logging.getLogger("mwms.agent")
 
@@ -57,14 +60,21 @@ def run_agent(config: AgentConfig, stop: threading.Event) -> int:
     hostname = socket.gethostname()
     devices = detect_devices(config.slots)
     log.info("agent %s starting: %d device(s), coordinator %s", config.name, len(devices), config.server)
-    config.work_dir.mkdir(parents=True, exist_ok=True)
+    prepare_work_dir(config.work_dir)
+    try:
+        confinement = build_confinement(config)
+    except (SandboxError, TaskUserError) as error:
+        log.error("%s", error)
+        return EXIT_REFUSED
     credential = CredentialStore(config.work_dir)
     if credential.load():
         log.info("presenting the credential kept in %s", credential.path)
     channels = ChannelFactory(config, credential)
     channel = channels.open()
     stub = agent_pb2_grpc.AgentServiceStub(channel)
-    tasks = TaskManager(config.work_dir, stub, hostname, default_grace_seconds=config.stop_grace)
+    tasks = TaskManager(
+        config.work_dir, stub, hostname, default_grace_seconds=config.stop_grace, confinement=confinement
+    )
     # Before registering: what a previous agent process left running is stopped and reported in the Hello.
     tasks.recover(config.stop_grace)
     heartbeats_answered = threading.Event()
@@ -75,7 +85,9 @@ def run_agent(config: AgentConfig, stop: threading.Event) -> int:
     try:
         while not stop.is_set():
             try:
-                agent_id, heartbeat_interval = _register(stub, config, hostname, devices, credential)
+                agent_id, heartbeat_interval = _register(
+                    stub, config, hostname, devices, credential, confinement.label()
+                )
             except RegistrationRefused as refusal:
                 held = f" (it presented the credential in {credential.path})" if credential.get() else ""
                 log.error("the coordinator refused this agent%s: %s", held, refusal)
@@ -121,6 +133,7 @@ def _register(
     hostname: str,
     devices: list[agent_pb2.Device],
     credential: CredentialStore,
+    task_isolation: str,
 ) -> tuple[str, float]:
     """Registers (the interceptor presents the credential, if one is held); keeps a newly issued one."""
     request = agent_pb2.RegisterRequest(
@@ -132,6 +145,7 @@ def _register(
         devices=devices,
         version=mwms.__version__,
         join_token=config.join_token,
+        task_isolation=task_isolation,
     )
     try:
         response = stub.Register(request, timeout=REGISTER_TIMEOUT_SECONDS)
@@ -144,6 +158,17 @@ def _register(
         log.info("joined the coordinator; the agent's credential is kept in %s", credential.path)
     interval_ms = response.heartbeat_interval_ms
     return response.agent_id, interval_ms / 1000 if interval_ms > 0 else DEFAULT_HEARTBEAT_SECONDS
+
+
+def build_confinement(config: AgentConfig) -> Confinement:
+    """The sandbox and task users of `config`, checked to work here; says in the log what tasks get."""
+    users = TaskUsers(config.task_user, config.task_uids)
+    confinement = Confinement(config.work_dir, users, find_bwrap(config.sandbox))
+    if users.shared_with_agent:
+        log.warning("%s", confinement.describe())
+    else:
+        log.info("%s", confinement.describe())
+    return confinement
 
 
 def _shut_down(config: AgentConfig, tasks: TaskManager, session: AgentSession | None) -> None:

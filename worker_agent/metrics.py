@@ -10,6 +10,7 @@ from pathlib import Path
 
 from mwms import metrics_line
 from mwms.v1 import agent_pb2
+from worker_agent.task_files import read_beneath
 
 # Read at most this much per poll, so one huge file cannot stall the task's other work.
 MAX_READ_BYTES = 4 * 1024 * 1024
@@ -18,19 +19,30 @@ MAX_READ_BYTES = 4 * 1024 * 1024
 class MetricsTail:
     """Remembers how far `path` has been read; `poll()` returns the points of newly completed lines."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, within: Path | None = None) -> None:
         self.path = path
+        # The task dir `path` lies in: read without following links the task may have put there.
+        self._within = within
+        self._refused = False
         self._offset = 0
         self._line_number = 0
 
     def poll(self) -> tuple[list[agent_pb2.MetricPoint], list[str]]:
         """New points, and a warning for every new line that is not a valid metric (its seq is used up)."""
         try:
-            with self.path.open("rb") as file:
-                file.seek(self._offset)
-                chunk = file.read(MAX_READ_BYTES)
+            if self._within is not None:
+                chunk = read_beneath(self._within, self.path, MAX_READ_BYTES, self._offset)
+            else:
+                with self.path.open("rb") as file:
+                    file.seek(self._offset)
+                    chunk = file.read(MAX_READ_BYTES)
         except FileNotFoundError:
             return [], []
+        except OSError as error:  # a link or a fifo in place of the file: nothing is read from it
+            if self._refused:
+                return [], []
+            self._refused = True
+            return [], [f"mwms-agent: the metrics file is not read: {error.strerror or error}"]
         complete_end = chunk.rfind(b"\n") + 1
         points: list[agent_pb2.MetricPoint] = []
         warnings: list[str] = []

@@ -11,12 +11,15 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from mwms.preflight_contract import REPORT_ENV, parse_report
 from mwms.v1 import agent_pb2
 from worker_agent import agent_state
 from worker_agent.runner import TaskProcess
+from worker_agent.task_files import read_beneath
 from worker_agent.task_record import TaskRecord
 
 log = logging.getLogger("mwms.agent.preflight")
@@ -44,18 +47,27 @@ class CheckOutcome:
         )
 
 
-def run_check(record: TaskRecord, env: dict[str, str]) -> CheckOutcome:
-    """Runs the check for `record` and waits for it; the record's process is the check meanwhile."""
+def run_check(
+    record: TaskRecord,
+    env: dict[str, str],
+    launch: Callable[[list[str]], tuple[dict[str, Any], list[str]]],
+) -> CheckOutcome:
+    """Runs the check for `record` and waits for it; the record's process is the check meanwhile.
+
+    `launch(command)` confines the check like the task's program (TaskManager.launch_for).
+    """
     timeout_s = float(record.start.preflight_timeout_seconds) or DEFAULT_TIMEOUT_S
     report_path = record.paths.task_dir / "preflight.json"
     report_path.unlink(missing_ok=True)
     exited = threading.Event()
+    switch, argv = launch([sys.executable, "-m", "mwms_runtime.preflight"])
     process = TaskProcess(
-        [sys.executable, "-m", "mwms_runtime.preflight"],
+        argv,
         {**env, REPORT_ENV: str(report_path)},
         record.paths.bundle_dir,
         record.add_log,
         lambda _code: exited.set(),
+        **switch,
     )
     with record.lock:
         if record.ended or record.stop_reason is not None:
@@ -73,8 +85,9 @@ def run_check(record: TaskRecord, env: dict[str, str]) -> CheckOutcome:
         record.process = None
         if record.stop_reason is not None:
             return CheckOutcome(False, process.exit_code or 0, "", "", stopped=True)
-    try:
-        text = report_path.read_text(encoding="utf-8", errors="replace")[:MAX_REPORT_BYTES]
+    try:  # written by the task's user: read without following a link it may have put there
+        raw = read_beneath(record.paths.task_dir, report_path, MAX_REPORT_BYTES)
+        text = raw.decode("utf-8", errors="replace")
     except OSError:
         text = ""
     report = parse_report(text)

@@ -49,7 +49,15 @@ class TaskProcess:
         cwd: Path,
         on_output: Callable[[str, str], None],
         on_exit: Callable[[int], None],
+        *,
+        user: int | None = None,
+        group: int | None = None,
+        spare_leader: bool = False,
     ) -> None:
+        self._user = user
+        self._group = group
+        # SIGTERM to the group but not its leader (a sandbox's monitor, worker_agent/sandbox.py).
+        self._spare_leader = spare_leader
         self._command = command
         self._env = env
         self._cwd = cwd
@@ -75,6 +83,12 @@ class TaskProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
+            # Another user (an agent running as root): its uid and gid, no supplementary groups, and
+            # files it creates closed to others.
+            user=self._user,
+            group=self._group,
+            extra_groups=[] if self._user is not None else None,
+            umask=0o077 if self._user is not None else -1,
         )
         for stream, pipe in (("stdout", self._popen.stdout), ("stderr", self._popen.stderr)):
             assert pipe is not None
@@ -90,7 +104,10 @@ class TaskProcess:
         """SIGTERM to the process group, SIGKILL to it when the process outlives `grace_seconds`."""
         if self._popen is None or self.exited.is_set():
             return
-        self._signal_group(signal.SIGTERM)
+        if self._spare_leader:
+            self._signal_members(signal.SIGTERM)
+        else:
+            self._signal_group(signal.SIGTERM)
         if not self.exited.wait(max(0.0, grace_seconds)):
             log.info("task process %d ignored SIGTERM for %.0f s; killing it", self.pid, grace_seconds)
             self._signal_group(signal.SIGKILL)
@@ -100,6 +117,16 @@ class TaskProcess:
             os.killpg(self.pid, signum)
         except (ProcessLookupError, PermissionError):
             pass
+
+    def _signal_members(self, signum: signal.Signals) -> None:
+        from worker_agent.stacks import group_members
+
+        for member in group_members(self.pid):
+            if member != self.pid:
+                try:
+                    os.kill(member, signum)
+                except (ProcessLookupError, PermissionError):
+                    pass
 
     def _read_lines(self, stream: str, pipe: IO[bytes]) -> None:
         with pipe:

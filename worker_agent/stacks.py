@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from mwms import stack_dumps
 from mwms.stack_dumps import MAX_STACK_BYTES
 from mwms.v1 import agent_pb2
+from worker_agent.task_files import open_beneath, read_beneath
 
 if TYPE_CHECKING:
     from worker_agent.task_record import TaskRecord
@@ -85,20 +86,52 @@ def bounded(text: str, limit: int = MAX_STACK_BYTES) -> str:
     return stack_dumps.bounded(text, "the agent", limit)
 
 
-def python_pid(pid: int, directory: Path | None) -> int:
-    """The task's Python process: `pid` itself, or when the task runs Python under another program (a
-    shell), the lowest pid of its process group whose handler registered."""
-    if directory is None or (directory / f"{pid}.txt").exists():
-        return pid
-    registered = []
-    for path in directory.glob("*.txt"):
-        try:
-            candidate = int(path.stem)
-            if os.getpgid(candidate) == pid:  # spawned with start_new_session: the group id is the pid
-                registered.append(candidate)
-        except (ValueError, ProcessLookupError, PermissionError):
+def namespace_pid(pid: int) -> int:
+    """`pid` as the process itself sees it (innermost of /proc/<pid>/status NSpid): its pid inside a
+    sandbox's PID namespace, else `pid`."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("NSpid:"):
+                return int(line.split()[-1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return pid
+
+
+def group_members(pgid: int) -> list[int]:
+    """The pids (as this agent sees them) of the processes in process group `pgid`, lowest first."""
+    members = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
             continue
-    return min(registered, default=pid)
+        try:
+            if os.getpgid(int(entry.name)) == pgid:
+                members.append(int(entry.name))
+        except (ProcessLookupError, PermissionError):
+            continue
+    return sorted(members)
+
+
+def python_pid(pid: int, directory: Path | None) -> tuple[int, int]:
+    """The task's Python process as (pid here, pid it sees itself as): the group leader `pid` when its
+    handler registered, else the member of the group whose handler registered first (a task running
+    Python under a shell or in a sandbox), else the first member that is not the sandbox's own."""
+    if directory is not None and (directory / f"{pid}.txt").exists() and namespace_pid(pid) == pid:
+        return pid, pid
+    members = group_members(pid)
+    if directory is not None:
+        registered = [(namespace_pid(m), m) for m in members]
+        registered = [(inner, m) for inner, m in registered if (directory / f"{inner}.txt").exists()]
+        if registered:
+            inner, outer = min(registered)
+            return outer, inner
+    for member in members:
+        try:
+            if os.path.basename(os.readlink(f"/proc/{member}/exe")) != "bwrap":
+                return member, namespace_pid(member)
+        except OSError:
+            continue
+    return pid, pid
 
 
 def py_spy_executable() -> str | None:
@@ -132,19 +165,36 @@ _handler_locks: dict[int, threading.Lock] = {}
 _handler_locks_guard = threading.Lock()
 
 
-def dump_with_handler(pid: int, directory: Path, timeout_s: float = HANDLER_TIMEOUT_S) -> TakenStacks:
-    """Signals the handler of `pid` and reads the dump it appends to its file."""
-    path = directory / f"{pid}.txt"
+def dump_with_handler(
+    pid: int, directory: Path, timeout_s: float = HANDLER_TIMEOUT_S, inner_pid: int | None = None
+) -> TakenStacks:
+    """Signals the handler of `pid` and reads the dump it appends to its file (named by `inner_pid`,
+    the pid the process sees itself as, when it runs in a sandbox's PID namespace).
+
+    The file lies in a directory the task can write: it is read without following links.
+    """
+    path = directory / f"{pid if inner_pid is None else inner_pid}.txt"
     if not path.exists():
         return TakenStacks(
             pid,
             "faulthandler",
             error=f"process {pid} has no stack handler (it is not Python, or runs with -I or -S)",
         )
+
+    def size_now() -> int:
+        fd = open_beneath(directory.parent, path)
+        try:
+            return os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+
     with _handler_locks_guard:
         lock = _handler_locks.setdefault(pid, threading.Lock())
     with lock:  # two dumps of one process at once would interleave in its file
-        before = path.stat().st_size
+        try:
+            before = size_now()
+        except OSError as error:
+            return TakenStacks(pid, "faulthandler", error=f"the handler's file is not readable: {error}")
         try:
             os.kill(pid, STACKS_SIGNAL)
         except ProcessLookupError:
@@ -154,7 +204,10 @@ def dump_with_handler(pid: int, directory: Path, timeout_s: float = HANDLER_TIME
         deadline = time.monotonic() + timeout_s
         size, changed_at = before, time.monotonic()
         while time.monotonic() < deadline:
-            current = path.stat().st_size
+            try:
+                current = size_now()
+            except OSError as error:
+                return TakenStacks(pid, "faulthandler", error=f"the handler's file is not readable: {error}")
             if current != size:
                 size, changed_at = current, time.monotonic()
             elif size > before and time.monotonic() - changed_at >= HANDLER_SETTLE_S:
@@ -166,15 +219,16 @@ def dump_with_handler(pid: int, directory: Path, timeout_s: float = HANDLER_TIME
                 "faulthandler",
                 error=f"the stack handler of process {pid} did not answer in {timeout_s:.0f} s",
             )
-        with path.open("rb") as dump:
-            dump.seek(before)
-            data = dump.read(MAX_STACK_BYTES + 1)
+        try:
+            data = read_beneath(directory.parent, path, MAX_STACK_BYTES + 1, before)
+        except OSError as error:
+            return TakenStacks(pid, "faulthandler", error=f"the handler's file is not readable: {error}")
     return TakenStacks(pid, "faulthandler", text=bounded(data.decode("utf-8", errors="replace")))
 
 
 def take_stacks(pid: int, directory: Path | None, method: str = "auto") -> TakenStacks:
     """The stacks of the task whose process (group leader) is `pid`, by `method` with its fallback."""
-    target = python_pid(pid, directory)
+    target, inner = python_pid(pid, directory)
     errors = []
     if method in ("auto", "py-spy"):
         executable = py_spy_executable()
@@ -189,7 +243,7 @@ def take_stacks(pid: int, directory: Path | None, method: str = "auto") -> Taken
         if directory is None:
             errors.append("the task was started without the stack handler")
         else:
-            taken = dump_with_handler(target, directory)
+            taken = dump_with_handler(target, directory, inner_pid=inner)
             if not taken.error:
                 return taken
             errors.append(taken.error)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import sys
 from collections.abc import Mapping
@@ -26,14 +28,21 @@ class TaskPaths:
     metrics_file: Path
     tmp_dir: Path
     stacks_dir: Path  # where the task's stack handler writes dumps on demand (worker_agent/stacks.py)
+    home_dir: Path
+    # The agent's own files about the task (archives it packs): never in a directory the task can write.
+    scratch_dir: Path
 
     @classmethod
     def for_task(cls, work_dir: Path, start: agent_pb2.StartTask) -> TaskPaths:
-        """jobs/<job>/attempt-<n>/task-<i>/{bundle,output,metrics.jsonl}; checkpoints per job (or shared)."""
+        """jobs/<job>/attempt-<n>/task-<i>/{bundle,output,checkpoints,tmp,home,stacks,metrics.jsonl}.
+
+        Checkpoints are the task's own (restored from the coordinator into each attempt) unless the
+        coordinator names a shared checkpoint filesystem.
+        """
         job_dir = work_dir / "jobs" / start.job_id
         task_dir = job_dir / f"attempt-{start.attempt}" / f"task-{start.task_index}"
         checkpoint_dir = (
-            Path(start.shared_checkpoint_dir) if start.shared_checkpoint_dir else job_dir / "checkpoints"
+            Path(start.shared_checkpoint_dir) if start.shared_checkpoint_dir else task_dir / "checkpoints"
         )
         return cls(
             task_dir=task_dir,
@@ -43,16 +52,45 @@ class TaskPaths:
             metrics_file=task_dir / "metrics.jsonl",
             tmp_dir=task_dir / "tmp",
             stacks_dir=task_dir / "stacks",
+            home_dir=task_dir / "home",
+            scratch_dir=work_dir / "scratch" / start.task_id,
         )
 
+    @property
+    def writable_dirs(self) -> list[Path]:
+        """The directories the task's user owns (the bundle stays the agent's: read-only to the task)."""
+        dirs = [self.output_dir, self.tmp_dir, self.stacks_dir, self.home_dir]
+        if self.task_dir in self.checkpoint_dir.parents:
+            dirs.append(self.checkpoint_dir)
+        return dirs
+
     def create_fresh(self) -> None:
-        """Empties the task dir (a restart of the same task starts clean) and creates the directories."""
+        """Empties the task dir (a restart of the same task starts clean) and creates its directories,
+        all the agent's and closed to others (0700) until `hand_over` gives them to the task's user."""
         shutil.rmtree(self.task_dir, ignore_errors=True)
-        self.bundle_dir.mkdir(parents=True)
-        self.output_dir.mkdir(parents=True)
-        self.tmp_dir.mkdir(parents=True)
-        self.stacks_dir.mkdir(parents=True)
-        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self.scratch_dir, ignore_errors=True)
+        # jobs/, the job's and the attempt's dirs may be entered, not listed, by task users (no sandbox).
+        for parent in reversed(self.task_dir.parents[:3]):
+            parent.mkdir(exist_ok=True)
+            parent.chmod(0o711)
+        self.task_dir.mkdir()
+        self.task_dir.chmod(0o700)
+        self.scratch_dir.mkdir(parents=True)
+        self.scratch_dir.chmod(0o700)
+        self.bundle_dir.mkdir()
+        self.bundle_dir.chmod(0o755)
+        for directory in self.writable_dirs:
+            directory.mkdir(parents=True, exist_ok=True)
+            if self.task_dir in directory.parents:
+                directory.chmod(0o700)
+
+    def hand_over(self, uid: int, gid: int) -> None:
+        """Gives the task dir and its writable dirs (with what was restored into them) to `uid`:`gid`."""
+        from worker_agent.task_files import hand_over
+
+        os.chown(self.task_dir, uid, gid, follow_symlinks=False)
+        for directory in self.writable_dirs:
+            hand_over(directory, uid, gid)
 
 
 def resolve_command(command: list[str]) -> list[str]:
@@ -64,13 +102,24 @@ def resolve_command(command: list[str]) -> list[str]:
 
 # Secrets the agent (or the shell that started it) may hold; a task runs a job's code and gets none of them.
 AGENT_SECRETS = frozenset({"MWMS_JOIN_TOKEN", "MWMS_TOKEN", "MWMS_ADMIN_TOKEN"})
+# Besides those: every MWMS_ setting of the agent's own, and whatever is named like a secret.
+SECRET_LIKE_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|_KEY$|APIKEY", re.IGNORECASE)
+
+
+def inherited(name: str) -> bool:
+    """Whether a variable of the agent's environment is passed on to its tasks."""
+    return name not in AGENT_SECRETS and not name.startswith("MWMS_") and not SECRET_LIKE_NAME.search(name)
 
 
 def child_environment(
-    start: agent_pb2.StartTask, paths: TaskPaths, agent_env: Mapping[str, str]
+    start: agent_pb2.StartTask,
+    paths: TaskPaths,
+    agent_env: Mapping[str, str],
+    user: tuple[str, bool] = ("", True),
 ) -> dict[str, str]:
-    """The agent's environment less its secrets, then StartTask.env, then the variables the agent owns."""
-    env = {name: value for name, value in agent_env.items() if name not in AGENT_SECRETS}
+    """The agent's environment less its secrets and settings, then StartTask.env, then the variables the
+    agent owns. `user` is (name, shared with the agent): a task of its own user gets its own HOME."""
+    env = {name: value for name, value in agent_env.items() if inherited(name)}
     # A single-worker job has no TF_CONFIG; one inherited from the agent's shell would mislead TensorFlow.
     env.pop("TF_CONFIG", None)
     env.update(start.env)
@@ -99,5 +148,8 @@ def child_environment(
             "TMPDIR": str(paths.tmp_dir),
         }
     )
+    name, shared = user
+    if not shared:
+        env.update({"HOME": str(paths.home_dir), "USER": name, "LOGNAME": name})
     env.update(handler_environment(env, paths.stacks_dir))  # stacks on demand, without changing the program
     return env

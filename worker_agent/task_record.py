@@ -13,6 +13,7 @@ from worker_agent.agent_state import TaskEntry
 from worker_agent.outbox import Outbox
 from worker_agent.runner import TaskProcess
 from worker_agent.task_env import TaskPaths
+from worker_agent.task_users import TaskIdentity
 
 State = agent_pb2.TaskState
 TERMINAL_STATES = frozenset(
@@ -64,6 +65,8 @@ class TaskRecord:
         self.process: TaskProcess | None = None
         self.pid = 0
         self.start_ticks = 0
+        # Who the task's processes run as (worker_agent/task_users.py), from its start until it ends.
+        self.identity: TaskIdentity | None = None
         self.stop_reason: str | None = None
         self.final_acked = False
         self.lock = threading.RLock()

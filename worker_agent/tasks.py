@@ -19,6 +19,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from mwms.archive import ArchiveError, extract_archive
 from mwms.v1 import agent_pb2, agent_pb2_grpc
@@ -28,7 +29,9 @@ from worker_agent.bundles import BundleCache, BundleError
 from worker_agent.checkpoints import CheckpointWatcher, RestoreError
 from worker_agent.metrics import MetricsTail
 from worker_agent.runner import TaskProcess, describe_exit
+from worker_agent.sandbox import Confinement
 from worker_agent.task_env import TaskPaths, child_environment, resolve_command
+from worker_agent.task_files import pack_beneath
 from worker_agent.task_record import (
     TERMINAL_STATES,
     State,
@@ -36,8 +39,11 @@ from worker_agent.task_record import (
     port_is_free,
     recovered_outcome,
 )
+from worker_agent.task_users import TaskUserError, TaskUsers, end_processes_of
 
 log = logging.getLogger("mwms.agent.tasks")
+# Keyword arguments of TaskProcess for the identity switch, and the confined argv.
+TaskProcessArgs = tuple[dict[str, Any], list[str]]
 METRICS_POLL_SECONDS = 0.5
 
 
@@ -50,8 +56,11 @@ class TaskManager:
         stub: agent_pb2_grpc.AgentServiceStub,
         hostname: str,
         default_grace_seconds: float = 10.0,
+        confinement: Confinement | None = None,
     ) -> None:
         self._work_dir = work_dir
+        # Without one (tests of the bookkeeping): tasks run unconfined as the agent's own user.
+        self._confinement = confinement or Confinement(work_dir, TaskUsers.agents_own(), None)
         self._stub = stub
         self._hostname = hostname
         self._default_grace = default_grace_seconds
@@ -61,10 +70,6 @@ class TaskManager:
         self._state_lock = threading.Lock()
         self._records: dict[str, TaskRecord] = {}
         self._records_lock = threading.Lock()
-        # One restore per job and attempt on this agent, even when several of its tasks run here.
-        self._restores: dict[tuple[str, int], threading.Lock] = {}
-        self._restored: set[tuple[str, int]] = set()
-        self._restores_guard = threading.Lock()
         # Reports waiting to be sent; `reports_ready` wakes the session's sender.
         self.reports: queue.Queue[agent_pb2.TaskReport] = queue.Queue()
         self.reports_ready = threading.Event()
@@ -264,12 +269,22 @@ class TaskManager:
         record.logs.close()
         record.metrics.close()
         shutil.rmtree(record.outbox_dir, ignore_errors=True)
-        # The extracted bundle and temporary files are the bulk of a task dir and can be made again;
-        # the output dir and metrics file stay for inspection on this machine.
-        shutil.rmtree(record.paths.bundle_dir, ignore_errors=True)
-        shutil.rmtree(record.paths.tmp_dir, ignore_errors=True)
+        # Its artifacts and checkpoints went to the coordinator before its final report: nothing of the
+        # task stays on this machine for the next job's user to find.
+        self._remove_task_files(record)
         self._persist()
         log.info("task %s is fully acknowledged; forgetting it", record.task_id)
+
+    def _remove_task_files(self, record: TaskRecord) -> None:
+        paths = record.paths
+        shutil.rmtree(paths.task_dir, ignore_errors=True)
+        shutil.rmtree(paths.scratch_dir, ignore_errors=True)
+        # The attempt's and the job's dirs go with their last task (rmdir fails while others remain).
+        for parent in paths.task_dir.parents[:2]:
+            try:
+                parent.rmdir()
+            except OSError:
+                break
 
     def _persist(self) -> None:
         """Writes the task table; serialized, so the file always ends with the latest snapshot."""
@@ -331,17 +346,26 @@ class TaskManager:
             archive = self._bundles.get(start.bundle_digest) if start.bundle_digest else None
             if record.ended:
                 return
+            identity = self._confinement.users.acquire(record.task_id)
+            record.identity = identity
+            # Filled while only the agent can write there, then handed to the task's user.
             record.paths.create_fresh()
             if archive is not None:
                 extract_archive(archive, record.paths.bundle_dir)
             if start.restore_checkpoint and not start.shared_checkpoint_dir:
                 self._restore_checkpoint(record)
+            if not identity.shared:
+                record.paths.hand_over(identity.uid, identity.gid)
             if record.ended:
+                self._release_identity(record)
                 return
-            env = child_environment(start, record.paths, os.environ)
+            env = child_environment(start, record.paths, os.environ, (identity.name, identity.shared))
             if start.preflight and not self._preflight_passed(record, env):
+                self._release_identity(record)
                 return
             self._spawn(record, command, env)
+        except TaskUserError as error:
+            self._reject(record, str(error))
         except (BundleError, ArchiveError) as error:
             self._reject(record, str(error))
         except OSError as error:
@@ -349,10 +373,32 @@ class TaskManager:
         except Exception as error:  # noqa: BLE001 - the coordinator must hear about any failed start
             log.exception("task %s failed to start", record.task_id)
             self._reject(record, f"the agent failed to start the task: {error}")
+        if record.ended and record.process is None:
+            self._release_identity(record)
+
+    def launch_for(self, record: TaskRecord, command: list[str]) -> TaskProcessArgs:
+        """The argv and identity switch that run `command` confined as the task's user."""
+        identity = record.identity
+        assert identity is not None, "the task has no identity yet"
+        gpus = (
+            list(record.start.device_indices) if record.start.device_kind == agent_pb2.DEVICE_KIND_GPU else []
+        )
+        launch = self._confinement.launch(command, record.paths, identity, gpus)
+        return {"user": launch.user, "group": launch.group, "spare_leader": launch.spare_leader}, launch.argv
+
+    def _release_identity(self, record: TaskRecord) -> None:
+        """Gives the task's uid back, once no process of it can be left (ended with its sandbox, or ended
+        here: a uid of its own is the task's alone, so whatever still runs as it was the task's)."""
+        identity = record.identity
+        if identity is None:
+            return
+        if not identity.shared and not self._confinement.sandboxed and self._confinement.users.per_task:
+            end_processes_of(identity.uid)
+        self._confinement.users.release(record.task_id)
 
     def _preflight_passed(self, record: TaskRecord, env: dict[str, str]) -> bool:
         """Runs the gang's preflight check (worker_agent/preflight.py); False when the task ended instead."""
-        outcome = preflight.run_check(record, env)
+        outcome = preflight.run_check(record, env, lambda command: self.launch_for(record, command))
         if outcome.stopped:
             self._publish(record, agent_pb2.TASK_STATE_STOPPED, message=record.stop_reason or "stopped")
             return False
@@ -380,24 +426,21 @@ class TaskManager:
                 return results
 
     def _restore_checkpoint(self, record: TaskRecord) -> None:
-        """Installs the job's latest checkpoint archive, once per job and attempt; a failure is only noted."""
-        key = (record.start.job_id, record.start.attempt)
-        with self._restores_guard:
-            lock = self._restores.setdefault(key, threading.Lock())
-        with lock:
-            if key in self._restored:
-                return
-            try:
-                size = checkpoints.restore_checkpoint(
-                    self._stub, record.start.job_id, record.paths.checkpoint_dir
-                )
-            except (RestoreError, ArchiveError, OSError) as error:
-                log.warning("task %s: %s", record.task_id, error)
-                record.add_log(
-                    "stderr", f"mwms-agent: could not restore the checkpoint ({error}); starting without it"
-                )
-                return
-            self._restored.add(key)
+        """Installs the job's latest checkpoint archive into the task's own checkpoint dir (each task has
+        its own, owned by its user); a failure is only noted."""
+        try:
+            size = checkpoints.restore_checkpoint(
+                self._stub,
+                record.start.job_id,
+                record.paths.checkpoint_dir,
+                scratch=record.paths.scratch_dir,
+            )
+        except (RestoreError, ArchiveError, OSError) as error:
+            log.warning("task %s: %s", record.task_id, error)
+            record.add_log(
+                "stderr", f"mwms-agent: could not restore the checkpoint ({error}); starting without it"
+            )
+            return
         if size:
             log.info("restored the checkpoint of job %s (%d bytes)", record.start.job_id, size)
             record.add_log("stderr", f"mwms-agent: restored the job's latest checkpoint ({size} bytes)")
@@ -410,11 +453,13 @@ class TaskManager:
         def upload(archive: Path) -> None:
             checkpoints.upload_checkpoint(self._stub, record.task_id, archive)
 
-        return CheckpointWatcher(record.paths.checkpoint_dir, record.paths.task_dir, upload)
+        return CheckpointWatcher(
+            record.paths.checkpoint_dir, record.paths.scratch_dir, upload, within=record.paths.task_dir
+        )
 
     def _spawn(self, record: TaskRecord, command: list[str], env: dict[str, str]) -> None:
         metrics_done = threading.Event()
-        tail = MetricsTail(record.paths.metrics_file)
+        tail = MetricsTail(record.paths.metrics_file, within=record.paths.task_dir)
         watcher = self._checkpoint_watcher(record)
 
         def on_exit(exit_code: int) -> None:
@@ -424,7 +469,8 @@ class TaskManager:
                 watcher.finish()
             self._task_exited(record, exit_code, tail)
 
-        process = TaskProcess(command, env, record.paths.bundle_dir, record.add_log, on_exit)
+        switch, argv = self.launch_for(record, command)
+        process = TaskProcess(argv, env, record.paths.bundle_dir, record.add_log, on_exit, **switch)
         metrics_thread = threading.Thread(
             target=self._tail_metrics,
             args=(record, tail, metrics_done),
@@ -475,15 +521,16 @@ class TaskManager:
             self._upload_artifacts(record)
         log.info("task %s ended: %s", record.task_id, message)
         pid = record.process.pid if record.process else 0
+        self._release_identity(record)
         self._publish(record, state, message=message, exit_code=exit_code, pid=pid)
 
     def _upload_artifacts(self, record: TaskRecord) -> None:
         output = record.paths.output_dir
         if not artifacts.directory_has_files(output):
             return
-        archive = record.paths.task_dir / "artifacts.tar.gz"
+        archive = record.paths.scratch_dir / "artifacts.tar.gz"
         try:
-            artifacts.pack_directory(output, archive)
+            pack_beneath(record.paths.task_dir, output, archive)
             response = artifacts.upload_archive(
                 self._stub, record.task_id, agent_pb2.FILE_KIND_ARTIFACTS, archive
             )

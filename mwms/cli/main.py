@@ -6,8 +6,10 @@ Heavy imports (the coordinator, the agent, TensorFlow) happen inside commands so
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
+import stat
 import sys
 import threading
 from pathlib import Path
@@ -19,7 +21,7 @@ from mwms import __version__
 from mwms.cli import admin_commands, auth_commands, job_commands, quickstart, submit
 from mwms.cli.doctor import doctor
 from mwms.cli.errors import EXIT_CODES_HELP, CliError, ExitCode, handles_errors
-from mwms.cli.parsing import parse_port_range
+from mwms.cli.parsing import parse_port_range, parse_uid_range
 from mwms.cli.stacks_command import stacks
 
 app = typer.Typer(
@@ -148,6 +150,43 @@ def server(
     serve(Settings.model_validate({key: value for key, value in given.items() if value is not None}))
 
 
+JOIN_TOKEN_ENV = "MWMS_JOIN_TOKEN"
+# Never echoes the token: the point is that it must not be seen.
+JOIN_TOKEN_FLAG_REFUSED = (
+    "--join-token is refused: every user of this machine can read a command line (ps, /proc/PID/cmdline). "
+    f"Pass the join token in the {JOIN_TOKEN_ENV} environment variable or in a file only you can read: "
+    "--join-token-file PATH (chmod 600 PATH)."
+)
+
+
+def read_join_token(token_file: Path | None) -> str:
+    """The agent's join token from MWMS_JOIN_TOKEN or the content of `token_file`; "" when neither is set.
+
+    MWMS_JOIN_TOKEN is removed from this process's environment, so nothing the agent starts inherits it.
+    """
+    from_environment = os.environ.pop(JOIN_TOKEN_ENV, "").strip()
+    if token_file is None:
+        return from_environment
+    if from_environment:
+        raise CliError(f"give the join token once: {JOIN_TOKEN_ENV} or --join-token-file, not both")
+    path = token_file.expanduser()
+    try:
+        mode = path.stat().st_mode
+        token = path.read_text().strip()
+    except OSError as error:
+        raise CliError(f"cannot read --join-token-file {path}: {error.strerror or error}") from None
+    except UnicodeDecodeError:
+        raise CliError(f"--join-token-file {path} is not a text file holding the join token") from None
+    if mode & (stat.S_IRGRP | stat.S_IROTH):
+        raise CliError(
+            f"--join-token-file {path} can be read by other users (mode {stat.S_IMODE(mode):04o}): "
+            f"restrict it with chmod 600 {path}, then start the agent again"
+        )
+    if not token:
+        raise CliError(f"--join-token-file {path} is empty: write the coordinator's join token into it")
+    return token
+
+
 @app.command()
 @handles_errors(api_param=None)
 def agent(
@@ -166,16 +205,26 @@ def agent(
         ),
     ] = None,
     port_range: Annotated[str, typer.Option(help="LO-HI ports that tasks may listen on.")] = "20000-20999",
-    join_token: Annotated[
-        str, typer.Option(envvar="MWMS_JOIN_TOKEN", help="The coordinator's join token.", show_default=False)
-    ] = "",
+    # Only so a token given as a flag can be refused with a message (see read_join_token); not in --help.
+    join_token: Annotated[str | None, typer.Option("--join-token", hidden=True)] = None,
+    join_token_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--join-token-file",
+            envvar="MWMS_JOIN_TOKEN_FILE",
+            help="A file (mode 0600) holding the coordinator's join token; or set MWMS_JOIN_TOKEN. Needed "
+            "at the first start only; never give the token itself on the command line.",
+            show_default=False,
+        ),
+    ] = None,
     systemd_unit: Annotated[
         bool,
         typer.Option(
             "--systemd-unit",
             help="Print a mwms-agent.service unit that runs this agent with these options, and exit. "
             "Install it with: mwms agent ... --systemd-unit | sudo tee /etc/systemd/system/mwms-agent.service. "
-            "The join token is not written into the unit: put MWMS_JOIN_TOKEN=... in an EnvironmentFile.",
+            "The join token is not written into the unit: put MWMS_JOIN_TOKEN=... in /etc/mwms/agent.env "
+            "(root, mode 0600), which the unit reads.",
         ),
     ] = False,
     user: Annotated[
@@ -209,14 +258,46 @@ def agent(
             show_default=False,
         ),
     ] = None,
+    sandbox: Annotated[
+        str,
+        typer.Option(
+            envvar="MWMS_AGENT_SANDBOX",
+            help="How tasks are confined: 'bwrap' (bubblewrap: new mount, PID and IPC namespaces, a private "
+            "/tmp, the system read-only, only the task's own dirs and devices), 'off', or 'auto' (bwrap when "
+            "installed, with a warning when not).",
+        ),
+    ] = "auto",
+    task_user: Annotated[
+        str | None,
+        typer.Option(
+            envvar="MWMS_AGENT_TASK_USER",
+            help="With the agent running as root: run every task as this unprivileged user (name or uid). "
+            "Default: one uid per concurrent task from --task-uids, so two tasks cannot see each other.",
+            show_default=False,
+        ),
+    ] = None,
+    task_uids: Annotated[
+        str,
+        typer.Option(
+            envvar="MWMS_AGENT_TASK_UIDS",
+            help="With the agent running as root and no --task-user: LO-HI uids (with gids of the same "
+            "numbers) tasks run as, one per concurrent task; none of them may be an existing account.",
+        ),
+    ] = "60000-60999",
 ) -> None:
     """Run an agent on this machine: it joins the coordinator and runs the tasks placed on it.
 
-    The first start needs a join token; the agent then keeps its own credential in <work dir>/agent-credential
-    and proves who it is with it (also after restarts). Keep that file, or an admin must remove the agent
-    (`mwms remove-agent`) before its name can join again.
+    The first start needs a join token (MWMS_JOIN_TOKEN or --join-token-file); the agent then keeps its own
+    credential in <work dir>/agent-credential and proves who it is with it (also after restarts). Keep that
+    file, or an admin must remove the agent (`mwms remove-agent`) before its name can join again.
     """
+    if join_token is not None:
+        raise CliError(JOIN_TOKEN_FLAG_REFUSED)
     port_low, port_high = parse_port_range(port_range)
+    sandbox_mode = sandbox.strip().lower()
+    if sandbox_mode not in ("auto", "bwrap", "off"):
+        raise CliError(f"--sandbox {sandbox!r} is not one of auto, bwrap, off")
+    uid_low, uid_high = parse_uid_range(task_uids)
     if ":" not in server_address:
         raise CliError(f"--server {server_address!r} must be HOST:PORT, e.g. 127.0.0.1:50051")
     if ca_file is not None:
@@ -249,6 +330,11 @@ def agent(
             args += ["--advertise-address", advertise_address]
         if device_sample_interval is not None:
             args += ["--device-sample-interval", str(device_sample_interval)]
+        args += ["--sandbox", sandbox_mode, "--task-uids", f"{uid_low}-{uid_high}"]
+        if task_user:
+            args += ["--task-user", task_user]
+        if join_token_file is not None:  # not read here: it may well be root's alone
+            args += ["--join-token-file", str(join_token_file.expanduser().resolve())]
         if ca_file is not None:
             args += ["--ca-file", str(ca_file)]
         elif tls:
@@ -274,9 +360,12 @@ def agent(
         advertise_address=advertise_address or local_address_towards(server_address),
         port_low=port_low,
         port_high=port_high,
-        join_token=join_token,
+        join_token=read_join_token(join_token_file),
         ca_file=ca_file,
         tls=tls,
+        sandbox=sandbox_mode,
+        task_user=task_user or None,
+        task_uids=(uid_low, uid_high),
         **({} if device_sample_interval is None else {"device_sample_interval": device_sample_interval}),
     )
     # As `mwms server` does: the agent's INFO lines (registered as, no device telemetry, tasks started and

@@ -39,6 +39,26 @@ def parse_port_range(text: str) -> tuple[int, int]:
     return low, high
 
 
+# Task uids: unprivileged (never root, 0) and below the 32-bit "no uid" values (-1, -2 as unsigned).
+MIN_TASK_UID, MAX_TASK_UID = 1, 4_294_967_293
+
+
+def parse_uid_range(text: str) -> tuple[int, int]:
+    """'60000-60999' -> (60000, 60999): the uids an agent running as root gives its tasks."""
+    low_text, sep, high_text = text.partition("-")
+    try:
+        if not sep:
+            raise ValueError
+        low, high = int(low_text), int(high_text)
+    except ValueError:
+        raise CliError(f"--task-uids {text!r} must look like LO-HI, e.g. 60000-60999") from None
+    if not (MIN_TASK_UID <= low <= high <= MAX_TASK_UID):
+        raise CliError(
+            f"--task-uids {text!r}: need {MIN_TASK_UID} <= LO <= HI <= {MAX_TASK_UID} (uid 0 is root)"
+        )
+    return low, high
+
+
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"(\d+)\s*([smhdw]?)")
 

@@ -136,6 +136,7 @@ class RegisterRequest(_message.Message):
     DEVICES_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
     JOIN_TOKEN_FIELD_NUMBER: _builtins.int
+    TASK_ISOLATION_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     hostname: _builtins.str
     advertise_address: _builtins.str
@@ -144,6 +145,10 @@ class RegisterRequest(_message.Message):
     port_range_high: _builtins.int
     version: _builtins.str
     join_token: _builtins.str
+    task_isolation: _builtins.str
+    """How the agent confines its tasks, in a few words for the agent list, e.g. "bwrap sandbox; a uid
+    per task" or "no sandbox; tasks share the agent's user" (worker_agent/sandbox.py Confinement.label).
+    """
     @_builtins.property
     def devices(self) -> _containers.RepeatedCompositeFieldContainer[Global___Device]: ...
     def __init__(
@@ -157,10 +162,11 @@ class RegisterRequest(_message.Message):
         devices: _abc.Iterable[Global___Device] | None = ...,
         version: _builtins.str = ...,
         join_token: _builtins.str = ...,
+        task_isolation: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["advertise_address", b"advertise_address", "devices", b"devices", "hostname", b"hostname", "join_token", b"join_token", "name", b"name", "port_range_high", b"port_range_high", "port_range_low", b"port_range_low", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["advertise_address", b"advertise_address", "devices", b"devices", "hostname", b"hostname", "join_token", b"join_token", "name", b"name", "port_range_high", b"port_range_high", "port_range_low", b"port_range_low", "task_isolation", b"task_isolation", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

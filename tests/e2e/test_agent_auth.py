@@ -5,9 +5,11 @@ Uses its own cluster (one agent), since removing an agent would disturb the shar
 
 from __future__ import annotations
 
+import os
 import stat
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -126,3 +128,33 @@ def test_remove_agent_stops_its_tasks_and_the_agent_and_the_name_can_join_again(
     auth_cluster.wait_for(job_id, {"RUNNING"}, timeout=60)  # the job restarted on the agent that came back
     auth_cluster.http.post(f"/api/v1/jobs/{job_id}/cancel")
     wait_until(lambda: not processes_of_job(job_id), 30, "the job's processes to end after the cancel")
+
+
+def test_an_agent_takes_its_join_token_from_a_file_and_refuses_one_on_its_command_line(
+    auth_cluster: Cluster,
+) -> None:
+    # Last in the module: this second agent is stopped at the end and cannot take the tests' jobs.
+    name, work_dir, token = "auth-file", auth_cluster.root / "auth-file", auth_cluster.join_token
+    args = ["agent", "--server", f"127.0.0.1:{auth_cluster.grpc_port}", "--name", name]
+    args += ["--work-dir", str(work_dir), "--advertise-address", "127.0.0.1", "--port-range", "24200-24299"]
+    environment = {k: v for k, v in os.environ.items() if k != "MWMS_JOIN_TOKEN"}
+    refused = subprocess.run(
+        [MWMS, *args, "--join-token", token], capture_output=True, text=True, timeout=60, env=environment
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert "MWMS_JOIN_TOKEN" in refused.stderr and "--join-token-file" in refused.stderr
+    assert token not in refused.stdout + refused.stderr
+    assert not work_dir.exists()
+
+    token_file = auth_cluster.root / "join-token"
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
+    agent = auth_cluster._spawn(name, [*args, "--join-token-file", str(token_file)])
+    try:
+        wait_until(lambda: auth_cluster.agent_online(name), 60, f"{name} online\n{agent.log_tail()}")
+        assert token not in Path(f"/proc/{agent.popen.pid}/cmdline").read_text()
+        assert stat.S_IMODE(work_dir.stat().st_mode) == 0o700
+        assert stat.S_IMODE((work_dir / "agent-credential").stat().st_mode) == 0o600
+    finally:
+        agent.stop()
+    assert token not in agent.log_path.read_text()

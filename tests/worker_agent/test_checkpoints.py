@@ -107,8 +107,8 @@ def test_a_restarted_attempt_starts_with_the_latest_checkpoint(
 ) -> None:  # type: ignore[no-untyped-def]
     fake, address = coordinator
     work_dir = tmp_path / "fresh-agent"
-    # What an earlier attempt left on this machine is replaced, not merged.
-    stale = work_dir / "jobs" / "job-r" / "checkpoints"
+    # What an earlier attempt left on this machine is not seen: each task has a checkpoint dir of its own.
+    stale = work_dir / "jobs" / "job-r" / "attempt-1" / "task-0" / "checkpoints"
     stale.mkdir(parents=True)
     (stale / "ckpt-1.data").write_text("old")
     fake.checkpoints["job-r"] = pack({"checkpoint": "ckpt-7", "ckpt-7.data": "weights 7"})
@@ -116,7 +116,7 @@ def test_a_restarted_attempt_starts_with_the_latest_checkpoint(
     stream = connected(fake, wait_for)
     digest = fake.add_bundle(pack({"train.py": LIST_CHECKPOINTS}))
 
-    # Every task of the attempt restores, the workers as well as the chief; once per job and attempt here.
+    # Every task of the attempt restores into its own dir, the workers as well as the chief.
     for task_id, index in (("task-r0", 0), ("task-r1", 1)):
         stream.send(
             start=start_task(
@@ -131,15 +131,17 @@ def test_a_restarted_attempt_starts_with_the_latest_checkpoint(
         )
         stdout = [line.text for line in fake.log_lines(task_id) if line.stream == "stdout"]
         assert stdout == ["files: checkpoint,ckpt-7.data", "checkpoint = ckpt-7", "ckpt-7.data = weights 7"]
-    assert fake.checkpoint_fetches == ["job-r"]
+    assert fake.checkpoint_fetches == ["job-r", "job-r"]
     # The restored checkpoint is not sent back up by the chief.
     assert [u for u in fake.uploads if u[1] == S.FILE_KIND_CHECKPOINT] == []
 
 
 @pytest.mark.parametrize("case", ["nothing stored", "fetch fails", "shared filesystem"])
-def test_without_an_archive_the_local_checkpoint_dir_is_kept(
+def test_without_an_archive_a_task_starts_with_no_checkpoint_or_the_shared_one(
     case, coordinator, start_agent, wait_for, tmp_path
 ) -> None:  # type: ignore[no-untyped-def]
+    """A task's checkpoint dir is its own, made fresh: without an archive it starts empty (nothing another
+    job or attempt left on this machine), unless checkpoints live on a shared filesystem."""
     fake, address = coordinator
     work_dir = tmp_path / "agent"
     local = (
@@ -172,7 +174,10 @@ def test_without_an_archive_the_local_checkpoint_dir_is_kept(
         observed=lambda: fake.log_lines("task-k"),
     )
     lines = [(line.stream, line.text) for line in fake.log_lines("task-k")]
-    assert ("stdout", "checkpoint = local") in lines
+    if case == "shared filesystem":
+        assert ("stdout", "checkpoint = local") in lines
+    else:
+        assert ("stdout", "files: ") in lines
     warnings = [text for stream_name, text in lines if stream_name == "stderr"]
     if case == "fetch fails":
         assert len(warnings) == 1 and "could not restore the checkpoint" in warnings[0]

@@ -1,19 +1,27 @@
-"""The agent's credential: kept 0600 in its work dir, presented on every call, never logged; refusals end the
-agent with exit code 2; --ca-file makes a TLS channel that trusts only that CA."""
+"""The agent's credential: kept 0600 in its work dir (itself 0700), presented on every call, never logged;
+refusals end the agent with exit code 2; --ca-file makes a TLS channel that trusts only that CA; the join
+token comes from MWMS_JOIN_TOKEN or --join-token-file, never from the command line."""
 
 from __future__ import annotations
 
 import logging
+import os
+import re
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import grpc
 import pytest
 from builders import connected
 
+from mwms.cli.errors import CliError
+from mwms.cli.main import read_join_token
 from server.tls import ensure_self_signed
 from worker_agent.config import AgentConfig
 from worker_agent.credentials import CREDENTIAL_FILE, CredentialStore
+from worker_agent.work_dir import prepare_work_dir
 
 # What tests/worker_agent/conftest.py's fake coordinator issues (fixtures only there, so it is repeated here).
 FAKE_CREDENTIAL = "mwmsa_agent-1.fake-secret-for-tests"
@@ -30,6 +38,7 @@ def test_the_credential_from_register_is_kept_0600_and_presented_after_a_restart
     path = tmp_path / "agent" / CREDENTIAL_FILE
     assert path.read_text().strip() == FAKE_CREDENTIAL
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
     _, first_metadata = fake.registrations[0]
     assert "authorization" not in dict(first_metadata)  # nothing to present before the first join
     assert agent.shut_down() == 0
@@ -86,3 +95,83 @@ def test_ca_file_makes_a_tls_channel_that_trusts_that_ca_only(
     assert connected(fake, wait_for).agent_id == "agent-1"
     assert trusting.shut_down() == 0
     assert "tls=True" in repr(AgentConfig(server=address, name="n", work_dir=tmp_path, ca_file=made.ca_cert))
+
+
+def test_the_work_dir_is_made_0700_and_one_open_to_others_is_restricted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    def mode(path: Path) -> int:
+        return stat.S_IMODE(path.stat().st_mode)
+
+    fresh = tmp_path / "a" / "work"
+    prepare_work_dir(fresh)
+    assert mode(fresh) == 0o700 and caplog.records == []
+    prepare_work_dir(fresh, traversable=True)  # others may pass through to their task dirs, not list it
+    assert mode(fresh) == 0o711 and caplog.records == []
+    prepare_work_dir(fresh)
+    assert mode(fresh) == 0o700 and caplog.records == []
+
+    fresh.chmod(0o755)
+    prepare_work_dir(fresh)
+    assert mode(fresh) == 0o700
+    assert "can be listed or written by other users" in caplog.text and "0755" in caplog.text
+
+
+SECRET = "join-secret-for-the-cli-tests"
+
+
+def agent_command(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`mwms agent` against a port nothing listens on, without any MWMS_* variable of ours."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MWMS_")}
+    command = [sys.executable, "-m", "mwms.cli.main", "agent", "--server", "127.0.0.1:9", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, env={**clean, **(env or {})})
+
+
+def test_a_join_token_on_the_command_line_is_refused_without_being_echoed(tmp_path: Path) -> None:
+    work_dir = tmp_path / "work"
+    for flag in (["--join-token", SECRET], [f"--join-token={SECRET}"]):
+        result = agent_command(*flag, "--work-dir", str(work_dir))
+        assert result.returncode == 2, result.stderr
+        assert "MWMS_JOIN_TOKEN" in result.stderr and "--join-token-file" in result.stderr
+        assert SECRET not in result.stdout + result.stderr
+    assert not work_dir.exists()  # refused before the agent did anything
+    shown = agent_command("--help").stdout
+    assert "--join-token-file" in shown and not re.search(r"--join-token(?!-file)", shown)
+
+
+@pytest.mark.parametrize(
+    ("content", "mode", "expected"),
+    [
+        (SECRET, 0o640, "can be read by other users"),
+        (SECRET, 0o604, "chmod 600"),
+        ("  \n", 0o600, "is empty"),
+        (None, 0o600, "cannot read --join-token-file"),
+    ],
+)
+def test_a_join_token_file_must_hold_a_token_only_its_owner_can_read(
+    tmp_path: Path, content: str | None, mode: int, expected: str
+) -> None:
+    token_file = tmp_path / "join-token"
+    if content is not None:
+        token_file.write_text(content)
+        token_file.chmod(mode)
+    result = agent_command("--join-token-file", str(token_file), "--work-dir", str(tmp_path / "work"))
+    assert result.returncode == 2 and expected in result.stderr, result.stderr
+    assert SECRET not in result.stdout + result.stderr
+
+
+def test_the_join_token_is_read_once_and_taken_out_of_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MWMS_JOIN_TOKEN", f" {SECRET}\n")
+    assert read_join_token(None) == SECRET
+    assert "MWMS_JOIN_TOKEN" not in os.environ  # nothing the agent starts inherits it
+    assert read_join_token(None) == ""
+
+    token_file = tmp_path / "join-token"
+    token_file.write_text(f"{SECRET}\n")
+    token_file.chmod(0o600)
+    assert read_join_token(token_file) == SECRET
+    monkeypatch.setenv("MWMS_JOIN_TOKEN", SECRET)
+    with pytest.raises(CliError, match="not both"):
+        read_join_token(token_file)

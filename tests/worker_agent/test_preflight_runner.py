@@ -20,6 +20,11 @@ from worker_agent.task_record import TaskRecord
 from cluster import free_port
 
 
+def unconfined(command: list[str]) -> tuple[dict[str, object], list[str]]:
+    """The check as a plain child of this process (the sandbox has its own tests)."""
+    return {}, command
+
+
 def record_for(
     tmp_path: Path, timeout_s: int, connect_timeout_s: str
 ) -> tuple[TaskRecord, dict[str, str], str]:
@@ -50,7 +55,7 @@ def record_for(
 def test_an_unreachable_peer_fails_the_check_with_its_message(tmp_path: Path) -> None:
     record, env, peer = record_for(tmp_path, timeout_s=60, connect_timeout_s="1")
     started = time.monotonic()
-    outcome = preflight.run_check(record, env)
+    outcome = preflight.run_check(record, env, unconfined)
     assert not outcome.ok and not outcome.stopped
     assert outcome.exit_code == 3, outcome
     assert f"worker 0 (host 127.0.0.1) cannot reach worker 1 at {peer}" in outcome.message
@@ -67,7 +72,7 @@ def test_an_unreachable_peer_fails_the_check_with_its_message(tmp_path: Path) ->
 def test_a_check_past_its_time_limit_is_killed(tmp_path: Path) -> None:
     record, env, _ = record_for(tmp_path, timeout_s=1, connect_timeout_s="60")
     started = time.monotonic()
-    outcome = preflight.run_check(record, env)
+    outcome = preflight.run_check(record, env, unconfined)
     assert not outcome.ok and outcome.exit_code == preflight.TIMEOUT_EXIT_CODE
     assert "did not finish within 1 s" in outcome.message
     assert time.monotonic() - started < 20
@@ -76,7 +81,7 @@ def test_a_check_past_its_time_limit_is_killed(tmp_path: Path) -> None:
 def test_a_stop_during_the_check_ends_it_without_a_result(tmp_path: Path) -> None:
     record, env, _ = record_for(tmp_path, timeout_s=60, connect_timeout_s="60")
     found: list[preflight.CheckOutcome] = []
-    runner = threading.Thread(target=lambda: found.append(preflight.run_check(record, env)))
+    runner = threading.Thread(target=lambda: found.append(preflight.run_check(record, env, unconfined)))
     runner.start()
     deadline = time.monotonic() + 30
     while record.process is None and time.monotonic() < deadline:
@@ -93,5 +98,5 @@ def test_a_stop_during_the_check_ends_it_without_a_result(tmp_path: Path) -> Non
 def test_a_task_stopped_before_the_check_never_starts_it(tmp_path: Path) -> None:
     record, env, _ = record_for(tmp_path, timeout_s=60, connect_timeout_s="60")
     record.stop_reason = "stopped"
-    outcome = preflight.run_check(record, env)
+    outcome = preflight.run_check(record, env, unconfined)
     assert outcome.stopped and record.pid == 0

@@ -123,7 +123,7 @@ def test_child_environment_for_a_gpu_worker_of_a_multi_worker_job(tmp_path: Path
         "2",
     )
     assert seen["MWMS_OUTPUT_DIR"] == str(tmp_path / "jobs/j-1/attempt-2/task-1/output")
-    assert seen["MWMS_CHECKPOINT_DIR"] == str(tmp_path / "jobs/j-1/checkpoints")
+    assert seen["MWMS_CHECKPOINT_DIR"] == str(tmp_path / "jobs/j-1/attempt-2/task-1/checkpoints")
     assert seen["MWMS_METRICS_FILE"] == str(tmp_path / "jobs/j-1/attempt-2/task-1/metrics.jsonl")
     assert seen["TF_USE_LEGACY_KERAS"] == "1" and seen["PYTHONUNBUFFERED"] == "1"
     assert seen["PATH"] == "/usr/bin"

@@ -114,10 +114,9 @@ def test_register_hello_and_a_task_that_succeeds(coordinator, start_agent, wait_
     wait_for(lambda: len(second.of_kind("heartbeat")) >= 2, "a settled second session")
     assert second.of_kind("hello")[0].tasks == []
     assert second.of_kind("logs") == [] and second.of_kind("metrics") == []
-    # A forgotten task leaves its output, not its extracted bundle or temporary files.
-    task_dir = agent.config.work_dir / "jobs/job-1/attempt-1/task-0"
-    assert (task_dir / "output").is_dir()
-    assert not (task_dir / "bundle").exists() and not (task_dir / "tmp").exists()
+    # A forgotten task leaves nothing on this machine (its artifacts went up before its final report).
+    assert not (agent.config.work_dir / "jobs/job-1").exists()
+    assert not (agent.config.work_dir / "scratch/task-ok").exists()
     assert agent.shut_down() == 0
 
 

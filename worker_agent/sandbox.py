@@ -1,0 +1,241 @@
+"""How a task's process is confined: bubblewrap namespaces, another uid, or (on a single-user machine) neither.
+
+With bubblewrap (`bwrap`, the sandbox Flatpak uses) each task gets new mount, PID and IPC namespaces:
+- the system read-only (`/` bound read-only), a fresh `/proc` showing only the task's own processes, a
+  minimal `/dev` plus the GPUs it was given and the NVIDIA control devices, a private `/tmp` and `/var/tmp`;
+- of the agent's work dir only the task's own directory (its bundle read-only; output, checkpoints, temp
+  and home writable), the rest hidden under an empty tmpfs (credential, bundle cache, other tasks);
+- the host network, which collectives need.
+The Python the agent runs (its prefix, site-packages and mwms's own packages) stays readable even where
+an ancestor directory is closed to other users (`/root` holding a pyenv): that ancestor is replaced by an
+empty tmpfs and only the needed directories are bound back, read-only.
+
+When the agent is root the task then drops to its own uid with `setpriv` (all capabilities and
+supplementary groups dropped; bwrap sets no_new_privs, so setuid files in reach grant nothing).
+
+SIGTERM goes to the task's processes but not to bwrap's monitor (the group leader), which would die of
+it and report the task ended while TensorFlow's preemption handler is still saving; SIGKILL after the
+grace goes to the whole group, the sandbox's init included, which ends every process inside. Without
+`--die-with-parent` a sandbox outlives a crashed agent like an unsandboxed task does, and the next
+agent process stops it (worker_agent/agent_state.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import mwms
+import mwms_runtime
+from worker_agent.stacks import HANDLER_DIR
+from worker_agent.task_env import TaskPaths
+from worker_agent.task_users import TaskIdentity, TaskUsers
+
+log = logging.getLogger("mwms.agent.sandbox")
+
+SANDBOX_MODES = ("auto", "bwrap", "off")
+GPU_CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
+GPU_CONTROL_DIRS = ("/dev/nvidia-caps",)
+PRIVATE_TEMP_DIRS = ("/tmp", "/var/tmp")
+PROBE_TIMEOUT_S = 20.0
+
+
+class SandboxError(Exception):
+    """The requested confinement cannot be had here; the message says what to install or change."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How to spawn one task process: the argv, and the uid/gid Popen switches to (None: no switch)."""
+
+    argv: list[str]
+    user: int | None = None
+    group: int | None = None
+    # SIGTERM to the group except its leader (bwrap's monitor); see the module docstring.
+    spare_leader: bool = False
+
+
+def find_bwrap(requested: str) -> str | None:
+    """The bwrap executable for `requested` ("auto", "bwrap", "off"), checked to work; None: no sandbox."""
+    if requested == "off":
+        return None
+    executable = shutil.which("bwrap")
+    if executable is None:
+        if requested == "bwrap":
+            raise SandboxError(
+                "--sandbox bwrap: bubblewrap is not installed; install it (Debian/Ubuntu: "
+                "`apt-get install bubblewrap`) or choose --sandbox off"
+            )
+        log.warning(
+            "bubblewrap (bwrap) is not installed: tasks run without a sandbox and can see this machine's "
+            "files and processes as far as their user may; install it (`apt-get install bubblewrap`)"
+        )
+        return None
+    why = _probe(executable)
+    if why:
+        message = f"bubblewrap cannot create a sandbox here: {why}"
+        if os.geteuid() != 0:
+            message += " (as a user other than root it needs unprivileged user namespaces)"
+        if requested == "bwrap":
+            raise SandboxError(f"--sandbox bwrap: {message}")
+        log.warning("%s; tasks run without a sandbox", message)
+        return None
+    return executable
+
+
+def _probe(executable: str) -> str:
+    """Why bwrap cannot start a sandbox like a task's, or "" when it can."""
+    argv = [executable, "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
+    argv += ["--unshare-pid", "--unshare-ipc", "--die-with-parent", "--", "/bin/true"]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return str(error)
+    return "" if done.returncode == 0 else (done.stderr.strip()[-300:] or f"exit code {done.returncode}")
+
+
+def needed_paths() -> list[Path]:
+    """What a task must read of the agent's installation: the interpreter, its packages, mwms's own."""
+    found = [Path(p) for p in (sys.base_prefix, sys.base_exec_prefix, sys.prefix, sys.exec_prefix)]
+    found += [Path(p) for p in sys.path if p and os.path.isabs(p)]
+    found += [Path(mwms.__file__).parent, Path(mwms_runtime.__file__).parent, HANDLER_DIR]
+    real = {Path(os.path.realpath(p)) for p in found if os.path.isdir(p)}
+    # A directory inside another one of the list comes along with it.
+    return sorted(p for p in real if not any(o != p and o in p.parents for o in real))
+
+
+def closed_ancestor(path: Path) -> Path | None:
+    """The highest directory above `path` (or `path` itself) that other users may not enter, if any."""
+    for candidate in [*reversed(path.parents), path]:
+        if candidate == Path("/"):
+            continue
+        try:
+            if not os.stat(candidate).st_mode & stat.S_IXOTH:
+                return candidate
+        except OSError:
+            return None
+    return None
+
+
+class Confinement:
+    """Builds each task's launch: the sandbox around it and the identity it runs as."""
+
+    def __init__(self, work_dir: Path, users: TaskUsers, bwrap: str | None) -> None:
+        self.work_dir = Path(os.path.realpath(work_dir))
+        self.users = users
+        self.bwrap = bwrap
+        self._setpriv = shutil.which("setpriv") if os.geteuid() == 0 else None
+        self._needed = needed_paths()
+        if not bwrap and not users.shared_with_agent:
+            # Task users enter (not list) the work dir on their way to their own task dir.
+            os.chmod(self.work_dir, 0o711)
+        if bwrap and os.geteuid() == 0 and not users.shared_with_agent and self._setpriv is None:
+            raise SandboxError("setpriv (util-linux) is not installed: it drops a sandboxed task to its uid")
+        if not bwrap and not users.shared_with_agent:
+            closed = sorted({a for a in map(closed_ancestor, self._needed) if a is not None})
+            if closed:
+                raise SandboxError(
+                    f"tasks run as other users, who cannot reach this agent's Python: {closed[0]} is "
+                    "closed to them; install bubblewrap (its sandbox makes the Python reachable), or "
+                    "install mwms where every user can read it (e.g. a venv under /opt)"
+                )
+
+    def describe(self) -> str:
+        """Who tasks run as and how they are confined, for the log and the agent list."""
+        where = (
+            "in a bubblewrap sandbox (own mount, PID and IPC namespaces)"
+            if self.bwrap
+            else "without a sandbox"
+        )
+        return f"{self.users.describe()}; {where}"
+
+    def label(self) -> str:
+        """A few words for the agent list (`mwms agents`): the sandbox and whose identity tasks have."""
+        sandbox = "bwrap sandbox" if self.bwrap else "no sandbox"
+        if self.users.shared_with_agent:
+            return f"{sandbox}; tasks share the agent's user"
+        return f"{sandbox}; {'a uid per task' if self.users.per_task else 'one task user'}"
+
+    @property
+    def sandboxed(self) -> bool:
+        return self.bwrap is not None
+
+    def launch(
+        self, command: list[str], paths: TaskPaths, identity: TaskIdentity, gpu_indices: list[int]
+    ) -> Launch:
+        """How to spawn `command` for the task of `paths` as `identity` with its GPUs."""
+        switch = not identity.shared
+        if self.bwrap is None:
+            return Launch(list(command), identity.uid if switch else None, identity.gid if switch else None)
+        argv = [self.bwrap, *self.mounts(paths, gpu_indices)]
+        argv += ["--unshare-pid", "--unshare-ipc", "--chdir", str(paths.bundle_dir)]
+        argv.append("--")
+        if switch:
+            assert self._setpriv is not None
+            argv += [
+                self._setpriv,
+                f"--reuid={identity.uid}",
+                f"--regid={identity.gid}",
+                "--clear-groups",
+                "--inh-caps=-all",
+                "--bounding-set=-all",
+                "--",
+            ]
+        return Launch([*argv, *command], spare_leader=True)
+
+    def mounts(self, paths: TaskPaths, gpu_indices: list[int]) -> list[str]:
+        """bwrap's mount options for one task, in the order they must be applied."""
+        args = ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
+        # POSIX semaphores and shared memory (multiprocessing, NCCL) need a writable /dev/shm.
+        args += ["--perms", "1777", "--tmpfs", "/dev/shm"]
+        masks = [Path(p) for p in PRIVATE_TEMP_DIRS if os.path.isdir(p)]
+        masks += [a for a in map(closed_ancestor, self._needed) if a is not None]
+        masks.append(self.work_dir)
+        masks = sorted(set(masks), key=lambda p: len(p.parts))
+        for mask in masks:
+            args += _dirs_between(masks, mask)
+            mode = "1777" if str(mask) in PRIVATE_TEMP_DIRS else "0755"
+            args += ["--perms", mode, "--tmpfs", str(mask)]
+        for needed in self._needed:
+            if any(m == needed or m in needed.parents for m in masks):
+                args += _dirs_between(masks, needed)
+                args += ["--ro-bind", str(needed), str(needed)]
+        # Hidden again in case one of the binds above holds the work dir.
+        args += ["--perms", "0755", "--tmpfs", str(self.work_dir)]
+        task_dir = Path(os.path.realpath(paths.task_dir))
+        args += _dirs_between([self.work_dir], task_dir)
+        args += ["--bind", str(task_dir), str(task_dir)]
+        args += ["--ro-bind", str(task_dir / paths.bundle_dir.name), str(task_dir / paths.bundle_dir.name)]
+        checkpoints = Path(os.path.realpath(paths.checkpoint_dir))
+        if task_dir not in checkpoints.parents:  # a shared checkpoint filesystem of the operator's
+            args += ["--bind", str(checkpoints), str(checkpoints)]
+        for device in gpu_device_paths(gpu_indices):
+            args += ["--dev-bind", device, device]
+        return args
+
+
+def gpu_device_paths(indices: list[int]) -> list[str]:
+    """The device nodes of the given GPUs plus the NVIDIA control devices, those that exist."""
+    if not indices:
+        return []
+    wanted = [f"/dev/nvidia{i}" for i in indices] + list(GPU_CONTROL_DEVICES) + list(GPU_CONTROL_DIRS)
+    return [path for path in wanted if os.path.exists(path)]
+
+
+def _dirs_between(masks: list[Path], target: Path) -> list[str]:
+    """`--dir` options for the directories between the mask that covers `target` and `target` itself."""
+    covering = [m for m in masks if m in target.parents]
+    if not covering:
+        return []
+    top = max(covering, key=lambda p: len(p.parts))
+    args: list[str] = []
+    for directory in reversed(target.parents):
+        if top in directory.parents:
+            args += ["--perms", "0755", "--dir", str(directory)]
+    return args
