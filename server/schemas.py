@@ -142,8 +142,9 @@ class JobCreate(BaseModel):
         default=None,
         min_length=1,
         max_length=MAX_WORKERS,
-        description="pins worker i to agents[i] (an agent's name or id), one entry per worker; the job "
-        "stays PENDING, saying why, while a named agent is offline or busy",
+        description="pins worker i to agents[i] (an agent's id, else its name), one entry per worker; the "
+        "job stays PENDING, saying why, while a named agent is offline or busy; a value that is one agent's "
+        "id and another's name is refused (400)",
     )
 
     @field_validator("command")
@@ -302,6 +303,9 @@ class AgentOut(BaseModel):
     address: str
     port_range: str
     version: str
+    task_isolation: str = Field(
+        "", description="How the agent confines its tasks, e.g. 'bwrap sandbox; a uid per task'"
+    )
     online: bool
     last_heartbeat_at: datetime | None
     devices: list[DeviceOut]

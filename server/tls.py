@@ -29,9 +29,12 @@ from server.settings import Settings, is_loopback
 
 log = logging.getLogger("mwms.server.tls")
 
-CA_VALIDITY = datetime.timedelta(days=3650)
+# At most a year each (browsers refuse longer server certificates; a CA people trust should not outlive that
+# either). The server certificate never outlives the CA that signed it.
+CA_VALIDITY = datetime.timedelta(days=365)
 SERVER_VALIDITY = datetime.timedelta(days=365)
-# A server certificate this close to its end is renewed at start, so a long-running coordinator keeps a valid one.
+# A CA or server certificate this close to its end is renewed at start, so a long-running coordinator keeps a
+# valid one.
 RENEW_BEFORE = datetime.timedelta(days=30)
 WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
 
@@ -56,7 +59,12 @@ class SelfSignedFiles:
     ca_key: Path
     server: CertificatePair
     ca_fingerprint: str
-    made: tuple[str, ...]  # e.g. ("CA", "server certificate"); empty when everything was reused
+    made: tuple[str, ...]  # e.g. ("CA", "browser CA", "server certificate"); empty when all was reused
+    # The CA for browsers (same key and name as ca.pem, so it vouches for the same server certificate), whose
+    # name constraints also hold its addresses; its fingerprint; the names it may vouch for.
+    browser_ca_cert: Path
+    browser_ca_fingerprint: str
+    permitted: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -175,20 +183,32 @@ def _read(path: Path, flag: str) -> bytes:
 
 
 def ensure_self_signed(tls_dir: Path, bound_hosts: Iterable[str]) -> SelfSignedFiles:
-    """Makes (or reuses) a CA and a server certificate it signed in `tls_dir`, covering the names agents dial."""
+    """Makes (or reuses) a CA and a server certificate it signed in `tls_dir`, covering the names agents dial.
+
+    Trusting the CA trusts it for this coordinator only: its name constraints (critical) permit just the
+    server's names. Two certificates of the one CA key hold them. ca.pem, for agents and CLIs, constrains
+    host names only: gRPC's TLS library (BoringSSL) refuses every chain whose CA constrains IP addresses.
+    browser-ca.pem, for browsers, constrains host names and addresses both. Both vouch for server.pem.
+    A CA that ends within RENEW_BEFORE, lacks such constraints (an older mwms made it) or does not permit
+    every name is replaced, with a warning: agents, CLIs and browsers then need the new files.
+    """
     tls_dir.mkdir(parents=True, exist_ok=True)
     ca_cert_path, ca_key_path = tls_dir / "ca.pem", tls_dir / "ca-key.pem"
+    browser_path = tls_dir / "browser-ca.pem"
     server = CertificatePair(cert=tls_dir / "server.pem", key=tls_dir / "server-key.pem")
     names = subject_names(bound_hosts)
     made = []
-    ca = _load_ca(ca_cert_path, ca_key_path)
+    ca = _load_ca(ca_cert_path, ca_key_path, names)
     if ca is None:
-        ca = _make_ca()
+        ca = _make_ca(names)
         _write_key(ca_key_path, ca[1])
         _write_cert(ca_cert_path, ca[0])
         made.append("CA")
     ca_cert, ca_key = ca
-    if made or not _server_cert_is_current(server, ca_cert, names):
+    if made or not _browser_ca_is_current(browser_path, ca_cert, names):
+        _write_cert(browser_path, _make_browser_ca(ca_cert, ca_key, names))
+        made.append("browser CA")
+    if "CA" in made or not _server_cert_is_current(server, ca_cert, names):
         key = ec.generate_private_key(ec.SECP256R1())
         _write_key(server.key, key)
         _write_cert(server.cert, _make_server_cert(key, ca_cert, ca_key, names))
@@ -199,6 +219,9 @@ def ensure_self_signed(tls_dir: Path, bound_hosts: Iterable[str]) -> SelfSignedF
         server=server,
         ca_fingerprint=fingerprint(ca_cert_path),
         made=tuple(made),
+        browser_ca_cert=browser_path,
+        browser_ca_fingerprint=fingerprint(browser_path),
+        permitted=tuple(sorted(map(str, names))),
     )
 
 
@@ -216,8 +239,11 @@ def subject_names(bound_hosts: Iterable[str]) -> set[str | IPName]:
     return names
 
 
-def _load_ca(cert_path: Path, key_path: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None:
-    """The CA kept in the tls dir; None when there is none yet or it has expired (a new one is then made)."""
+def _load_ca(
+    cert_path: Path, key_path: Path, names: set[str | IPName]
+) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None:
+    """The CA kept in the tls dir; None when there is none yet or it is unfit for `names` (a new one is
+    then made): it ends soon, lacks critical name constraints, or does not permit every name."""
     if not cert_path.exists() and not key_path.exists():
         return None
     remedy = (
@@ -236,14 +262,85 @@ def _load_ca(cert_path: Path, key_path: Path) -> tuple[x509.Certificate, ec.Elli
         cert.public_key()
     ):
         raise TlsError(f"{key_path} is not the key of {cert_path}; {remedy}")
-    if cert.not_valid_after_utc < _now() + RENEW_BEFORE:
+    unfit = _ca_unfit(cert, names)
+    if unfit:
         log.warning(
-            "the self-signed CA %s ends on %s; making a new one: give agents and CLIs the new ca.pem",
+            "the self-signed CA %s %s; making a new one: give agents and CLIs the new ca.pem (and trust it "
+            "in browsers again)",
             cert_path,
-            cert.not_valid_after_utc.date(),
+            unfit,
         )
         return None
     return cert, key
+
+
+def _ca_unfit(cert: x509.Certificate, names: set[str | IPName]) -> str:
+    """Why the stored CA cannot be kept for `names` ("" when it can)."""
+    if cert.not_valid_after_utc < _now() + RENEW_BEFORE:
+        return f"ends on {cert.not_valid_after_utc.date()}"
+    try:
+        constraints = cert.extensions.get_extension_for_class(x509.NameConstraints)
+    except x509.ExtensionNotFound:
+        return "has no name constraints (an older mwms made it), so trusting it would trust it for any site"
+    if not constraints.critical:
+        return "has name constraints that clients may ignore (not marked critical)"
+    if cert.not_valid_after_utc - cert.not_valid_before_utc > CA_VALIDITY:
+        return "is valid for more than a year"
+    permitted = _permitted_names(cert)
+    if any(not isinstance(name, str) for name in permitted):
+        return "constrains IP addresses, which agents' TLS (BoringSSL, in gRPC) refuses to verify"
+    missing = {name for name in names if isinstance(name, str)} - permitted
+    if missing:
+        return f"does not permit {', '.join(sorted(missing))}"
+    return ""
+
+
+def _browser_ca_is_current(path: Path, ca_cert: x509.Certificate, names: set[str | IPName]) -> bool:
+    """True when `path` holds the browsers' certificate of this CA, permitting exactly `names`."""
+    try:
+        cert = x509.load_pem_x509_certificate(path.read_bytes())
+        critical = cert.extensions.get_extension_for_class(x509.NameConstraints).critical
+    except (OSError, ValueError, x509.ExtensionNotFound):
+        return False
+    return (
+        critical
+        and cert.subject == ca_cert.subject
+        and _public_der(cert.public_key()) == _public_der(ca_cert.public_key())
+        and cert.not_valid_after_utc == ca_cert.not_valid_after_utc
+        and _permitted_names(cert) == names
+    )
+
+
+def _permitted_names(ca_cert: x509.Certificate) -> set[str | IPName]:
+    """The host names and single addresses the CA's name constraints permit (none without constraints)."""
+    try:
+        constraints = ca_cert.extensions.get_extension_for_class(x509.NameConstraints).value
+    except x509.ExtensionNotFound:
+        return set()
+    permitted: set[str | IPName] = set()
+    for subtree in constraints.permitted_subtrees or []:
+        if isinstance(subtree, x509.DNSName):
+            permitted.add(subtree.value)
+        elif isinstance(subtree, x509.IPAddress) and isinstance(
+            subtree.value, (ipaddress.IPv4Network, ipaddress.IPv6Network)
+        ):
+            if subtree.value.num_addresses == 1:
+                permitted.add(subtree.value.network_address)
+    return permitted
+
+
+def _name_constraints(names: set[str | IPName], addresses: bool) -> x509.NameConstraints:
+    """Permits exactly `names`: each host name (and, as RFC 5280 has it, the names under it) and, with
+    `addresses`, each address on its own. "localhost", 127.0.0.1 and ::1 are always among them, so host
+    names (and IPv4 and IPv6 addresses) are all constrained."""
+    subtrees: list[x509.GeneralName] = []
+    for name in sorted(names, key=lambda n: (not isinstance(n, str), str(n))):
+        if isinstance(name, str):
+            subtrees.append(x509.DNSName(name))
+        elif addresses:
+            address = name.compressed.split("%")[0]  # a zone id has no place in a certificate
+            subtrees.append(x509.IPAddress(ipaddress.ip_network(f"{address}/{name.max_prefixlen}")))
+    return x509.NameConstraints(permitted_subtrees=subtrees, excluded_subtrees=None)
 
 
 def _server_cert_is_current(
@@ -266,28 +363,50 @@ def _server_cert_is_current(
     )
 
 
-def _make_ca() -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+def _make_ca(names: set[str | IPName]) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    """The CA agents and CLIs trust (ca.pem): a new key, a year, host names constrained."""
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name(
         [x509.NameAttribute(NameOID.COMMON_NAME, f"mwms self-signed CA ({socket.gethostname()})")]
     )
-    now = _now()
+    start = _now() - datetime.timedelta(minutes=5)  # tolerate small clock skew
+    cert = _ca_certificate(key, name, start, start + CA_VALIDITY, _name_constraints(names, addresses=False))
+    return cert, key
+
+
+def _make_browser_ca(
+    ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, names: set[str | IPName]
+) -> x509.Certificate:
+    """The same CA for browsers (browser-ca.pem): its key, name and validity, addresses constrained too."""
+    constraints = _name_constraints(names, addresses=True)
+    return _ca_certificate(
+        ca_key, ca_cert.subject, ca_cert.not_valid_before_utc, ca_cert.not_valid_after_utc, constraints
+    )
+
+
+def _ca_certificate(
+    key: ec.EllipticCurvePrivateKey,
+    name: x509.Name,
+    start: datetime.datetime,
+    end: datetime.datetime,
+    constraints: x509.NameConstraints,
+) -> x509.Certificate:
     public = key.public_key()
-    cert = (
+    return (
         x509.CertificateBuilder()
         .subject_name(name)
         .issuer_name(name)
         .public_key(public)
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))  # tolerate small clock skew
-        .not_valid_after(now + CA_VALIDITY)
+        .not_valid_before(start)
+        .not_valid_after(end)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(_key_usage(cert_sign=True), critical=True)
+        .add_extension(constraints, critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(public), critical=False)
         .sign(key, hashes.SHA256())
     )
-    return cert, key
 
 
 def _make_server_cert(
@@ -300,15 +419,15 @@ def _make_server_cert(
         x509.IPAddress(name) if not isinstance(name, str) else x509.DNSName(name)
         for name in sorted(names, key=lambda n: (not isinstance(n, str), str(n)))
     ]
-    now = _now()
+    start = _now() - datetime.timedelta(minutes=5)
     return (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "mwms coordinator")]))
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + SERVER_VALIDITY)
+        .not_valid_before(start)
+        .not_valid_after(min(start + SERVER_VALIDITY, ca_cert.not_valid_after_utc))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(_key_usage(cert_sign=False), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)

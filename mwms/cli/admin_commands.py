@@ -13,11 +13,13 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from mwms.agent_references import AmbiguousAgent, UnknownAgent, resolve_agent_reference
 from mwms.cli.connect import connect
 from mwms.cli.errors import CliError, ExitCode, handles_errors
 from mwms.cli.options import ApiOption, CaFileOption, JsonOption, TokenOption
-from mwms.cli.output import err, format_time, out, parse_time, print_json
+from mwms.cli.output import cells, err, format_time, out, parse_time, print_json
 from mwms.cli.parsing import parse_duration
+from mwms.cli.safe_text import safe_text, terminal_safe
 
 ROLES = ("admin", "user", "viewer")
 SUB_APP_SETTINGS: dict[str, Any] = {
@@ -64,13 +66,15 @@ def tokens_table(tokens: list[dict[str, Any]], *, with_user: bool) -> Table:
     for token in tokens:
         who = [token.get("user", ""), token.get("role", "")] if with_user else []
         table.add_row(
-            token.get("id", ""),
-            *who,
-            token.get("name", ""),
-            token_status(token),
-            format_time(token.get("expires_at")) if token.get("expires_at") else "never",
-            format_time(token.get("created_at")),
-            token.get("created_by") or "-",
+            *cells(
+                token.get("id", ""),
+                *who,
+                token.get("name", ""),
+                token_status(token),
+                format_time(token.get("expires_at")) if token.get("expires_at") else "never",
+                format_time(token.get("created_at")),
+                token.get("created_by") or "-",
+            )
         )
     return table
 
@@ -111,11 +115,13 @@ def create_token(
     if json_output:
         print_json(created)
         return
-    print(created["token"], flush=True)
+    print(terminal_safe(created["token"]), flush=True)
     err.print(
-        f"created API token {created['id']} for {created['user']} (role {created['role']}, "
-        f"{_lifetime(created)}). Its secret, printed on stdout, is shown only this once: hand it over now; "
-        f"its user runs `mwms login --api {client.api}` or sets MWMS_TOKEN."
+        safe_text(
+            f"created API token {created['id']} for {created['user']} (role {created['role']}, "
+            f"{_lifetime(created)}). Its secret, printed on stdout, is shown only this once: hand it over "
+            f"now; its user runs `mwms login --api {client.api}` or sets MWMS_TOKEN."
+        )
     )
 
 
@@ -154,7 +160,9 @@ def revoke_token(
         print_json(revoked)
         return
     out.print(
-        f"revoked API token {revoked['id']} ({revoked.get('name', '')}, user {revoked.get('user', '')})"
+        safe_text(
+            f"revoked API token {revoked['id']} ({revoked.get('name', '')}, user {revoked.get('user', '')})"
+        )
     )
 
 
@@ -178,12 +186,14 @@ def create_join_token(
     if json_output:
         print_json(created)
         return
-    print(created["token"], flush=True)
+    print(terminal_safe(created["token"]), flush=True)
     err.print(
-        f"created join token {created['id']} ({created.get('name', '')}, {_lifetime(created)}). "
-        "Its secret, printed on stdout, is shown only this once. Give it to agents in their environment, not on "
-        "their command line: MWMS_JOIN_TOKEN=... mwms agent --server HOST:GRPC_PORT "
-        "(for systemd: an EnvironmentFile)."
+        safe_text(
+            f"created join token {created['id']} ({created.get('name', '')}, {_lifetime(created)}). "
+            "Its secret, printed on stdout, is shown only this once. Give it to agents in their environment, "
+            "not on their command line: MWMS_JOIN_TOKEN=... mwms agent --server HOST:GRPC_PORT "
+            "(for systemd: an EnvironmentFile)."
+        )
     )
 
 
@@ -221,24 +231,23 @@ def revoke_join_token(
     if json_output:
         print_json(revoked)
         return
-    out.print(f"revoked join token {revoked['id']} ({revoked.get('name', '')})")
+    out.print(safe_text(f"revoked join token {revoked['id']} ({revoked.get('name', '')})"))
 
 
 # -- mwms remove-agent -----------------------------------------------------------------------------------
 
 
 def find_agent(agents: list[dict[str, Any]], wanted: str) -> dict[str, Any]:
-    """The agent whose id, else whose name, is `wanted`; CliError when none or several match."""
-    for agent in agents:
-        if agent.get("id") == wanted:
-            return agent
-    named = [agent for agent in agents if agent.get("name") == wanted]
-    if not named:
-        raise CliError(f"no agent with the name or id {wanted!r}; see `mwms agents`", ExitCode.NOT_FOUND)
-    if len(named) > 1:
-        ids = ", ".join(agent.get("id", "?") for agent in named)
-        raise CliError(f"several agents are named {wanted!r} ({ids}); pass the id instead")
-    return named[0]
+    """The agent whose id, else whose name, is `wanted` (mwms/agent_references.py); CliError when none or
+    several could be meant."""
+    pairs = [(str(agent.get("id", "")), str(agent.get("name", ""))) for agent in agents]
+    try:
+        agent_id = resolve_agent_reference(pairs, wanted)
+    except UnknownAgent as error:
+        raise CliError(str(error), ExitCode.NOT_FOUND) from None
+    except AmbiguousAgent as error:
+        raise CliError(str(error)) from None
+    return next(agent for agent in agents if agent.get("id") == agent_id)
 
 
 @handles_errors()
@@ -259,10 +268,10 @@ def remove_agent(
     if json_output:
         print_json(result)
         return
-    out.print(f"removed agent {target.get('name', '')} ({target['id']})")
+    out.print(safe_text(f"removed agent {target.get('name', '')} ({target['id']})"))
     tasks = target.get("tasks") or []
     if tasks:
         stopped = ", ".join(
             f"{task.get('job_name') or task.get('job_id')}[{task.get('task_index')}]" for task in tasks
         )
-        err.print(f"the tasks it ran were stopped: {stopped}")
+        err.print(safe_text(f"the tasks it ran were stopped: {stopped}"))

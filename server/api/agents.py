@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Path
 from sqlalchemy import func, select
 
 from server.api.auth import AdminOnly
@@ -16,7 +16,13 @@ from server.services.agents import remove_agent
 from server.states import JobState
 
 router = APIRouter(prefix="/api/v1", tags=["agents"])
-ERRORS: dict[int | str, dict[str, Any]] = {403: {"model": ErrorOut}, 404: {"model": ErrorOut}}
+ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorOut, "description": "the value is one agent's id and another's name"},
+    403: {"model": ErrorOut},
+    404: {"model": ErrorOut},
+}
+# An agent's id, else its name (mwms/agent_references.py); a value that could mean two agents is refused.
+AgentReference = Annotated[str, Path(max_length=200, description="the agent's id, else its name")]
 
 
 @router.get("/agents", response_model=list[AgentOut])
@@ -25,16 +31,16 @@ def list_agents(session: ReadSession) -> list[AgentOut]:
     return agents_out(session)
 
 
-@router.delete("/agents/{agent_id}", response_model=AgentOut, responses=ERRORS)
-def delete_agent(agent_id: str, _admin: AdminOnly, rt: RuntimeDep) -> AgentOut:
+@router.delete("/agents/{agent}", response_model=AgentOut, responses=ERRORS)
+def delete_agent(agent: AgentReference, _admin: AdminOnly, rt: RuntimeDep) -> AgentOut:
     """Removes an agent: its credential is void at once, its session ends, and the tasks it ran end as a
     lost agent's do (their jobs restart under their policy). Its name may join again with a join token."""
     with rt.db.write() as session:
-        remove_agent(session, agent_id, rt.settings.restart_backoff_s)
-        [removed] = agents_out(session, agent_id)
+        removed = remove_agent(session, agent, rt.settings.restart_backoff_s)
+        [out] = agents_out(session, removed.id)
     rt.poke_scheduler()
     rt.wake_agents(None)  # its session notices the removal and ends; the other tasks of its jobs get stops
-    return removed
+    return out
 
 
 @router.get("/overview", response_model=Overview)

@@ -17,7 +17,7 @@ from fastapi import Depends, Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from server.errors import Forbidden, Unauthenticated
-from server.services.tokens import Principal, Role, authenticate
+from server.services.tokens import Principal, Role, authenticate, check_may_mint
 
 SESSION_COOKIE = "mwms_session"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -28,6 +28,10 @@ PUBLIC_EXACT = frozenset(
 PUBLIC_PREFIXES = ("/static/",)
 # Non-safe requests that a viewer may make: logging out.
 VIEWER_WRITES = frozenset({("DELETE", "/api/v1/session")})
+CROSS_SITE_REFUSED = (
+    "cross-site request refused: the dashboard's requests must come from its own page (the same scheme, "
+    "host and port; behind a proxy that ends TLS, have it send X-Forwarded-Proto)"
+)
 UNAUTHENTICATED_HELP = (
     "authentication required: send an API token as 'Authorization: Bearer <token>' (the CLI takes "
     "--token, MWMS_TOKEN or `mwms login`), or log in to the dashboard; the coordinator wrote its first "
@@ -66,11 +70,38 @@ def bearer_token(scope: Scope) -> str:
     return value.strip() if scheme.lower() == "bearer" else ""
 
 
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _origin_of(scheme: str, netloc: str) -> tuple[str, str, int] | None:
+    """(scheme, host, port) with the scheme's default port filled in; None when it cannot be read."""
+    scheme = scheme.lower()
+    if scheme not in _DEFAULT_PORTS or not netloc or "@" in netloc:
+        return None
+    try:
+        parts = urlsplit(f"//{netloc}")
+        port = parts.port
+    except ValueError:
+        return None
+    if not parts.hostname:
+        return None
+    return scheme, parts.hostname.lower(), port if port is not None else _DEFAULT_PORTS[scheme]
+
+
 def same_origin(scope: Scope) -> bool:
-    """True when the request's Origin (or, lacking one, Referer) names the host it was sent to."""
-    origin = _header(scope, b"origin") or _header(scope, b"referer")
-    host = _header(scope, b"host")
-    return bool(origin and host) and urlsplit(origin).netloc == host
+    """True when the request's Origin (or, lacking one, Referer) is the origin it was sent to: the same
+    scheme, host and port. A page served over http may not act on the https dashboard (nor the reverse):
+    its scripts are whatever the network between put there."""
+    claimed = _header(scope, b"origin") or _header(scope, b"referer")
+    if not claimed or claimed == "null":
+        return False
+    try:
+        parts = urlsplit(claimed)
+    except ValueError:
+        return False
+    theirs = _origin_of(parts.scheme, parts.netloc)
+    ours = _origin_of(str(scope.get("scheme", "")), _header(scope, b"host"))
+    return theirs is not None and theirs == ours
 
 
 async def _refuse(send: Send, status: int, detail: str) -> None:
@@ -111,9 +142,7 @@ class AuthMiddleware:
             await _refuse(send, 401, str(error))
             return
         if via_cookie and method not in SAFE_METHODS and not same_origin(scope):
-            await _refuse(
-                send, 403, "cross-site request refused: the dashboard's requests must come from its own page"
-            )
+            await _refuse(send, 403, CROSS_SITE_REFUSED)
             return
         needed = required_role(method, path)
         if not principal.may(needed):
@@ -149,5 +178,13 @@ def require_admin(principal: Annotated[Principal, Depends(current_principal)]) -
     return principal
 
 
+def require_admin_token(principal: Annotated[Principal, Depends(require_admin)]) -> Principal:
+    """An admin calling with an API token, not a dashboard session: for routes that mint credentials."""
+    check_may_mint(principal, "API tokens or join tokens")
+    return principal
+
+
 Caller = Annotated[Principal, Depends(current_principal)]
 AdminOnly = Annotated[Principal, Depends(require_admin)]
+# Creating credentials: an admin API token only; a session's would outlive the session (services.tokens).
+AdminTokenOnly = Annotated[Principal, Depends(require_admin_token)]

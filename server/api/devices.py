@@ -6,6 +6,8 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
 
+from server.api.agents import ERRORS as AGENT_ERRORS
+from server.api.agents import AgentReference
 from server.api.deps import ReadSession
 from server.limits import INT64_MAX
 from server.schemas import (
@@ -72,15 +74,15 @@ def latest_devices(latest: Latest) -> list[AgentLatestDevicesOut]:
     ]
 
 
-@router.get("/agents/{agent_id}/devices", response_model=AgentDevicesOut, responses=ERRORS)
+@router.get("/agents/{agent}/devices", response_model=AgentDevicesOut, responses=AGENT_ERRORS)
 def agent_devices(
-    agent_id: str,
+    agent: AgentReference,
     session: ReadSession,
     latest: Latest,
     minutes: Annotated[int, Query(ge=1, le=24 * 60, description="how far back the series go")] = 30,
 ) -> AgentDevicesOut:
     """An agent's devices: the newest sample of each, and each one's series over the last `minutes`."""
-    device_series.agent_for_devices(session, agent_id)
+    agent_id = device_series.agent_for_devices(session, agent).id
     width, series = device_series.agent_series(session, agent_id, minutes)
     return AgentDevicesOut(
         agent_id=agent_id,

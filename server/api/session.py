@@ -35,7 +35,8 @@ def whoami(caller: Caller) -> WhoAmI:
     "/session", response_model=WhoAmI, responses={401: {"model": ErrorOut}, 403: {"model": ErrorOut}}
 )
 async def log_in(body: LoginRequest, request: Request, response: Response, rt: RuntimeDep) -> WhoAmI:
-    """Exchanges an API token for an HttpOnly, SameSite=Strict session cookie (the dashboard's log-in)."""
+    """Exchanges an API token for an HttpOnly, SameSite=Strict session cookie (the dashboard's log-in).
+    A session's secret is refused (403): a session opens no other session, which would outlive its logout."""
     if request.headers.get("origin") and not same_origin(request.scope):
         raise Forbidden("cross-site log-in refused: log in from the dashboard's own page")
 
@@ -61,16 +62,16 @@ async def log_in(body: LoginRequest, request: Request, response: Response, rt: R
 
 
 @router.delete("/session", status_code=204)
-async def log_out(request: Request, rt: RuntimeDep) -> Response:
-    """Ends the dashboard session of this cookie."""
+async def log_out(request: Request, rt: RuntimeDep, caller: Caller) -> Response:
+    """Ends the dashboard session that made this request (cookie or bearer) and the cookie's: its secret
+    is refused (401) from now on, and the cookie is cleared."""
     secret = request.cookies.get(SESSION_COOKIE, "")
-    if secret:
 
-        def end() -> None:
-            with rt.db.write() as session:
-                tokens.end_session(session, secret)
+    def end() -> None:
+        with rt.db.write() as session:
+            tokens.log_out(session, caller, secret)
 
-        await asyncio.to_thread(end)
+    await asyncio.to_thread(end)
     response = Response(status_code=204)
     response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="strict")
     return response

@@ -15,6 +15,7 @@ from server.rpc.stack_collector import StackCollector
 from server.schemas import ErrorOut, StackDumpsOut, StackThreadOut, TaskStacksOut, ValidationErrorOut
 from server.services import stacks
 from server.services.stack_text import parse_threads
+from server.services.tokens import Role
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -69,9 +70,12 @@ def stack_dumps_out(session: Session, request: StackRequest) -> StackDumpsOut:
 async def dump_stacks(job_id: str, request: Request, rt: RuntimeDep, caller: Caller) -> StackDumpsOut:
     """Takes the Python stacks of every running task of the job's current attempt at the same moment and
     returns what arrived within 10 s (tasks whose agent did not answer are marked). Stored with the attempt;
-    one dump per job every 2 s (429 sooner), and the newest 20 of a job are kept."""
+    one dump per job every 2 s (429 sooner), and the newest 20 of a job are kept. It pauses the tasks, so
+    as with cancel, users may dump the stacks of their own jobs, admins of any (403 otherwise)."""
     collector: StackCollector = request.app.state.stacks
-    opened = await collector.collect(job_id, "request", caller.user, ANSWER_WAIT_S)
+    opened = await collector.collect(
+        job_id, "request", caller.user, ANSWER_WAIT_S, any_owner=caller.may(Role.ADMIN)
+    )
 
     def read() -> StackDumpsOut:
         with rt.db.read() as session:

@@ -7,7 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from server.api.auth import AdminOnly
+from server.api.auth import AdminOnly, AdminTokenOnly
 from server.api.deps import ReadSession, RuntimeDep
 from server.api.views import token_out
 from server.db.models import Token, utcnow
@@ -34,8 +34,9 @@ def list_api_tokens(_admin: AdminOnly, session: ReadSession) -> list[TokenOut]:
 
 
 @router.post("/tokens", status_code=201, response_model=TokenCreated, responses=ERRORS)
-def create_api_token(body: TokenCreate, admin: AdminOnly, rt: RuntimeDep) -> TokenCreated:
-    """A new API token; its secret is in this response only."""
+def create_api_token(body: TokenCreate, admin: AdminTokenOnly, rt: RuntimeDep) -> TokenCreated:
+    """A new API token; its secret is in this response only. Made with an admin API token, never with a
+    dashboard session (403), whose logout would not end what it made."""
     with rt.db.write() as session:
         token, secret = tokens.create_api_token(
             session,
@@ -62,8 +63,9 @@ def list_join_tokens(_admin: AdminOnly, session: ReadSession) -> list[TokenOut]:
 
 
 @router.post("/agent-tokens", status_code=201, response_model=TokenCreated, responses=ERRORS)
-def create_join_token(body: JoinTokenCreate, admin: AdminOnly, rt: RuntimeDep) -> TokenCreated:
-    """A new join token for `mwms agent --join-token`; its secret is in this response only."""
+def create_join_token(body: JoinTokenCreate, admin: AdminTokenOnly, rt: RuntimeDep) -> TokenCreated:
+    """A new join token for `mwms agent --join-token`; its secret is in this response only. Made with an
+    admin API token, never with a dashboard session (403)."""
     with rt.db.write() as session:
         token, secret = tokens.create_join_token(
             session, body.name, _expiry(body.expires_in_seconds), created_by=admin.user

@@ -146,6 +146,7 @@ def agents_out(session: Session, agent_id: str | None = None) -> list[AgentOut]:
                 address=agent.advertise_address,
                 port_range=f"{agent.port_low}-{agent.port_high}",
                 version=agent.version,
+                task_isolation=agent.task_isolation,
                 online=is_online(agent),
                 last_heartbeat_at=agent.last_heartbeat_at,
                 devices=[DeviceOut(**d) for d in agent.devices],

@@ -63,6 +63,8 @@ class Agent(Base):
     port_low: Mapped[int] = mapped_column(Integer)
     port_high: Mapped[int] = mapped_column(Integer)
     version: Mapped[str] = mapped_column(String(50), default="")
+    # How the agent confines its tasks, as it says at registration (RegisterRequest.task_isolation).
+    task_isolation: Mapped[str] = mapped_column(String(200), default="", server_default="")
     # [{"kind": "gpu"|"cpu", "index": int, "name": str, "uuid": str, "memory_mib": int}]
     devices: Mapped[list[Any]] = mapped_column(default=list)
     registered_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -36,7 +36,8 @@ log = logging.getLogger("mwms.server.rpc")
 HEARTBEAT_ACK = pb.CoordinatorMessage(ack=pb.Ack())
 # gRPC's default max_receive_message_length, which the agents' channel keeps (worker_agent/channel.py).
 AGENT_RECEIVE_LIMIT_BYTES = 4 * 1024 * 1024
-# Batches of one stream being stored at once; past it the reader waits (backpressure on the agent).
+# Log and metric batches of one stream (both kinds together) being stored at once; past it the reader waits
+# (backpressure on the agent), so one agent cannot queue unbounded work and memory on the coordinator.
 MAX_UNACKED_BATCHES = 32
 
 
@@ -156,20 +157,8 @@ class AgentStream:
                     backoff_base_s=settings.restart_backoff_s,
                 )
                 await self._reply(replies)
-        elif body == "logs":
-            batch = message.logs
-            lines = convert.log_lines(batch)
-            store = service.telemetry.submit(
-                agent_messages.TelemetryBatch(self.agent_id, batch.task_id, lines=lines)
-            )
-            self._unacked.put_nowait((message, body, store))
-        elif body == "metrics":
-            points = convert.metric_points(message.metrics)
-            await self._unacked_slots.acquire()
-            store = service.telemetry.submit(
-                agent_messages.TelemetryBatch(self.agent_id, message.metrics.task_id, points=points)
-            )
-            self._unacked.put_nowait((message, body, store))
+        elif body in ("logs", "metrics"):
+            await self._submit_batch(message, body)
         elif body == "preflight":
             # Stored only: a failed check's task report (which follows) ends the attempt.
             await service.write_tracked(
@@ -180,6 +169,26 @@ class AgentStream:
             await service.devices.accept(self, self.agent_id, convert.device_samples(message.devices))
         elif body == "stacks" and service.stacks is not None:
             await service.stacks.accept(self.agent_id, convert.stack_dump(message.stacks))
+
+    async def _submit_batch(self, message: pb.AgentMessage, body: str) -> None:
+        """Hands a log or metric batch to the telemetry writer, once fewer than MAX_UNACKED_BATCHES of this
+        stream (logs and metrics together) wait for their acknowledgement; till then the reader waits."""
+        if body == "logs":
+            batch = agent_messages.TelemetryBatch(
+                self.agent_id, message.logs.task_id, lines=convert.log_lines(message.logs)
+            )
+        else:
+            batch = agent_messages.TelemetryBatch(
+                self.agent_id, message.metrics.task_id, points=convert.metric_points(message.metrics)
+            )
+        # Converted first: a batch that cannot be converted is refused without ever holding a slot.
+        await self._unacked_slots.acquire()
+        try:
+            store = self.service.telemetry.submit(batch)
+        except BaseException:
+            self._unacked_slots.release()
+            raise
+        self._unacked.put_nowait((message, body, store))
 
     async def _acknowledge(self) -> None:
         """Acknowledges stored batches in the order they came; a batch that could not be stored is

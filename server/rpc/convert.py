@@ -45,6 +45,7 @@ def registration(request: pb.RegisterRequest) -> Registration:
             for d in request.devices
         ],
         version=request.version,
+        task_isolation=request.task_isolation,
     )
 
 

@@ -44,17 +44,24 @@ class StackCollector:
         self._hub = hub
         self._waiting: dict[str, _Answers] = {}
 
-    async def _write(self, fn: Callable[..., T], *args: object) -> T:
+    async def _write(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         def run() -> T:
             with self._db.write() as session:
-                return fn(session, *args)
+                return fn(session, *args, **kwargs)
 
         return await asyncio.to_thread(run)
 
-    async def collect(self, job_id: str, cause: str, requested_by: str, wait_s: float) -> OpenedRequest:
+    async def collect(
+        self, job_id: str, cause: str, requested_by: str, wait_s: float, *, any_owner: bool = False
+    ) -> OpenedRequest:
         """Opens a request for the job's running tasks, asks every agent concerned at once, and returns
-        when all have answered or after `wait_s` seconds (missing answers stay marked as such)."""
-        opened = await self._write(stacks.open_stack_request, job_id, cause, requested_by)
+        when all have answered or after `wait_s` seconds (missing answers stay marked as such).
+
+        `any_owner`: the requester is an admin; otherwise only the job's submitter may ask (on request).
+        """
+        opened = await self._write(
+            stacks.open_stack_request, job_id, cause, requested_by, any_owner=any_owner
+        )
         answers = _Answers({asked.task_id for asked in opened.asked})
         self._waiting[opened.request_id] = answers
         try:

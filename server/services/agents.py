@@ -11,10 +11,12 @@ from typing import Any
 from sqlalchemy import Table, bindparam, or_, select, update
 from sqlalchemy.orm import Session
 
+from mwms.agent_references import NAME_WITH_ID_FORM_HELP, name_has_id_form
 from server.db.models import Agent, Task, utcnow
 from server.errors import InvalidInput, NameTaken, NotFound, Unauthenticated
 from server.observability.instruments import count_registration
 from server.poison import contain
+from server.services.agent_references import find_agent
 from server.services.placement import AgentCapacity
 from server.services.tasks import mark_task_lost
 from server.states import TaskState
@@ -31,12 +33,14 @@ class Registration:
     port_high: int
     devices: list[dict[str, Any]]
     version: str
+    task_isolation: str = ""
 
 
 # Bounds of what an agent says about itself; the columns' sizes, and an address that fits TF_CONFIG.
 MAX_AGENT_NAME = 200
 MAX_HOSTNAME = 255
 MAX_VERSION = 50
+MAX_ISOLATION = 200
 MAX_DEVICES = 1024
 MAX_DEVICE_TEXT = 200
 _ADDRESS = re.compile(r"[A-Za-z0-9.:\-\[\]%_]+")
@@ -52,6 +56,8 @@ def validate_registration(reg: Registration) -> None:
         raise InvalidInput("agent name is empty: pass --name")
     if len(reg.name) > MAX_AGENT_NAME or not _printable(reg.name):
         raise InvalidInput(f"agent name must be at most {MAX_AGENT_NAME} printable characters: pass --name")
+    if name_has_id_form(reg.name):
+        raise InvalidInput(f"agent name {reg.name!r} is refused: {NAME_WITH_ID_FORM_HELP}")
     if not reg.advertise_address.strip():
         raise InvalidInput("advertise address is empty: pass --advertise-address")
     if len(reg.advertise_address) > MAX_HOSTNAME or not _ADDRESS.fullmatch(reg.advertise_address):
@@ -63,6 +69,8 @@ def validate_registration(reg: Registration) -> None:
         raise InvalidInput(f"hostname must be at most {MAX_HOSTNAME} printable characters")
     if len(reg.version) > MAX_VERSION or not _printable(reg.version):
         raise InvalidInput(f"version must be at most {MAX_VERSION} printable characters")
+    if len(reg.task_isolation) > MAX_ISOLATION or not _printable(reg.task_isolation):
+        raise InvalidInput(f"task isolation must be at most {MAX_ISOLATION} printable characters")
     if len(reg.devices) > MAX_DEVICES:
         raise InvalidInput(f"an agent offers at most {MAX_DEVICES} devices; lower --slots")
     for device in reg.devices:
@@ -113,6 +121,7 @@ def register_agent(
     agent.port_high = reg.port_high
     agent.devices = reg.devices
     agent.version = reg.version
+    agent.task_isolation = reg.task_isolation
     agent.registered_at = now
     touch_agent(agent, timeout_s, now)
     session.flush()
@@ -167,18 +176,13 @@ def get_agent(session: Session, agent_id: str) -> Agent:
 
 
 def remove_agent(
-    session: Session, agent_id: str, backoff_base_s: float, now: datetime | None = None
+    session: Session, reference: str, backoff_base_s: float, now: datetime | None = None
 ) -> Agent:
-    """Revokes the agent's credential and ends its tasks as a lost agent's end; its name may join again.
-
-    Removing a removed agent changes nothing.
+    """Revokes the credential of the agent `reference` names (its id or name, agent_references.find_agent)
+    and ends its tasks as a lost agent's end; its name may join again. A removed agent is not found again.
     """
     now = now or utcnow()
-    agent = session.get(Agent, agent_id)
-    if agent is None:
-        raise NotFound(f"no agent with id {agent_id}; list them with `mwms agents`")
-    if agent.removed_at is not None:
-        return agent
+    agent = find_agent(session, reference)
     agent.credential_hash = None
     agent.removed_at = now
     agent.online_until = None

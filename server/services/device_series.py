@@ -18,7 +18,7 @@ from sqlalchemy import BigInteger, ColumnElement, cast, func, literal_column, se
 from sqlalchemy.orm import Session
 
 from server.db.models import Agent, Attempt, DeviceSample, Job, Task, utcnow
-from server.errors import NotFound
+from server.services.agent_references import find_agent
 
 MAX_POINTS = 240
 MIN_BUCKET_SECONDS = 5
@@ -169,9 +169,6 @@ def job_series(session: Session, job: Job, attempt: int | None, now: datetime | 
     return JobDevices(number, width, tasks)
 
 
-def agent_for_devices(session: Session, agent_id: str) -> Agent:
-    """The agent whose devices are asked for; NotFound when no agent has that id."""
-    agent = session.get(Agent, agent_id)
-    if agent is None:
-        raise NotFound(f"no agent with id {agent_id}; list agents with GET /api/v1/agents or `mwms agents`")
-    return agent
+def agent_for_devices(session: Session, reference: str) -> Agent:
+    """The agent whose devices are asked for, by its id or name (agent_references.find_agent)."""
+    return find_agent(session, reference)

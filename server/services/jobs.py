@@ -10,10 +10,12 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
 from server.db.models import Agent, Attempt, Bundle, Job, LogLine, Task, utcnow
-from server.errors import Conflict, Forbidden, InvalidInput, NotFound
+from server.errors import Conflict, InvalidInput, NotFound
 from server.observability.instruments import count_restart
 from server.schemas import JobCreate, RestartOn
 from server.services import telemetry
+from server.services.agent_references import check_pins
+from server.services.job_owners import check_job_owner
 from server.services.transitions import transition_job, transition_task
 from server.states import AttemptState, JobState, TaskState
 
@@ -31,6 +33,7 @@ def create_job(session: Session, spec: JobCreate, submitted_by: str = "") -> Job
             f"unknown bundle digest {spec.bundle_digest}: upload the program with POST /api/v1/bundles "
             "and use the digest it returns"
         )
+    check_pins(session, spec.agents)
     job = Job(
         name=(spec.name or spec.command[-1])[:200],
         state="",
@@ -195,11 +198,7 @@ def cancel_job(
     `by` is the user who cancels; unless `any_owner` (admins), only the user who submitted the job may.
     """
     job = get_job(session, job_id)
-    if not any_owner and job.submitted_by != by:
-        raise Forbidden(
-            f"job {job.id} was submitted by {job.submitted_by or 'another user'!r}; only that user "
-            "or an admin may cancel it"
-        )
+    check_job_owner(job, by, any_owner, "cancel it")
     if JobState(job.state).terminal:
         raise Conflict(f"job {job.id} is already {job.state}; there is nothing to cancel")
     job.cancelled_by = by

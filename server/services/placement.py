@@ -6,8 +6,10 @@ Pure functions over plain data, so the rules are tested without a database.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from mwms.agent_references import AmbiguousAgent, UnknownAgent, resolve_agent_reference
 from server.services.wording import count as wcount
 
 
@@ -122,24 +124,45 @@ def _pick_port(agent: AgentCapacity, used: set[int], rng: random.Random) -> int:
 
 
 def place_pinned(
-    agents: list[AgentCapacity], wanted: list[str], gpus_per_worker: int, rng: random.Random | None = None
+    agents: list[AgentCapacity],
+    wanted: list[str],
+    gpus_per_worker: int,
+    rng: random.Random | None = None,
+    known: Iterable[tuple[str, str]] | None = None,
 ) -> list[TaskPlacement] | NoFit:
-    """Places worker i on the agent `wanted[i]` names (its id or name), or says which agent it waits for."""
+    """Places worker i on the agent `wanted[i]` names (its id, else its name), or says which agent it waits for.
+
+    `known`: (id, name) of every agent the pins could mean, offline ones too (agent_references.pin_candidates),
+    so a pin resolves the same whether or not the agent it means is online; by default the offered agents.
+    A pin that could mean two agents places nothing (mwms/agent_references.py).
+    """
     rng = rng or random.Random()
     kind, count = devices_needed(gpus_per_worker)
     unit = "GPU" if kind == "gpu" else "CPU slot"
-    by_key = {a.agent_id: a for a in agents} | {a.name: a for a in agents}
-    missing = sorted({key for key in wanted if key not in by_key})
+    directory = list(known) if known is not None else [(a.agent_id, a.name) for a in agents]
+    offered = {a.agent_id: a for a in agents}
+    resolved: list[str] = []
+    missing: set[str] = set()
+    for index, key in enumerate(wanted):
+        try:
+            agent_id = resolve_agent_reference(directory, key)
+        except UnknownAgent:
+            agent_id = ""
+        except AmbiguousAgent as error:
+            return NoFit(f"worker {index} is pinned to an agent that cannot be told apart: {error}")
+        if agent_id not in offered:
+            missing.add(key)
+        resolved.append(agent_id)
     if missing:
         return NoFit(
-            f"waiting for the agents the job names: {', '.join(missing)} "
+            f"waiting for the agents the job names: {', '.join(sorted(missing))} "
             f"{'is' if len(missing) == 1 else 'are'} offline or unknown (see `mwms agents`)"
         )
     free: dict[str, list[int]] = {a.agent_id: sorted(a.free_devices) for a in agents}
     ports: dict[str, set[int]] = {a.agent_id: set(a.used_ports) for a in agents}
     placements: list[TaskPlacement] = []
-    for index, key in enumerate(wanted):
-        agent = by_key[key]
+    for index, agent_id in enumerate(resolved):
+        agent = offered[agent_id]
         if agent.device_kind != kind:
             return NoFit(f"worker {index} needs {unit}s but agent {agent.name} offers {agent.device_kind}")
         if len(free[agent.agent_id]) < count or not _has_free_port(agent, ports):

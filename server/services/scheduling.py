@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from server.db.models import Attempt, Job, Task, utcnow
 from server.poison import isolated
+from server.services.agent_references import pin_candidates
 from server.services.agents import capacities
 from server.services.placement import AgentCapacity, NoFit, place_gang, place_pinned
 from server.services.tf_config import build_tf_config
@@ -67,7 +68,8 @@ def _place(session: Session, job: Job, now: datetime, offer: list[AgentCapacity]
     """Places one PENDING job if it fits `offer`; returns the ids of the agents that got its tasks."""
     pinned = job.options.get("agents")
     if pinned:
-        placement = place_pinned(offer, list(pinned), job.gpus_per_worker)
+        known = pin_candidates(session, pinned)
+        placement = place_pinned(offer, list(pinned), job.gpus_per_worker, known=known)
     else:
         placement = place_gang(offer, job.num_workers, job.gpus_per_worker)
     if isinstance(placement, NoFit):

@@ -19,6 +19,7 @@ from mwms.stack_dumps import bounded
 from server.db.models import Agent, StackDump, StackRequest, utcnow
 from server.errors import Conflict, NotFound
 from server.limits import TooManyRequests
+from server.services.job_owners import check_job_owner
 from server.services.jobs import current_attempt, get_job
 from server.services.stack_text import dump_in_collective, main_thread_frame, parse_threads
 from server.states import AttemptState, JobState, TaskState
@@ -63,16 +64,27 @@ class IncomingStackDump:
 
 
 def open_stack_request(
-    session: Session, job_id: str, cause: str, requested_by: str, now: datetime | None = None
+    session: Session,
+    job_id: str,
+    cause: str,
+    requested_by: str,
+    now: datetime | None = None,
+    *,
+    any_owner: bool = False,
 ) -> OpenedRequest:
     """A new request for the stacks of every running task of the job's current attempt.
 
-    Conflict when the job has no attempt whose tasks run (pending, finished, or still starting).
+    A dump on request pauses the job's tasks, so it goes through the owner check that cancel does: only
+    the user who submitted the job (`requested_by`), or an admin (`any_owner`), may ask; hang detection
+    is the coordinator's own. Conflict when the job has no attempt whose tasks run (pending, finished,
+    or still starting).
     """
     if cause not in CAUSES:
         raise ValueError(f"cause must be one of {CAUSES}, not {cause!r}")
     now = now or utcnow()
     job = get_job(session, job_id)
+    if cause == "request":
+        check_job_owner(job, requested_by, any_owner, "dump its stacks (which pauses its tasks)")
     attempt = current_attempt(job)
     running = (
         [t for t in attempt.tasks if t.state == TaskState.RUNNING.value]

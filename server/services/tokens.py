@@ -18,7 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from server.db.models import Token, utcnow
-from server.errors import Conflict, InvalidInput, NotFound, Unauthenticated
+from server.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthenticated
 
 API_PREFIX = "mwms_"
 SESSION_PREFIX = "mwmss_"
@@ -59,9 +59,10 @@ class Principal:
 
     user: str
     role: Role
-    token_id: str
+    token_id: str  # the API token's id, also when a dashboard session derived from it made the call
     token_name: str
     via_session: bool = False
+    session_id: str = ""  # the dashboard session's own token id, when via_session
 
     def may(self, role: Role) -> bool:
         return self.role >= role
@@ -160,6 +161,8 @@ def authenticate(session: Session, secret: str, now: datetime | None = None) -> 
         "the token is unknown, revoked or expired: ask an admin for a new one (mwms token create) "
         "and pass it with --token, MWMS_TOKEN or mwms login"
     )
+    if token is not None and token.kind == TokenKind.SESSION.value and not _usable(token, now):
+        raise Unauthenticated("the dashboard session has ended (logged out or expired): log in again")
     if token is None or token.kind == TokenKind.JOIN.value or not _usable(token, now):
         raise refusal
     owner = token
@@ -174,11 +177,27 @@ def authenticate(session: Session, secret: str, now: datetime | None = None) -> 
         token_id=owner.id,
         token_name=owner.name,
         via_session=token.kind == TokenKind.SESSION.value,
+        session_id=token.id if token.kind == TokenKind.SESSION.value else "",
     )
 
 
+def check_may_mint(principal: Principal, what: str) -> None:
+    """Forbidden when a dashboard session asks for `what` (a session, API or join tokens).
+
+    A session is short-lived and ends at logout; a credential it made would outlive both, so a stolen
+    session cookie would become a lasting one. Only an API token mints credentials.
+    """
+    if principal.via_session:
+        raise Forbidden(
+            f"a dashboard session may not create {what}: it would outlive the session's logout; use an API "
+            "token instead (log in with the token itself, or pass it with --token, MWMS_TOKEN or `mwms login`)"
+        )
+
+
 def start_session(session: Session, principal: Principal, now: datetime | None = None) -> tuple[Token, str]:
-    """A dashboard session for the token that logged in; it ends with that token, or after 12 h."""
+    """A dashboard session for the API token that logged in; it ends with that token, at logout, or after
+    12 h. A session's own secret opens no second session (Forbidden): that one would outlive the logout."""
+    check_may_mint(principal, "another session")
     now = now or utcnow()
     parent = session.get(Token, principal.token_id)
     assert parent is not None
@@ -202,8 +221,21 @@ def start_session(session: Session, principal: Principal, now: datetime | None =
 
 
 def end_session(session: Session, secret: str, now: datetime | None = None) -> None:
-    """Revokes a dashboard session (logout); unknown secrets are ignored."""
+    """Revokes the dashboard session whose secret this is; unknown secrets are ignored."""
     token = session.scalars(select(Token).where(Token.token_hash == hash_secret(secret))).first()
+    _revoke_session(session, token, now)
+
+
+def log_out(session: Session, caller: Principal, cookie_secret: str, now: datetime | None = None) -> None:
+    """Ends, at once, the dashboard session the caller authenticated with (cookie or bearer) and the one in
+    its cookie, if another; a call made with an API token ends only the cookie's session."""
+    if caller.session_id:
+        _revoke_session(session, session.get(Token, caller.session_id), now)
+    if cookie_secret:
+        end_session(session, cookie_secret, now)
+
+
+def _revoke_session(session: Session, token: Token | None, now: datetime | None) -> None:
     if token is not None and token.kind == TokenKind.SESSION.value and token.revoked_at is None:
         token.revoked_at = now or utcnow()
         session.flush()

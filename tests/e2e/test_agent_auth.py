@@ -158,3 +158,20 @@ def test_an_agent_takes_its_join_token_from_a_file_and_refuses_one_on_its_comman
     finally:
         agent.stop()
     assert token not in agent.log_path.read_text()
+
+
+def test_an_agent_named_like_another_agents_id_is_refused_and_told_what_to_do(auth_cluster: Cluster) -> None:
+    record = agent_record(auth_cluster)
+    assert record is not None
+    args = ["agent", "--server", f"127.0.0.1:{auth_cluster.grpc_port}", "--name", record["id"]]
+    args += ["--work-dir", str(auth_cluster.root / "id-named"), "--slots", "1"]
+    args += ["--advertise-address", "127.0.0.1", "--port-range", f"{PORT_LOW + 200}-{PORT_LOW + 299}"]
+    rogue = auth_cluster._spawn("id-named", args, {"MWMS_JOIN_TOKEN": auth_cluster.join_token})
+    assert exit_code(rogue) == 2
+    log = rogue.log_tail()
+    assert "INVALID_ARGUMENT" in log and "form of an agent id" in log and "--name" in log, log
+    names = [a["name"] for a in auth_cluster.http.get("/api/v1/agents").json()]
+    assert record["id"] not in names and NAME in names
+    # The real agent is still the one its id names.
+    devices = auth_cluster.http.get(f"/api/v1/agents/{record['id']}/devices")
+    assert devices.status_code == 200 and devices.json()["agent_id"] == record["id"]

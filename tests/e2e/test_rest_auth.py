@@ -58,6 +58,10 @@ def test_roles_and_ownership(cluster):
     other = bob.post(f"/api/v1/jobs/{job_id}/cancel")
     assert other.status_code == 403 and "submitted by 'alice'" in other.json()["detail"]
     assert cluster.job(job_id)["state"] == "PENDING"
+    # Stack dumps pause a job's tasks: the same owner check, before anything else is looked at.
+    stacks = bob.post(f"/api/v1/jobs/{job_id}/stacks")
+    assert stacks.status_code == 403 and "may dump its stacks" in stacks.json()["detail"]
+    assert alice.post(f"/api/v1/jobs/{job_id}/stacks").status_code == 409  # hers, but nothing runs
 
     own = alice.post("/api/v1/jobs", json=body).json()["id"]
     cancelled = alice.post(f"/api/v1/jobs/{own}/cancel").json()
@@ -108,10 +112,28 @@ def test_dashboard_session_cookie_and_csrf(cluster):
     job_id = browser.post("/api/v1/jobs", json=body, headers=origin).json()["id"]
     assert browser.post(f"/api/v1/jobs/{job_id}/cancel", headers=origin).json()["cancelled_by"] == "erin"
 
+    # The same host over the other scheme is another origin.
+    other_scheme = cluster.api.replace("http://", "https://", 1)
+    assert browser.post("/api/v1/jobs", json=body, headers={"Origin": other_scheme}).status_code == 403
+    # A session mints no credentials: no second session, no tokens.
+    session_secret = login.cookies["mwms_session"]
+    minted = cluster.client(None).post("/api/v1/session", json={"token": session_secret})
+    assert minted.status_code == 403 and "may not create another session" in minted.json()["detail"]
+    admin_browser = cluster.client(None)
+    assert admin_browser.post("/api/v1/session", json={"token": cluster.admin_token}).status_code == 200
+    for path, made in (
+        ("/api/v1/tokens", {"user": "mallory", "role": "admin"}),
+        ("/api/v1/agent-tokens", {}),
+    ):
+        refused = admin_browser.post(path, json=made, headers=origin)
+        assert refused.status_code == 403 and "may not create API tokens" in refused.json()["detail"], path
+    assert admin_browser.get("/api/v1/tokens").status_code == 200  # the admin's session still reads them
+
     assert browser.delete("/api/v1/session", headers=origin).status_code == 204
     stale = cluster.client(None)
-    stale.cookies.set("mwms_session", login.cookies["mwms_session"])
+    stale.cookies.set("mwms_session", session_secret)
     assert stale.get("/api/v1/jobs").status_code == 401
+    assert cluster.client(session_secret).get("/api/v1/jobs").status_code == 401  # as a bearer too
 
     # A session ends with the token that opened it.
     again = cluster.client(None)

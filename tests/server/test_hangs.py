@@ -78,7 +78,7 @@ def test_the_hang_timeout_of_a_job() -> None:
 def test_a_request_holds_one_row_per_running_task_until_answered(db):
     job_id = running_job(db)
     with db.write() as session:
-        opened = stacks.open_stack_request(session, job_id, "request", "ann")
+        opened = stacks.open_stack_request(session, job_id, "request", "ann", any_owner=True)
     assert opened.attempt == 1 and sorted(a.task_index for a in opened.asked) == [0, 1]
     with db.read() as session:
         pending = stacks.read_stack_request(session, job_id)
@@ -105,7 +105,7 @@ def test_no_running_attempt_is_a_conflict(db):
     with db.write() as session:
         job = create_job(session, JobCreate(bundle_digest="c" * 64, command=["python", "t.py"], workers=3))
     with db.write() as session, pytest.raises(Conflict, match="no running attempt"):
-        stacks.open_stack_request(session, job.id, "request", "ann")
+        stacks.open_stack_request(session, job.id, "request", "ann", any_owner=True)
 
 
 def test_a_hang_restarts_while_restarts_remain_then_fails(db):

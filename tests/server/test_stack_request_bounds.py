@@ -26,12 +26,16 @@ def test_a_second_request_too_soon_is_refused_and_hang_dumps_are_not(db):
     job_id = running_job(db)
     now = utcnow()
     with db.write() as session:
-        stacks.open_stack_request(session, job_id, "request", "ann", now)
+        stacks.open_stack_request(session, job_id, "request", "ann", now, any_owner=True)
     with pytest.raises(TooManyRequests, match=r"one dump per job every 2 s"), db.write() as session:
-        stacks.open_stack_request(session, job_id, "request", "bob", now + timedelta(seconds=1))
+        stacks.open_stack_request(
+            session, job_id, "request", "bob", now + timedelta(seconds=1), any_owner=True
+        )
     with db.write() as session:
         stacks.open_stack_request(session, job_id, "hang", "hang detection", now + timedelta(seconds=1))
-        stacks.open_stack_request(session, job_id, "request", "bob", now + timedelta(seconds=2.5))
+        stacks.open_stack_request(
+            session, job_id, "request", "bob", now + timedelta(seconds=2.5), any_owner=True
+        )
     with db.read() as session:
         assert session.scalar(select(func.count()).select_from(StackRequest)) == 3
 
@@ -42,7 +46,7 @@ def test_only_the_newest_requests_of_a_job_are_kept_with_their_dumps(db):
     with db.write() as session:
         ids = [
             stacks.open_stack_request(
-                session, job_id, "request", "ann", start + timedelta(seconds=3 * i)
+                session, job_id, "request", "ann", start + timedelta(seconds=3 * i), any_owner=True
             ).request_id
             for i in range(stacks.KEPT_PER_JOB + 5)
         ]
@@ -56,7 +60,7 @@ def test_only_the_newest_requests_of_a_job_are_kept_with_their_dumps(db):
 def test_a_dump_over_the_bound_is_cut_by_the_coordinator(db):
     job_id = running_job(db)
     with db.write() as session:
-        opened = stacks.open_stack_request(session, job_id, "request", "ann")
+        opened = stacks.open_stack_request(session, job_id, "request", "ann", any_owner=True)
     huge = SLEEPING + "x" * (4 * MAX_STACK_BYTES)
     answer(db, opened, {0: huge, 1: SLEEPING})
     with db.read() as session:

@@ -6,7 +6,7 @@
 import { API, ApiError, describeError, getJson, postJson } from "../api.js";
 import { emptyState, h, panel, replaceChildren } from "../dom.js";
 import { formatTime } from "../format.js";
-import { currentUser } from "../session.js";
+import { mayCancel } from "../session.js";
 
 const LIVE_STATES = new Set(["SCHEDULED", "RUNNING"]);
 
@@ -69,9 +69,9 @@ export class JobStacks {
   /** Called on every poll of the job: shows the button when the caller may take stacks now, and fetches
    * the newest dump when the job's attempt or state changed (hang detection takes one). Never throws. */
   async update(job) {
-    const user = currentUser();
     const live = LIVE_STATES.has(job.state);
-    this.button.hidden = !user || user.role === "viewer" || !live;
+    // Taking stacks pauses the job's tasks: owners and admins only, like cancelling.
+    this.button.hidden = !mayCancel(job) || !live;
     this.button.disabled = this.taking || !live;
     const signature = `${job.state}/${job.attempts}/${job.restarts}`;
     if (signature === this.signature) return;

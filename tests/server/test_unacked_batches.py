@@ -1,0 +1,117 @@
+"""Issue 16 item 9e: log batches count against the same bound on unacknowledged batches as metric batches
+(MAX_UNACKED_BATCHES per stream, both kinds together, one code path), on a real coordinator: its gRPC
+server on loopback, a real Connect stream, SQLite, and its telemetry writer held back by the test.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import func, select
+from test_poison_containment import ADMIN_TOKEN, JOIN_TOKEN, Coordinator, hello, point, wait_until
+
+from mwms.v1 import agent_pb2 as pb
+from mwms.v1 import agent_pb2_grpc
+from server.app import create_app
+from server.db.models import LogLine, MetricPoint
+from server.rpc.agent_stream import MAX_UNACKED_BATCHES
+from server.settings import Settings
+
+
+@pytest.fixture
+def held_back(tmp_path: Path) -> Iterator[tuple[Coordinator, threading.Event, list[Any]]]:
+    """A coordinator whose telemetry writer stores nothing until the event is set; and what was submitted."""
+    with ExitStack() as stack:
+        settings = Settings(
+            data_dir=tmp_path / "coordinator",
+            grpc_port=0,
+            join_token=JOIN_TOKEN,
+            admin_token=ADMIN_TOKEN,
+            agent_timeout_s=300,
+        )
+        app = create_app(settings)
+        http = stack.enter_context(TestClient(app, base_url="http://127.0.0.1"))
+        http.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
+        channel = stack.enter_context(grpc.insecure_channel(f"127.0.0.1:{app.state.grpc_port}"))
+        writer = app.state.telemetry
+        release = threading.Event()
+        stack.callback(release.set)  # never leave the writer's thread waiting at teardown
+        submitted: list[Any] = []
+        store, submit = writer._write, writer.submit
+
+        def held_store(batches: list[Any]) -> Any:
+            release.wait(30)
+            return store(batches)
+
+        def counted_submit(batch: Any) -> Any:
+            submitted.append(batch)
+            return submit(batch)
+
+        writer._write, writer.submit = held_store, counted_submit
+        yield (
+            Coordinator(http, app.state.runtime.db, agent_pb2_grpc.AgentServiceStub(channel)),
+            release,
+            submitted,
+        )
+
+
+def log_batch(task_id: str, first: int, count: int) -> pb.LogBatch:
+    lines = [
+        pb.LogLine(seq=s, stream="stdout", text=f"line {s}", unix_ms=1764500000000)
+        for s in range(first, first + count)
+    ]
+    return pb.LogBatch(task_id=task_id, lines=lines)
+
+
+def still(read: Any, value: Any, seconds: float) -> bool:
+    """True when `read()` keeps returning `value` for `seconds` (no growth past a bound can be awaited)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if read() != value:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+@pytest.mark.parametrize("kinds", [("logs",), ("logs", "metrics")])
+def test_log_batches_wait_for_acknowledgements_as_metric_batches_do(held_back, kinds) -> None:
+    coordinator, release, submitted = held_back
+    agent_id, stream = coordinator.join("chatty-agent")
+    task = coordinator.running_job(agent_id)
+    hello(stream, agent_id, task)
+    rounds = MAX_UNACKED_BATCHES * 2
+    for i in range(rounds):
+        if "logs" in kinds:
+            stream.send(logs=log_batch(task.id, i * 10 + 1, 10))
+        if "metrics" in kinds:
+            stream.send(metrics=pb.MetricBatch(task_id=task.id, points=[point(i + 1, i, float(i))]))
+    sent = rounds * len(kinds)
+
+    # The writer holds everything back: the stream hands over the bound's worth, then stops reading.
+    wait_until(lambda: len(submitted) >= MAX_UNACKED_BATCHES, 10, f"{MAX_UNACKED_BATCHES} batches submitted")
+    assert still(lambda: len(submitted), MAX_UNACKED_BATCHES, 0.5), len(submitted)
+    assert sent > MAX_UNACKED_BATCHES
+
+    release.set()  # then every batch is stored once and acknowledged, in order
+    last_log = stream.next("ack", where=lambda a: a.log_seq == rounds * 10) if "logs" in kinds else None
+    if "metrics" in kinds:
+        stream.next("ack", where=lambda a: a.metric_seq == rounds)
+    assert last_log is None or last_log.rejected == 0
+    assert len(submitted) == sent
+    with coordinator.db.read() as session:
+        lines = session.scalar(select(func.count()).where(LogLine.task_id == task.id))
+        points = session.scalar(select(func.count()).where(MetricPoint.task_id == task.id))
+    assert lines == (rounds * 10 if "logs" in kinds else 0)
+    assert points == (rounds if "metrics" in kinds else 0)
+    # The stream lives on: a heartbeat is answered at once.
+    stream.send(heartbeat=pb.Heartbeat(sent_unix_ms=1764500000000))
+    stream.next("ack", where=lambda a: not a.task_id)
+    stream.close()
