@@ -180,6 +180,17 @@ class LocalCluster:
                     ExitCode.UNREACHABLE,
                 )
 
+    def task_isolation(self) -> str:
+        """How the agents confine their tasks, as they registered it; said plainly when not at all."""
+        with self.client() as client:
+            labels = {agent.get("task_isolation") or "unknown" for agent in client.rest.list_agents()}
+        text = "; ".join(sorted(labels))
+        if "share" in text:
+            text += (
+                " (fine for your own jobs on this machine; run agents as root with bubblewrap for others')"
+            )
+        return text
+
     def _failure(self, what: str, process: ManagedProcess) -> str:
         tail = "\n".join(f"  {line}" for line in last_lines(process.log_path, 20))
         code = process.popen.returncode
@@ -278,6 +289,7 @@ def quickstart(
         cluster.start_coordinator()
         cluster.start_agents()
         err.print(f"coordinator at {cluster.api}/, agents {', '.join(AGENT_NAMES)} online")
+        err.print(Text(f"task isolation: {cluster.task_isolation()}"))
         with cluster.client() as client:
             job = _run_example(client, example, epochs, steps_per_epoch)
             out.print(Text.assemble("job ", (job["id"], "bold"), " ended ", state_text(job.get("state"))))
