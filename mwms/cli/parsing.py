@@ -23,15 +23,20 @@ def parse_env(pairs: list[str]) -> dict[str, str]:
     return env
 
 
-def parse_port_range(text: str) -> tuple[int, int]:
-    """'20000-20999' -> (20000, 20999); both ends inside 1024..65535 and LO <= HI."""
+def _split_range(text: str, option: str, example: str) -> tuple[int, int]:
+    """'LO-HI' as two integers, or a CliError naming `option` with an `example`."""
     low_text, sep, high_text = text.partition("-")
     try:
         if not sep:
             raise ValueError
-        low, high = int(low_text), int(high_text)
+        return int(low_text), int(high_text)
     except ValueError:
-        raise CliError(f"--port-range {text!r} must look like LO-HI, e.g. 20000-20999") from None
+        raise CliError(f"{option} {text!r} must look like LO-HI, e.g. {example}") from None
+
+
+def parse_port_range(text: str) -> tuple[int, int]:
+    """'20000-20999' -> (20000, 20999); both ends inside 1024..65535 and LO <= HI."""
+    low, high = _split_range(text, "--port-range", "20000-20999")
     if not (MIN_PORT <= low <= MAX_PORT and MIN_PORT <= high <= MAX_PORT):
         raise CliError(f"--port-range {text!r}: both ports must be between {MIN_PORT} and {MAX_PORT}")
     if low > high:
@@ -45,13 +50,7 @@ MIN_TASK_UID, MAX_TASK_UID = 1, 4_294_967_293
 
 def parse_uid_range(text: str) -> tuple[int, int]:
     """'60000-60999' -> (60000, 60999): the uids an agent running as root gives its tasks."""
-    low_text, sep, high_text = text.partition("-")
-    try:
-        if not sep:
-            raise ValueError
-        low, high = int(low_text), int(high_text)
-    except ValueError:
-        raise CliError(f"--task-uids {text!r} must look like LO-HI, e.g. 60000-60999") from None
+    low, high = _split_range(text, "--task-uids", "60000-60999")
     if not (MIN_TASK_UID <= low <= high <= MAX_TASK_UID):
         raise CliError(
             f"--task-uids {text!r}: need {MIN_TASK_UID} <= LO <= HI <= {MAX_TASK_UID} (uid 0 is root)"

@@ -99,3 +99,12 @@ def test_job_spec_with_everything() -> None:
     assert spec["restart"] == {"max_restarts": 0, "restart_on": "any", "fail_on_nan": ["loss", "val_loss"]}
     assert spec["gpus_per_worker"] == 2 and spec["env"] == {"A": "1"}
     assert spec["startup_timeout_seconds"] == 60.0 and spec["max_runtime_seconds"] == 3600.0
+
+
+def test_task_uid_ranges_are_unprivileged_and_ordered() -> None:
+    from mwms.cli.parsing import parse_uid_range
+
+    assert parse_uid_range("60000-60999") == (60000, 60999)
+    for bad, says in (("60000", "LO-HI"), ("0-10", "uid 0 is root"), ("10-5", "LO <= HI"), ("a-b", "LO-HI")):
+        with pytest.raises(CliError, match=says):
+            parse_uid_range(bad)
