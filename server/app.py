@@ -26,6 +26,12 @@ from server.api.stacks import router as stacks_router
 from server.db.engine import Database
 from server.db.migrate import upgrade_to_head
 from server.hang_detector import HangDetector
+from server.limits import (
+    GRPC_ABSOLUTE_MAX_METADATA_BYTES,
+    GRPC_HANDSHAKE_TIMEOUT_MS,
+    GRPC_MAX_CONNECTION_IDLE_MS,
+    GRPC_MAX_METADATA_BYTES,
+)
 from server.liveness import Liveness
 from server.loops import BackgroundLoops
 from server.observability.cluster_gauges import cluster_registry
@@ -86,6 +92,12 @@ def create_app(settings: Settings) -> FastAPI:
                 ("grpc.keepalive_time_ms", 10_000),
                 ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
                 ("grpc.keepalive_permit_without_calls", 1),
+                # Bounds for callers that never authenticate (issue 16): a call's metadata, a connection
+                # with no call open (agents keep their Connect stream open), and a slow handshake.
+                ("grpc.max_metadata_size", GRPC_MAX_METADATA_BYTES),
+                ("grpc.absolute_max_metadata_size", GRPC_ABSOLUTE_MAX_METADATA_BYTES),
+                ("grpc.max_connection_idle_ms", GRPC_MAX_CONNECTION_IDLE_MS),
+                ("grpc.server_handshake_timeout_ms", GRPC_HANDSHAKE_TIMEOUT_MS),
             ],
         )
         agent_pb2_grpc.add_AgentServiceServicer_to_server(

@@ -180,3 +180,64 @@ def start_task_bound(limits: SpecLimits) -> int:
     tf_config = _field_size(MAX_WORKERS * address + 200)
     start = env + command + tf_config + START_TASK_FIXED_BYTES
     return _field_size(start)
+
+
+# --- connection limits (issue 16): what one HTTP or gRPC connection is held to ---
+
+# gRPC request metadata (headers) of one call, in bytes: gRPC core refuses some calls over the soft bound
+# and every call over the hard one. An agent sends well under 1 KiB (its credential and gRPC's own).
+GRPC_MAX_METADATA_BYTES = 8 * 1024
+GRPC_ABSOLUTE_MAX_METADATA_BYTES = 16 * 1024
+# A gRPC connection with no call open for this long is closed (GOAWAY); agents keep their Connect stream
+# open, so only connections that are not agents' (or agents between streams) are ever idle that long.
+GRPC_MAX_CONNECTION_IDLE_MS = 5 * 60 * 1000
+# A gRPC connection must finish its TLS handshake and HTTP/2 preface within this (gRPC's default: 120 s).
+GRPC_HANDSHAKE_TIMEOUT_MS = 20_000
+
+
+class HttpBoundSettings(Protocol):
+    """The Settings fields HTTP connections are held to."""
+
+    max_request_head_bytes: int
+    http_head_timeout_s: float
+    http_body_idle_timeout_s: float
+
+
+@dataclass(frozen=True)
+class HttpBounds:
+    """What one HTTP connection is held to (server/http_protocol.py)."""
+
+    max_head_bytes: int
+    head_timeout_s: float
+    body_idle_timeout_s: float
+
+    @classmethod
+    def of(cls, settings: HttpBoundSettings) -> HttpBounds:
+        return cls(
+            max_head_bytes=settings.max_request_head_bytes,
+            head_timeout_s=settings.http_head_timeout_s,
+            body_idle_timeout_s=settings.http_body_idle_timeout_s,
+        )
+
+
+def head_too_large_message(limit: int) -> str:
+    """What a client whose request line and headers are over the limit is told (HTTP 431)."""
+    return (
+        f"the request line and headers are over {limit} bytes ({limit / 1024:g} KiB), the limit for a "
+        "request head (MWMS_MAX_REQUEST_HEAD_BYTES): send shorter headers, cookies and query strings, "
+        "and put data in the request body"
+    )
+
+
+def head_timeout_message(seconds: float) -> str:
+    """What a client that took too long to send its request line and headers is told (HTTP 408)."""
+    return (
+        f"the request line and headers did not arrive within {seconds:g} s (MWMS_HTTP_HEAD_TIMEOUT_S): "
+        "send each request's line and headers at once"
+    )
+
+
+# A multipart bundle upload (POST /api/v1/bundles): at most this many parts (the archive is the one that
+# counts; clients may add a few fields), each with at most this many bytes of part headers.
+MAX_MULTIPART_PARTS = 16
+MAX_PART_HEADER_BYTES = 8 * 1024

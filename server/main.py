@@ -10,6 +10,8 @@ import uvicorn
 
 from server.app import create_app
 from server.heap import settle_heap
+from server.http_protocol import bounded_http_protocol
+from server.limits import HttpBounds
 from server.settings import Settings
 from server.tls import TlsError, TlsPlan, plan_tls, warn_if_clear_text
 
@@ -35,6 +37,9 @@ def serve(settings: Settings) -> None:
         log_level="info",
         access_log=False,
         lifespan="on",
+        # httptools, held to a bound on request heads and to timeouts for slow clients (issue 16).
+        http=bounded_http_protocol(HttpBounds.of(settings)),
+        timeout_keep_alive=settings.http_keep_alive_s,
         ssl_certfile=str(tls.http.cert) if tls.http else None,
         ssl_keyfile=str(tls.http.key) if tls.http else None,
         # Open log follows would otherwise hold a stop until their jobs end; clients follow again.
@@ -64,7 +69,7 @@ def log_tls(settings: Settings, tls: TlsPlan) -> None:
         "  CA SHA-256 fingerprint: %s\n"
         "  agents:   mwms agent --server %s:%d --ca-file %s ...\n"
         "  CLI:      MWMS_CA_FILE=%s MWMS_API=https://%s:%d mwms ... (or --ca-file, --api)\n"
-        "  browsers: trust %s as an authority, or compare the fingerprint before accepting the certificate",
+        "  browsers: trust %s (SHA-256 %s) for mwms only: its name constraints limit it to %s",
         made,
         ca,
         signed.ca_fingerprint,
@@ -74,7 +79,9 @@ def log_tls(settings: Settings, tls: TlsPlan) -> None:
         ca,
         http_host,
         settings.http_port,
-        ca,
+        signed.browser_ca_cert.resolve(),
+        signed.browser_ca_fingerprint,
+        ", ".join(signed.permitted),
     )
 
 

@@ -126,6 +126,19 @@ class Settings(BaseSettings):
 
     # --- end of request limits ---
 
+    # --- connection limits (issue 16) ---
+    # An HTTP request's line and headers together: past this the connection gets 431 and is closed, before
+    # the coordinator reads more of it (server/http_protocol.py).
+    max_request_head_bytes: int = Field(default=64 * 1024, ge=8 * 1024, le=1024 * 1024)
+    # Seconds an HTTP connection may take to send a request's line and headers, counted from when it opened
+    # or was last answered (slowloris: a byte every few seconds). A connection that sends nothing is closed
+    # after http_keep_alive_s (idle keep-alive), one whose request body stops arriving (while the
+    # coordinator waits for it) after http_body_idle_timeout_s.
+    http_head_timeout_s: float = Field(default=10.0, gt=0, le=600, allow_inf_nan=False)
+    http_keep_alive_s: int = Field(default=5, ge=1, le=600)
+    http_body_idle_timeout_s: float = Field(default=30.0, gt=0, le=3600, allow_inf_nan=False)
+    # --- end of connection limits ---
+
     @field_validator("allowed_hosts", mode="before")
     @classmethod
     def _split_hosts(cls, value: object) -> object:

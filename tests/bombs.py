@@ -67,3 +67,45 @@ def zip_bomb(path: Path, entries: int, piece: int = PIECE) -> Path:
     out.write(struct.pack("<4s4HIIH", b"PK\x05\x06", 0, 0, entries, entries, len(directory), start, 0))
     path.write_bytes(out.getvalue())
     return path
+
+
+# --- request floods (issue 16): bodies and heads that cost a parser time, not memory ---
+
+
+def many_parts_body(parts: int, boundary: bytes = b"b") -> bytes:
+    """A multipart/form-data body of `parts` empty fields (51 bytes each), then its closing boundary."""
+    part = b"--" + boundary + b'\r\nContent-Disposition: form-data; name="x"\r\n\r\n\r\n'
+    return part * parts + b"--" + boundary + b"--\r\n"
+
+
+def hpack_int(value: int, prefix_bits: int) -> bytes:
+    """An HPACK integer (RFC 7541 5.1) with a `prefix_bits`-bit prefix and the other bits of the first byte 0."""
+    limit = (1 << prefix_bits) - 1
+    if value < limit:
+        return bytes([value])
+    out = [limit]
+    value -= limit
+    while value >= 128:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def http2_frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
+    return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
+
+
+def grpc_call_head(path: bytes, metadata_bytes: int) -> bytes:
+    """The start of an HTTP/2 connection and of a gRPC call to `path` whose one metadata value is declared
+    `metadata_bytes` long; the value itself follows in CONTINUATION frames (`http2_frame(9, 0, 1, ...)`)."""
+
+    def literal(name: bytes, value: bytes) -> bytes:  # literal without indexing, new name
+        return b"\x00" + hpack_int(len(name), 7) + name + hpack_int(len(value), 7) + value
+
+    block = b"\x83\x86"  # :method POST, :scheme http (static table)
+    block += b"\x04" + hpack_int(len(path), 7) + path  # :path, name from the static table
+    block += literal(b":authority", b"127.0.0.1") + literal(b"content-type", b"application/grpc")
+    block += literal(b"te", b"trailers") + b"\x00" + hpack_int(5, 7) + b"x-big" + hpack_int(metadata_bytes, 7)
+    preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + http2_frame(4, 0, 0, b"")  # and empty SETTINGS
+    return preface + http2_frame(1, 0, 1, block)  # HEADERS without END_HEADERS

@@ -221,7 +221,12 @@ class Confinement:
 
 
 def gpu_device_paths(indices: list[int]) -> list[str]:
-    """The device nodes of the given GPUs plus the NVIDIA control devices, those that exist."""
+    """The device nodes of the given GPUs plus the NVIDIA control devices, those that exist.
+
+    GPU i is taken to be /dev/nvidia<i>: nvidia-smi numbers GPUs in PCI bus order and the driver gives
+    minor numbers in the order it probes them, which is the same on the machines seen so far; the
+    device's minor number (/proc/driver/nvidia/gpus/*/information) would be the exact mapping.
+    """
     if not indices:
         return []
     wanted = [f"/dev/nvidia{i}" for i in indices] + list(GPU_CONTROL_DEVICES) + list(GPU_CONTROL_DIRS)
