@@ -35,7 +35,8 @@ token_app = typer.Typer(
 )
 agent_token_app = typer.Typer(
     name="agent-token",
-    help="Join tokens that admit agents (`mwms agent --join-token`): create, list, revoke (admin only).",
+    help="Join tokens that admit agents (`mwms agent` reads one from MWMS_JOIN_TOKEN or --join-token-file): "
+    "create, list, revoke (admin only).",
     **SUB_APP_SETTINGS,
 )
 

@@ -81,8 +81,9 @@ def server(
     join_token: Annotated[
         str | None,
         typer.Option(
-            help="A bootstrap join token agents may present (MWMS_JOIN_TOKEN); admins can also make "
-            "revocable ones with `mwms agent-token create`.",
+            help="A bootstrap join token agents may present; give it as MWMS_JOIN_TOKEN rather than this "
+            "flag, since every user of the machine can read a command line. Admins can also make revocable "
+            "ones with `mwms agent-token create`.",
             show_default=False,
         ),
     ] = None,

@@ -64,7 +64,7 @@ def list_join_tokens(_admin: AdminOnly, session: ReadSession) -> list[TokenOut]:
 
 @router.post("/agent-tokens", status_code=201, response_model=TokenCreated, responses=ERRORS)
 def create_join_token(body: JoinTokenCreate, admin: AdminTokenOnly, rt: RuntimeDep) -> TokenCreated:
-    """A new join token for `mwms agent --join-token`; its secret is in this response only. Made with an
+    """A new join token for `mwms agent` (MWMS_JOIN_TOKEN or --join-token-file); its secret is in this response only. Made with an
     admin API token, never with a dashboard session (403)."""
     with rt.db.write() as session:
         token, secret = tokens.create_join_token(

@@ -129,12 +129,12 @@ def admit_agent(
         if not bootstrap_join_token and not has_usable_join_token(session, now):
             raise Unauthenticated(
                 "the coordinator has no join token, so no new agent can join: an admin creates one with "
-                "`mwms agent-token create` (or starts the coordinator with --join-token); then start this "
-                "agent with --join-token or MWMS_JOIN_TOKEN"
+                "`mwms agent-token create` (or starts the coordinator with MWMS_JOIN_TOKEN); then start this "
+                "agent with MWMS_JOIN_TOKEN or --join-token-file"
             )
         raise Unauthenticated(
-            "wrong, revoked or missing join token: start the agent with --join-token (or MWMS_JOIN_TOKEN) "
-            "set to a token from `mwms agent-token create` or the coordinator's --join-token"
+            "wrong, revoked or missing join token: start the agent with MWMS_JOIN_TOKEN (or --join-token-file) "
+            "set to a token from `mwms agent-token create` or the coordinator's MWMS_JOIN_TOKEN"
         )
     agent = register_agent(session, reg, timeout_s, now, connected)
     agent.removed_at = None

@@ -262,7 +262,7 @@ def revoke_token(session: Session, token_id: str, kind: TokenKind, now: datetime
 def create_join_token(
     session: Session, name: str, expires_at: datetime | None = None, created_by: str = ""
 ) -> tuple[Token, str]:
-    """A token that admits new agents (`mwms agent --join-token`)."""
+    """A token that admits new agents (`mwms agent` with MWMS_JOIN_TOKEN or --join-token-file)."""
     if expires_at is not None and expires_at <= utcnow():
         raise InvalidInput("the expiry lies in the past: give a future time or a positive duration")
     secret = new_secret(JOIN_PREFIX)
@@ -279,7 +279,7 @@ def create_join_token(
 
 
 def join_token_valid(session: Session, secret: str, bootstrap: str = "", now: datetime | None = None) -> bool:
-    """True for a usable join token made by an admin, or for the coordinator's --join-token."""
+    """True for a usable join token made by an admin, or for the coordinator's MWMS_JOIN_TOKEN."""
     if not secret:
         return False
     if bootstrap and hmac.compare_digest(secret.encode(), bootstrap.encode()):
