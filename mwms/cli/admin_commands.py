@@ -6,6 +6,8 @@ the notes about it go to stderr. Listings never contain secrets: the API does no
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Annotated, Any
 
@@ -14,12 +16,14 @@ from rich.table import Table
 from rich.text import Text
 
 from mwms.agent_references import AmbiguousAgent, UnknownAgent, resolve_agent_reference
-from mwms.cli.connect import connect
-from mwms.cli.errors import CliError, ExitCode, handles_errors
-from mwms.cli.options import ApiOption, CaFileOption, JsonOption, TokenOption
+from mwms.cli.connect import with_client
+from mwms.cli.errors import CliError, ExitCode
+from mwms.cli.options import JsonOption
 from mwms.cli.output import cells, err, format_time, out, parse_time, print_json
 from mwms.cli.parsing import parse_duration
 from mwms.cli.safe_text import safe_text, terminal_safe
+from mwms.client import Client
+from mwms.client.rest import RestApi
 
 ROLES = ("admin", "user", "viewer")
 SUB_APP_SETTINGS: dict[str, Any] = {
@@ -84,12 +88,13 @@ def _lifetime(token: dict[str, Any]) -> str:
     return f"expires {format_time(token['expires_at'])}" if token.get("expires_at") else "never expires"
 
 
-# -- mwms token ------------------------------------------------------------------------------------------
+# -- create: the two differ in what a token is for and what its secret opens --------------------------
 
 
 @token_app.command("create")
-@handles_errors()
+@with_client
 def create_token(
+    client: Client,
     user: Annotated[
         str, typer.Option("--user", help="Who the token belongs to; their jobs carry this name.")
     ],
@@ -102,17 +107,13 @@ def create_token(
     ] = "",
     expires_in: ExpiresInOption = None,
     json_output: JsonOption = False,
-    api: ApiOption = None,
-    token: TokenOption = None,
-    ca_file: CaFileOption = None,
 ) -> None:
     """Create an API token and print its secret, which cannot be shown again."""
     role = role.lower()
     if role not in ROLES:
         raise CliError(f"--role {role!r} must be one of {', '.join(ROLES)}")
     seconds = parse_duration(expires_in) if expires_in else None
-    with connect(api, token, ca_file) as client:
-        created = client.rest.create_token(user, role, name, seconds)
+    created = client.rest.create_token(user, role, name, seconds)
     if json_output:
         print_json(created)
         return
@@ -126,64 +127,17 @@ def create_token(
     )
 
 
-@token_app.command("list")
-@handles_errors()
-def list_tokens(
-    json_output: JsonOption = False,
-    api: ApiOption = None,
-    token: TokenOption = None,
-    ca_file: CaFileOption = None,
-) -> None:
-    """List API tokens (never their secrets), revoked and expired ones included."""
-    with connect(api, token, ca_file) as client:
-        found = client.rest.list_tokens()
-    if json_output:
-        print_json(found)
-    elif not found:
-        err.print("no API tokens")
-    else:
-        out.print(tokens_table(found, with_user=True))
-
-
-@token_app.command("revoke")
-@handles_errors()
-def revoke_token(
-    token_id: TokenIdArgument,
-    json_output: JsonOption = False,
-    api: ApiOption = None,
-    token: TokenOption = None,
-    ca_file: CaFileOption = None,
-) -> None:
-    """Revoke an API token at once; dashboard sessions opened with it end too."""
-    with connect(api, token, ca_file) as client:
-        revoked = client.rest.revoke_token(token_id)
-    if json_output:
-        print_json(revoked)
-        return
-    out.print(
-        safe_text(
-            f"revoked API token {revoked['id']} ({revoked.get('name', '')}, user {revoked.get('user', '')})"
-        )
-    )
-
-
-# -- mwms agent-token ------------------------------------------------------------------------------------
-
-
 @agent_token_app.command("create")
-@handles_errors()
+@with_client
 def create_join_token(
+    client: Client,
     name: Annotated[str, typer.Option("--name", help="A label, e.g. the rack or site.")] = "agents",
     expires_in: ExpiresInOption = None,
     json_output: JsonOption = False,
-    api: ApiOption = None,
-    token: TokenOption = None,
-    ca_file: CaFileOption = None,
 ) -> None:
     """Create a join token for agents and print its secret, which cannot be shown again."""
     seconds = parse_duration(expires_in) if expires_in else None
-    with connect(api, token, ca_file) as client:
-        created = client.rest.create_join_token(name, seconds)
+    created = client.rest.create_join_token(name, seconds)
     if json_output:
         print_json(created)
         return
@@ -198,41 +152,73 @@ def create_join_token(
     )
 
 
-@agent_token_app.command("list")
-@handles_errors()
-def list_join_tokens(
-    json_output: JsonOption = False,
-    api: ApiOption = None,
-    token: TokenOption = None,
-    ca_file: CaFileOption = None,
-) -> None:
-    """List join tokens (never their secrets), revoked and expired ones included."""
-    with connect(api, token, ca_file) as client:
-        found = client.rest.list_join_tokens()
-    if json_output:
-        print_json(found)
-    elif not found:
-        err.print("no join tokens; make one with `mwms agent-token create`")
-    else:
-        out.print(tokens_table(found, with_user=False))
+# -- list and revoke: one implementation for both kinds ---------------------------------------------------
 
 
-@agent_token_app.command("revoke")
-@handles_errors()
-def revoke_join_token(
-    token_id: TokenIdArgument,
-    json_output: JsonOption = False,
-    api: ApiOption = None,
-    token: TokenOption = None,
-    ca_file: CaFileOption = None,
-) -> None:
-    """Revoke a join token: no new agent joins with it; to shut out a joined agent use `mwms remove-agent`."""
-    with connect(api, token, ca_file) as client:
-        revoked = client.rest.revoke_join_token(token_id)
-    if json_output:
-        print_json(revoked)
-        return
-    out.print(safe_text(f"revoked join token {revoked['id']} ({revoked.get('name', '')})"))
+@dataclass(frozen=True)
+class TokenKind:
+    """What tells `mwms token list/revoke` (API tokens) from `mwms agent-token list/revoke` (join tokens)."""
+
+    app: typer.Typer
+    noun: str  # as messages name one: "API token", "join token"
+    with_user: bool  # API tokens belong to a user (with a role); join tokens to no one
+    list_all: Callable[[RestApi], list[dict[str, Any]]]
+    revoke: Callable[[RestApi, str], dict[str, Any]]
+    none_found: str
+    list_help: str
+    revoke_help: str
+
+
+API_TOKENS = TokenKind(
+    app=token_app,
+    noun="API token",
+    with_user=True,
+    list_all=RestApi.list_tokens,
+    revoke=RestApi.revoke_token,
+    none_found="no API tokens",
+    list_help="List API tokens (never their secrets), revoked and expired ones included.",
+    revoke_help="Revoke an API token at once; dashboard sessions opened with it end too.",
+)
+JOIN_TOKENS = TokenKind(
+    app=agent_token_app,
+    noun="join token",
+    with_user=False,
+    list_all=RestApi.list_join_tokens,
+    revoke=RestApi.revoke_join_token,
+    none_found="no join tokens; make one with `mwms agent-token create`",
+    list_help="List join tokens (never their secrets), revoked and expired ones included.",
+    revoke_help="Revoke a join token: no new agent joins with it; to shut out a joined agent use "
+    "`mwms remove-agent`.",
+)
+
+
+def add_list_and_revoke(kind: TokenKind) -> None:
+    """Adds `list` and `revoke` to the kind's command group."""
+
+    @kind.app.command("list", help=kind.list_help)
+    @with_client
+    def list_command(client: Client, json_output: JsonOption = False) -> None:
+        found = kind.list_all(client.rest)
+        if json_output:
+            print_json(found)
+        elif not found:
+            err.print(kind.none_found)
+        else:
+            out.print(tokens_table(found, with_user=kind.with_user))
+
+    @kind.app.command("revoke", help=kind.revoke_help)
+    @with_client
+    def revoke_command(client: Client, token_id: TokenIdArgument, json_output: JsonOption = False) -> None:
+        revoked = kind.revoke(client.rest, token_id)
+        if json_output:
+            print_json(revoked)
+            return
+        owner = f", user {revoked.get('user', '')}" if kind.with_user else ""
+        out.print(safe_text(f"revoked {kind.noun} {revoked['id']} ({revoked.get('name', '')}{owner})"))
+
+
+add_list_and_revoke(API_TOKENS)
+add_list_and_revoke(JOIN_TOKENS)
 
 
 # -- mwms remove-agent -----------------------------------------------------------------------------------
@@ -251,21 +237,18 @@ def find_agent(agents: list[dict[str, Any]], wanted: str) -> dict[str, Any]:
     return next(agent for agent in agents if agent.get("id") == agent_id)
 
 
-@handles_errors()
+@with_client
 def remove_agent(
+    client: Client,
     agent: Annotated[str, typer.Argument(help="The agent's name or id, as `mwms agents` shows them.")],
     json_output: JsonOption = False,
-    api: ApiOption = None,
-    token: TokenOption = None,
-    ca_file: CaFileOption = None,
 ) -> None:
     """Remove an agent (admin): its credential is revoked and the tasks it runs are stopped.
 
     To let the machine join again it needs a valid join token.
     """
-    with connect(api, token, ca_file) as client:
-        target = find_agent(client.rest.list_agents(), agent)
-        result = client.rest.remove_agent(target["id"])
+    target = find_agent(client.rest.list_agents(), agent)
+    result = client.rest.remove_agent(target["id"])
     if json_output:
         print_json(result)
         return

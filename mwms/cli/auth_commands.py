@@ -10,8 +10,9 @@ from typing import Annotated
 import typer
 
 from mwms.cli import connect
+from mwms.cli.connect import with_client
 from mwms.cli.errors import CliError, ExitCode, exit_code_for, handles_errors, message_for
-from mwms.cli.options import ApiOption, CaFileOption, JsonOption, TokenOption
+from mwms.cli.options import ApiOption, CaFileOption, JsonOption
 from mwms.cli.output import err, out, print_json
 from mwms.cli.safe_text import safe_text
 from mwms.client import Client
@@ -126,17 +127,11 @@ def logout() -> None:
         err.print(f"note: {TOKEN_ENV} is still set in this shell; commands keep sending it")
 
 
-@handles_errors()
-def whoami(
-    json_output: JsonOption = False,
-    api: ApiOption = None,
-    token: TokenOption = None,
-    ca_file: CaFileOption = None,
-) -> None:
+@with_client
+def whoami(client: Client, json_output: JsonOption = False) -> None:
     """Show the user and role of the token in force, and where it came from."""
-    connection = resolve_connection(api, token, ca_file)
-    with Client.for_connection(connection, retry_seconds=connect.RETRY_SECONDS) as client:
-        identity = client.rest.whoami()
+    connection = client.connection
+    identity = client.rest.whoami()
     if json_output:
         print_json(identity)
         return

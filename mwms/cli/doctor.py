@@ -17,9 +17,9 @@ import typer
 from rich.table import Table
 
 import mwms.doctor_bundle
-from mwms.cli.connect import connect
-from mwms.cli.errors import CliError, ExitCode, handles_errors
-from mwms.cli.options import ApiOption, CaFileOption, JsonOption, TokenOption
+from mwms.cli.connect import with_client
+from mwms.cli.errors import CliError, ExitCode
+from mwms.cli.options import JsonOption
 from mwms.cli.output import cells, err, first_line, out, print_json
 from mwms.cli.safe_text import safe_text, terminal_safe
 from mwms.cli.submit import pack_and_upload
@@ -136,8 +136,9 @@ def doctor_table(rows: list[dict[str, Any]]) -> Table:
     return table
 
 
-@handles_errors()
+@with_client
 def doctor(
+    client: Client,
     agents: Annotated[
         str,
         typer.Option("--agents", help="Comma-separated names (or ids) of the agents to check, at least two."),
@@ -151,20 +152,16 @@ def doctor(
         typer.Option(help="Seconds to wait for the doctor job (it waits while agents are busy).", min=1),
     ] = 300.0,
     json_output: JsonOption = False,
-    api: ApiOption = None,
-    token: TokenOption = None,
-    ca_file: CaFileOption = None,
 ) -> None:
     """Check that the agents reach each other and measure all-reduce and raw TCP bandwidth between them."""
     names = parse_agents(agents)
     if tcp_mb > 4096:
         raise CliError("--tcp-mb is at most 4096")
-    with connect(api, token, ca_file) as client:
-        digest = pack_and_upload(client, bundle_dir(), quiet=True)
-        job = client.create_job(doctor_spec(digest, names, tcp_mb)).raw
-        err.print(safe_text(f"doctor job {job['id']}: checking {', '.join(names)}"))
-        job = wait_for_end(client, job["id"], timeout)
-        preflight = client.rest.job_preflight(job["id"])
+    digest = pack_and_upload(client, bundle_dir(), quiet=True)
+    job = client.create_job(doctor_spec(digest, names, tcp_mb)).raw
+    err.print(safe_text(f"doctor job {job['id']}: checking {', '.join(names)}"))
+    job = wait_for_end(client, job["id"], timeout)
+    preflight = client.rest.job_preflight(job["id"])
     rows = worker_rows(job, preflight)
     ok = job["state"] == "SUCCEEDED" and bool(rows) and all(row["ok"] for row in rows)
     if json_output:

@@ -9,9 +9,9 @@ from typing import Annotated, Any
 import typer
 from rich.text import Text
 
-from mwms.cli.connect import connect
-from mwms.cli.errors import CliError, handles_errors
-from mwms.cli.options import ApiOption, CaFileOption, JsonOption, TokenOption
+from mwms.cli.connect import with_client
+from mwms.cli.errors import CliError
+from mwms.cli.options import JsonOption
 from mwms.cli.output import (
     agents_table,
     artifacts_table,
@@ -40,25 +40,22 @@ JobArgument = Annotated[
 ]
 
 
-@handles_errors()
+@with_client
 def jobs(
+    client: Client,
     state: Annotated[
         list[str] | None, typer.Option("--state", "-s", help="Only jobs in this state; repeatable.")
     ] = None,
     limit: Annotated[int, typer.Option(min=1, max=500, help="How many jobs to show, newest first.")] = 50,
     offset: Annotated[int, typer.Option(min=0, help="Skip this many of the newest jobs.")] = 0,
     json_output: JsonOption = False,
-    api: ApiOption = None,
-    token: TokenOption = None,
-    ca_file: CaFileOption = None,
 ) -> None:
     """List jobs, newest first."""
     states = [value.upper() for value in state or []]
     unknown = [value for value in states if value not in JOB_STATES]
     if unknown:
         raise CliError(f"unknown state {', '.join(unknown)}; use one of {', '.join(JOB_STATES)}")
-    with connect(api, token, ca_file) as client:
-        page = client.rest.list_jobs(states, offset=offset, limit=limit)
+    page = client.rest.list_jobs(states, offset=offset, limit=limit)
     if json_output:
         print_json(page)
         return
@@ -75,16 +72,13 @@ def jobs(
         err.print(f"showing {offset + 1}-{offset + shown} of {page['total']}; see more with --offset/--limit")
 
 
-@handles_errors()
+@with_client
 def agents(
+    client: Client,
     json_output: JsonOption = False,
-    api: ApiOption = None,
-    token: TokenOption = None,
-    ca_file: CaFileOption = None,
 ) -> None:
     """List the agents the coordinator knows, their devices and running tasks."""
-    with connect(api, token, ca_file) as client:
-        found = client.rest.list_agents()
+    found = client.rest.list_agents()
     if json_output:
         print_json(found)
         return
@@ -94,25 +88,23 @@ def agents(
     out.print(agents_table(found))
 
 
-@handles_errors()
+@with_client
 def status(
+    client: Client,
     job_id: JobArgument,
     json_output: JsonOption = False,
-    api: ApiOption = None,
-    token: TokenOption = None,
-    ca_file: CaFileOption = None,
 ) -> None:
     """Show one job: its settings, the newest attempt's tasks and its state changes."""
-    with connect(api, token, ca_file) as client:
-        job = client.rest.get_job(job_id)
+    job = client.rest.get_job(job_id)
     if json_output:
         print_json(job)
     else:
         print_job(job)
 
 
-@handles_errors()
+@with_client
 def logs(
+    client: Client,
     job_id: JobArgument,
     task: Annotated[int | None, typer.Option("--task", "-t", min=0, help="Only this task's lines.")] = None,
     attempt: Annotated[
@@ -134,9 +126,6 @@ def logs(
             "on a terminal or not.",
         ),
     ] = False,
-    api: ApiOption = None,
-    token: TokenOption = None,
-    ca_file: CaFileOption = None,
 ) -> None:
     """Print a job's log lines: `[task I] text`, or the bare text when --task is given."""
     prefix = task is None
@@ -147,13 +136,12 @@ def logs(
         else:
             out.print(log_line_text(line, prefix=prefix))
 
-    with connect(api, token, ca_file) as client:
-        if follow:
-            # Job.logs reconnects from the last line it saw if the coordinator restarts meanwhile.
-            for line in Job(client, {"id": job_id}).logs(task, follow=True, attempt=attempt, tail=tail):
-                show(line.raw)
-            return
-        page = client.rest.logs(job_id, task=task, attempt=attempt, tail=tail)
+    if follow:
+        # Job.logs reconnects from the last line it saw if the coordinator restarts meanwhile.
+        for line in Job(client, {"id": job_id}).logs(task, follow=True, attempt=attempt, tail=tail):
+            show(line.raw)
+        return
+    page = client.rest.logs(job_id, task=task, attempt=attempt, tail=tail)
     lines = page.get("lines") or []
     for line in lines:
         show(line)
@@ -161,47 +149,38 @@ def logs(
         err.print(f"showing the last {len(lines)} lines; ask for more with --tail N")
 
 
-@handles_errors()
+@with_client
 def cancel(
+    client: Client,
     job_id: JobArgument,
     json_output: JsonOption = False,
-    api: ApiOption = None,
-    token: TokenOption = None,
-    ca_file: CaFileOption = None,
 ) -> None:
     """Cancel a job: its tasks are stopped (SIGTERM, then SIGKILL)."""
-    with connect(api, token, ca_file) as client:
-        job = client.rest.cancel_job(job_id)
+    job = client.rest.cancel_job(job_id)
     if json_output:
         print_json(job)
         return
     out.print(Text.assemble("job ", safe_text(job["id"]), " ", state_text(job.get("state"))))
 
 
-@handles_errors()
+@with_client
 def metrics(
+    client: Client,
     job_id: JobArgument,
     name: Annotated[str | None, typer.Option(help="Only this metric (e.g. loss).")] = None,
     min_step: Annotated[int | None, typer.Option(help="Only steps >= this.")] = None,
     max_step: Annotated[int | None, typer.Option(help="Only steps <= this.")] = None,
     attempt: Annotated[int | None, typer.Option(min=1, help="Only this attempt's points.")] = None,
     json_output: JsonOption = False,
-    api: ApiOption = None,
-    token: TokenOption = None,
-    ca_file: CaFileOption = None,
 ) -> None:
     """Show the metrics a job reported: one row per step, one column per metric."""
-    with connect(api, token, ca_file) as client:
-        series = client.rest.metrics(job_id, name=name, min_step=min_step, max_step=max_step, attempt=attempt)
+    series = client.rest.metrics(job_id, name=name, min_step=min_step, max_step=max_step, attempt=attempt)
     if json_output:
         print_json(series)
         return
     points = series.get("points") or []
     if not points and name:
-        with connect(api, token, ca_file) as client:
-            names = sorted(
-                {p["name"] for p in client.rest.metrics(job_id, attempt=attempt).get("points") or []}
-            )
+        names = sorted({p["name"] for p in client.rest.metrics(job_id, attempt=attempt).get("points") or []})
         if names:
             reported = terminal_safe(", ".join(names))
             err.print(f"no points for metric {name!r} in that range; this job reported: {reported}")
@@ -214,22 +193,19 @@ def metrics(
     out.print(metrics_table(points))
 
 
-@handles_errors()
+@with_client
 def artifacts(
+    client: Client,
     job_id: JobArgument,
     download: Annotated[
         Path | None, typer.Option(help="Download every artifact into this directory, keeping relative paths.")
     ] = None,
     json_output: JsonOption = False,
-    api: ApiOption = None,
-    token: TokenOption = None,
-    ca_file: CaFileOption = None,
 ) -> None:
     """List the files a job saved (models, checkpoints); --download fetches them."""
-    with connect(api, token, ca_file) as client:
-        found = client.rest.list_artifacts(job_id)
-        if download is not None:
-            download_artifacts(client, job_id, found, download)
+    found = client.rest.list_artifacts(job_id)
+    if download is not None:
+        download_artifacts(client, job_id, found, download)
     if json_output:
         print_json(found)
     elif not found:

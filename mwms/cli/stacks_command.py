@@ -8,11 +8,11 @@ from typing import Annotated, Any
 import typer
 from rich.text import Text
 
-from mwms.cli.connect import connect
-from mwms.cli.errors import handles_errors
-from mwms.cli.options import ApiOption, CaFileOption, JsonOption, TokenOption
+from mwms.cli.connect import with_client
+from mwms.cli.options import JsonOption
 from mwms.cli.output import format_time, out, print_json
 from mwms.cli.safe_text import safe_text
+from mwms.client import Client
 
 
 def collective_text(in_collective: bool | None) -> Text:
@@ -44,8 +44,9 @@ def print_stacks(dump: dict[str, Any]) -> None:
                 out.print(safe_text(f"    {frame}"))
 
 
-@handles_errors()
+@with_client
 def stacks(
+    client: Client,
     job_id: Annotated[str, typer.Argument(help="The job's id (as printed by `mwms submit` or `mwms jobs`).")],
     refresh: Annotated[
         bool,
@@ -56,14 +57,10 @@ def stacks(
         ),
     ] = True,
     json_output: JsonOption = False,
-    api: ApiOption = None,
-    token: TokenOption = None,
-    ca_file: CaFileOption = None,
 ) -> None:
     """Show the Python stacks of every task of a job: per task its agent, pid and whether it waits in a
     TensorFlow collective, then every thread's stack, innermost frame first."""
-    with connect(api, token, ca_file) as client:
-        dump = client.rest.dump_stacks(job_id) if refresh else client.rest.job_stacks(job_id)
+    dump = client.rest.dump_stacks(job_id) if refresh else client.rest.job_stacks(job_id)
     if json_output:
         print_json(dump)
     else:

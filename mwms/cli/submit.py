@@ -11,10 +11,10 @@ from rich.live import Live
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 from rich.text import Text
 
-from mwms.cli.connect import connect
-from mwms.cli.errors import CliError, ExitCode, handles_errors
+from mwms.cli.connect import with_client
+from mwms.cli.errors import CliError, ExitCode
 from mwms.cli.follow import first_failed_task, tail_of_task_logs, watch_job
-from mwms.cli.options import ApiOption, CaFileOption, JsonOption, TokenOption
+from mwms.cli.options import JsonOption
 from mwms.cli.output import err, first_line, format_loss, log_line_text, out, print_json, state_text
 from mwms.cli.parsing import parse_env
 from mwms.cli.safe_text import safe_text, terminal_safe
@@ -185,8 +185,9 @@ def report_ending(client: Client, job: dict[str, Any]) -> None:
                 err.print(safe_text(text))
 
 
-@handles_errors()
+@with_client
 def submit(
+    client: Client,
     directory: Annotated[
         Path,
         typer.Argument(metavar="DIR", help="Directory with the training program; it is packed and uploaded."),
@@ -260,9 +261,6 @@ def submit(
         bool, typer.Option("--wait", help="Follow the job to its end; exit 0 only if it SUCCEEDED.")
     ] = False,
     json_output: JsonOption = False,
-    api: ApiOption = None,
-    token: TokenOption = None,
-    ca_file: CaFileOption = None,
 ) -> None:
     """Pack DIR, upload it and start a job: mwms submit DIR --workers 2 -- python train.py --epochs 3.
 
@@ -281,41 +279,40 @@ def submit(
         raise CliError("give the command to run after --, e.g. mwms submit . --workers 2 -- python train.py")
     environment = parse_env(env or [])
     job_name = name or directory.resolve().name
-    with connect(api, token, ca_file) as client:
-        digest = pack_and_upload(client, directory, quiet=json_output)
-        spec = build_job_spec(
-            name=job_name,
-            bundle_digest=digest,
-            command=list(command),
-            workers=workers,
-            gpus_per_worker=gpus_per_worker,
-            env=environment,
-            communication=communication,
-            collective_timeout=collective_timeout,
-            bytes_per_pack=bytes_per_pack,
-            max_restarts=max_restarts,
-            restart_on=restart_on,
-            fail_on_nan=fail_on_nan,
-            startup_timeout=startup_timeout,
-            max_runtime=max_runtime,
-            hang_timeout=hang_timeout,
-            preflight=preflight,
-            agents=[a.strip() for a in agents.split(",") if a.strip()] if agents else None,
-        )
-        job = client.create_job(spec).raw
-        if not json_output:
-            print(terminal_safe(job["id"]), flush=True)
-        if not wait:
-            if json_output:
-                print_json(job)
-            else:
-                job_id = terminal_safe(job["id"])
-                err.print(f"follow it: mwms logs {job_id} --follow   (or: mwms status {job_id})")
-            return
-        final = follow_to_end(client, job["id"], logs_to_stdout=not json_output)
+    digest = pack_and_upload(client, directory, quiet=json_output)
+    spec = build_job_spec(
+        name=job_name,
+        bundle_digest=digest,
+        command=list(command),
+        workers=workers,
+        gpus_per_worker=gpus_per_worker,
+        env=environment,
+        communication=communication,
+        collective_timeout=collective_timeout,
+        bytes_per_pack=bytes_per_pack,
+        max_restarts=max_restarts,
+        restart_on=restart_on,
+        fail_on_nan=fail_on_nan,
+        startup_timeout=startup_timeout,
+        max_runtime=max_runtime,
+        hang_timeout=hang_timeout,
+        preflight=preflight,
+        agents=[a.strip() for a in agents.split(",") if a.strip()] if agents else None,
+    )
+    job = client.create_job(spec).raw
+    if not json_output:
+        print(terminal_safe(job["id"]), flush=True)
+    if not wait:
         if json_output:
-            print_json(final)
-        report_ending(client, final)
-        sys.stdout.flush()
-        if final.get("state") != "SUCCEEDED":
-            raise typer.Exit(int(ExitCode.JOB_NOT_SUCCEEDED))
+            print_json(job)
+        else:
+            job_id = terminal_safe(job["id"])
+            err.print(f"follow it: mwms logs {job_id} --follow   (or: mwms status {job_id})")
+        return
+    final = follow_to_end(client, job["id"], logs_to_stdout=not json_output)
+    if json_output:
+        print_json(final)
+    report_ending(client, final)
+    sys.stdout.flush()
+    if final.get("state") != "SUCCEEDED":
+        raise typer.Exit(int(ExitCode.JOB_NOT_SUCCEEDED))
