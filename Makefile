@@ -27,6 +27,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy server worker_agent mwms_runtime mwms
+	$(BIN)/lint-imports
 
 proto: install
 	$(BIN)/python scripts/gen_proto.py

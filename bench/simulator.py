@@ -26,7 +26,7 @@ import grpc
 from mwms.v1 import agent_pb2 as pb
 from mwms.v1 import agent_pb2_grpc
 
-# Like worker_agent/session.py: at most this many items per LogBatch / MetricBatch.
+# Like worker_agent/connection.py: at most this many items per LogBatch / MetricBatch.
 BATCH_MAX_ITEMS = 500
 # Each channel gets its own subchannel pool, so every simulated agent has its own TCP connection.
 CHANNEL_OPTIONS = [

@@ -33,6 +33,7 @@ from typing import Literal
 NonFinite = Literal["NaN", "Infinity", "-Infinity"]
 NON_FINITE: dict[str, float] = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
+# Also the coordinator's bound on job and agent names (server/limits.py MAX_NAME_CHARS): its columns hold 200.
 MAX_NAME_LENGTH = 200
 MIN_STEP = -(2**31)
 MAX_STEP = 2**31 - 1

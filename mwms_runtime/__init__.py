@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+from mwms.task_environment import DEFAULTED_ENV
+
+for _name, _default in DEFAULTED_ENV.items():  # as the agent does for its tasks
+    os.environ.setdefault(_name, _default)
 
 from mwms_runtime.env import TaskContext, checkpoint_dir, context, output_dir  # noqa: E402
 from mwms_runtime.in_graph import reduce_metrics  # noqa: E402

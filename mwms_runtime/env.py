@@ -10,6 +10,8 @@ import json
 import os
 from dataclasses import dataclass
 
+from mwms import task_environment
+
 DEFAULT_OUTPUT_DIR = "mwms-output"
 
 
@@ -30,7 +32,7 @@ class TaskContext:
 
 
 def _tf_config() -> dict:
-    raw = os.environ.get("TF_CONFIG", "").strip()
+    raw = os.environ.get(task_environment.TF_CONFIG, "").strip()
     if not raw:
         return {}
     try:
@@ -81,23 +83,25 @@ def context() -> TaskContext:
     """Return this task's context; a program outside a job is a single chief writing to ./mwms-output."""
     tf_config = _tf_config()
     tf_index, tf_workers, tf_chief = _cluster_shape(tf_config)
-    env_index = _int_env("MWMS_TASK_INDEX")
+    env_index = _int_env(task_environment.TASK_INDEX)
     task_index = env_index if env_index is not None else tf_index
-    num_workers = _int_env("MWMS_NUM_WORKERS") or tf_workers
+    num_workers = _int_env(task_environment.NUM_WORKERS) or tf_workers
     is_chief = task_index == 0 if env_index is not None else tf_chief
-    output_dir = os.environ.get("MWMS_OUTPUT_DIR") or os.path.abspath(DEFAULT_OUTPUT_DIR)
-    checkpoint_dir = os.environ.get("MWMS_CHECKPOINT_DIR") or os.path.join(output_dir, "checkpoints")
+    output_dir = os.environ.get(task_environment.OUTPUT_DIR) or os.path.abspath(DEFAULT_OUTPUT_DIR)
+    checkpoint_dir = os.environ.get(task_environment.CHECKPOINT_DIR) or os.path.join(
+        output_dir, "checkpoints"
+    )
     return TaskContext(
-        job_id=os.environ.get("MWMS_JOB_ID", "local"),
-        attempt=_int_env("MWMS_ATTEMPT") or 0,
+        job_id=os.environ.get(task_environment.JOB_ID, "local"),
+        attempt=_int_env(task_environment.ATTEMPT) or 0,
         task_index=task_index,
         num_workers=num_workers,
         is_chief=is_chief,
         output_dir=output_dir,
         checkpoint_dir=checkpoint_dir,
-        metrics_file=os.environ.get("MWMS_METRICS_FILE") or None,
-        num_gpus=_int_env("MWMS_NUM_GPUS"),
-        in_job="MWMS_JOB_ID" in os.environ,
+        metrics_file=os.environ.get(task_environment.METRICS_FILE) or None,
+        num_gpus=_int_env(task_environment.NUM_GPUS),
+        in_job=task_environment.JOB_ID in os.environ,
     )
 
 

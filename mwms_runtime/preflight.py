@@ -23,6 +23,7 @@ import time
 import traceback
 from typing import Any
 
+from mwms import task_environment
 from mwms.preflight_contract import (
     ALLREDUCE_ENV,
     ALLREDUCE_SIZES,
@@ -129,7 +130,7 @@ def run_check(report: dict[str, Any]) -> int:
     """Runs both phases, filling `report`; returns the exit code."""
     started = time.monotonic()
     try:
-        endpoints, index = parse_endpoints(os.environ.get("TF_CONFIG", ""))
+        endpoints, index = parse_endpoints(os.environ.get(task_environment.TF_CONFIG, ""))
     except ValueError as error:
         report.update(ok=False, phase="config", message=f"preflight check: {error}")
         return EXIT_BAD_CONFIG

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from mwms import task_environment
 from mwms_runtime import save_paths, writer
 from mwms_runtime.env import context, float_env
 from mwms_runtime.reduced import ReducedMetrics
@@ -48,7 +49,7 @@ _OPS = ("MEAN", "SUM")
 
 def report_timeout_seconds() -> float:
     """Seconds one report() waits for the other workers: MWMS_REPORT_TIMEOUT_S, MWMS_COLLECTIVE_TIMEOUT_S or 120."""
-    for name in ("MWMS_REPORT_TIMEOUT_S", "MWMS_COLLECTIVE_TIMEOUT_S"):
+    for name in (task_environment.REPORT_TIMEOUT_S, task_environment.COLLECTIVE_TIMEOUT_S):
         value = float_env(name)
         if value is not None and value > 0:
             return value
@@ -245,7 +246,7 @@ _chief_by_env: dict[tuple[str | None, str | None], bool] = {}
 
 def _is_chief() -> bool:
     """context().is_chief, remembered per (MWMS_TASK_INDEX, TF_CONFIG): report() may run every step."""
-    key = (os.environ.get("MWMS_TASK_INDEX"), os.environ.get("TF_CONFIG"))
+    key = (os.environ.get(task_environment.TASK_INDEX), os.environ.get(task_environment.TF_CONFIG))
     chief = _chief_by_env.get(key)
     if chief is None:
         chief = _chief_by_env[key] = context().is_chief

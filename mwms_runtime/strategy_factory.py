@@ -12,6 +12,7 @@ import sys
 import threading
 from typing import Any
 
+from mwms import task_environment
 from mwms_runtime.env import context, float_env
 
 _lock = threading.Lock()
@@ -23,7 +24,7 @@ _VALID_COMMUNICATION = ("AUTO", "RING", "NCCL")
 def _num_gpus_given() -> int | None:
     """GPUs the agent gave this task, or None outside a job (TensorFlow then counts them itself)."""
     ctx = context()
-    if os.environ.get("MWMS_DEVICE_KIND", "").lower() == "cpu":
+    if os.environ.get(task_environment.DEVICE_KIND, "").lower() == task_environment.DEVICE_KIND_CPU:
         return 0
     return ctx.num_gpus
 
@@ -59,7 +60,7 @@ def _eager_context_started() -> bool:
 
 def _communication_name(communication: Any, num_gpus: int | None) -> str:
     if communication is None:
-        communication = os.environ.get("MWMS_COMMUNICATION") or None
+        communication = os.environ.get(task_environment.COMMUNICATION) or None
     if communication is None:
         return "NCCL" if num_gpus else "AUTO"
     name = getattr(communication, "name", str(communication)).upper()
@@ -82,9 +83,9 @@ def communication_options(
 
     name = _communication_name(communication, _num_gpus_given())
     if timeout_seconds is None:
-        timeout_seconds = float_env("MWMS_COLLECTIVE_TIMEOUT_S")
+        timeout_seconds = float_env(task_environment.COLLECTIVE_TIMEOUT_S)
     if bytes_per_pack is None:
-        raw = os.environ.get("MWMS_BYTES_PER_PACK", "").strip()
+        raw = os.environ.get(task_environment.BYTES_PER_PACK, "").strip()
         bytes_per_pack = int(raw) if raw else 0
     return tf.distribute.experimental.CommunicationOptions(
         bytes_per_pack=bytes_per_pack,

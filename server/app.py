@@ -13,39 +13,32 @@ from fastapi.responses import HTMLResponse
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 import mwms
+from mwms.agent_link import server_keepalive_options
 from mwms.v1 import agent_pb2_grpc
 from server.admin_token import bootstrap_admin_token
-from server.api import agents, bundles, dashboard, devices, health, jobs, session, tokens
+from server.api import agents, bundles, dashboard, devices, health, jobs, login, tokens
 from server.api.auth import AuthMiddleware
 from server.api.body_limit import BodyLimitMiddleware
-from server.api.deps import Runtime
 from server.api.errors import install_error_handlers
 from server.api.preflight import router as preflight_router
 from server.api.security_headers import SecurityHeadersMiddleware
 from server.api.stacks import router as stacks_router
 from server.db.engine import Database
 from server.db.migrate import upgrade_to_head
-from server.hang_detector import HangDetector
 from server.limits import (
     GRPC_ABSOLUTE_MAX_METADATA_BYTES,
     GRPC_HANDSHAKE_TIMEOUT_MS,
     GRPC_MAX_CONNECTION_IDLE_MS,
     GRPC_MAX_METADATA_BYTES,
 )
-from server.liveness import Liveness
-from server.loops import BackgroundLoops
+from server.live.wiring import build_wiring
 from server.observability.cluster_gauges import cluster_registry
 from server.observability.request_latency import RequestLatencyMiddleware
 from server.rpc.agent_service import AgentService
 from server.rpc.auth import AgentAuthInterceptor
-from server.rpc.device_ingest import DeviceTelemetryWriter
-from server.rpc.hub import AgentHub
-from server.rpc.ingest import TelemetryWriter
-from server.rpc.stack_collector import StackCollector
 from server.services.agents import grant_reconnect_grace
 from server.services.follows import FollowSlots
 from server.settings import Settings
-from server.task_progress import TaskProgress
 from server.tls import bind_grpc_port
 
 log = logging.getLogger("mwms.server")
@@ -76,22 +69,13 @@ def create_app(settings: Settings) -> FastAPI:
         await asyncio.to_thread(upgrade_to_head, db.engine)
         await asyncio.to_thread(_grant_reconnect_grace, db, settings)
         await asyncio.to_thread(bootstrap_admin_token, db, settings)
-        hub = AgentHub(asyncio.get_running_loop(), db)
-        liveness = Liveness()
-        loops = BackgroundLoops(db, settings, hub, liveness)
-        progress = TaskProgress()  # hang detection's clock, fed by the telemetry writer
-        telemetry = TelemetryWriter(db, hub.wake, loops.poke, progress=progress)
-        stacks = StackCollector(db, hub)
-        hangs = HangDetector(db, settings, stacks, progress, hub.wake, loops.poke)
-        devices = DeviceTelemetryWriter(db, settings)
+        wiring = build_wiring(db, settings)
         grpc_server = grpc.aio.server(
             interceptors=[AgentAuthInterceptor(db)],
             options=[
                 ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE),
                 ("grpc.max_send_message_length", GRPC_MAX_MESSAGE),
-                ("grpc.keepalive_time_ms", 10_000),
-                ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-                ("grpc.keepalive_permit_without_calls", 1),
+                *server_keepalive_options(),  # the agents' pings pass this policy (mwms/agent_link.py)
                 # Bounds for callers that never authenticate (issue 16): a call's metadata, a connection
                 # with no call open (agents keep their Connect stream open), and a slow handshake.
                 ("grpc.max_metadata_size", GRPC_MAX_METADATA_BYTES),
@@ -101,7 +85,7 @@ def create_app(settings: Settings) -> FastAPI:
             ],
         )
         agent_pb2_grpc.add_AgentServiceServicer_to_server(
-            AgentService(db, settings, hub, loops.poke, liveness, telemetry, devices, stacks=stacks),
+            AgentService(wiring),
             grpc_server,
         )
         bound = bind_grpc_port(grpc_server, settings)  # TLS when a certificate is configured
@@ -111,27 +95,16 @@ def create_app(settings: Settings) -> FastAPI:
                 "pass another --grpc-port"
             )
         app.state.grpc_port = bound
-        app.state.hub, app.state.liveness, app.state.telemetry = hub, liveness, telemetry  # tests, benchmarks
-        app.state.device_telemetry = devices  # the newest device samples, for server/api/devices.py
-        app.state.stacks = stacks  # server/api/stacks.py sends and waits through it
         await grpc_server.start()
-        app.state.runtime = Runtime(db=db, settings=settings, poke_scheduler=loops.poke, wake_agents=hub.wake)
-        app.state.cluster_metrics = cluster_registry(db, hub.connected_count)  # read by /metrics
-        hub.start()
-        telemetry.start()
-        devices.start()
-        loops.start()
-        hangs.start()
+        app.state.wiring = wiring  # routers get it through server/api/deps.py
+        app.state.cluster_metrics = cluster_registry(db, wiring.hub.connected_count)  # read by /metrics
+        wiring.start()
         log.info("coordinator ready: gRPC for agents on %s:%d", settings.grpc_host, bound)
         try:
             yield
         finally:
             await grpc_server.stop(grace=2)
-            await hangs.stop()
-            await telemetry.stop()
-            await devices.stop()
-            await hub.stop()
-            await loops.stop()
+            await wiring.stop()
             db.dispose()
 
     app = FastAPI(
@@ -152,7 +125,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(stacks_router)
     app.include_router(preflight_router)
     app.state.follow_slots = FollowSlots(settings.max_follows_per_user, settings.max_follows_total)
-    routers = (health.router, session.router, tokens.router, bundles.router, jobs.router, agents.router)
+    routers = (health.router, login.router, tokens.router, bundles.router, jobs.router, agents.router)
     for router in (*routers, devices.router, dashboard.router):
         app.include_router(router)
     # The last added runs first: request timing, headers on every response, then the Host check, then

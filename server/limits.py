@@ -12,6 +12,9 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+# Re-exported: the settings check start_task_bound against the agents' receive limit.
+from mwms.agent_link import AGENT_RECEIVE_LIMIT_BYTES as AGENT_RECEIVE_LIMIT_BYTES
+from mwms.metrics_line import MAX_NAME_LENGTH
 from server.errors import DomainError
 
 if TYPE_CHECKING:
@@ -19,13 +22,11 @@ if TYPE_CHECKING:
 
 INT64_MAX = 2**63 - 1
 INT64_MIN = -(2**63)
-# Workers of one job, and characters of a name (the database columns hold 200).
+# Workers of one job, and characters of a name: a job's, an agent's, a metric's (the columns hold 200).
 MAX_WORKERS = 4096
-MAX_NAME_CHARS = 200
+MAX_NAME_CHARS = MAX_NAME_LENGTH
 # Linux's MAX_ARG_STRLEN: one program argument, or one NAME=value string, including its NUL.
 ARG_STRLEN_MAX = 128 * 1024
-# gRPC's default max_receive_message_length, which the agents' channel keeps (worker_agent/channel.py).
-AGENT_RECEIVE_LIMIT_BYTES = 4 * 1024 * 1024
 # The longest worker address in a TF_CONFIG: an advertise address (255 characters) and ":65535".
 MAX_WORKER_ADDRESS_CHARS = 255 + 6
 # StartTask fields other than command, env and tf_config: ids, digest, device indices, the checkpoint

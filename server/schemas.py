@@ -17,34 +17,12 @@ from pydantic import (
     model_validator,
 )
 
+from mwms import task_environment
 from mwms.metrics_line import NonFinite
 from server.limits import INT64_MAX, MAX_NAME_CHARS, MAX_WORKERS
 from server.states import JobState
 
 DIGEST_PATTERN = r"^[0-9a-f]{64}$"
-# Set by the agent for every task; a job cannot override them.
-RESERVED_ENV = frozenset(
-    {
-        "TF_CONFIG",
-        "CUDA_VISIBLE_DEVICES",
-        "MWMS_JOB_ID",
-        "MWMS_TASK_ID",
-        "MWMS_ATTEMPT",
-        "MWMS_TASK_INDEX",
-        "MWMS_NUM_WORKERS",
-        "MWMS_OUTPUT_DIR",
-        "MWMS_CHECKPOINT_DIR",
-        "MWMS_METRICS_FILE",
-        "MWMS_DEVICE_KIND",
-        "MWMS_NUM_GPUS",
-        "MWMS_STACKS_DIR",
-    }
-)
-SPEC_ENV = {
-    "MWMS_COMMUNICATION": "communication.implementation",
-    "MWMS_COLLECTIVE_TIMEOUT_S": "communication.timeout_seconds",
-    "MWMS_BYTES_PER_PACK": "communication.bytes_per_pack",
-}
 
 
 def _no_nul(value: str) -> str:
@@ -169,10 +147,10 @@ class JobCreate(BaseModel):
         for key in value:
             if not key or "=" in key or "\x00" in key:
                 raise ValueError(f"invalid environment variable name {key!r}")
-            if key in RESERVED_ENV:
-                raise ValueError(f"{key} is set by mwms for each task and cannot be overridden")
-            if key in SPEC_ENV:
-                raise ValueError(f"{key} comes from the job spec: set {SPEC_ENV[key]} instead")
+        # Names the agent sets or the spec derives (mwms/task_environment.py), all named at once.
+        refused = task_environment.refused_names(value)
+        if refused is not None:
+            raise ValueError(refused)
         return value
 
 

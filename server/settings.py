@@ -9,13 +9,8 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from mwms.archive import DEFAULT_LIMITS, ArchiveLimits
+from mwms.loopback import is_loopback
 from server.limits import AGENT_RECEIVE_LIMIT_BYTES, ARG_STRLEN_MAX, SpecLimits, start_task_bound
-
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
-
-
-def is_loopback(host: str) -> bool:
-    return host in LOOPBACK_HOSTS or host.startswith("127.")
 
 
 class Settings(BaseSettings):

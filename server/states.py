@@ -46,6 +46,23 @@ class AttemptState(str, Enum):
     # Never started: an agent refused its assignment, so the job is placed again without a restart.
     REPLACED = "REPLACED"
 
+    @property
+    def terminal(self) -> bool:
+        return self != AttemptState.ACTIVE
+
+
+# An attempt is born ACTIVE (placed) and ends exactly once; a new try is a new attempt.
+ATTEMPT_TRANSITIONS: dict[AttemptState | None, frozenset[AttemptState]] = {
+    None: frozenset({AttemptState.ACTIVE}),
+    AttemptState.ACTIVE: frozenset(
+        {AttemptState.SUCCEEDED, AttemptState.FAILED, AttemptState.CANCELLED, AttemptState.REPLACED}
+    ),
+    AttemptState.SUCCEEDED: frozenset(),
+    AttemptState.FAILED: frozenset(),
+    AttemptState.CANCELLED: frozenset(),
+    AttemptState.REPLACED: frozenset(),
+}
+
 
 class TaskState(str, Enum):
     ASSIGNED = "ASSIGNED"  # placed; the start command is on its way to the agent
@@ -93,6 +110,12 @@ def check_job_transition(current: JobState | None, requested: JobState) -> None:
     """Raises InvalidTransition unless the job may go from `current` to `requested`."""
     if requested not in JOB_TRANSITIONS[current]:
         raise InvalidTransition("job", current.value if current else None, requested.value)
+
+
+def check_attempt_transition(current: AttemptState | None, requested: AttemptState) -> None:
+    """Raises InvalidTransition unless the attempt may go from `current` to `requested`."""
+    if requested not in ATTEMPT_TRANSITIONS[current]:
+        raise InvalidTransition("attempt", current.value if current else None, requested.value)
 
 
 def check_task_transition(current: TaskState, requested: TaskState) -> None:

@@ -5,7 +5,7 @@ GPUs has no sampler: the agent says so in one info line and sends nothing. MWMS_
 replaces NVML with a callable of one's own (a testing and extension hook): called every interval without
 arguments, it returns the samples, as `DeviceSample` messages or mappings with the same fields.
 
-Telemetry is best effort: the sampler thread keeps only the newest reading, which the session sends when
+Telemetry is best effort: the sampler thread keeps only the newest reading, which the connection sends when
 it is connected; a reading nobody sent is replaced by the next one, never buffered on disk.
 """
 
@@ -131,7 +131,7 @@ def as_sample(item: agent_pb2.DeviceSample | Mapping[str, Any]) -> agent_pb2.Dev
 
 
 class DeviceTelemetry:
-    """Samples in a thread of its own every `interval` seconds; the session takes the newest reading."""
+    """Samples in a thread of its own every `interval` seconds; the connection takes the newest reading."""
 
     def __init__(self, sampler: Sampler, interval: float, close: Callable[[], None] | None = None) -> None:
         self._sampler = sampler

@@ -1,7 +1,7 @@
-"""The agent's life: register, keep a session with the coordinator until told to stop, then stop its tasks.
+"""The agent's life: register, keep a connection with the coordinator until told to stop, then stop its tasks.
 
-Tasks outlive sessions: when the coordinator restarts or the network breaks, the agent registers again
-with backoff and opens a new session that reports every task it still knows. The first registration
+Tasks outlive connections: when the coordinator restarts or the network breaks, the agent registers again
+with backoff and opens a new connection that reports every task it still knows. The first registration
 needs a join token and returns the agent's credential (worker_agent/credentials.py); later ones, also
 after a restart of the agent, prove the agent's identity with that credential.
 """
@@ -20,11 +20,11 @@ from mwms.loop import Backoff
 from mwms.v1 import agent_pb2, agent_pb2_grpc
 from worker_agent.channel import CHANNEL_OPTIONS, ChannelFactory
 from worker_agent.config import AgentConfig, local_address_towards
+from worker_agent.connection import AgentConnection
 from worker_agent.credentials import CredentialStore
 from worker_agent.device_telemetry import start_device_telemetry
 from worker_agent.devices import detect_devices
 from worker_agent.sandbox import Confinement, SandboxError, find_bwrap
-from worker_agent.session import AgentSession
 from worker_agent.task_users import TaskUserError, TaskUsers
 from worker_agent.tasks import TaskManager
 from worker_agent.work_dir import prepare_work_dir
@@ -35,8 +35,8 @@ EXIT_OK = 0
 EXIT_REFUSED = 2
 REGISTER_TIMEOUT_SECONDS = 10.0
 DEFAULT_HEARTBEAT_SECONDS = 5.0
-# A session that lasted this long was healthy: the next reconnect starts with the shortest delay.
-HEALTHY_SESSION_SECONDS = 10.0
+# A connection that lasted this long was healthy: the next reconnect starts with the shortest delay.
+HEALTHY_CONNECTION_SECONDS = 10.0
 # On shutdown, how long to wait for the coordinator to acknowledge the final reports.
 FINAL_ACK_WAIT_SECONDS = 5.0
 # Codes after which registering again cannot help.
@@ -80,7 +80,7 @@ def run_agent(config: AgentConfig, stop: threading.Event) -> int:
     heartbeats_answered = threading.Event()
     backoff = Backoff(initial=0.5, maximum=10.0)
     device_telemetry = start_device_telemetry(config.device_sample_interval)
-    session: AgentSession | None = None
+    connection: AgentConnection | None = None
     exit_code = EXIT_OK
     try:
         while not stop.is_set():
@@ -98,28 +98,28 @@ def run_agent(config: AgentConfig, stop: threading.Event) -> int:
                 stop.wait(backoff.next_delay())
                 continue
             log.info("registered as agent %s", agent_id)
-            session = AgentSession(
+            connection = AgentConnection(
                 stub, agent_id, heartbeat_interval, tasks, heartbeats_answered, devices=device_telemetry
             )
             opened_at = time.monotonic()
-            session.open()
+            connection.open()
             went_silent = False
-            while not stop.is_set() and not session.ended.is_set():
-                went_silent = session.end_if_silent() or went_silent
+            while not stop.is_set() and not connection.ended.is_set():
+                went_silent = connection.end_if_silent() or went_silent
                 stop.wait(0.1)
             if went_silent:
-                # The connection under a silent stream is likely dead too: start over on a new one.
+                # The channel under a silent stream is likely dead too: start over on a new one.
                 channel.close()
                 channel = channels.open()
                 stub = agent_pb2_grpc.AgentServiceStub(channel)
                 tasks.use_stub(stub)
             if stop.is_set():
                 break
-            if time.monotonic() - opened_at >= HEALTHY_SESSION_SECONDS:
+            if time.monotonic() - opened_at >= HEALTHY_CONNECTION_SECONDS:
                 backoff.reset()
             stop.wait(backoff.next_delay())
     finally:
-        _shut_down(config, tasks, session)
+        _shut_down(config, tasks, connection)
         if device_telemetry is not None:
             device_telemetry.stop()
         channel.close()
@@ -171,17 +171,17 @@ def build_confinement(config: AgentConfig) -> Confinement:
     return confinement
 
 
-def _shut_down(config: AgentConfig, tasks: TaskManager, session: AgentSession | None) -> None:
+def _shut_down(config: AgentConfig, tasks: TaskManager, connection: AgentConnection | None) -> None:
     """Stops every task; while still connected, gives the coordinator a moment to store the final reports."""
     if tasks.records():
         log.info("stopping %d task(s)", len(tasks.records()))
     tasks.stop_all(config.stop_grace)
-    if session is None:
+    if connection is None:
         return
     deadline = time.monotonic() + FINAL_ACK_WAIT_SECONDS
-    while tasks.records() and not session.ended.is_set() and time.monotonic() < deadline:
+    while tasks.records() and not connection.ended.is_set() and time.monotonic() < deadline:
         time.sleep(0.05)
-    session.close()
+    connection.close()
 
 
 def _describe(error: grpc.RpcError) -> str:

@@ -33,13 +33,14 @@ from pathlib import Path
 
 import mwms
 import mwms_runtime
+from mwms import agent_defaults
 from worker_agent.stacks import HANDLER_DIR
 from worker_agent.task_env import TaskPaths
 from worker_agent.task_users import TaskIdentity, TaskUsers
 
 log = logging.getLogger("mwms.agent.sandbox")
 
-SANDBOX_MODES = ("auto", "bwrap", "off")
+SANDBOX_MODES = agent_defaults.SANDBOX_MODES
 GPU_CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 GPU_CONTROL_DIRS = ("/dev/nvidia-caps",)
 PRIVATE_TEMP_DIRS = ("/tmp", "/var/tmp")

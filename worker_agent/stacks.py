@@ -6,7 +6,7 @@ SIGUSR2 by writing them to <stacks dir>/<pid>.txt; the agent signals, waits (bou
 grow and stop growing, and reads what was added. Either way the text is bounded (MAX_STACK_BYTES).
 
 Each named task is dumped in a thread of its own, at the same time, and each answer goes to `send`
-as soon as it is ready; the session's stream thread never waits for a dump.
+as soon as it is ready; the connection's stream thread never waits for a dump.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mwms import stack_dumps
+from mwms import stack_dumps, task_environment
 from mwms.stack_dumps import MAX_STACK_BYTES
 from mwms.v1 import agent_pb2
 from worker_agent.task_files import open_beneath, read_beneath
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("mwms.agent.stacks")
 
 # The contract with stack_handler/sitecustomize.py: the directory's variable, the signal, the file name.
-STACKS_DIR_ENV = "MWMS_STACKS_DIR"
+STACKS_DIR_ENV = task_environment.STACKS_DIR
 STACKS_SIGNAL = signal.SIGUSR2
 HANDLER_DIR = Path(__file__).parent / "stack_handler"
 # "auto" (py-spy when it can trace, else faulthandler), "py-spy" or "faulthandler"; read by the agent.
@@ -65,10 +65,10 @@ def stacks_dir(task_dir: Path) -> Path:
 
 def handler_environment(env: Mapping[str, str], directory: Path) -> dict[str, str]:
     """The variables a task needs for the handler: PYTHONPATH with the handler's directory first."""
-    python_path = env.get("PYTHONPATH", "")
+    python_path = env.get(task_environment.PYTHONPATH, "")
     return {
         STACKS_DIR_ENV: str(directory),
-        "PYTHONPATH": str(HANDLER_DIR) + (os.pathsep + python_path if python_path else ""),
+        task_environment.PYTHONPATH: str(HANDLER_DIR) + (os.pathsep + python_path if python_path else ""),
     }
 
 

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from mwms import task_environment
 from mwms.v1 import agent_pb2
 from worker_agent.stacks import handler_environment
 
@@ -118,38 +119,51 @@ def child_environment(
     user: tuple[str, bool] = ("", True),
 ) -> dict[str, str]:
     """The agent's environment less its secrets and settings, then StartTask.env, then the variables the
-    agent owns. `user` is (name, shared with the agent): a task of its own user gets its own HOME."""
+    agent owns (mwms/task_environment.py names them). `user` is (name, shared with the agent): a task
+    of its own user gets its own HOME."""
     env = {name: value for name, value in agent_env.items() if inherited(name)}
     # A single-worker job has no TF_CONFIG; one inherited from the agent's shell would mislead TensorFlow.
-    env.pop("TF_CONFIG", None)
+    env.pop(task_environment.TF_CONFIG, None)
     env.update(start.env)
-    is_gpu = start.device_kind == agent_pb2.DEVICE_KIND_GPU
-    if "TF_USE_LEGACY_KERAS" not in start.env:
-        env["TF_USE_LEGACY_KERAS"] = "1"
+    for variable, default in task_environment.DEFAULTED_ENV.items():
+        if variable not in start.env:
+            env[variable] = default
     if start.tf_config:
-        env["TF_CONFIG"] = start.tf_config
+        env[task_environment.TF_CONFIG] = start.tf_config
     else:
-        env.pop("TF_CONFIG", None)
+        env.pop(task_environment.TF_CONFIG, None)
+    is_gpu = start.device_kind == agent_pb2.DEVICE_KIND_GPU
     env.update(
         {
-            "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in start.device_indices) if is_gpu else "",
-            "MWMS_JOB_ID": start.job_id,
-            "MWMS_TASK_ID": start.task_id,
-            "MWMS_ATTEMPT": str(start.attempt),
-            "MWMS_TASK_INDEX": str(start.task_index),
-            "MWMS_NUM_WORKERS": str(start.num_workers),
-            "MWMS_OUTPUT_DIR": str(paths.output_dir),
-            "MWMS_CHECKPOINT_DIR": str(paths.checkpoint_dir),
-            "MWMS_METRICS_FILE": str(paths.metrics_file),
-            "MWMS_DEVICE_KIND": "gpu" if is_gpu else "cpu",
-            "MWMS_NUM_GPUS": str(len(start.device_indices)) if is_gpu else "0",
-            "PYTHONUNBUFFERED": "1",
+            task_environment.CUDA_VISIBLE_DEVICES: ",".join(str(i) for i in start.device_indices)
+            if is_gpu
+            else "",
+            task_environment.JOB_ID: start.job_id,
+            task_environment.TASK_ID: start.task_id,
+            task_environment.ATTEMPT: str(start.attempt),
+            task_environment.TASK_INDEX: str(start.task_index),
+            task_environment.NUM_WORKERS: str(start.num_workers),
+            task_environment.OUTPUT_DIR: str(paths.output_dir),
+            task_environment.CHECKPOINT_DIR: str(paths.checkpoint_dir),
+            task_environment.METRICS_FILE: str(paths.metrics_file),
+            task_environment.DEVICE_KIND: task_environment.DEVICE_KIND_GPU
+            if is_gpu
+            else task_environment.DEVICE_KIND_CPU,
+            task_environment.NUM_GPUS: str(len(start.device_indices)) if is_gpu else "0",
+            task_environment.PYTHONUNBUFFERED: "1",
             # Temporary files (e.g. non-chief save paths) stay inside the task dir, removed with the task.
-            "TMPDIR": str(paths.tmp_dir),
+            task_environment.TMPDIR: str(paths.tmp_dir),
+            task_environment.PWD: str(paths.bundle_dir),  # its working directory, not the agent's
         }
     )
     name, shared = user
     if not shared:
-        env.update({"HOME": str(paths.home_dir), "USER": name, "LOGNAME": name})
+        env.update(
+            {
+                task_environment.HOME: str(paths.home_dir),
+                task_environment.USER: name,
+                task_environment.LOGNAME: name,
+            }
+        )
     env.update(handler_environment(env, paths.stacks_dir))  # stacks on demand, without changing the program
     return env

@@ -1,6 +1,6 @@
 """The tasks this agent process knows: starting, running and stopping them, and what to report about them.
 
-Every state change becomes a TaskReport on `reports` (the session sends them) and is written to the task
+Every state change becomes a TaskReport on `reports` (the connection sends them) and is written to the task
 table on disk (`agent-state.json`); log lines and metric points wait in each task's on-disk outboxes
 (`outbox/<task_id>/`) until the coordinator acknowledges them. A task is forgotten once its final state and
 all its logs and metrics are acknowledged.
@@ -70,7 +70,7 @@ class TaskManager:
         self._state_lock = threading.Lock()
         self._records: dict[str, TaskRecord] = {}
         self._records_lock = threading.Lock()
-        # Reports waiting to be sent; `reports_ready` wakes the session's sender.
+        # Reports waiting to be sent; `reports_ready` wakes the connection's sender.
         self.reports: queue.Queue[agent_pb2.TaskReport] = queue.Queue()
         self.reports_ready = threading.Event()
         # Preflight results waiting to be sent (before the reports taken with them; not resent after a

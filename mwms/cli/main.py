@@ -13,11 +13,11 @@ import stat
 import sys
 import threading
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from mwms import __version__
+from mwms import __version__, agent_defaults
 from mwms.cli import admin_commands, auth_commands, job_commands, quickstart, submit
 from mwms.cli.doctor import doctor
 from mwms.cli.errors import EXIT_CODES_HELP, CliError, ExitCode, handles_errors
@@ -191,21 +191,44 @@ def read_join_token(token_file: Path | None) -> str:
 @app.command()
 @handles_errors(api_param=None)
 def agent(
+    # Options default to "not given" (None); the defaults are mwms/agent_defaults.py's, shown in --help.
     server_address: Annotated[
-        str, typer.Option("--server", help="HOST:PORT of the coordinator's gRPC endpoint.")
-    ] = "127.0.0.1:50051",
+        str | None,
+        typer.Option(
+            "--server",
+            help=f"HOST:PORT of the coordinator's gRPC endpoint [default: {agent_defaults.SERVER}].",
+            show_default=False,
+        ),
+    ] = None,
     name: Annotated[str | None, typer.Option(help="This agent's name; default: the hostname.")] = None,
-    work_dir: Annotated[Path, typer.Option(help="Where bundles and task files are kept.")] = Path(
-        "~/.mwms-agent"
-    ),
-    slots: Annotated[int, typer.Option(min=1, help="How many CPU tasks may run at once.")] = 1,
+    work_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help=f"Where bundles and task files are kept [default: {agent_defaults.WORK_DIR}].",
+            show_default=False,
+        ),
+    ] = None,
+    slots: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help=f"How many CPU tasks may run at once [default: {agent_defaults.SLOTS}].",
+            show_default=False,
+        ),
+    ] = None,
     advertise_address: Annotated[
         str | None,
         typer.Option(
             help="Address other workers reach this machine at; default: the route to the coordinator."
         ),
     ] = None,
-    port_range: Annotated[str, typer.Option(help="LO-HI ports that tasks may listen on.")] = "20000-20999",
+    port_range: Annotated[
+        str | None,
+        typer.Option(
+            help=f"LO-HI ports that tasks may listen on [default: {agent_defaults.port_range()}].",
+            show_default=False,
+        ),
+    ] = None,
     # Only so a token given as a flag can be refused with a message (see read_join_token); not in --help.
     join_token: Annotated[str | None, typer.Option("--join-token", hidden=True)] = None,
     join_token_file: Annotated[
@@ -255,19 +278,20 @@ def agent(
             min=0,
             max=3600,
             help="Seconds between two samples of the GPUs' utilisation, memory and temperature (NVML); "
-            "0: none [default: 5].",
+            f"0: none [default: {agent_defaults.DEVICE_SAMPLE_INTERVAL_S:g}].",
             show_default=False,
         ),
     ] = None,
     sandbox: Annotated[
-        str,
+        str | None,
         typer.Option(
             envvar="MWMS_AGENT_SANDBOX",
             help="How tasks are confined: 'bwrap' (bubblewrap: new mount, PID and IPC namespaces, a private "
             "/tmp, the system read-only, only the task's own dirs and devices), 'off', or 'auto' (bwrap when "
-            "installed, with a warning when not).",
+            f"installed, with a warning when not) [default: {agent_defaults.SANDBOX}].",
+            show_default=False,
         ),
-    ] = "auto",
+    ] = None,
     task_user: Annotated[
         str | None,
         typer.Option(
@@ -278,13 +302,15 @@ def agent(
         ),
     ] = None,
     task_uids: Annotated[
-        str,
+        str | None,
         typer.Option(
             envvar="MWMS_AGENT_TASK_UIDS",
             help="With the agent running as root and no --task-user: LO-HI uids (with gids of the same "
-            "numbers) tasks run as, one per concurrent task; none of them may be an existing account.",
+            "numbers) tasks run as, one per concurrent task; none of them may be an existing account "
+            f"[default: {agent_defaults.task_uid_range()}].",
+            show_default=False,
         ),
-    ] = "60000-60999",
+    ] = None,
 ) -> None:
     """Run an agent on this machine: it joins the coordinator and runs the tasks placed on it.
 
@@ -294,11 +320,13 @@ def agent(
     """
     if join_token is not None:
         raise CliError(JOIN_TOKEN_FLAG_REFUSED)
-    port_low, port_high = parse_port_range(port_range)
-    sandbox_mode = sandbox.strip().lower()
-    if sandbox_mode not in ("auto", "bwrap", "off"):
-        raise CliError(f"--sandbox {sandbox!r} is not one of auto, bwrap, off")
-    uid_low, uid_high = parse_uid_range(task_uids)
+    port_low, port_high = parse_port_range(agent_defaults.port_range() if port_range is None else port_range)
+    sandbox_mode = (agent_defaults.SANDBOX if sandbox is None else sandbox).strip().lower()
+    if sandbox_mode not in agent_defaults.SANDBOX_MODES:
+        raise CliError(f"--sandbox {sandbox!r} is not one of {', '.join(agent_defaults.SANDBOX_MODES)}")
+    uid_low, uid_high = parse_uid_range(agent_defaults.task_uid_range() if task_uids is None else task_uids)
+    server_address = agent_defaults.SERVER if server_address is None else server_address
+    work_dir = Path(agent_defaults.WORK_DIR) if work_dir is None else work_dir
     if ":" not in server_address:
         raise CliError(f"--server {server_address!r} must be HOST:PORT, e.g. 127.0.0.1:50051")
     if ca_file is not None:
@@ -323,7 +351,7 @@ def agent(
             "--work-dir",
             str(work_dir.expanduser().resolve()),
             "--slots",
-            str(slots),
+            str(agent_defaults.SLOTS if slots is None else slots),
             "--port-range",
             f"{port_low}-{port_high}",
         ]
@@ -353,21 +381,24 @@ def agent(
         raise CliError(
             f"the agent cannot be loaded ({error}); install it with: pip install 'mwms[agent]'"
         ) from None
+    given: dict[str, Any] = {  # AgentConfig holds the defaults of the options not given
+        "slots": slots,
+        "port_low": None if port_range is None else port_low,
+        "port_high": None if port_range is None else port_high,
+        "device_sample_interval": device_sample_interval,
+        "sandbox": None if sandbox is None else sandbox_mode,
+        "task_uids": None if task_uids is None else (uid_low, uid_high),
+    }
     config = AgentConfig(
         server=server_address,
         name=name or socket.gethostname(),
         work_dir=work_dir.expanduser(),
-        slots=slots,
         advertise_address=advertise_address or local_address_towards(server_address),
-        port_low=port_low,
-        port_high=port_high,
         join_token=read_join_token(join_token_file),
         ca_file=ca_file,
         tls=tls,
-        sandbox=sandbox_mode,
         task_user=task_user or None,
-        task_uids=(uid_low, uid_high),
-        **({} if device_sample_interval is None else {"device_sample_interval": device_sample_interval}),
+        **{field: value for field, value in given.items() if value is not None},
     )
     # As `mwms server` does: the agent's INFO lines (registered as, no device telemetry, tasks started and
     # stopped) go to stderr, which systemd's journal or the quickstart's log file keeps.

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Path
 from sqlalchemy import func, select
 
 from server.api.auth import AdminOnly
-from server.api.deps import ReadSession, RuntimeDep
+from server.api.deps import ReadSession, WiringDep
 from server.api.views import agents_out
 from server.db.models import Job
 from server.schemas import AgentOut, ErrorOut, Overview
@@ -32,14 +32,14 @@ def list_agents(session: ReadSession) -> list[AgentOut]:
 
 
 @router.delete("/agents/{agent}", response_model=AgentOut, responses=ERRORS)
-def delete_agent(agent: AgentReference, _admin: AdminOnly, rt: RuntimeDep) -> AgentOut:
+def delete_agent(agent: AgentReference, _admin: AdminOnly, wiring: WiringDep) -> AgentOut:
     """Removes an agent: its credential is void at once, its session ends, and the tasks it ran end as a
     lost agent's do (their jobs restart under their policy). Its name may join again with a join token."""
-    with rt.db.write() as session:
-        removed = remove_agent(session, agent, rt.settings.restart_backoff_s)
+    with wiring.db.write() as session:
+        removed = remove_agent(session, agent, wiring.settings.restart_backoff_s)
         [out] = agents_out(session, removed.id)
-    rt.poke_scheduler()
-    rt.wake_agents(None)  # its session notices the removal and ends; the other tasks of its jobs get stops
+    wiring.poke_scheduler()
+    wiring.wake_agents(None)  # its stream sees the removal and ends; its jobs' other tasks get stops
     return out
 
 

@@ -1,6 +1,6 @@
 """Who may call the REST API: one middleware in front of every route, and the dependencies routes use.
 
-Every request needs an API token (`Authorization: Bearer ...`) or a dashboard session cookie, except the
+Every request needs an API token (`Authorization: Bearer ...`) or a dashboard login cookie, except the
 few public paths listed here. Safe methods need the viewer role, every other method the user role, unless
 a route asks for more (`AdminOnly`). Requests that authenticate with the cookie and change something must
 come from the dashboard's own origin (CSRF).
@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from server.errors import Forbidden, Unauthenticated
 from server.services.tokens import Principal, Role, authenticate, check_may_mint
 
-SESSION_COOKIE = "mwms_session"
+LOGIN_COOKIE = "mwms_session"  # the dashboard login's cookie; the name is the HTTP contract
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 # Paths anyone may call: liveness, the dashboard's static shell (it shows the login form), logging in.
 PUBLIC_EXACT = frozenset(
@@ -130,14 +130,14 @@ class AuthMiddleware:
         secret = bearer_token(scope)
         via_cookie = False
         if not secret:
-            secret = _cookie(scope, SESSION_COOKIE)
+            secret = _cookie(scope, LOGIN_COOKIE)
             via_cookie = bool(secret)
         if not secret:
             await _refuse(send, 401, UNAUTHENTICATED_HELP)
             return
-        runtime = scope["app"].state.runtime
+        wiring = scope["app"].state.wiring
         try:
-            principal = await asyncio.to_thread(_authenticate, runtime, secret)
+            principal = await asyncio.to_thread(_authenticate, wiring, secret)
         except Unauthenticated as error:
             await _refuse(send, 401, str(error))
             return
@@ -152,8 +152,8 @@ class AuthMiddleware:
         await self.app(scope, receive, send)
 
 
-def _authenticate(runtime: Any, secret: str) -> Principal:
-    with runtime.db.read() as session:
+def _authenticate(wiring: Any, secret: str) -> Principal:
+    with wiring.db.read() as session:
         return authenticate(session, secret)
 
 
@@ -179,12 +179,12 @@ def require_admin(principal: Annotated[Principal, Depends(current_principal)]) -
 
 
 def require_admin_token(principal: Annotated[Principal, Depends(require_admin)]) -> Principal:
-    """An admin calling with an API token, not a dashboard session: for routes that mint credentials."""
+    """An admin calling with an API token, not a dashboard login: for routes that mint credentials."""
     check_may_mint(principal, "API tokens or join tokens")
     return principal
 
 
 Caller = Annotated[Principal, Depends(current_principal)]
 AdminOnly = Annotated[Principal, Depends(require_admin)]
-# Creating credentials: an admin API token only; a session's would outlive the session (services.tokens).
+# Creating credentials: an admin API token only; a login's would outlive the login (services.tokens).
 AdminTokenOnly = Annotated[Principal, Depends(require_admin_token)]

@@ -19,7 +19,7 @@ from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from mwms.archive import ArchiveWorkers, archive_workers
-from server.api.deps import RuntimeDep
+from server.api.deps import WiringDep
 from server.errors import InvalidInput, UploadTooLarge
 from server.limits import MAX_MULTIPART_PARTS, MAX_PART_HEADER_BYTES
 from server.schemas import BundleOut, ErrorOut
@@ -74,11 +74,11 @@ REQUEST_BODY = {
     },
     openapi_extra={"requestBody": REQUEST_BODY},
 )
-async def upload_bundle(rt: RuntimeDep, request: Request) -> JSONResponse:
+async def upload_bundle(wiring: WiringDep, request: Request) -> JSONResponse:
     """Stores a program bundle (multipart field `file`, or a raw gzip/zip body); 201 when new, 200 when
     the same content was already stored; 413 over the upload limit, refused before the body is read
     when its Content-Length says so."""
-    settings = rt.settings
+    settings = wiring.settings
     limit = settings.max_upload_bytes
     declared = _content_length(request)
     if declared is not None and declared > limit + MULTIPART_OVERHEAD:
@@ -102,7 +102,7 @@ async def upload_bundle(rt: RuntimeDep, request: Request) -> JSONResponse:
 
     def store() -> BundleOut:
         try:
-            with rt.db.write() as session:
+            with wiring.db.write() as session:
                 bundle, created = record_bundle(
                     session, settings.bundle_dir, spooled, digest, size, archive_format, filename
                 )

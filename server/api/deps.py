@@ -1,36 +1,25 @@
-"""Request-scoped access to the coordinator's database, settings and wake-ups."""
+"""Request-scoped access to the coordinator's wiring: database, settings, wake-ups and live machinery."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
-from server.db.engine import Database
-from server.settings import Settings
+from server.live.wiring import Wiring
 
 
-@dataclass
-class Runtime:
-    """What the app factory wires together and routers need."""
-
-    db: Database
-    settings: Settings
-    poke_scheduler: Callable[[], None]
-    wake_agents: Callable[[Iterable[str] | None], None]
-
-
-def runtime(request: Request) -> Runtime:
-    return request.app.state.runtime
+def wiring(request: Request) -> Wiring:
+    """What the app's lifespan built (server/live/wiring.py)."""
+    return request.app.state.wiring
 
 
 def read_session(request: Request) -> Iterator[Session]:
-    with runtime(request).db.read() as session:
+    with wiring(request).db.read() as session:
         yield session
 
 
 ReadSession = Annotated[Session, Depends(read_session)]
-RuntimeDep = Annotated[Runtime, Depends(runtime)]
+WiringDep = Annotated[Wiring, Depends(wiring)]

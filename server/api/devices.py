@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Query
 
 from server.api.agents import ERRORS as AGENT_ERRORS
 from server.api.agents import AgentReference
-from server.api.deps import ReadSession
+from server.api.deps import ReadSession, WiringDep
 from server.limits import INT64_MAX
 from server.schemas import (
     AgentDevicesOut,
@@ -28,8 +28,8 @@ router = APIRouter(prefix="/api/v1", tags=["devices"])
 ERRORS: dict[int | str, dict[str, Any]] = {404: {"model": ErrorOut}}
 
 
-def latest_samples(request: Request) -> LatestSamples:
-    return request.app.state.device_telemetry.latest
+def latest_samples(wiring: WiringDep) -> LatestSamples:
+    return wiring.devices.latest
 
 
 Latest = Annotated[LatestSamples, Depends(latest_samples)]

@@ -11,7 +11,7 @@ from fastapi.responses import FileResponse, StreamingResponse
 from starlette.background import BackgroundTask
 
 from server.api.auth import Caller
-from server.api.deps import ReadSession, RuntimeDep
+from server.api.deps import ReadSession, WiringDep
 from server.api.views import artifact_out, job_listing_out, job_out
 from server.errors import NotFound
 from server.limits import INT64_MAX, INT64_MIN, MAX_NAME_CHARS, MAX_WORKERS, SpecLimits, check_job_spec
@@ -53,9 +53,9 @@ AttemptNumber = Annotated[int | None, Query(ge=1, le=INT64_MAX)]
 Step = Annotated[int | None, Query(ge=INT64_MIN, le=INT64_MAX)]
 
 
-def bounded_spec(spec: JobCreate, rt: RuntimeDep) -> JobCreate:
+def bounded_spec(spec: JobCreate, wiring: WiringDep) -> JobCreate:
     """The request's job spec, refused (422 naming the limit) when it is over a request limit."""
-    check_job_spec(spec, SpecLimits.of(rt.settings))
+    check_job_spec(spec, SpecLimits.of(wiring.settings))
     return spec
 
 
@@ -75,7 +75,7 @@ def ndjson(lines: Sequence[LogLineOut]) -> bytes:
 )
 def create_job(
     spec: Annotated[JobCreate, Depends(bounded_spec)],
-    rt: RuntimeDep,
+    wiring: WiringDep,
     caller: Caller,
     response: Response,
     idempotency_key: Annotated[
@@ -90,13 +90,13 @@ def create_job(
     ] = None,
 ) -> JobOut:
     """Submits a job as the caller; it starts PENDING and is gang-placed when every worker fits."""
-    with rt.db.write() as session:
+    with wiring.db.write() as session:
         job, created = idempotency.find_or_create_job(session, spec, caller.user, idempotency_key)
         out = job_out(session, job)
     if not created:
         response.status_code = 200
         return out
-    rt.poke_scheduler()
+    wiring.poke_scheduler()
     return out
 
 
@@ -119,12 +119,12 @@ def get_job(job_id: str, session: ReadSession) -> JobOut:
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut, responses=ERRORS)
-def cancel_job(job_id: str, rt: RuntimeDep, caller: Caller) -> JobOut:
+def cancel_job(job_id: str, wiring: WiringDep, caller: Caller) -> JobOut:
     """Cancels the job and stops every task it runs; users may cancel their own jobs, admins any."""
-    with rt.db.write() as session:
+    with wiring.db.write() as session:
         job = jobs.cancel_job(session, job_id, by=caller.user, any_owner=caller.may(Role.ADMIN))
         out = job_out(session, job)
-    rt.wake_agents(None)
+    wiring.wake_agents(None)
     return out
 
 
@@ -132,7 +132,7 @@ def cancel_job(job_id: str, rt: RuntimeDep, caller: Caller) -> JobOut:
 async def job_logs(
     job_id: str,
     request: Request,
-    rt: RuntimeDep,
+    wiring: WiringDep,
     caller: Caller,
     slots: Annotated[FollowSlots, Depends(follow_slots)],
     task: Annotated[
@@ -148,7 +148,7 @@ async def job_logs(
     MWMS_MAX_FOLLOWS_PER_USER follows per user and MWMS_MAX_FOLLOWS_TOTAL in all (429 beyond)."""
 
     def page(cursor: int, limit: int) -> tuple[list[LogLineOut], bool]:
-        with rt.db.read() as session:
+        with wiring.db.read() as session:
             job = jobs.get_job(session, job_id)
             jobs.check_task_and_attempt(job, task, attempt)
             rows = telemetry.read_logs(
@@ -185,7 +185,7 @@ async def job_logs(
                 newer,
                 lines[-1].id if lines else after,
                 request.is_disconnected,
-                idle_timeout_s=rt.settings.follow_idle_timeout_s,
+                idle_timeout_s=wiring.settings.follow_idle_timeout_s,
             )
             async for batch in batches:
                 yield ndjson(batch)
@@ -234,11 +234,11 @@ def job_artifacts(job_id: str, session: ReadSession) -> list[ArtifactOut]:
 
 @router.get("/{job_id}/artifacts/{path:path}", response_class=FileResponse, responses=ERRORS)
 def job_artifact(
-    job_id: str, path: str, session: ReadSession, rt: RuntimeDep, attempt: AttemptNumber = None
+    job_id: str, path: str, session: ReadSession, wiring: WiringDep, attempt: AttemptNumber = None
 ) -> FileResponse:
     """One artifact file (the newest attempt's unless ?attempt= is given)."""
     job = jobs.get_job(session, job_id)
-    location = files.artifact_file(session, rt.settings.files_dir, job, path, attempt)
+    location = files.artifact_file(session, wiring.settings.files_dir, job, path, attempt)
     if not location.is_file():
         raise NotFound(f"artifact {path!r} of job {job_id} is recorded but its file is missing")
     return FileResponse(location, filename=location.name, media_type="application/octet-stream")

@@ -5,13 +5,12 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query
 from sqlalchemy.orm import Session
 
 from server.api.auth import Caller
-from server.api.deps import ReadSession, RuntimeDep
+from server.api.deps import ReadSession, WiringDep
 from server.db.models import StackRequest
-from server.rpc.stack_collector import StackCollector
 from server.schemas import ErrorOut, StackDumpsOut, StackThreadOut, TaskStacksOut, ValidationErrorOut
 from server.services import stacks
 from server.services.stack_text import parse_threads
@@ -67,18 +66,17 @@ def stack_dumps_out(session: Session, request: StackRequest) -> StackDumpsOut:
 
 
 @router.post("/{job_id}/stacks", response_model=StackDumpsOut, responses=ERRORS)
-async def dump_stacks(job_id: str, request: Request, rt: RuntimeDep, caller: Caller) -> StackDumpsOut:
+async def dump_stacks(job_id: str, wiring: WiringDep, caller: Caller) -> StackDumpsOut:
     """Takes the Python stacks of every running task of the job's current attempt at the same moment and
     returns what arrived within 10 s (tasks whose agent did not answer are marked). Stored with the attempt;
     one dump per job every 2 s (429 sooner), and the newest 20 of a job are kept. It pauses the tasks, so
     as with cancel, users may dump the stacks of their own jobs, admins of any (403 otherwise)."""
-    collector: StackCollector = request.app.state.stacks
-    opened = await collector.collect(
+    opened = await wiring.stacks.collect(
         job_id, "request", caller.user, ANSWER_WAIT_S, any_owner=caller.may(Role.ADMIN)
     )
 
     def read() -> StackDumpsOut:
-        with rt.db.read() as session:
+        with wiring.db.read() as session:
             return stack_dumps_out(session, stacks.read_stack_request(session, job_id, opened.request_id))
 
     return await asyncio.to_thread(read)

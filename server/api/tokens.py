@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from server.api.auth import AdminOnly, AdminTokenOnly
-from server.api.deps import ReadSession, RuntimeDep
+from server.api.deps import ReadSession, WiringDep
 from server.api.views import token_out
 from server.db.models import Token, utcnow
 from server.schemas import ErrorOut, JoinTokenCreate, TokenCreate, TokenCreated, TokenOut
@@ -34,10 +34,10 @@ def list_api_tokens(_admin: AdminOnly, session: ReadSession) -> list[TokenOut]:
 
 
 @router.post("/tokens", status_code=201, response_model=TokenCreated, responses=ERRORS)
-def create_api_token(body: TokenCreate, admin: AdminTokenOnly, rt: RuntimeDep) -> TokenCreated:
+def create_api_token(body: TokenCreate, admin: AdminTokenOnly, wiring: WiringDep) -> TokenCreated:
     """A new API token; its secret is in this response only. Made with an admin API token, never with a
-    dashboard session (403), whose logout would not end what it made."""
-    with rt.db.write() as session:
+    dashboard login (403), whose logout would not end what it made."""
+    with wiring.db.write() as session:
         token, secret = tokens.create_api_token(
             session,
             body.user,
@@ -50,9 +50,9 @@ def create_api_token(body: TokenCreate, admin: AdminTokenOnly, rt: RuntimeDep) -
 
 
 @router.delete("/tokens/{token_id}", response_model=TokenOut, responses=ERRORS)
-def revoke_api_token(token_id: str, _admin: AdminOnly, rt: RuntimeDep) -> TokenOut:
-    """Revokes an API token at once; dashboard sessions it opened end with it."""
-    with rt.db.write() as session:
+def revoke_api_token(token_id: str, _admin: AdminOnly, wiring: WiringDep) -> TokenOut:
+    """Revokes an API token at once; dashboard logins it opened end with it."""
+    with wiring.db.write() as session:
         return token_out(tokens.revoke_token(session, token_id, TokenKind.API))
 
 
@@ -63,10 +63,10 @@ def list_join_tokens(_admin: AdminOnly, session: ReadSession) -> list[TokenOut]:
 
 
 @router.post("/agent-tokens", status_code=201, response_model=TokenCreated, responses=ERRORS)
-def create_join_token(body: JoinTokenCreate, admin: AdminTokenOnly, rt: RuntimeDep) -> TokenCreated:
+def create_join_token(body: JoinTokenCreate, admin: AdminTokenOnly, wiring: WiringDep) -> TokenCreated:
     """A new join token for `mwms agent` (MWMS_JOIN_TOKEN or --join-token-file); its secret is in this response only. Made with an
-    admin API token, never with a dashboard session (403)."""
-    with rt.db.write() as session:
+    admin API token, never with a dashboard login (403)."""
+    with wiring.db.write() as session:
         token, secret = tokens.create_join_token(
             session, body.name, _expiry(body.expires_in_seconds), created_by=admin.user
         )
@@ -74,7 +74,7 @@ def create_join_token(body: JoinTokenCreate, admin: AdminTokenOnly, rt: RuntimeD
 
 
 @router.delete("/agent-tokens/{token_id}", response_model=TokenOut, responses=ERRORS)
-def revoke_join_token(token_id: str, _admin: AdminOnly, rt: RuntimeDep) -> TokenOut:
+def revoke_join_token(token_id: str, _admin: AdminOnly, wiring: WiringDep) -> TokenOut:
     """Revokes a join token: it admits no new agent; agents that joined with it keep their credentials."""
-    with rt.db.write() as session:
+    with wiring.db.write() as session:
         return token_out(tokens.revoke_token(session, token_id, TokenKind.JOIN))

@@ -174,13 +174,29 @@ class Attempt(Base):
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     number: Mapped[int] = mapped_column(Integer)
-    state: Mapped[str] = mapped_column(String(20))  # ACTIVE, SUCCEEDED, FAILED, CANCELLED
+    state: Mapped[str] = mapped_column(String(20))  # server.states.AttemptState
     reason: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     ended_at: Mapped[datetime | None] = mapped_column(default=None)
 
     job: Mapped[Job] = relationship(back_populates="attempts")
     tasks: Mapped[list[Task]] = relationship(order_by="Task.index", cascade="all, delete-orphan")
+    events: Mapped[list[AttemptEvent]] = relationship(
+        order_by="AttemptEvent.id", cascade="all, delete-orphan", passive_deletes=True
+    )
+
+
+class AttemptEvent(Base):
+    """One recorded state change of an attempt (its birth as ACTIVE included)."""
+
+    __tablename__ = "attempt_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    attempt_id: Mapped[str] = mapped_column(ForeignKey("attempts.id", ondelete="CASCADE"), index=True)
+    from_state: Mapped[str | None] = mapped_column(String(20))
+    to_state: Mapped[str] = mapped_column(String(20))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class Task(Base):

@@ -1,4 +1,4 @@
-"""The gRPC AgentService: registration, the per-agent session stream, bundle and file transfers.
+"""The gRPC AgentService: registration, the per-agent Connect stream, bundle and file transfers.
 
 Who is calling comes from the interceptor (server/rpc/auth.py), which also turns domain errors raised
 here into statuses; what the caller may do is decided in server/services/agent_auth.py.
@@ -17,21 +17,14 @@ import grpc
 from mwms.archive import ArchiveWorkers, archive_workers
 from mwms.v1 import agent_pb2 as pb
 from mwms.v1 import agent_pb2_grpc
-from server.db.engine import Database
 from server.errors import InvalidInput
-from server.liveness import Liveness
+from server.live.wiring import Wiring
 from server.rpc import convert
 from server.rpc.agent_stream import AgentStream
 from server.rpc.auth import authenticated_agent_id, presented_credential
-from server.rpc.device_ingest import DeviceTelemetryWriter
-from server.rpc.hub import AgentHub
-from server.rpc.ingest import TelemetryWriter
-from server.rpc.stack_collector import StackCollector
 from server.services import agent_auth, files
 from server.services.bundles import CHUNK
-from server.services.command_targets import track_command_targets
 from server.services.uploads import UploadSpool
-from server.settings import Settings
 
 log = logging.getLogger("mwms.server.rpc")
 T = TypeVar("T")
@@ -39,41 +32,15 @@ UPLOAD_KINDS = (pb.FILE_KIND_ARTIFACTS, pb.FILE_KIND_CHECKPOINT)
 
 
 class AgentService(agent_pb2_grpc.AgentServiceServicer):
-    def __init__(
-        self,
-        db: Database,
-        settings: Settings,
-        hub: AgentHub,
-        on_change: Callable[[], None],
-        liveness: Liveness,
-        telemetry: TelemetryWriter,
-        devices: DeviceTelemetryWriter | None = None,
-        stacks: StackCollector | None = None,
-    ) -> None:
-        self.db = db
-        self.settings = settings
-        self.hub = hub
-        self.on_change = on_change  # wakes the scheduler when task states changed
-        self.liveness = liveness
-        self.telemetry = telemetry
-        self.stacks = stacks  # stack dump requests waiting for answers; None: answers dropped
-        self.devices = devices  # device samples; None: dropped
+    def __init__(self, wiring: Wiring) -> None:
+        self.wiring = wiring  # what the Connect streams use: hub, liveness, writers, stack collector
+        self.db = wiring.db
+        self.settings = wiring.settings
 
     async def _write(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         def run() -> T:
             with self.db.write() as session:
                 return fn(session, *args, **kwargs)
-
-        return await asyncio.to_thread(run)
-
-    async def write_tracked(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> tuple[T, set[str]]:
-        """`fn` in a write transaction; also returns the agents it gave commands to (to wake them)."""
-
-        def run() -> tuple[T, set[str]]:
-            with self.db.write() as session:
-                targets = track_command_targets(session)
-                result = fn(session, *args, **kwargs)
-            return result, targets
 
         return await asyncio.to_thread(run)
 
@@ -94,7 +61,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             join_token=request.join_token,
             bootstrap_join_token=self.settings.join_token.get_secret_value(),
             timeout_s=self.settings.agent_timeout_s,
-            connected=frozenset(self.hub.connected()),
+            connected=frozenset(self.wiring.hub.connected()),
         )
         log.info(
             "agent %s %s (%s, %d devices)",
@@ -103,7 +70,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             agent.advertise_address,
             len(agent.devices),
         )
-        self.on_change()
+        self.wiring.poke_scheduler()
         return pb.RegisterResponse(
             agent_id=agent.id,
             heartbeat_interval_ms=int(self.settings.heartbeat_interval_s * 1000),
@@ -112,7 +79,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
 
     # Reads and writes through context.read()/write() instead of returning an iterator (grpc.aio allows both).
     async def Connect(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:  # type: ignore[override]
-        await AgentStream(self, authenticated_agent_id(), context).run()
+        await AgentStream(self.wiring, authenticated_agent_id(), context).run()
 
     async def FetchBundle(
         self, request: pb.FetchBundleRequest, context: grpc.aio.ServicerContext

@@ -1,7 +1,7 @@
-"""One agent's Connect stream: a reader applying its messages; commands arrive from the hub (server/rpc/hub.py).
+"""One agent's Connect stream: a reader applying its messages; commands arrive from the hub (server/live/hub.py).
 
-Every message marks the agent alive in memory (server/liveness.py); a heartbeat is answered at once and
-writes nothing. Log and metric batches go through the shared telemetry writer (server/rpc/ingest.py)
+Every message marks the agent alive in memory (server/live/liveness.py); a heartbeat is answered at once and
+writes nothing. Log and metric batches go through the shared telemetry writer (server/live/ingest.py)
 and are acknowledged once committed. Hellos and task reports are one transaction each; the agents their
 changes give commands to are woken, and only those.
 
@@ -16,26 +16,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import grpc
 
+from mwms.agent_link import AGENT_RECEIVE_LIMIT_BYTES
 from mwms.v1 import agent_pb2 as pb
 from server.errors import DomainError
+from server.live.wiring import Wiring
 from server.observability.instruments import count_command, observe_heartbeat_round_trip
 from server.poison import contain, count_poison, is_transient
 from server.rpc import convert
 from server.rpc.status import grpc_status
 from server.services import agent_messages, preflight
+from server.services.command_targets import track_command_targets
 from server.services.telemetry import StoreOutcome
 
-if TYPE_CHECKING:
-    from server.rpc.agent_service import AgentService
-
 log = logging.getLogger("mwms.server.rpc")
+T = TypeVar("T")
 HEARTBEAT_ACK = pb.CoordinatorMessage(ack=pb.Ack())
-# gRPC's default max_receive_message_length, which the agents' channel keeps (worker_agent/channel.py).
-AGENT_RECEIVE_LIMIT_BYTES = 4 * 1024 * 1024
 # Log and metric batches of one stream (both kinds together) being stored at once; past it the reader waits
 # (backpressure on the agent), so one agent cannot queue unbounded work and memory on the coordinator.
 MAX_UNACKED_BATCHES = 32
@@ -44,11 +44,11 @@ MAX_UNACKED_BATCHES = 32
 class AgentStream:
     """The stream of the agent the call's credential proved (never the id an agent claims in a message)."""
 
-    def __init__(self, service: AgentService, agent_id: str, context: grpc.aio.ServicerContext) -> None:
-        self.service = service
+    def __init__(self, wiring: Wiring, agent_id: str, context: grpc.aio.ServicerContext) -> None:
+        self.wiring = wiring
         self.agent_id = agent_id
         self.context = context
-        self.settings = service.settings
+        self.settings = wiring.settings
         self.sent_starts: set[str] = set()
         self.sent_stops: set[str] = set()
         self.ready = False  # commands flow once the agent said hello (it then knows what it runs)
@@ -63,6 +63,17 @@ class AgentStream:
         self._closed = asyncio.Event()
         self._close_reason = ""
 
+    async def _write_tracked(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> tuple[T, set[str]]:
+        """`fn` in a write transaction; also returns the agents it gave commands to (to wake them)."""
+
+        def run() -> tuple[T, set[str]]:
+            with self.wiring.db.write() as session:
+                targets = track_command_targets(session)
+                result = fn(session, *args, **kwargs)
+            return result, targets
+
+        return await asyncio.to_thread(run)
+
     async def send(self, message: pb.CoordinatorMessage) -> None:
         async with self.write_lock:
             await self.context.write(message)
@@ -73,7 +84,7 @@ class AgentStream:
         self._closed.set()
 
     async def run(self) -> None:
-        hub = self.service.hub
+        hub = self.wiring.hub
         hub.attach(self.agent_id, self)
         reader = asyncio.create_task(self._read())
         acker = asyncio.create_task(self._acknowledge())
@@ -106,10 +117,10 @@ class AgentStream:
             message = await self.context.read()
             if message is grpc.aio.EOF:
                 return
-            if not self.service.hub.is_current(self.agent_id, self):
+            if not self.wiring.hub.is_current(self.agent_id, self):
                 log.warning("agent %s opened a newer stream; closing this one", self.agent_id)
                 return
-            self.service.liveness.seen(self.agent_id)  # any message proves the agent alive
+            self.wiring.liveness.seen(self.agent_id)  # any message proves the agent alive
             body = message.WhichOneof("body")
             try:
                 await self._apply(message, body)
@@ -122,7 +133,7 @@ class AgentStream:
 
     async def _apply(self, message: pb.AgentMessage, body: str | None) -> None:
         settings = self.settings
-        service = self.service
+        wiring = self.wiring
         if body == "heartbeat":
             await self.send(HEARTBEAT_ACK)  # lets the agent tell a live stream from a dead one
             observe_heartbeat_round_trip(message.heartbeat.last_round_trip_ms)
@@ -133,7 +144,7 @@ class AgentStream:
                 )
             reports = [r for r in map(convert.task_report, message.hello.tasks) if r is not None]
             try:
-                replies = await service.write_tracked(
+                replies = await self._write_tracked(
                     agent_messages.accept_hello,
                     self.agent_id,
                     reports,
@@ -145,12 +156,12 @@ class AgentStream:
                 self.sent_starts.clear()
                 self.sent_stops.clear()
                 self.ready = True
-                service.hub.wake([self.agent_id])
+                wiring.hub.wake([self.agent_id])
             await self._reply(replies)
         elif body == "task":
             report = convert.task_report(message.task)
             if report is not None:
-                replies = await service.write_tracked(
+                replies = await self._write_tracked(
                     agent_messages.accept_report,
                     self.agent_id,
                     report,
@@ -161,14 +172,14 @@ class AgentStream:
             await self._submit_batch(message, body)
         elif body == "preflight":
             # Stored only: a failed check's task report (which follows) ends the attempt.
-            await service.write_tracked(
+            await self._write_tracked(
                 preflight.store_result, self.agent_id, convert.preflight_result(message.preflight)
             )
-        elif body == "devices" and service.devices is not None:
-            # Best effort: checked and queued (server/rpc/device_ingest.py), never acknowledged.
-            await service.devices.accept(self, self.agent_id, convert.device_samples(message.devices))
-        elif body == "stacks" and service.stacks is not None:
-            await service.stacks.accept(self.agent_id, convert.stack_dump(message.stacks))
+        elif body == "devices":
+            # Best effort: checked and queued (server/live/device_ingest.py), never acknowledged.
+            await wiring.devices.accept(self, self.agent_id, convert.device_samples(message.devices))
+        elif body == "stacks":
+            await wiring.stacks.accept(self.agent_id, convert.stack_dump(message.stacks))
 
     async def _submit_batch(self, message: pb.AgentMessage, body: str) -> None:
         """Hands a log or metric batch to the telemetry writer, once fewer than MAX_UNACKED_BATCHES of this
@@ -184,7 +195,7 @@ class AgentStream:
         # Converted first: a batch that cannot be converted is refused without ever holding a slot.
         await self._unacked_slots.acquire()
         try:
-            store = self.service.telemetry.submit(batch)
+            store = self.wiring.telemetry.submit(batch)
         except BaseException:
             self._unacked_slots.release()
             raise
@@ -235,9 +246,9 @@ class AgentStream:
         for task_id in answer.stop_ids:
             await self.send(convert.stop_unknown(task_id, self.settings.stop_grace_s))
         if answer.changed:
-            self.service.on_change()
+            self.wiring.poke_scheduler()
         if targets:
-            self.service.hub.wake(targets)
+            self.wiring.hub.wake(targets)
 
     async def deliver(self, commands: agent_messages.Commands) -> None:
         """Sends the start and stop commands not sent on this stream yet (called by the hub)."""
@@ -256,7 +267,7 @@ class AgentStream:
                         await self.send(convert.stop_task(task, self.settings.stop_grace_s))
                         count_command("stop")
         except grpc.RpcError:
-            pass  # the stream is gone; its reader ends the session and the next hello asks again
+            pass  # the stream is gone; its reader ends the stream and the next hello asks again
         except Exception:  # noqa: BLE001 - one agent's trouble must not reach the hub
             log.exception("sending commands to agent %s failed", self.agent_id)
 
@@ -288,9 +299,9 @@ class AgentStream:
                 f"{AGENT_RECEIVE_LIMIT_BYTES} bytes: make env and command smaller"
             )
             log.warning("task %s of job %s: %s", task.id, job.id, reason)
-        changed, targets = await self.service.write_tracked(agent_messages.refuse_start, task.id, reason)
+        changed, targets = await self._write_tracked(agent_messages.refuse_start, task.id, reason)
         if changed:
-            self.service.on_change()
+            self.wiring.poke_scheduler()
         if targets:
-            self.service.hub.wake(targets)
+            self.wiring.hub.wake(targets)
         return None

@@ -1,7 +1,7 @@
 """What the coordinator does with each kind of message on an agent's session, and the commands it holds.
 
 Hellos and task reports are one transaction each; log and metric batches of many agents share one
-(accept_telemetry); heartbeats write nothing here (server/liveness.py).
+(accept_telemetry); heartbeats write nothing here (server/live/liveness.py).
 
 Items of a message are contained on their own: a task report of a Hello that cannot be applied is
 skipped (server.poison), a log line or metric point that cannot be stored is refused with a reason in the
@@ -19,13 +19,12 @@ from sqlalchemy.orm import Session
 from server.db.models import Agent, Job, Task, utcnow
 from server.poison import is_transient, isolated
 from server.services.agents import get_agent, touch_agent
-from server.services.jobs import end_job, fail_on_nan_metric
+from server.services.lifecycle import end_job, fail_on_nan_metric, mark_task_lost
 from server.services.tasks import (
     ReportOutcome,
     TaskReport,
     active_tasks_on_agent,
     apply_report,
-    mark_task_lost,
 )
 from server.services.telemetry import (
     IncomingLine,
@@ -127,7 +126,7 @@ def accept_telemetry(session: Session, batches: list[TelemetryBatch]) -> list[St
 def accept_logs(session: Session, agent_id: str, task_id: str, lines: list[IncomingLine]) -> StoreOutcome:
     """Stores a batch of log lines; all of them are acknowledged (even for unknown tasks).
 
-    Liveness is not written here: every message marks its agent alive in memory (server/liveness.py).
+    Liveness is not written here: every message marks its agent alive in memory (server/live/liveness.py).
     """
     get_agent(session, agent_id)  # Unauthenticated once an admin removed the agent
     task = session.get(Task, task_id)

@@ -17,8 +17,8 @@ from server.errors import InvalidInput, NameTaken, NotFound, Unauthenticated
 from server.observability.instruments import count_registration
 from server.poison import contain
 from server.services.agent_references import find_agent
+from server.services.lifecycle import mark_task_lost
 from server.services.placement import AgentCapacity
-from server.services.tasks import mark_task_lost
 from server.states import TaskState
 
 log = logging.getLogger("mwms.server.agents")
@@ -138,7 +138,7 @@ def touch_agent(agent: Agent, timeout_s: float, now: datetime | None = None) -> 
 
 
 def record_heartbeats(session: Session, seen: dict[str, datetime], timeout_s: float) -> None:
-    """Writes what the in-memory liveness saw (server/liveness.py) in one statement: each agent stays
+    """Writes what the in-memory liveness saw (server/live/liveness.py) in one statement: each agent stays
     online for `timeout_s` after it was last heard from, as `touch_agent` does; removed agents stay removed,
     and a newer time already written (a registration, a hello) is kept.
     """

@@ -1,6 +1,6 @@
 """Which agents a transaction gave commands to: new tasks to start, tasks asked to stop or marked LOST.
 
-The coordinator pushes commands only to the agents concerned (server/rpc/hub.py); the writer of a
+The coordinator pushes commands only to the agents concerned (server/live/hub.py); the writer of a
 transaction learns them from the session's flushes instead of each service returning them.
 """
 

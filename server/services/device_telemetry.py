@@ -5,7 +5,7 @@ is checked on its own (`sample_problem`): a finite utilisation in [0, 100] %, me
 range and used <= total, a finite temperature in [0, MAX_TEMPERATURE_C], and a device index the agent
 registered as a GPU. Refused samples are counted (mwms_poison_total{kind="device_sample"} and per agent);
 the rest are kept as the newest per device in memory (`LatestSamples`, for the agents page) and written
-in batches by server/rpc/device_ingest.py, stamped with the time the coordinator received them, so an
+in batches by server/live/device_ingest.py, stamped with the time the coordinator received them, so an
 agent's clock never places a sample outside its task's window.
 
 Retention: samples older than MWMS_DEVICE_SAMPLE_RETENTION_HOURS (and never longer than

@@ -1,8 +1,8 @@
 """Hang detection's database side: the attempts it watches, and what it does to one found hung.
 
 A RUNNING job's active attempt is hung when none of its tasks produced a log line or metric point for
-the job's hang timeout (server/hang_detector.py keeps the clock). The attempt then ends as a retryable
-failure through the same path as a lost agent (services.jobs.fail_attempt): restarted while restarts
+the job's hang timeout (server/live/hang_detector.py keeps the clock). The attempt then ends as a retryable
+failure through the same path as a lost agent (services.lifecycle.fail_attempt): restarted while restarts
 remain, else the job fails; the reason names the workers that do not wait in a collective.
 """
 
@@ -17,7 +17,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from server.db.models import Attempt, Job, utcnow
-from server.services.jobs import NEVER_S, fail_attempt
+from server.services.jobs import NEVER_S
+from server.services.lifecycle import fail_attempt
 from server.services.stacks import describe_workers_outside_collectives
 from server.states import AttemptState, JobState
 

@@ -16,8 +16,8 @@ from sqlalchemy.orm import Session
 from server.db.models import Agent, Attempt, Job, Task, utcnow
 from server.poison import isolated
 from server.services.agents import newly_lost_agents
-from server.services.jobs import end_job, fail_attempt, time_limit
-from server.services.tasks import mark_task_lost
+from server.services.jobs import time_limit
+from server.services.lifecycle import end_job, fail_attempt, mark_task_lost
 from server.states import AttemptState, JobState, TaskState
 
 log = logging.getLogger("mwms.server.reconcile")

@@ -1,5 +1,6 @@
 """The scheduler pass: restarts whose backoff has passed go back to PENDING; PENDING jobs are gang-placed.
 
+The rules for what a placed or restarting job becomes are in server/services/lifecycle.py.
 Each job is handled in its own savepoint (server.poison.isolated): a job whose row cannot be placed is
 logged once, counted and skipped, and the jobs behind it are still placed on this pass.
 """
@@ -12,15 +13,14 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from server.db.models import Attempt, Job, Task, utcnow
+from server.db.models import Job, Task, utcnow
 from server.poison import isolated
 from server.services.agent_references import pin_candidates
 from server.services.agents import capacities
+from server.services.lifecycle import attempt_placed, open_attempt, release_restart
 from server.services.placement import AgentCapacity, NoFit, place_gang, place_pinned
 from server.services.tf_config import build_tf_config
-from server.services.transitions import transition_job
-from server.services.wording import count
-from server.states import AttemptState, JobState, TaskState
+from server.states import JobState, TaskState
 
 log = logging.getLogger("mwms.server.scheduling")
 
@@ -30,11 +30,7 @@ def release_restarts(session: Session, now: datetime) -> None:
     jobs = session.scalars(select(Job).where(Job.state == JobState.RESTARTING.value)).all()
     for job in jobs:
         with isolated(session, log, "restart_job", job.id, f"restart of job {job.id}"):
-            if job.not_before is not None and job.not_before > now:
-                continue
-            if any(not TaskState(t.state).terminal for a in job.attempts for t in a.tasks):
-                continue
-            transition_job(session, job, JobState.PENDING, f"placing attempt {len(job.attempts) + 1}", now)
+            release_restart(session, job, now)
 
 
 def schedule_pending(
@@ -76,9 +72,7 @@ def _place(session: Session, job: Job, now: datetime, offer: list[AgentCapacity]
         if job.reason != placement.reason:
             job.reason = placement.reason  # same state, newer explanation: not a transition
         return []
-    attempt = Attempt(job_id=job.id, number=len(job.attempts) + 1, state=AttemptState.ACTIVE.value)
-    job.attempts.append(attempt)
-    session.flush()
+    attempt = open_attempt(session, job, now)
     endpoints = [p.endpoint for p in placement]
     for p in placement:
         attempt.tasks.append(
@@ -98,12 +92,5 @@ def _place(session: Session, job: Job, now: datetime, offer: list[AgentCapacity]
         )
     session.flush()
     agents = sorted({p.agent_id for p in placement})
-    transition_job(
-        session,
-        job,
-        JobState.SCHEDULED,
-        f"attempt {attempt.number}: {count(len(placement), 'worker')} on {count(len(agents), 'agent')}: "
-        + ", ".join(endpoints),
-        now,
-    )
+    attempt_placed(session, job, attempt, endpoints, agents, now)
     return agents

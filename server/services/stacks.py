@@ -3,7 +3,7 @@
 A request (StackRequest) is opened for the job's current attempt while its tasks run; it holds one row
 per task asked (StackDump), first as a placeholder that says no answer has come, then the agent's
 answer with whether the task waits in a TensorFlow collective (server/services/stack_text.py).
-Sending the command and waiting for the answers is the transport's part (server/rpc/stack_collector.py).
+Sending the command and waiting for the answers is the transport's part (server/live/stack_collector.py).
 """
 
 from __future__ import annotations

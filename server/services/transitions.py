@@ -1,4 +1,8 @@
-"""The one place job and task states change: checked against the tables, recorded with time and reason."""
+"""The one place job, attempt and task states change: checked against the tables (server/states.py).
+
+Job and attempt changes are recorded as events (job_events, attempt_events) with time and reason.
+Which change to make is decided in server/services/lifecycle.py; this module only applies it.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +10,16 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from server.db.models import Job, JobEvent, Task, utcnow
+from server.db.models import Attempt, AttemptEvent, Job, JobEvent, Task, utcnow
 from server.observability.instruments import observe_job_transition
-from server.states import JobState, TaskState, check_job_transition, check_task_transition
+from server.states import (
+    AttemptState,
+    JobState,
+    TaskState,
+    check_attempt_transition,
+    check_job_transition,
+    check_task_transition,
+)
 
 
 def transition_job(
@@ -28,6 +39,32 @@ def transition_job(
     session.add(
         JobEvent(
             job_id=job.id,
+            from_state=current.value if current else None,
+            to_state=to.value,
+            reason=reason,
+            at=now,
+        )
+    )
+    session.flush()
+
+
+def transition_attempt(
+    session: Session, attempt: Attempt, to: AttemptState, reason: str = "", now: datetime | None = None
+) -> None:
+    """Moves `attempt` to `to`, recording an event; raises InvalidTransition when the table forbids it.
+
+    A new attempt (state "") becomes ACTIVE here; it must have been flushed so that it has an id.
+    """
+    now = now or utcnow()
+    current = AttemptState(attempt.state) if attempt.state else None
+    check_attempt_transition(current, to)
+    attempt.state = to.value
+    if to.terminal:
+        attempt.reason = reason
+        attempt.ended_at = now
+    session.add(
+        AttemptEvent(
+            attempt_id=attempt.id,
             from_state=current.value if current else None,
             to_state=to.value,
             reason=reason,

@@ -47,6 +47,11 @@ def test_unknown_fields_and_reserved_env_are_refused(cluster):
     body = {"bundle_digest": digest, "command": ["python"], "workers": 1, "env": {"TF_CONFIG": "{}"}}
     response = cluster.http.post("/api/v1/jobs", json=body)
     assert response.status_code == 422 and "set by mwms" in response.json()["detail"]
+    # What the agent overwrites is refused too (it was once accepted and silently replaced), all named at once.
+    body["env"] = {"TMPDIR": "/scratch", "PYTHONUNBUFFERED": "0", "MY_SETTING": "1"}
+    response = cluster.http.post("/api/v1/jobs", json=body)
+    assert response.status_code == 422, response.text
+    assert "PYTHONUNBUFFERED, TMPDIR are set by mwms for each task" in response.json()["detail"]
 
 
 def test_unknown_job_ids(cluster):

@@ -32,7 +32,7 @@ SUFFIXES = {
 # PromQL words that look like names: aggregations, functions (always followed by "("), modifiers.
 PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "offset"}
 PROMQL_WORDS |= {"and", "or", "unless", "inf", "nan"}
-# Defined by the hang detector (server/hang_detector.py, issue 11 item 2), not by server/observability:
+# Defined by the hang detector (server/live/hang_detector.py, issue 11 item 2), not by server/observability:
 # exported once the coordinator starts that detector, which this tolerates until it does.
 HANG_DETECTIONS = "mwms_hang_detections_total"
 

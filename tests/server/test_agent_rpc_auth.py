@@ -122,7 +122,7 @@ def start_coordinator(tmp_path: Path) -> Iterator[Callable[..., Coordinator]]:
             http.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
             channel = stack.enter_context(grpc.insecure_channel(f"127.0.0.1:{app.state.grpc_port}"))
             stub = agent_pb2_grpc.AgentServiceStub(channel)
-            started.append(Coordinator(http, app.state.runtime.db, settings, stub))
+            started.append(Coordinator(http, app.state.wiring.db, settings, stub))
             return started[-1]
 
         yield start

@@ -52,7 +52,7 @@ def cluster(tmp_path: Path) -> Iterator[tuple[Coordinator, Any]]:
         http = stack.enter_context(TestClient(app, base_url="http://127.0.0.1"))
         http.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
         channel = stack.enter_context(grpc.insecure_channel(f"127.0.0.1:{app.state.grpc_port}"))
-        yield Coordinator(http, app.state.runtime.db, agent_pb2_grpc.AgentServiceStub(channel)), app
+        yield Coordinator(http, app.state.wiring.db, agent_pb2_grpc.AgentServiceStub(channel)), app
 
 
 def _agent(coordinator: Coordinator, agent_id: str) -> Agent:
@@ -159,7 +159,7 @@ def test_a_failed_task_sends_stops_only_to_its_gang(
     hello(a, a_id, task_a)
     hello(b, b_id, task_b)
     hello(idle, idle_id)
-    hub = app.state.hub
+    hub = app.state.wiring.hub
     asked: list[list[str]] = []
     real = agent_messages.pending_commands
 
@@ -188,7 +188,7 @@ def test_telemetry_of_many_streams_shares_transactions_and_is_stored_once(
     cluster: tuple[Coordinator, Any],
 ) -> None:
     coordinator, app = cluster
-    writer = app.state.telemetry
+    writer = app.state.wiring.telemetry
     streams = []
     for i in range(4):
         agent_id, stream = coordinator.join(f"ingest-agent-{i}")
@@ -251,7 +251,7 @@ def test_a_flush_never_moves_liveness_back_behind_a_registration(cluster: tuple[
 
 
 def test_telemetry_transactions_are_sized_to_hold_the_write_lock_briefly() -> None:
-    from server.rpc.ingest import (
+    from server.live.ingest import (
         MAX_ITEMS_PER_TRANSACTION,
         MIN_ITEMS_PER_TRANSACTION,
         TARGET_TRANSACTION_S,

@@ -274,7 +274,7 @@ def test_retention_deletes_old_samples_agent_by_agent_in_batches(db: Database) -
 def test_the_writer_checks_batches_and_purges(tmp_path: Path) -> None:
     import asyncio
 
-    from server.rpc.device_ingest import DeviceTelemetryWriter
+    from server.live.device_ingest import DeviceTelemetryWriter
     from server.settings import Settings
 
     database = Database(f"sqlite:///{tmp_path / 'writer.db'}")

@@ -1,5 +1,5 @@
 """Stack requests and hang detection through the services and the detector on a real SQLite database, with
-real dumps as the agents' answers (tests/server/stack_dumps) and a hub without agent sessions."""
+real dumps as the agents' answers (tests/server/stack_dumps) and a hub without agent streams."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ from coordinator_rows import seeded_database
 from server.db.engine import Database
 from server.db.models import Agent, Job, StackDump, StackRequest, utcnow
 from server.errors import Conflict
-from server.hang_detector import HANG_DETECTIONS, HangDetector
-from server.rpc.hub import AgentHub
-from server.rpc.stack_collector import StackCollector
+from server.live.hang_detector import HANG_DETECTIONS, HangDetector
+from server.live.hub import AgentHub
+from server.live.stack_collector import StackCollector
+from server.live.task_progress import TaskProgress
 from server.schemas import JobCreate
 from server.services import hangs, stacks
 from server.services.jobs import create_job
@@ -24,7 +25,6 @@ from server.services.scheduling import schedule_pending
 from server.services.tasks import TaskReport, apply_report
 from server.settings import Settings
 from server.states import TaskState
-from server.task_progress import TaskProgress
 
 DUMPS = Path(__file__).parent / "stack_dumps"
 WAITING = (DUMPS / "py_spy_worker0_step_in_tf_function.txt").read_text()
@@ -146,7 +146,7 @@ def test_the_detector_flags_a_silent_attempt_once_and_progress_holds_it_off(db):
         return now[0]
 
     async def scenario() -> None:
-        hub = AgentHub(asyncio.get_running_loop(), db)  # no agent sessions: every dump is unreachable
+        hub = AgentHub(asyncio.get_running_loop(), db)  # no agent streams: every dump is unreachable
         progress = TaskProgress()
         detector = HangDetector(
             db,

@@ -63,7 +63,7 @@ def coordinator(tmp_path: Path) -> Iterator[Coordinator]:
         TestClient(app, base_url="http://127.0.0.1") as http,
         grpc.insecure_channel(f"127.0.0.1:{app.state.grpc_port}") as channel,
     ):
-        yield Coordinator(http, app.state.runtime.db, agent_pb2_grpc.AgentServiceStub(channel))
+        yield Coordinator(http, app.state.wiring.db, agent_pb2_grpc.AgentServiceStub(channel))
 
 
 def test_stack_dumps_are_for_the_jobs_submitter_and_admins_only(coordinator: Coordinator) -> None:

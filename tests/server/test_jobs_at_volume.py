@@ -73,7 +73,7 @@ def coordinator(tmp_path: Path) -> Iterator[Coordinator]:
         app = create_app(settings)
         http = stack.enter_context(TestClient(app, base_url="http://127.0.0.1"))
         http.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
-        yield Coordinator(http, app.state.runtime.db)
+        yield Coordinator(http, app.state.wiring.db)
 
 
 def add_agent(session: Any, name: str) -> Agent:

@@ -136,7 +136,7 @@ def coordinator(tmp_path: Path) -> Iterator[Coordinator]:
         http = stack.enter_context(TestClient(app, base_url="http://127.0.0.1"))
         http.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
         channel = stack.enter_context(grpc.insecure_channel(f"127.0.0.1:{app.state.grpc_port}"))
-        yield Coordinator(http, app.state.runtime.db, agent_pb2_grpc.AgentServiceStub(channel))
+        yield Coordinator(http, app.state.wiring.db, agent_pb2_grpc.AgentServiceStub(channel))
 
 
 def point(seq: int, step: int, value: float, name: str = "loss", unix_ms: int = NOW_MS) -> pb.MetricPoint:
@@ -361,7 +361,7 @@ def test_a_poisoned_job_does_not_slow_lost_agent_detection_in_the_running_coordi
         http = stack.enter_context(TestClient(app, base_url="http://127.0.0.1"))
         http.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
         channel = stack.enter_context(grpc.insecure_channel(f"127.0.0.1:{app.state.grpc_port}"))
-        coordinator = Coordinator(http, app.state.runtime.db, agent_pb2_grpc.AgentServiceStub(channel))
+        coordinator = Coordinator(http, app.state.wiring.db, agent_pb2_grpc.AgentServiceStub(channel))
         agent_id, stream = coordinator.join("short-lived")
         for options in ({"startup_timeout_seconds": 1e308}, {"startup_timeout_seconds": "soon"}):
             coordinator.running_job(agent_id, options, state="ASSIGNED")

@@ -15,9 +15,9 @@ from sqlalchemy import func, inspect, select
 from server.db.engine import Database
 from server.db.migrate import downgrade_to, upgrade_to_head
 from server.db.models import Agent, Base, Bundle, Job, LogLine, MetricPoint
-from server.liveness import Liveness
-from server.loops import BackgroundLoops
-from server.rpc.hub import AgentHub
+from server.live.hub import AgentHub
+from server.live.liveness import Liveness
+from server.live.loops import BackgroundLoops
 from server.schemas import JobCreate
 from server.services.agents import Registration, register_agent
 from server.services.jobs import cancel_job, create_job

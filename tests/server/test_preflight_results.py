@@ -128,7 +128,7 @@ def test_the_coordinator_defaults_can_turn_the_check_on_without_its_all_reduce(t
     with TestClient(app, base_url="http://127.0.0.1") as http:
         http.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
         with grpc.insecure_channel(f"127.0.0.1:{app.state.grpc_port}") as channel:
-            here = Coordinator(http, app.state.runtime.db, agent_pb2_grpc.AgentServiceStub(channel))
+            here = Coordinator(http, app.state.wiring.db, agent_pb2_grpc.AgentServiceStub(channel))
             a_id, a = here.join("dflt-a")
             hello(a, a_id)
             b_id, b = here.join("dflt-b")

@@ -13,7 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from server.api.auth import SESSION_COOKIE, same_origin
+from server.api.auth import LOGIN_COOKIE, same_origin
 from server.app import create_app
 from server.db.engine import Database
 from server.db.models import Token
@@ -36,7 +36,7 @@ class Coordinator:
         """A dashboard session's secret, from the cookie of a log-in with `token`."""
         response = self.http.post("/api/v1/session", json={"token": token}, headers=ORIGIN)
         assert response.status_code == 200, response.text
-        secret = response.cookies[SESSION_COOKIE]
+        secret = response.cookies[LOGIN_COOKIE]
         self.http.cookies.clear()  # every request below says which credential it carries
         return secret
 
@@ -46,7 +46,7 @@ class Coordinator:
 
 
 def cookie(secret: str) -> dict[str, str]:
-    return {"Cookie": f"{SESSION_COOKIE}={secret}", **ORIGIN}
+    return {"Cookie": f"{LOGIN_COOKIE}={secret}", **ORIGIN}
 
 
 def bearer(secret: str) -> dict[str, str]:
@@ -57,7 +57,7 @@ def bearer(secret: str) -> dict[str, str]:
 def coordinator(tmp_path: Path) -> Iterator[Coordinator]:
     app = create_app(Settings(data_dir=tmp_path / "coordinator", grpc_port=0, admin_token=ADMIN_TOKEN))
     with TestClient(app, base_url="http://127.0.0.1") as http:
-        yield Coordinator(http, app.state.runtime.db)
+        yield Coordinator(http, app.state.wiring.db)
 
 
 # --- 9b: sessions mint nothing, logout ends them --------------------------------------------------------
@@ -108,7 +108,7 @@ def test_logout_ends_the_session_at_once(coordinator: Coordinator, presented: st
 
     out = coordinator.http.delete("/api/v1/session", headers=headers)
     assert out.status_code == 204, out.text
-    assert f'{SESSION_COOKIE}=""' in out.headers["set-cookie"] or "Max-Age=0" in out.headers["set-cookie"]
+    assert f'{LOGIN_COOKIE}=""' in out.headers["set-cookie"] or "Max-Age=0" in out.headers["set-cookie"]
     for stale in (cookie(secret), bearer(secret)):
         refused = coordinator.http.get("/api/v1/jobs", headers=stale)
         assert refused.status_code == 401, refused.text
@@ -120,7 +120,7 @@ def test_logout_with_an_api_token_ends_only_the_cookies_session(coordinator: Coo
     token = coordinator.api_token("gina", Role.USER)
     secret = coordinator.log_in(token)
     out = coordinator.http.delete(
-        "/api/v1/session", headers={**bearer(token), "Cookie": f"{SESSION_COOKIE}={secret}"}
+        "/api/v1/session", headers={**bearer(token), "Cookie": f"{LOGIN_COOKIE}={secret}"}
     )
     assert out.status_code == 204
     assert coordinator.http.get("/api/v1/jobs", headers=cookie(secret)).status_code == 401
@@ -165,7 +165,7 @@ def test_same_origin_compares_scheme_host_and_port(scheme: str, host: str, origi
 
 def test_a_cookie_request_from_the_http_origin_of_the_host_is_refused(coordinator: Coordinator) -> None:
     secret = coordinator.log_in(coordinator.api_token("hana", Role.USER))
-    session_cookie = {"Cookie": f"{SESSION_COOKIE}={secret}"}
+    session_cookie = {"Cookie": f"{LOGIN_COOKIE}={secret}"}
     body = {"bundle_digest": "0" * 64, "command": ["python", "x.py"], "workers": 1}
     for origin in ("https://127.0.0.1", "http://127.0.0.1:8080", "https://127.0.0.1:80"):
         refused = coordinator.http.post(
@@ -195,9 +195,9 @@ def test_over_https_an_http_page_is_another_origin(tmp_path: Path) -> None:
         )
         assert login.status_code == 200, login.text
         assert "secure" in login.headers["set-cookie"].lower()
-        secret = login.cookies[SESSION_COOKIE]
+        secret = login.cookies[LOGIN_COOKIE]
         http.cookies.clear()
-        headers = {"Cookie": f"{SESSION_COOKIE}={secret}"}
+        headers = {"Cookie": f"{LOGIN_COOKIE}={secret}"}
         made = {"name": "rack"}
         plain = http.post(
             "/api/v1/agent-tokens", json=made, headers={**headers, "Origin": "http://127.0.0.1"}

@@ -5,11 +5,14 @@ from __future__ import annotations
 import pytest
 
 from server.states import (
+    ATTEMPT_TRANSITIONS,
     JOB_TRANSITIONS,
     TASK_TRANSITIONS,
+    AttemptState,
     InvalidTransition,
     JobState,
     TaskState,
+    check_attempt_transition,
     check_job_transition,
     check_task_transition,
 )
@@ -68,4 +71,48 @@ def test_task_transitions():
 
 def test_every_state_has_a_table_row():
     assert set(JOB_TRANSITIONS) == {None, *JobState}
+    assert set(ATTEMPT_TRANSITIONS) == {None, *AttemptState}
     assert set(TASK_TRANSITIONS) == set(TaskState)
+
+
+ENDINGS = [AttemptState.SUCCEEDED, AttemptState.FAILED, AttemptState.CANCELLED, AttemptState.REPLACED]
+
+
+@pytest.mark.parametrize("ending", ENDINGS)
+def test_attempt_is_born_active_and_ends_once(ending):
+    check_attempt_transition(None, AttemptState.ACTIVE)
+    check_attempt_transition(AttemptState.ACTIVE, ending)
+    assert ending.terminal and not AttemptState.ACTIVE.terminal
+    assert ATTEMPT_TRANSITIONS[ending] == frozenset()
+
+
+def test_attempt_table_allows_exactly_these():
+    allowed = {(current, requested) for current, row in ATTEMPT_TRANSITIONS.items() for requested in row}
+    assert allowed == {(None, AttemptState.ACTIVE)} | {(AttemptState.ACTIVE, e) for e in ENDINGS}
+
+
+@pytest.mark.parametrize(
+    ("current", "requested"),
+    [
+        (None, AttemptState.SUCCEEDED),
+        (None, AttemptState.REPLACED),
+        (AttemptState.ACTIVE, AttemptState.ACTIVE),
+        (AttemptState.SUCCEEDED, AttemptState.FAILED),
+        (AttemptState.FAILED, AttemptState.ACTIVE),
+        (AttemptState.CANCELLED, AttemptState.FAILED),
+        (AttemptState.REPLACED, AttemptState.ACTIVE),
+    ],
+)
+def test_attempt_transitions_rejected(current, requested):
+    with pytest.raises(InvalidTransition, match="attempt cannot go from"):
+        check_attempt_transition(current, requested)
+
+
+def test_every_refused_attempt_transition_raises():
+    for current in [None, *AttemptState]:
+        for requested in AttemptState:
+            if requested in ATTEMPT_TRANSITIONS[current]:
+                check_attempt_transition(current, requested)
+            else:
+                with pytest.raises(InvalidTransition):
+                    check_attempt_transition(current, requested)

@@ -41,7 +41,7 @@ def held_back(tmp_path: Path) -> Iterator[tuple[Coordinator, threading.Event, li
         http = stack.enter_context(TestClient(app, base_url="http://127.0.0.1"))
         http.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
         channel = stack.enter_context(grpc.insecure_channel(f"127.0.0.1:{app.state.grpc_port}"))
-        writer = app.state.telemetry
+        writer = app.state.wiring.telemetry
         release = threading.Event()
         stack.callback(release.set)  # never leave the writer's thread waiting at teardown
         submitted: list[Any] = []
@@ -57,7 +57,7 @@ def held_back(tmp_path: Path) -> Iterator[tuple[Coordinator, threading.Event, li
 
         writer._write, writer.submit = held_store, counted_submit
         yield (
-            Coordinator(http, app.state.runtime.db, agent_pb2_grpc.AgentServiceStub(channel)),
+            Coordinator(http, app.state.wiring.db, agent_pb2_grpc.AgentServiceStub(channel)),
             release,
             submitted,
         )

@@ -31,7 +31,7 @@ class Coordinator:
         self.settings = settings
         app = create_app(settings)
         stack.enter_context(TestClient(app, base_url="http://127.0.0.1"))
-        self.db = app.state.runtime.db
+        self.db = app.state.wiring.db
         channel = stack.enter_context(grpc.insecure_channel(f"127.0.0.1:{app.state.grpc_port}"))
         self.stub = agent_pb2_grpc.AgentServiceStub(channel)
         registered = self.stub.Register(register_request("uploader", JOIN_TOKEN), timeout=10)

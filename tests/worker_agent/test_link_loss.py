@@ -12,7 +12,7 @@ import pytest
 from builders import start_task
 
 from mwms.v1 import agent_pb2
-from worker_agent import main, session
+from worker_agent import connection, main
 
 from cluster import pack
 
@@ -98,7 +98,7 @@ def test_a_network_that_stops_forwarding_is_noticed_and_the_agent_reconnects(
 ) -> None:  # type: ignore[no-untyped-def]
     # gRPC 1.85 resets its keepalive timer on every write, and the agent writes a heartbeat every interval,
     # so keepalive pings are not what notices this; the silence watchdog is (limit 3 x 0.2 s + 0.5 s).
-    monkeypatch.setattr(session, "SILENCE_GRACE_SECONDS", 0.5)
+    monkeypatch.setattr(connection, "SILENCE_GRACE_SECONDS", 0.5)
     fake, address = coordinator
     fake.answer_heartbeats = True
     proxy.append(FreezingProxy(address))
@@ -122,7 +122,7 @@ def test_a_network_that_stops_forwarding_is_noticed_and_the_agent_reconnects(
 def test_a_coordinator_that_answered_heartbeats_and_falls_silent_is_left(
     coordinator, start_agent, wait_for, monkeypatch, tmp_path
 ) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(session, "SILENCE_GRACE_SECONDS", 0.5)  # limit: 3 x 0.2 s + 0.5 s
+    monkeypatch.setattr(connection, "SILENCE_GRACE_SECONDS", 0.5)  # limit: 3 x 0.2 s + 0.5 s
     fake, address = coordinator
     start_agent(address)
     wait_for(lambda: fake.streams and fake.streams[0].of_kind("hello"), "the first session")

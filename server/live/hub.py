@@ -1,11 +1,14 @@
-"""Connected agent sessions, and the one dispatcher that pushes their start and stop commands.
+"""Connected agent streams, and the one dispatcher that pushes their start and stop commands.
 
 The database stays the source of truth: `wake(agent_ids)` marks agents whose commands may have changed
 (the scheduler's placements, a transaction's stops, a hello); one dispatcher task reads the commands of
-all marked agents in a fixed number of queries and hands each session its own. `wake(None)` (a REST
+all marked agents in a fixed number of queries and hands each stream its own. `wake(None)` (a REST
 route's stop or removal) marks every connected agent, still one read. A slow sweep over every connected
-agent every `sweep_interval_s` is the safety net; sessions remember what they sent, so nothing is sent
-twice. A session whose agent was removed is closed by the pass that finds it.
+agent every `sweep_interval_s` is the safety net; streams remember what they sent, so nothing is sent
+twice. A stream whose agent was removed is closed by the pass that finds it.
+
+In-memory, like the rest of server/live/: the gRPC servicers (server/rpc/agent_stream.py) attach their
+streams; routers reach it through the wiring (server/live/wiring.py).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ log = logging.getLogger("mwms.server.rpc")
 
 
 class CommandSink(Protocol):
-    """What the hub needs of an agent's session (server/rpc/agent_stream.py)."""
+    """What the hub needs of an agent's stream (server/rpc/agent_stream.py)."""
 
     ready: bool  # the agent said hello, so it knows what it runs: commands may flow
 
@@ -35,7 +38,7 @@ class CommandSink(Protocol):
 
 
 class AgentHub:
-    """Knows which agents have a live session and pushes commands to the ones a change concerns."""
+    """Knows which agents have a live stream and pushes commands to the ones a change concerns."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, db: Database, sweep_interval_s: float = 30.0) -> None:
         self._loop = loop
@@ -50,7 +53,7 @@ class AgentHub:
         self.passes = 0  # dispatcher passes that read the database (tests, benchmarks)
 
     def attach(self, agent_id: str, owner: CommandSink) -> None:
-        """Registers a session as the agent's current one."""
+        """Registers a stream as the agent's current one."""
         self._owners[agent_id] = owner
 
     def detach(self, agent_id: str, owner: object) -> None:
@@ -64,12 +67,12 @@ class AgentHub:
         return set(self._owners)
 
     def connected_count(self) -> int:
-        """Agents with a live session; safe from any thread (no iteration)."""
+        """Agents with a live stream; safe from any thread (no iteration)."""
         return len(self._owners)
 
     async def send_to(self, agent_id: str, message: pb.CoordinatorMessage) -> bool:
-        """Sends one message on the agent's current session (a stack dump request); False when it has
-        no session that takes commands, or the send failed."""
+        """Sends one message on the agent's current stream (a stack dump request); False when it has
+        no stream that takes commands, or the send failed."""
         owner = self._owners.get(agent_id)
         if owner is None or not owner.ready:
             return False
@@ -137,7 +140,7 @@ class AgentHub:
                 await asyncio.sleep(1.0)
 
     async def dispatch(self, agent_ids: list[str]) -> None:
-        """One pass: reads the commands of `agent_ids` and hands each current session its own."""
+        """One pass: reads the commands of `agent_ids` and hands each current stream its own."""
 
         def read() -> agent_messages.PendingCommands:
             with self._db.read() as session:
@@ -153,7 +156,7 @@ class AgentHub:
             owner = self._owners.get(agent_id)
             if owner is None or not owner.ready:
                 continue  # gone meanwhile: its next hello asks again
-            # Each session sends on its own task, so one slow agent never holds up the others' commands.
+            # Each stream sends on its own task, so one slow agent never holds up the others' commands.
             delivery = asyncio.create_task(owner.deliver(commands))
             self._deliveries.add(delivery)
             delivery.add_done_callback(self._deliveries.discard)

@@ -8,8 +8,8 @@ import logging
 from mwms.loop import run_every_async
 from server.db.engine import Database
 from server.db.models import utcnow
-from server.liveness import Liveness
-from server.rpc.hub import AgentHub
+from server.live.hub import AgentHub
+from server.live.liveness import Liveness
 from server.services.agents import record_heartbeats
 from server.services.command_targets import track_command_targets
 from server.services.reconcile import reconcile

@@ -3,7 +3,7 @@ or metric point) for the job's hang timeout; such an attempt's stacks are dumped
 ends by the job's restart policy (server/services/hangs.py).
 
 A task's clock starts when it starts RUNNING, or when this coordinator started, whichever is later
-(progress is kept in memory: server/task_progress.py). Each attempt is flagged once.
+(progress is kept in memory: server/live/task_progress.py). Each attempt is flagged once.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from mwms.loop import run_every_async
 from server.db.engine import Database
 from server.db.models import utcnow
 from server.errors import DomainError
-from server.rpc.stack_collector import StackCollector
+from server.live.stack_collector import StackCollector
+from server.live.task_progress import TaskProgress
 from server.services import hangs
 from server.services.command_targets import track_command_targets
 from server.settings import Settings
-from server.task_progress import TaskProgress
 
 log = logging.getLogger("mwms.server.hangs")
 CHECK_INTERVAL_S = 1.0

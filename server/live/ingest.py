@@ -5,7 +5,7 @@ what the last transaction's pace says fits in TARGET_TRANSACTION_S, within MIN_/
 stores it in one transaction
 (services.agent_messages.accept_telemetry), then resolves each batch's future, so the stream
 acknowledges only what is committed. Exactly-once holds through the unique (task_id, seq) constraints:
-a resend after a lost ack inserts nothing. Heartbeats never queue here (server/liveness.py).
+a resend after a lost ack inserts nothing. Heartbeats never queue here (server/live/liveness.py).
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from server.db.engine import Database
+from server.live.task_progress import TaskProgress
 from server.observability.instruments import count_ingested
 from server.services.agent_messages import TelemetryBatch, accept_telemetry
 from server.services.command_targets import track_command_targets
 from server.services.telemetry import StoreOutcome
-from server.task_progress import TaskProgress
 
 log = logging.getLogger("mwms.server.rpc")
 # Bounds one transaction, so a burst is committed (and acknowledged) in steps the agents can see.

@@ -1,7 +1,7 @@
 """When each task last made progress (a log line or metric point stored for it), kept in memory.
 
-The telemetry writer (server/rpc/ingest.py) marks the tasks of every committed batch; the hang detector
-(server/hang_detector.py) reads it. Nothing is written to the database: after a coordinator restart
+The telemetry writer (server/live/ingest.py) marks the tasks of every committed batch; the hang detector
+(server/live/hang_detector.py) reads it. Nothing is written to the database: after a coordinator restart
 every task's clock starts again from the restart.
 """
 

@@ -13,7 +13,7 @@ from typing import TypeVar
 
 from mwms.v1 import agent_pb2 as pb
 from server.db.engine import Database
-from server.rpc.hub import AgentHub
+from server.live.hub import AgentHub
 from server.services import stacks
 from server.services.stacks import IncomingStackDump, OpenedRequest
 

@@ -1,14 +1,14 @@
 """One Connect stream with the coordinator: Hello, then heartbeats, task reports, logs and metrics up;
 start/stop commands and acks down.
 
-The session never blocks on its tasks: commands go to the TaskManager, which does its work in threads.
-When the stream breaks the session ends; the agent's main loop registers again and opens a new one, whose
+The connection never blocks on its tasks: commands go to the TaskManager, which does its work in threads.
+When the stream breaks the connection ends; the agent's main loop registers again and opens a new one, whose
 Hello carries every known task and which resends everything not yet acknowledged.
 
 A stream can also die without breaking (a coordinator that hangs, a middlebox that keeps the TCP
 connection but forwards nothing). A coordinator that answers heartbeats (an Ack without a task id) is
 expected to keep doing so: once one answer has been seen, 3 heartbeat intervals + 5 s without any message
-end the session, and the agent reconnects. A coordinator that never answers heartbeats is not held to it;
+end the connection, and the agent reconnects. A coordinator that never answers heartbeats is not held to it;
 gRPC keepalive pings still notice a dead network under it.
 """
 
@@ -27,7 +27,7 @@ from worker_agent.device_telemetry import DeviceTelemetry
 from worker_agent.stacks import answer_dump_stacks, dump_targets, preferred_method
 from worker_agent.tasks import TaskManager
 
-log = logging.getLogger("mwms.agent.session")
+log = logging.getLogger("mwms.agent.connection")
 
 BATCH_INTERVAL_SECONDS = 0.2
 BATCH_MAX_ITEMS = 500
@@ -37,7 +37,7 @@ MAX_BATCHES_PER_PASS = 20
 SILENCE_GRACE_SECONDS = 5.0
 
 
-class AgentSession:
+class AgentConnection:
     """The agent side of one Connect stream."""
 
     def __init__(
@@ -53,7 +53,7 @@ class AgentSession:
         self._agent_id = agent_id
         self._heartbeat_interval = heartbeat_interval
         self._tasks = tasks
-        # Shared by the agent's sessions: set once the coordinator has answered a heartbeat.
+        # Shared by the agent's connections: set once the coordinator has answered a heartbeat.
         self._heartbeats_answered = heartbeats_answered or threading.Event()
         self._silence_limit = 3 * heartbeat_interval + SILENCE_GRACE_SECONDS
         self._last_received = time.monotonic()
@@ -61,7 +61,7 @@ class AgentSession:
         self._closing = threading.Event()
         # Set once the stream has ended, whatever the cause.
         self.ended = threading.Event()
-        # The highest seq sent on this stream, per task; a new session starts from the last ack.
+        # The highest seq sent on this stream, per task; a new connection starts from the last ack.
         self._sent_log_seq: dict[str, int] = {}
         self._sent_metric_seq: dict[str, int] = {}
         # Answers prepared off the stream thread (stack dumps), sent by the sender with the reports.
@@ -78,7 +78,7 @@ class AgentSession:
         """Opens the stream and starts reading commands in a background thread."""
         call = self._stub.Connect(self._outgoing())  # the channel presents the agent's credential
         self._call = call
-        threading.Thread(target=self._read_commands, args=(call,), name="session-reader", daemon=True).start()
+        threading.Thread(target=self._read_commands, args=(call,), name="stream-reader", daemon=True).start()
 
     def close(self) -> None:
         """Ends the stream (the coordinator sees a cancelled call)."""
@@ -98,14 +98,14 @@ class AgentSession:
                 code = error.code() if isinstance(error, grpc.Call) else None
                 if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
                     details = error.details() if isinstance(error, grpc.Call) else ""
-                    log.error("the coordinator ended the session: %s: %s", code.name, details)
+                    log.error("the coordinator ended the connection: %s: %s", code.name, details)
                 else:
                     log.warning("connection to the coordinator lost (%s)", code.name if code else error)
-        except Exception:  # noqa: BLE001 - a bad command must end this session, not the agent
-            log.exception("the session failed while handling a command")
+        except Exception:  # noqa: BLE001 - a bad command must end this connection, not the agent
+            log.exception("the connection failed while handling a command")
         else:
             if not self._closing.is_set():
-                log.warning("the coordinator closed the session")
+                log.warning("the coordinator closed the connection")
         finally:
             self._closing.set()
             self._tasks.reports_ready.set()

@@ -1,0 +1,27 @@
+"""The agent's defaults, in one place: worker_agent/config.py AgentConfig takes its field defaults from
+here, and `mwms agent` (mwms/cli/main.py) passes only the options a user gave and shows these in --help.
+
+Dependency-free (standard library only): `mwms --help` must not import the agent.
+"""
+
+from __future__ import annotations
+
+SERVER = "127.0.0.1:50051"  # the coordinator's gRPC endpoint ("host:port")
+WORK_DIR = "~/.mwms-agent"
+SLOTS = 1  # CPU tasks at once
+PORT_LOW, PORT_HIGH = 20000, 20999  # ports tasks may listen on, inclusive
+STOP_GRACE_S = 10.0  # between SIGTERM and SIGKILL when the agent stops its tasks
+DEVICE_SAMPLE_INTERVAL_S = 5.0  # GPU samples; 0: none
+SANDBOX = "auto"
+SANDBOX_MODES = ("auto", "bwrap", "off")
+TASK_UID_LOW, TASK_UID_HIGH = 60000, 60999  # uids of tasks when the agent is root, inclusive
+
+
+def port_range() -> str:
+    """The default --port-range as the CLI spells it."""
+    return f"{PORT_LOW}-{PORT_HIGH}"
+
+
+def task_uid_range() -> str:
+    """The default --task-uids as the CLI spells it."""
+    return f"{TASK_UID_LOW}-{TASK_UID_HIGH}"

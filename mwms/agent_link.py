@@ -1,0 +1,62 @@
+"""What the coordinator's gRPC server and the agents' channel agree on: message size and keepalive.
+
+- ``AGENT_RECEIVE_LIMIT_BYTES``: the largest message an agent's channel takes (gRPC's default, set
+  explicitly by worker_agent/channel.py). The coordinator never sends a StartTask over it
+  (server/rpc/agent_stream.py) and its settings refuse job limits that could (server/limits.py).
+- Keepalive: the agent pings every ``CLIENT_PING_INTERVAL_MS``, also while no call is open, and drops a
+  link whose ping is not answered within ``CLIENT_PING_TIMEOUT_MS``, so a silently lost network (no RST,
+  no FIN) is noticed within about 15 s. The coordinator accepts a ping every
+  ``SERVER_MIN_PING_INTERVAL_MS`` without data; a client that pings more often earns a strike, and after
+  ``SERVER_MAX_PING_STRIKES`` the server closes the connection (GOAWAY "too_many_pings"). So the
+  client's interval must be at least the server's minimum (``client_pings_allowed``, tested).
+  The server pings its side every ``SERVER_PING_INTERVAL_MS`` too.
+
+The option lists are plain (name, value) pairs; only the two sides add them to gRPC.
+Dependency-free (standard library only).
+"""
+
+from __future__ import annotations
+
+AGENT_RECEIVE_LIMIT_BYTES = 4 * 1024 * 1024
+
+CLIENT_PING_INTERVAL_MS = 10_000
+CLIENT_PING_TIMEOUT_MS = 5_000
+SERVER_PING_INTERVAL_MS = 10_000
+SERVER_MIN_PING_INTERVAL_MS = 5_000
+SERVER_MAX_PING_STRIKES = 2  # gRPC's default, stated so the agreement is written down in one place
+
+
+def channel_options() -> list[tuple[str, int]]:
+    """The agent channel's side: its receive limit and keepalive pings (also without calls)."""
+    return [
+        ("grpc.max_receive_message_length", AGENT_RECEIVE_LIMIT_BYTES),
+        ("grpc.keepalive_time_ms", CLIENT_PING_INTERVAL_MS),
+        ("grpc.keepalive_timeout_ms", CLIENT_PING_TIMEOUT_MS),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),  # 0: no cap on pings between data frames
+    ]
+
+
+def server_keepalive_options() -> list[tuple[str, int]]:
+    """The coordinator's side: its own pings and the ping policy the agents' pings must pass."""
+    return [
+        ("grpc.keepalive_time_ms", SERVER_PING_INTERVAL_MS),
+        ("grpc.http2.min_ping_interval_without_data_ms", SERVER_MIN_PING_INTERVAL_MS),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_ping_strikes", SERVER_MAX_PING_STRIKES),
+    ]
+
+
+def client_pings_allowed(client: list[tuple[str, int]], server: list[tuple[str, int]]) -> bool:
+    """Whether a channel with `client` options pings no more often than a server with `server` allows."""
+    client_opts, server_opts = dict(client), dict(server)
+    interval = client_opts.get("grpc.keepalive_time_ms")
+    if interval is None:
+        return True  # a channel that never pings
+    minimum = server_opts.get("grpc.http2.min_ping_interval_without_data_ms", 5 * 60 * 1000)
+    if interval < minimum:
+        return False
+    # Pings with no call open are allowed only when the server permits them.
+    return not client_opts.get("grpc.keepalive_permit_without_calls") or bool(
+        server_opts.get("grpc.keepalive_permit_without_calls")
+    )

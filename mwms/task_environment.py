@@ -1,0 +1,117 @@
+"""The task environment: the variables a task's process gets from mwms, and which of them a job may set.
+
+The agent builds every task's environment (worker_agent/task_env.py ``child_environment``) from its own
+environment less its secrets and ``MWMS_*`` settings, then the job's ``env``, then the variables below.
+The coordinator refuses at submit (HTTP 422) a job whose ``env`` names one the agent would overwrite;
+mwms_runtime reads them inside the training program. The names fall in four kinds:
+
+- **Reserved** (``RESERVED_ENV``): set by the agent for every task, whatever the job says, so a job may
+  not set them: identity and shape (``MWMS_JOB_ID`` .. ``MWMS_NUM_GPUS``, ``TF_CONFIG``,
+  ``CUDA_VISIBLE_DEVICES``), the task's directories (``MWMS_OUTPUT_DIR``, ``MWMS_CHECKPOINT_DIR``,
+  ``MWMS_METRICS_FILE``, ``MWMS_STACKS_DIR``, ``TMPDIR``, ``PWD``), ``PYTHONUNBUFFERED=1`` (log lines arrive as
+  they are printed), the preflight check's report file, and ``HOME``/``USER``/``LOGNAME``, which the
+  agent sets for a task that runs as a user of its own (a job cannot know whether it will).
+- **From the spec** (``SPEC_ENV``): the coordinator derives them from the job spec
+  (server/services/jobs.py ``job_env``); a job sets the spec field named instead.
+- **Defaulted** (``DEFAULTED_ENV``): a job may set them; the agent sets its default only when the job
+  does not (``TF_USE_LEGACY_KERAS=1``, the tf_keras that MWMS's ``model.fit`` needs).
+- **Merged** (``MERGED_ENV``): a job may set them; the agent puts its own entry first and keeps the
+  job's after it (``PYTHONPATH``: the stack handler's directory, worker_agent/stack_handler).
+
+Any other name is the job's to set, the runtime's knobs included (``RUNTIME_SETTINGS``).
+
+Dependency-free (standard library only): the coordinator, the agent and mwms_runtime import it.
+worker_agent/stack_handler/sitecustomize.py runs inside the user's program and imports nothing of mwms:
+it spells ``MWMS_STACKS_DIR`` itself, and a test ties that literal to ``STACKS_DIR`` here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from mwms.preflight_contract import ALLREDUCE_ENV, CONNECT_TIMEOUT_ENV, REPORT_ENV, TCP_MB_ENV
+
+# --- reserved: set by the agent for every task ---
+TF_CONFIG = "TF_CONFIG"  # the gang's cluster; absent for a single-worker task
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"  # the GPUs given ("" on CPU)
+JOB_ID = "MWMS_JOB_ID"
+TASK_ID = "MWMS_TASK_ID"
+ATTEMPT = "MWMS_ATTEMPT"
+TASK_INDEX = "MWMS_TASK_INDEX"
+NUM_WORKERS = "MWMS_NUM_WORKERS"
+OUTPUT_DIR = "MWMS_OUTPUT_DIR"
+CHECKPOINT_DIR = "MWMS_CHECKPOINT_DIR"
+METRICS_FILE = "MWMS_METRICS_FILE"  # mwms/metrics_line.py is its format
+DEVICE_KIND = "MWMS_DEVICE_KIND"  # DEVICE_KIND_GPU or DEVICE_KIND_CPU
+NUM_GPUS = "MWMS_NUM_GPUS"
+STACKS_DIR = "MWMS_STACKS_DIR"  # where the stack handler writes dumps (worker_agent/stacks.py)
+PREFLIGHT_REPORT = REPORT_ENV  # the preflight check's process only (mwms/preflight_contract.py)
+TMPDIR = "TMPDIR"  # inside the task dir, removed with the task
+PWD = "PWD"  # the task's working directory, its bundle (bubblewrap sets it too)
+PYTHONUNBUFFERED = "PYTHONUNBUFFERED"
+HOME = "HOME"  # HOME, USER, LOGNAME: for a task of its own user
+USER = "USER"
+LOGNAME = "LOGNAME"
+
+DEVICE_KIND_GPU = "gpu"
+DEVICE_KIND_CPU = "cpu"
+
+RESERVED_ENV = frozenset(
+    {
+        TF_CONFIG,
+        CUDA_VISIBLE_DEVICES,
+        JOB_ID,
+        TASK_ID,
+        ATTEMPT,
+        TASK_INDEX,
+        NUM_WORKERS,
+        OUTPUT_DIR,
+        CHECKPOINT_DIR,
+        METRICS_FILE,
+        DEVICE_KIND,
+        NUM_GPUS,
+        STACKS_DIR,
+        PREFLIGHT_REPORT,
+        TMPDIR,
+        PWD,
+        PYTHONUNBUFFERED,
+        HOME,
+        USER,
+        LOGNAME,
+    }
+)
+
+# --- from the spec: the coordinator sets them from the job spec field named ---
+COMMUNICATION = "MWMS_COMMUNICATION"
+COLLECTIVE_TIMEOUT_S = "MWMS_COLLECTIVE_TIMEOUT_S"
+BYTES_PER_PACK = "MWMS_BYTES_PER_PACK"
+SPEC_ENV: dict[str, str] = {
+    COMMUNICATION: "communication.implementation",
+    COLLECTIVE_TIMEOUT_S: "communication.timeout_seconds",
+    BYTES_PER_PACK: "communication.bytes_per_pack",
+}
+
+# --- defaulted: the job's value wins; the agent sets this one when the job gives none ---
+USE_LEGACY_KERAS = "TF_USE_LEGACY_KERAS"
+DEFAULTED_ENV: dict[str, str] = {USE_LEGACY_KERAS: "1"}
+
+# --- merged: the agent's entry first, the job's (else the agent's own) after it ---
+PYTHONPATH = "PYTHONPATH"
+MERGED_ENV = frozenset({PYTHONPATH})
+
+# --- the job's to set: what mwms_runtime reads besides the above ---
+REPORT_TIMEOUT_S = "MWMS_REPORT_TIMEOUT_S"  # seconds one report() waits for the other workers
+RUNTIME_SETTINGS = frozenset({REPORT_TIMEOUT_S, CONNECT_TIMEOUT_ENV, TCP_MB_ENV, ALLREDUCE_ENV})
+
+
+def refused_names(names: Iterable[str]) -> str | None:
+    """One message naming every variable of `names` a job may not set (reserved ones first), or None."""
+    given = set(names)
+    reserved = sorted(given & RESERVED_ENV)
+    parts = []
+    if reserved:
+        verb = "is" if len(reserved) == 1 else "are"
+        parts.append(f"{', '.join(reserved)} {verb} set by mwms for each task and cannot be overridden")
+    for name in sorted(given & SPEC_ENV.keys()):
+        parts.append(f"{name} comes from the job spec: set {SPEC_ENV[name]} instead")
+    return "; ".join(parts) or None

@@ -1,0 +1,85 @@
+"""The one container of what the coordinator wires together: the database, settings and live machinery.
+
+`build_wiring` makes it inside the running event loop (the app's lifespan, server/app.py); routers get it
+through server/api/deps.py and the gRPC servicers through their constructor (server/rpc/agent_service.py).
+`start` and `stop` run and end its loops in a fixed order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from server.db.engine import Database
+from server.live.device_ingest import DeviceTelemetryWriter
+from server.live.hang_detector import HangDetector
+from server.live.hub import AgentHub
+from server.live.ingest import TelemetryWriter
+from server.live.liveness import Liveness
+from server.live.loops import BackgroundLoops
+from server.live.stack_collector import StackCollector
+from server.live.task_progress import TaskProgress
+from server.settings import Settings
+
+
+@dataclass
+class Wiring:
+    """The database, settings and in-memory machinery that routers and servicers share."""
+
+    db: Database
+    settings: Settings
+    hub: AgentHub
+    liveness: Liveness
+    loops: BackgroundLoops
+    progress: TaskProgress  # hang detection's clock, fed by the telemetry writer
+    telemetry: TelemetryWriter
+    devices: DeviceTelemetryWriter  # also holds the newest device samples, for server/api/devices.py
+    stacks: StackCollector  # stack dump requests waiting for the agents' answers
+    hangs: HangDetector
+
+    def poke_scheduler(self) -> None:
+        """Runs the scheduler soon (task or job states changed)."""
+        self.loops.poke()
+
+    def wake_agents(self, agent_ids: Iterable[str] | None = None) -> None:
+        """Pushes the pending commands of the given agents (every connected one when None); any thread."""
+        self.hub.wake(agent_ids)
+
+    def start(self) -> None:
+        """Starts the hub's dispatcher, the writers, the background loops and the hang detector."""
+        self.hub.start()
+        self.telemetry.start()
+        self.devices.start()
+        self.loops.start()
+        self.hangs.start()
+
+    async def stop(self) -> None:
+        """Stops what `start` started; the database stays open (its owner disposes of it)."""
+        await self.hangs.stop()
+        await self.telemetry.stop()
+        await self.devices.stop()
+        await self.hub.stop()
+        await self.loops.stop()
+
+
+def build_wiring(db: Database, settings: Settings) -> Wiring:
+    """The coordinator's machinery for `db` and `settings`, not started; call inside the running loop."""
+    hub = AgentHub(asyncio.get_running_loop(), db)
+    liveness = Liveness()
+    loops = BackgroundLoops(db, settings, hub, liveness)
+    progress = TaskProgress()
+    telemetry = TelemetryWriter(db, hub.wake, loops.poke, progress=progress)
+    stacks = StackCollector(db, hub)
+    return Wiring(
+        db=db,
+        settings=settings,
+        hub=hub,
+        liveness=liveness,
+        loops=loops,
+        progress=progress,
+        telemetry=telemetry,
+        devices=DeviceTelemetryWriter(db, settings),
+        stacks=stacks,
+        hangs=HangDetector(db, settings, stacks, progress, hub.wake, loops.poke),
+    )

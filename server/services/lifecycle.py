@@ -1,0 +1,370 @@
+"""The lifecycle rules: what a job and its attempt become next when something happens to them.
+
+Every decision that picks a job's or an attempt's next state lives here: a new attempt is placed,
+its workers are all running, it succeeds, a task fails (restart with backoff or fail, and which task
+is the cause), an agent refuses a task (place again, or fail after too many refusals in a row), a task
+is lost, the job is ended (cancel, runtime limit, NaN metric), a restart's backoff is over. The
+services that notice these things (tasks, jobs, scheduling, reconcile, hangs, agents) call in here;
+server/services/transitions.py applies the chosen change, checked against server/states.py.
+
+Restart policy defaults come from schemas.RestartPolicy alone (restart_policy_value).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from server.db.models import Agent, Attempt, Job, LogLine, Task, utcnow
+from server.observability.instruments import count_restart
+from server.schemas import RestartOn, RestartPolicy
+from server.services.transitions import transition_attempt, transition_job, transition_task
+from server.services.wording import count
+from server.states import AttemptState, JobState, TaskState
+
+FAILURE_LOG_LINES = 10
+# A port can be busy by chance; a bundle or command that cannot start will not start on the next try either.
+MAX_REFUSALS_IN_A_ROW = 5
+_DEFAULT_POLICY = RestartPolicy()
+
+
+# -- restart policy -----------------------------------------------------------------------------------
+
+
+def restart_policy_value(job: Job, name: str) -> Any:
+    """The job's stored restart option `name`, or RestartPolicy's default for it.
+
+    Read field by field, not validated, so a damaged row behaves as it always did.
+    """
+    default = getattr(_DEFAULT_POLICY, name)
+    return job.options.get("restart", {}).get(
+        name, default.value if isinstance(default, RestartOn) else default
+    )
+
+
+def fail_on_nan_names(job: Job) -> list[str]:
+    """Metric names whose NaN value fails the job at once (restart.fail_on_nan)."""
+    names = restart_policy_value(job, "fail_on_nan") or []
+    if isinstance(names, str):
+        return [names]
+    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+
+
+def is_retryable(exit_code: int | None, lost: bool, restart_on: str) -> bool:
+    """Lost agents and exit codes >= 128 (signals, OOM kills) are retryable; 1-127 only with restart_on=any."""
+    if lost or exit_code is None:
+        return True
+    if restart_on == RestartOn.ANY.value:
+        return exit_code != 0
+    return exit_code >= 128 or exit_code < 0
+
+
+def restart_backoff(base_s: float, restarts_done: int) -> float:
+    """Seconds to wait before restart number `restarts_done + 1`: doubling, capped at 60 s."""
+    return min(60.0, base_s * (2**restarts_done))
+
+
+# -- small reads --------------------------------------------------------------------------------------
+
+
+def current_attempt(job: Job) -> Attempt | None:
+    """The job's latest attempt, None before its first placement."""
+    return job.attempts[-1] if job.attempts else None
+
+
+def request_stop(task: Task, reason: str) -> None:
+    """Asks the task's agent to stop it; the agent's report ends the task."""
+    if not TaskState(task.state).terminal and not task.stop_requested:
+        task.stop_requested = True
+        task.stop_reason = reason
+
+
+def last_log_lines(session: Session, task: Task, count: int = FAILURE_LOG_LINES) -> list[str]:
+    """The task's last `count` log lines, oldest first."""
+    rows = session.scalars(
+        select(LogLine.text).where(LogLine.task_id == task.id).order_by(LogLine.seq.desc()).limit(count)
+    ).all()
+    return list(reversed(rows))
+
+
+def describe_task_failure(session: Session, task: Task, agent_name: str) -> tuple[str, list[str]]:
+    """('task 1 on agent X: exited with code 3', its last log lines)."""
+    head = f"task {task.index} on agent {agent_name}: " + (
+        task.message or f"exited with code {task.exit_code}"
+    )
+    return head, last_log_lines(session, task)
+
+
+def _agent_is_gone(session: Session, task: Task) -> bool:
+    agent = session.get(Agent, task.agent_id)
+    return agent is None or agent.lost_at is not None
+
+
+# -- placement and restarts ---------------------------------------------------------------------------
+
+
+def open_attempt(session: Session, job: Job, now: datetime | None = None) -> Attempt:
+    """A new ACTIVE attempt for a job about to be placed; the caller adds its tasks."""
+    attempt = Attempt(job_id=job.id, number=len(job.attempts) + 1, state="")
+    job.attempts.append(attempt)
+    session.flush()
+    transition_attempt(session, attempt, AttemptState.ACTIVE, f"placing attempt {attempt.number}", now)
+    return attempt
+
+
+def attempt_placed(
+    session: Session, job: Job, attempt: Attempt, endpoints: list[str], agents: list[str], now: datetime
+) -> None:
+    """Every task of the attempt has a place: the job is SCHEDULED."""
+    transition_job(
+        session,
+        job,
+        JobState.SCHEDULED,
+        f"attempt {attempt.number}: {count(len(endpoints), 'worker')} on {count(len(agents), 'agent')}: "
+        + ", ".join(endpoints),
+        now,
+    )
+
+
+def release_restart(session: Session, job: Job, now: datetime) -> None:
+    """A RESTARTING job whose backoff is over and whose old tasks have all ended becomes PENDING."""
+    if job.not_before is not None and job.not_before > now:
+        return
+    if any(not TaskState(t.state).terminal for a in job.attempts for t in a.tasks):
+        return
+    transition_job(session, job, JobState.PENDING, f"placing attempt {len(job.attempts) + 1}", now)
+
+
+# -- ending a job -------------------------------------------------------------------------------------
+
+
+def end_job(session: Session, job: Job, final: JobState, reason: str, now: datetime | None = None) -> None:
+    """Ends a job now (cancel, runtime limit): stops every task of its current attempt."""
+    attempt = current_attempt(job)
+    if attempt is not None:
+        for task in attempt.tasks:
+            request_stop(task, reason)
+            if task.state == TaskState.ASSIGNED.value and _agent_is_gone(session, task):
+                transition_task(session, task, TaskState.STOPPED, reason, now)
+        if attempt.state == AttemptState.ACTIVE.value:  # an attempt that already ended keeps its ending
+            outcome = AttemptState.CANCELLED if final == JobState.CANCELLED else AttemptState.FAILED
+            transition_attempt(session, attempt, outcome, reason, now)
+    transition_job(session, job, final, reason, now)
+
+
+def fail_on_nan_metric(
+    session: Session, job: Job, task: Task, name: str, step: int, now: datetime | None = None
+) -> bool:
+    """restart.fail_on_nan: a NaN value of a named metric from the current attempt fails the job, no restart.
+
+    Returns True when the job was failed (its tasks are asked to stop).
+    """
+    if name not in fail_on_nan_names(job) or JobState(job.state).terminal:
+        return False
+    attempt = current_attempt(job)
+    if attempt is None or attempt.id != task.attempt_id or attempt.state != AttemptState.ACTIVE.value:
+        return False
+    end_job(
+        session,
+        job,
+        JobState.FAILED,
+        f"metric {name!r} was NaN at step {step} in attempt {attempt.number}; restart.fail_on_nan "
+        "fails the job without a restart",
+        now,
+    )
+    return True
+
+
+# -- ending an attempt --------------------------------------------------------------------------------
+
+
+def fail_attempt(
+    session: Session,
+    job: Job,
+    attempt: Attempt,
+    reason: str,
+    *,
+    retryable: bool,
+    backoff_base_s: float,
+    now: datetime | None = None,
+    log_tail: list[str] | None = None,
+    cause: str = "other",
+) -> None:
+    """Ends an attempt after a failure: stops any task still running, then restarts or fails the job.
+
+    An attempt that is no longer ACTIVE is left as it is. The reason people read is `reason`, then what
+    happens next, then the failing task's last log lines. `cause` labels a restart in
+    mwms_job_restarts_total (server.observability.instruments.RESTART_CAUSES).
+    """
+    now = now or utcnow()
+    if attempt.state != AttemptState.ACTIVE.value:
+        return
+    for task in attempt.tasks:
+        request_stop(task, f"attempt {attempt.number} ended: another task failed")
+    tail = ("\nlast log lines:\n" + "\n".join(log_tail)) if log_tail else ""
+    transition_attempt(session, attempt, AttemptState.FAILED, reason + tail, now)
+    if JobState(job.state).terminal:
+        return
+    max_restarts = int(restart_policy_value(job, "max_restarts"))
+    if retryable and job.restarts < max_restarts:
+        delay = restart_backoff(backoff_base_s, job.restarts)
+        job.restarts += 1
+        job.not_before = now + timedelta(seconds=delay)
+        count_restart(session, cause)
+        transition_job(
+            session,
+            job,
+            JobState.RESTARTING,
+            f"{reason}; restart {job.restarts} of {max_restarts} in {delay:.0f} s{tail}",
+            now,
+        )
+        return
+    suffix = (
+        "" if retryable else " (not retryable: exit codes 1-127 are permanent unless restart_on is 'any')"
+    )
+    if retryable and max_restarts:
+        suffix = f" (all {max_restarts} restarts used)"
+    transition_job(session, job, JobState.FAILED, reason + suffix + tail, now)
+
+
+def replace_attempt(session: Session, job: Job, attempt: Attempt, reason: str, now: datetime | None) -> None:
+    """An agent could not start its ACTIVE attempt's task: drop the attempt and place the job again,
+    not as a restart."""
+    for task in attempt.tasks:
+        request_stop(task, "attempt is being placed again")
+    transition_attempt(session, attempt, AttemptState.REPLACED, reason, now)
+    # Tasks are refused only before they run, so the job is still SCHEDULED (unless it was cancelled).
+    if job.state != JobState.SCHEDULED.value:
+        return
+    refusals = 0
+    for earlier in reversed(job.attempts):
+        if earlier.state != AttemptState.REPLACED.value:
+            break
+        refusals += 1
+    if refusals >= MAX_REFUSALS_IN_A_ROW:
+        transition_job(
+            session,
+            job,
+            JobState.FAILED,
+            f"{reason}; agents refused to start this job {refusals} times in a row: fix the cause and submit again",
+            now,
+        )
+        return
+    transition_job(session, job, JobState.PENDING, f"{reason}; placing the job again", now)
+
+
+# -- reacting to a task's change ----------------------------------------------------------------------
+
+
+def after_task_change(
+    session: Session, agent: Agent, task: Task, backoff_base_s: float, now: datetime
+) -> None:
+    """What the task's new state means for its attempt and job (nothing once the attempt has ended)."""
+    attempt = session.get(Attempt, task.attempt_id)
+    job = session.get(Job, task.job_id)
+    assert attempt is not None and job is not None
+    state = TaskState(task.state)
+    if attempt.state != AttemptState.ACTIVE.value:
+        return
+    if state == TaskState.RUNNING:
+        if job.state == JobState.SCHEDULED.value and all(
+            t.state == TaskState.RUNNING.value for t in attempt.tasks
+        ):
+            transition_job(
+                session,
+                job,
+                JobState.RUNNING,
+                "every worker is running" if len(attempt.tasks) > 1 else "the worker is running",
+                now,
+            )
+    elif state == TaskState.SUCCEEDED:
+        if all(t.state == TaskState.SUCCEEDED.value for t in attempt.tasks):
+            transition_attempt(session, attempt, AttemptState.SUCCEEDED, "every task exited 0", now)
+            if job.state == JobState.SCHEDULED.value:
+                transition_job(session, job, JobState.RUNNING, "all workers started", now)
+            transition_job(
+                session,
+                job,
+                JobState.SUCCEEDED,
+                "every task exited 0" if len(attempt.tasks) > 1 else "the task exited 0",
+                now,
+            )
+        else:  # the last task of a failing attempt may end with 0 before its stop arrives
+            _settle_failed_attempt(session, job, attempt, backoff_base_s, now)
+    elif state == TaskState.REJECTED:
+        replace_attempt(
+            session,
+            job,
+            attempt,
+            f"agent {agent.name} could not start task {task.index}: {task.message}",
+            now,
+        )
+    elif state in (TaskState.FAILED, TaskState.STOPPED, TaskState.LOST):
+        if _is_cause(task):
+            for other in attempt.tasks:
+                request_stop(other, f"attempt {attempt.number} is ending: task {task.index} failed")
+        _settle_failed_attempt(session, job, attempt, backoff_base_s, now)
+
+
+def mark_task_lost(
+    session: Session, agent: Agent, task: Task, why: str, backoff_base_s: float, now: datetime
+) -> None:
+    """Ends a task whose agent is gone or no longer knows it, and lets its attempt react."""
+    if TaskState(task.state).terminal:
+        return
+    transition_task(session, task, TaskState.LOST, why, now)
+    after_task_change(session, agent, task, backoff_base_s, now)
+
+
+def _is_cause(task: Task) -> bool:
+    """Ended on its own (not because it was asked to stop), or lost with its agent."""
+    state = TaskState(task.state)
+    if state == TaskState.LOST:
+        return True
+    return state in (TaskState.FAILED, TaskState.STOPPED) and not task.stop_requested
+
+
+def _settle_failed_attempt(
+    session: Session, job: Job, attempt: Attempt, backoff_base_s: float, now: datetime
+) -> None:
+    """Decides between restart and failure for an attempt that has a failed task.
+
+    A retryable cause (a signal, a lost agent) decides at once. A permanent one (exit code 1-127) waits
+    until every task has ended, because the first failure seen is often a consequence: when one worker is
+    killed or its machine is lost, the survivors' collectives fail with exit code 1 within seconds, before
+    the lost agent is detected. A retryable cause anywhere in the gang makes the attempt retryable, and
+    it is named in the reason.
+    """
+    causes = [t for t in attempt.tasks if _is_cause(t)]
+    if not causes:
+        return
+    restart_on = restart_policy_value(job, "restart_on")
+    retryable = [t for t in causes if is_retryable(t.exit_code, t.state == TaskState.LOST.value, restart_on)]
+    if not retryable and not all(TaskState(t.state).terminal for t in attempt.tasks):
+        return  # only permanent causes so far: a retryable one may still explain them
+    root = min(retryable or causes, key=lambda t: (t.ended_at or now, t.index))
+    agent = session.get(Agent, root.agent_id)
+    reason, tail = describe_task_failure(session, root, agent.name if agent else root.agent_id)
+    fail_attempt(
+        session,
+        job,
+        attempt,
+        reason,
+        retryable=bool(retryable),
+        backoff_base_s=backoff_base_s,
+        now=now,
+        log_tail=tail,
+        cause=_restart_cause(root),
+    )
+
+
+def _restart_cause(task: Task) -> str:
+    """How the task that ends its attempt is counted in mwms_job_restarts_total."""
+    if task.state == TaskState.LOST.value:
+        return "agent_lost"
+    if task.exit_code is not None and (task.exit_code >= 128 or task.exit_code < 0):
+        return "signal"
+    return "exit_code" if task.exit_code else "other"
