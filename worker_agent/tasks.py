@@ -70,6 +70,9 @@ class TaskManager:
         self._state_lock = threading.Lock()
         self._records: dict[str, TaskRecord] = {}
         self._records_lock = threading.Lock()
+        # Which task made each task dir: a task the coordinator placed again under the same job, attempt
+        # and index gets the same dir, and the earlier record must not remove it when it is forgotten.
+        self._dir_owners: dict[Path, str] = {}
         # Reports waiting to be sent; `reports_ready` wakes the connection's sender.
         self.reports: queue.Queue[agent_pb2.TaskReport] = queue.Queue()
         self.reports_ready = threading.Event()
@@ -277,8 +280,12 @@ class TaskManager:
 
     def _remove_task_files(self, record: TaskRecord) -> None:
         paths = record.paths
-        shutil.rmtree(paths.task_dir, ignore_errors=True)
         shutil.rmtree(paths.scratch_dir, ignore_errors=True)
+        with self._records_lock:
+            if self._dir_owners.get(paths.task_dir, record.task_id) != record.task_id:
+                return  # made again by a later task of the same job, attempt and index
+            self._dir_owners.pop(paths.task_dir, None)
+        shutil.rmtree(paths.task_dir, ignore_errors=True)
         # The attempt's and the job's dirs go with their last task (rmdir fails while others remain).
         for parent in paths.task_dir.parents[:2]:
             try:
@@ -349,6 +356,8 @@ class TaskManager:
             identity = self._confinement.users.acquire(record.task_id)
             record.identity = identity
             # Filled while only the agent can write there, then handed to the task's user.
+            with self._records_lock:
+                self._dir_owners[record.paths.task_dir] = record.task_id
             record.paths.create_fresh()
             if archive is not None:
                 extract_archive(archive, record.paths.bundle_dir)
