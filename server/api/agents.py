@@ -5,15 +5,14 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path
-from sqlalchemy import func, select
 
 from server.api.auth import AdminOnly
 from server.api.deps import ReadSession, WiringDep
-from server.api.views import agents_out
-from server.db.models import Job
+from server.api.views import agent_out
 from server.schemas import AgentOut, ErrorOut, Overview
 from server.services.agents import remove_agent
-from server.states import JobState
+from server.services.cluster_counts import count_overview
+from server.services.views import agents_view
 
 router = APIRouter(prefix="/api/v1", tags=["agents"])
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -28,7 +27,7 @@ AgentReference = Annotated[str, Path(max_length=200, description="the agent's id
 @router.get("/agents", response_model=list[AgentOut])
 def list_agents(session: ReadSession) -> list[AgentOut]:
     """Every agent that registered and was not removed, with its devices, usage and liveness."""
-    return agents_out(session)
+    return [agent_out(view) for view in agents_view(session)]
 
 
 @router.delete("/agents/{agent}", response_model=AgentOut, responses=ERRORS)
@@ -37,7 +36,8 @@ def delete_agent(agent: AgentReference, _admin: AdminOnly, wiring: WiringDep) ->
     lost agent's do (their jobs restart under their policy). Its name may join again with a join token."""
     with wiring.db.write() as session:
         removed = remove_agent(session, agent, wiring.settings.restart_backoff_s)
-        [out] = agents_out(session, removed.id)
+        [view] = agents_view(session, removed.id)
+        out = agent_out(view)
     wiring.poke_scheduler()
     wiring.wake_agents(None)  # its stream sees the removal and ends; its jobs' other tasks get stops
     return out
@@ -46,18 +46,12 @@ def delete_agent(agent: AgentReference, _admin: AdminOnly, wiring: WiringDep) ->
 @router.get("/overview", response_model=Overview)
 def overview(session: ReadSession) -> Overview:
     """Agents online/lost, devices busy/free, jobs running/pending."""
-    agents = agents_out(session)
-    online = [a for a in agents if a.online]
-    # Only the live states are counted: a range of ix_jobs_state_created_id, however many jobs finished.
-    live = [s.value for s in (JobState.RUNNING, JobState.SCHEDULED, JobState.PENDING, JobState.RESTARTING)]
-    counts = dict(
-        session.execute(select(Job.state, func.count()).where(Job.state.in_(live)).group_by(Job.state)).all()
-    )
+    counts = count_overview(session)
     return Overview(
-        agents_online=len(online),
-        agents_lost=len(agents) - len(online),
-        devices_busy=sum(a.devices_used for a in online),
-        devices_free=sum(a.devices_free for a in online),
-        jobs_running=sum(counts.get(s.value, 0) for s in (JobState.RUNNING, JobState.SCHEDULED)),
-        jobs_pending=sum(counts.get(s.value, 0) for s in (JobState.PENDING, JobState.RESTARTING)),
+        agents_online=counts.agents_online,
+        agents_lost=counts.agents_lost,
+        devices_busy=counts.devices_busy,
+        devices_free=counts.devices_free,
+        jobs_running=counts.jobs_running,
+        jobs_pending=counts.jobs_pending,
     )

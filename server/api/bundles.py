@@ -13,28 +13,25 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from mwms.archive import ArchiveWorkers, archive_workers
 from server.api.deps import WiringDep
-from server.errors import InvalidInput, UploadTooLarge
+from server.api.errors import closing_on_refusal
+from server.errors import InvalidInput
 from server.limits import MAX_MULTIPART_PARTS, MAX_PART_HEADER_BYTES
 from server.schemas import BundleOut, ErrorOut
 from server.services.bundles import check_bundle, record_bundle
-from server.services.uploads import UploadSpool, too_large_message
+from server.services.uploads import UploadSpool, check_body_size
 
 router = APIRouter(prefix="/api/v1/bundles", tags=["bundles"])
 
-# Room for the multipart boundaries and part headers around the archive itself.
-MULTIPART_OVERHEAD = 64 * 1024
 # Received body bytes are handed to the pool (parsed, written) in pieces of about this size.
 WRITE_BATCH = 1024 * 1024
 FILE_FIELD = "file"
-# The unread rest of a refused body is not drained: the connection ends with the answer.
-CLOSE = {"Connection": "close"}
 RAW_ARCHIVE_TYPES = {"application/gzip", "application/x-gzip", "application/zip", "application/octet-stream"}
 WRONG_BODY = (
     "send the archive as the multipart/form-data field 'file', or as the whole body with "
@@ -81,21 +78,17 @@ async def upload_bundle(wiring: WiringDep, request: Request) -> JSONResponse:
     settings = wiring.settings
     limit = settings.max_upload_bytes
     declared = _content_length(request)
-    if declared is not None and declared > limit + MULTIPART_OVERHEAD:
-        raise HTTPException(status_code=413, detail=too_large_message(limit), headers=CLOSE)
+    if declared is not None:
+        with closing_on_refusal(request):
+            check_body_size(declared, limit)
     workers = archive_workers(settings.archive_workers)
     spool = await workers.run(UploadSpool, settings.bundle_dir, limit)
     try:
-        filename = await _receive_archive(request, spool, workers)
-        spooled, digest, size, archive_format = await workers.run(
-            check_bundle, spool, settings.archive_limits
-        )
-    except UploadTooLarge as error:
-        spool.discard()
-        raise HTTPException(status_code=413, detail=str(error), headers=CLOSE) from None
-    except InvalidInput as error:
-        spool.discard()
-        raise HTTPException(status_code=400, detail=str(error), headers=CLOSE) from None
+        with closing_on_refusal(request):
+            filename = await _receive_archive(request, spool, workers)
+            spooled, digest, size, archive_format = await workers.run(
+                check_bundle, spool, settings.archive_limits
+            )
     except BaseException:
         spool.discard()
         raise
@@ -147,13 +140,11 @@ async def _receive(
     """Hands the body to `body` in the pool, in batches, which writes the archive's bytes to `spool`;
     stops at the limit. The event loop only collects the chunks."""
     received = 0
-    ceiling = spool.max_bytes + MULTIPART_OVERHEAD
     batch: list[bytes] = []
     batched = 0
     async for chunk in request.stream():
         received += len(chunk)
-        if received > ceiling:
-            raise UploadTooLarge(too_large_message(spool.max_bytes))
+        check_body_size(received, spool.max_bytes)
         batch.append(chunk)
         batched += len(chunk)
         if batched >= WRITE_BATCH:

@@ -11,8 +11,10 @@ from __future__ import annotations
 import mimetypes
 from pathlib import Path
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter
 from fastapi.responses import FileResponse, Response
+
+from server.errors import NotFound
 
 WEB_DIR = Path(__file__).resolve().parents[2] / "web"
 
@@ -62,7 +64,7 @@ def dashboard_index() -> Response:
     """The single-page dashboard; its hash routes (#/jobs, #/jobs/<id>, #/agents) are handled in the browser."""
     index = WEB_DIR / "index.html"
     if not index.is_file():
-        raise HTTPException(status_code=404, detail=f"dashboard not found: {index} is missing")
+        raise NotFound(f"dashboard not found: {index} is missing")
     return FileResponse(index, media_type=_MEDIA_TYPES[".html"])
 
 

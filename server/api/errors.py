@@ -7,6 +7,8 @@ request limit refused the request, and the OpenAPI document says so for every op
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -40,6 +42,10 @@ _STATUS: list[tuple[type[Exception], int]] = [
     (LimitExceeded, 422),
     (TooManyRequests, 429),
 ]
+# A request refused with its body left unread ends its connection with the answer: the unread rest is
+# not drained (an upload over the limit is not read to its end to be thrown away).
+_CLOSE = {"Connection": "close"}
+_CLOSE_AFTER_REFUSAL = "close_after_refusal"
 _FASTAPI_422 = "#/components/schemas/HTTPValidationError"
 _OUR_422 = "#/components/schemas/ValidationErrorOut"
 
@@ -49,6 +55,17 @@ def http_status(error: Exception) -> int:
         if isinstance(error, kind):
             return status
     return 400
+
+
+@contextmanager
+def closing_on_refusal(request: Request) -> Iterator[None]:
+    """Within it, an InvalidInput (UploadTooLarge included) refuses the request with Connection: close,
+    for a route that stops reading the body when it refuses it."""
+    try:
+        yield
+    except InvalidInput:
+        setattr(request.state, _CLOSE_AFTER_REFUSAL, True)
+        raise
 
 
 def _describe(error: dict) -> str:
@@ -69,11 +86,12 @@ def _loc_part(part: Any) -> str | int:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    async def domain_error(_request: Request, error: Exception) -> JSONResponse:
+    async def domain_error(request: Request, error: Exception) -> JSONResponse:
         if isinstance(error, LimitExceeded):
             issue = {"loc": [_loc_part(p) for p in error.loc], "msg": str(error), "type": "limit_exceeded"}
             return JSONResponse(status_code=422, content=validation_body(str(error), [issue]))
-        return JSONResponse(status_code=http_status(error), content={"detail": str(error)})
+        headers = _CLOSE if getattr(request.state, _CLOSE_AFTER_REFUSAL, False) else None
+        return JSONResponse(status_code=http_status(error), content={"detail": str(error)}, headers=headers)
 
     async def validation_error(_request: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, RequestValidationError)

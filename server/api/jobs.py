@@ -12,7 +12,7 @@ from starlette.background import BackgroundTask
 
 from server.api.auth import Caller
 from server.api.deps import ReadSession, WiringDep
-from server.api.views import artifact_out, job_listing_out, job_out
+from server.api.views import artifact_out, job_listing_out, job_out, log_line_out
 from server.errors import NotFound
 from server.limits import INT64_MAX, INT64_MIN, MAX_NAME_CHARS, MAX_WORKERS, SpecLimits, check_job_spec
 from server.schemas import (
@@ -27,7 +27,7 @@ from server.schemas import (
     MetricSeries,
     ValidationErrorOut,
 )
-from server.services import files, idempotency, jobs, telemetry
+from server.services import files, idempotency, jobs, log_pages, telemetry, views
 from server.services.follows import FollowSlots, follow_lines
 from server.services.tokens import Role
 from server.states import JobState
@@ -92,7 +92,7 @@ def create_job(
     """Submits a job as the caller; it starts PENDING and is gang-placed when every worker fits."""
     with wiring.db.write() as session:
         job, created = idempotency.find_or_create_job(session, spec, caller.user, idempotency_key)
-        out = job_out(session, job)
+        out = job_out(views.job_view(session, job))
     if not created:
         response.status_code = 200
         return out
@@ -115,7 +115,7 @@ def list_jobs(
 @router.get("/{job_id}", response_model=JobOut, responses=ERRORS)
 def get_job(job_id: str, session: ReadSession) -> JobOut:
     """A job with its tasks, attempts and state history."""
-    return job_out(session, jobs.read_job(session, job_id))
+    return job_out(views.read_job_view(session, job_id))
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut, responses=ERRORS)
@@ -123,7 +123,7 @@ def cancel_job(job_id: str, wiring: WiringDep, caller: Caller) -> JobOut:
     """Cancels the job and stops every task it runs; users may cancel their own jobs, admins any."""
     with wiring.db.write() as session:
         job = jobs.cancel_job(session, job_id, by=caller.user, any_owner=caller.may(Role.ADMIN))
-        out = job_out(session, job)
+        out = job_out(views.job_view(session, job))
     wiring.wake_agents(None)
     return out
 
@@ -147,35 +147,22 @@ async def job_logs(
     or until none has come for MWMS_FOLLOW_IDLE_TIMEOUT_S (follow again from the last line's id); at most
     MWMS_MAX_FOLLOWS_PER_USER follows per user and MWMS_MAX_FOLLOWS_TOTAL in all (429 beyond)."""
 
-    def page(cursor: int, limit: int) -> tuple[list[LogLineOut], bool]:
+    def page(cursor: int, limit: int) -> tuple[list[LogLineOut], int, bool]:
         with wiring.db.read() as session:
-            job = jobs.get_job(session, job_id)
-            jobs.check_task_and_attempt(job, task, attempt)
-            rows = telemetry.read_logs(
-                session, job, task_index=task, attempt=attempt, after=cursor, tail=limit
+            found = log_pages.read_log_page(
+                session, job_id, task=task, attempt=attempt, after=cursor, tail=limit
             )
-            lines = [
-                LogLineOut(
-                    id=line.id,
-                    task=t.index,
-                    attempt=t.attempt_number,
-                    seq=line.seq,
-                    stream=line.stream,
-                    text=line.text,
-                    at=line.at,
-                )
-                for line, t in rows
-            ]
-            return lines, JobState(job.state).terminal
+        return [log_line_out(line) for line in found.lines], found.next_after, found.job_ended
 
-    lines, _ = await asyncio.to_thread(page, after, tail)
+    lines, next_after, _ = await asyncio.to_thread(page, after, tail)
     if not follow:
-        return LogPage(lines=lines, next_after=lines[-1].id if lines else after)
+        return LogPage(lines=lines, next_after=next_after)
 
     slot = slots.acquire(caller.user)
 
     async def newer(cursor: int) -> tuple[list[LogLineOut], bool]:
-        return await asyncio.to_thread(page, cursor, 1000)
+        batch, _, ended = await asyncio.to_thread(page, cursor, log_pages.FOLLOW_BATCH)
+        return batch, ended
 
     async def stream() -> AsyncIterator[bytes]:
         try:
@@ -183,7 +170,7 @@ async def job_logs(
                 yield ndjson(lines)
             batches = follow_lines(
                 newer,
-                lines[-1].id if lines else after,
+                next_after,
                 request.is_disconnected,
                 idle_timeout_s=wiring.settings.follow_idle_timeout_s,
             )

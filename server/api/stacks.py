@@ -6,15 +6,13 @@ import asyncio
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
-from sqlalchemy.orm import Session
 
 from server.api.auth import Caller
 from server.api.deps import ReadSession, WiringDep
-from server.db.models import StackRequest
 from server.schemas import ErrorOut, StackDumpsOut, StackThreadOut, TaskStacksOut, ValidationErrorOut
-from server.services import stacks
-from server.services.stack_text import parse_threads
+from server.services import views
 from server.services.tokens import Role
+from server.services.views import StackDumpsView
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -29,30 +27,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 ANSWER_WAIT_S = 10.0
 
 
-def stack_dumps_out(session: Session, request: StackRequest) -> StackDumpsOut:
-    names = stacks.agent_names(session, request)
-    tasks = []
-    for dump in request.dumps:
-        threads = parse_threads(dump.text)
-        tasks.append(
-            TaskStacksOut(
-                task_index=dump.task_index,
-                task_id=dump.task_id,
-                agent_id=dump.agent_id,
-                agent_name=names.get(dump.agent_id, ""),
-                pid=dump.pid,
-                method=dump.method,
-                answered=stacks.answered(dump),
-                error=dump.error,
-                in_collective=dump.in_collective,
-                received_at=dump.received_at,
-                threads=[
-                    StackThreadOut(title=t.title, frames=t.frames, in_collective=t.in_collective)
-                    for t in threads
-                ],
-                text=dump.text,
-            )
-        )
+def stack_dumps_out(view: StackDumpsView) -> StackDumpsOut:
+    request = view.request
     return StackDumpsOut(
         id=request.id,
         job_id=request.job_id,
@@ -60,8 +36,29 @@ def stack_dumps_out(session: Session, request: StackRequest) -> StackDumpsOut:
         cause=request.cause,
         requested_by=request.requested_by,
         requested_at=request.requested_at,
-        complete=all(t.answered for t in tasks),
-        tasks=tasks,
+        complete=view.complete,
+        tasks=[
+            TaskStacksOut(
+                task_index=t.dump.task_index,
+                task_id=t.dump.task_id,
+                agent_id=t.dump.agent_id,
+                agent_name=t.agent_name,
+                pid=t.dump.pid,
+                method=t.dump.method,
+                answered=t.answered,
+                error=t.dump.error,
+                in_collective=t.dump.in_collective,
+                received_at=t.dump.received_at,
+                threads=[
+                    StackThreadOut(
+                        title=thread.title, frames=thread.frames, in_collective=thread.in_collective
+                    )
+                    for thread in t.threads
+                ],
+                text=t.dump.text,
+            )
+            for t in view.tasks
+        ],
     )
 
 
@@ -77,7 +74,7 @@ async def dump_stacks(job_id: str, wiring: WiringDep, caller: Caller) -> StackDu
 
     def read() -> StackDumpsOut:
         with wiring.db.read() as session:
-            return stack_dumps_out(session, stacks.read_stack_request(session, job_id, opened.request_id))
+            return stack_dumps_out(views.read_stacks_view(session, job_id, opened.request_id))
 
     return await asyncio.to_thread(read)
 
@@ -91,4 +88,4 @@ def latest_stacks(
     ] = None,
 ) -> StackDumpsOut:
     """The job's newest stack dump (on request or by hang detection), or the one named."""
-    return stack_dumps_out(session, stacks.read_stack_request(session, job_id, request_id))
+    return stack_dumps_out(views.read_stacks_view(session, job_id, request_id))

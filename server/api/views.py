@@ -1,14 +1,11 @@
-"""Shapes database rows into the API's response models."""
+"""Shapes database rows and service views into the API's response models; it runs no queries."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
-
-from server.db.models import Agent, Attempt, Job, StoredFile, Task, Token
+from server.db.models import Attempt, Job, StoredFile, Task, Token
 from server.schemas import (
     AgentOut,
     AgentTaskOut,
@@ -19,21 +16,16 @@ from server.schemas import (
     JobEventOut,
     JobOut,
     JobSummary,
+    LogLineOut,
     RestartPolicy,
     TaskOut,
     TokenOut,
 )
-from server.services.agents import is_online, live_tasks_by_agent
 from server.services.jobs import JobListing
-from server.services.telemetry import Progress, latest_progress
+from server.services.log_pages import LogEntry
+from server.services.telemetry import Progress
+from server.services.views import AgentView, JobView
 from server.states import JobState
-
-
-def agent_names(session: Session, agent_ids: set[str]) -> dict[str, str]:
-    """Names of the given agents, in one query."""
-    if not agent_ids:
-        return {}
-    return dict(session.execute(select(Agent.id, Agent.name).where(Agent.id.in_(agent_ids))).all())
 
 
 def task_out(task: Task, names: dict[str, str]) -> TaskOut:
@@ -98,10 +90,10 @@ def job_listing_out(listing: JobListing) -> JobSummary:
     return job_summary(listing.job, listing.attempts, listing.progress)
 
 
-def job_out(session: Session, job: Job) -> JobOut:
-    """A job in full; load it with jobs.read_job so its attempts, tasks and events come in fixed queries."""
-    names = agent_names(session, {t.agent_id for a in job.attempts for t in a.tasks})
-    summary = job_summary(job, len(job.attempts), latest_progress(session, job))
+def job_out(view: JobView) -> JobOut:
+    """A job in full, from services.views.job_view."""
+    job, names = view.job, view.agent_names
+    summary = job_summary(job, len(job.attempts), view.progress)
     options = job.options
     return JobOut(
         **summary.model_dump(),
@@ -123,49 +115,34 @@ def job_out(session: Session, job: Job) -> JobOut:
     )
 
 
-def agents_out(session: Session, agent_id: str | None = None) -> list[AgentOut]:
-    """Agents an admin has not removed, or only the agent `agent_id` (removed or not)."""
-    query = select(Agent).order_by(Agent.name)
-    query = query.where(Agent.id == agent_id) if agent_id else query.where(Agent.removed_at.is_(None))
-    held = live_tasks_by_agent(session)
-    jobs = {
-        job.id: job.name
-        for job in session.scalars(
-            select(Job).where(Job.id.in_({t.job_id for tasks in held.values() for t in tasks}))
-        ).all()
-    }
-    result = []
-    for agent in session.scalars(query).all():
-        tasks = held.get(agent.id, [])
-        used = len({i for t in tasks for i in t.device_indices})
-        result.append(
-            AgentOut(
-                id=agent.id,
-                name=agent.name,
-                hostname=agent.hostname,
-                address=agent.advertise_address,
-                port_range=f"{agent.port_low}-{agent.port_high}",
-                version=agent.version,
-                task_isolation=agent.task_isolation,
-                online=is_online(agent),
-                last_heartbeat_at=agent.last_heartbeat_at,
-                devices=[DeviceOut(**d) for d in agent.devices],
-                devices_used=used,
-                devices_free=max(0, len(agent.devices) - used),
-                tasks=[
-                    AgentTaskOut(
-                        job_id=t.job_id,
-                        job_name=jobs.get(t.job_id, ""),
-                        task_index=t.index,
-                        attempt=t.attempt_number,
-                        state=t.state,
-                        device_indices=list(t.device_indices),
-                    )
-                    for t in tasks
-                ],
+def agent_out(view: AgentView) -> AgentOut:
+    """An agent with its devices, usage, liveness and tasks, from services.views.agents_view."""
+    agent = view.agent
+    return AgentOut(
+        id=agent.id,
+        name=agent.name,
+        hostname=agent.hostname,
+        address=agent.advertise_address,
+        port_range=f"{agent.port_low}-{agent.port_high}",
+        version=agent.version,
+        task_isolation=agent.task_isolation,
+        online=view.online,
+        last_heartbeat_at=agent.last_heartbeat_at,
+        devices=[DeviceOut(**d) for d in agent.devices],
+        devices_used=view.devices_used,
+        devices_free=view.devices_free,
+        tasks=[
+            AgentTaskOut(
+                job_id=t.job_id,
+                job_name=view.job_names.get(t.job_id, ""),
+                task_index=t.index,
+                attempt=t.attempt_number,
+                state=t.state,
+                device_indices=list(t.device_indices),
             )
-        )
-    return result
+            for t in view.tasks
+        ],
+    )
 
 
 def artifact_out(record: StoredFile) -> ArtifactOut:
@@ -189,4 +166,16 @@ def token_out(token: Token) -> TokenOut:
         created_at=token.created_at,
         expires_at=token.expires_at,
         revoked_at=token.revoked_at,
+    )
+
+
+def log_line_out(line: LogEntry) -> LogLineOut:
+    return LogLineOut(
+        id=line.id,
+        task=line.task,
+        attempt=line.attempt,
+        seq=line.seq,
+        stream=line.stream,
+        text=line.text,
+        at=line.at,
     )

@@ -14,21 +14,18 @@ from typing import Any, TypeVar
 
 import grpc
 
-from mwms.archive import ArchiveWorkers, archive_workers
+from mwms.archive import archive_workers
 from mwms.v1 import agent_pb2 as pb
 from mwms.v1 import agent_pb2_grpc
-from server.errors import InvalidInput
 from server.live.wiring import Wiring
 from server.rpc import convert
 from server.rpc.agent_stream import AgentStream
 from server.rpc.auth import authenticated_agent_id, presented_credential
-from server.services import agent_auth, files
+from server.services import agent_auth, agent_uploads
 from server.services.bundles import CHUNK
-from server.services.uploads import UploadSpool
 
 log = logging.getLogger("mwms.server.rpc")
 T = TypeVar("T")
-UPLOAD_KINDS = (pb.FILE_KIND_ARTIFACTS, pb.FILE_KIND_CHECKPOINT)
 
 
 class AgentService(agent_pb2_grpc.AgentServiceServicer):
@@ -44,10 +41,10 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
 
         return await asyncio.to_thread(run)
 
-    async def _read(self, fn: Callable[..., T], *args: Any) -> T:
+    async def _read(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         def run() -> T:
             with self.db.read() as session:
-                return fn(session, *args)
+                return fn(session, *args, **kwargs)
 
         return await asyncio.to_thread(run)
 
@@ -104,55 +101,18 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
     async def UploadFiles(
         self, request_iterator: Any, context: grpc.aio.ServicerContext
     ) -> pb.UploadFilesResponse:
-        agent_id = authenticated_agent_id()
-        chunks = aiter(request_iterator)
-        first = await anext(chunks, None)
-        if first is None or not first.task_id or first.kind not in UPLOAD_KINDS:
-            raise InvalidInput("the first chunk of an upload must name the task and the file kind")
-        checkpoint = first.kind == pb.FILE_KIND_CHECKPOINT
-        # Checked before any data is stored: nobody fills the coordinator's disk on another agent's behalf.
-        task = await self._read(agent_auth.task_for_upload, agent_id, first.task_id, checkpoint)
-        # Writing and checking run in the archive pool: an upload never holds the threads heartbeats need.
-        workers = archive_workers(self.settings.archive_workers)
-        limits = self.settings.archive_limits
-        spool = await workers.run(UploadSpool, self.settings.files_dir, self.settings.max_upload_bytes)
-        try:
-            await self._receive(first, chunks, spool, workers)
-            path, digest, size = spool.finish()
-            if not checkpoint:
-                found = await workers.run(files.unpack_artifacts, self.settings.files_dir, task, path, limits)
-                await self._write(files.record_artifacts, task, found)
-                return pb.UploadFilesResponse(size=size)
-            await workers.run(files.check_checkpoint, path, task, limits)
-            # An attempt may have started during the upload: an older checkpoint must not replace its own.
-            await self._read(agent_auth.task_for_upload, agent_id, task.id, True)
-            await workers.run(files.install_checkpoint, self.settings.files_dir, task, path)
-            await self._write(files.record_checkpoint, task, size, digest)
-            return pb.UploadFilesResponse(size=size, sha256=digest)
-        finally:
-            spool.discard()  # nothing left when refused; a no-op once the file was moved into place
-
-    async def _receive(
-        self,
-        first: pb.FileChunk,
-        chunks: AsyncIterator[pb.FileChunk],
-        spool: UploadSpool,
-        workers: ArchiveWorkers,
-    ) -> None:
-        """Writes the upload's data to `spool`, which refuses it past the upload limit before reading on.
-        Refuses a second task or kind."""
-        chunk: pb.FileChunk | None = first
-        while chunk is not None:
-            if (
-                chunk is not first
-                and chunk.task_id
-                and (chunk.task_id, chunk.kind) != (first.task_id, first.kind)
-            ):
-                raise InvalidInput(
-                    "an upload carries the files of one task: name the task in the first chunk only"
-                )
-            await workers.run(spool.write, chunk.data)
-            chunk = await anext(chunks, None)
+        settings = self.settings
+        stored = await agent_uploads.receive_task_files(
+            authenticated_agent_id(),
+            convert.upload_chunks(aiter(request_iterator)),
+            agent_uploads.UploadPlaces(
+                settings.files_dir, settings.max_upload_bytes, settings.archive_limits
+            ),
+            read=self._read,
+            write=self._write,
+            workers=archive_workers(settings.archive_workers),
+        )
+        return convert.upload_response(stored)
 
 
 async def _file_chunks(path: Path) -> AsyncIterator[bytes]:

@@ -21,7 +21,6 @@ from typing import Any, TypeVar
 
 import grpc
 
-from mwms.agent_link import AGENT_RECEIVE_LIMIT_BYTES
 from mwms.v1 import agent_pb2 as pb
 from server.errors import DomainError
 from server.live.wiring import Wiring
@@ -29,7 +28,7 @@ from server.observability.instruments import count_command, observe_heartbeat_ro
 from server.poison import contain, count_poison, is_transient
 from server.rpc import convert
 from server.rpc.status import grpc_status
-from server.services import agent_messages, preflight
+from server.services import agent_messages, preflight, start_commands
 from server.services.command_targets import track_command_targets
 from server.services.telemetry import StoreOutcome
 
@@ -272,32 +271,29 @@ class AgentStream:
             log.exception("sending commands to agent %s failed", self.agent_id)
 
     async def _start_command(self, task: Any, job: Any) -> pb.CoordinatorMessage | None:
-        """The StartTask for `task`, or None when its job's row cannot make one (the job is failed)."""
+        """The StartTask for `task`, or None when it cannot go out (the service then fails its job).
+
+        Built and measured here (a message's size is the transport's to know); whether it is refused, and
+        why, is the service's."""
         try:
             settings = self.settings
-            preflight_s = (
-                settings.preflight_timeout_s if preflight.preflight_wanted(job, settings.preflight) else None
+            defaults = start_commands.StartDefaults(
+                stop_grace_s=settings.stop_grace_s,
+                shared_checkpoint_dir=settings.shared_checkpoint_dir,
+                preflight=settings.preflight,
+                preflight_timeout_s=settings.preflight_timeout_s,
+                preflight_allreduce=settings.preflight_allreduce,
             )
-            command = convert.start_task(
-                task,
-                job,
-                settings.stop_grace_s,
-                settings.shared_checkpoint_dir,
-                preflight_s,
-                preflight.allreduce_wanted(job, settings.preflight_allreduce),
-            )
+            command = convert.start_task(start_commands.start_spec(task, job, defaults))
         except Exception as error:  # noqa: BLE001 - a damaged job row must not stop this agent's commands
             contain(log, "start_task", task.id, f"the start command of task {task.id} (job {job.id})")
-            reason = f"its start command cannot be built ({type(error).__name__}: {str(error)[:200]})"
+            reason = start_commands.unbuildable_reason(error)
         else:
-            size = command.ByteSize()
-            if size <= AGENT_RECEIVE_LIMIT_BYTES:
+            oversize = start_commands.oversize_reason(command.ByteSize())
+            if oversize is None:
                 return command
+            reason = oversize
             count_poison("start_task")
-            reason = (
-                f"its start command is {size} bytes, over the agents' receive limit of "
-                f"{AGENT_RECEIVE_LIMIT_BYTES} bytes: make env and command smaller"
-            )
             log.warning("task %s of job %s: %s", task.id, job.id, reason)
         changed, targets = await self._write_tracked(agent_messages.refuse_start, task.id, reason)
         if changed:

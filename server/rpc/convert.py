@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
-from mwms.preflight_contract import ALLREDUCE_ENV, parse_report
+from collections.abc import AsyncIterator
+
+from mwms.preflight_contract import parse_report
 from mwms.v1 import agent_pb2 as pb
-from server.db.models import Job, Task
+from server.db.models import Task
+from server.services.agent_uploads import StoredUpload, UploadChunk
 from server.services.agents import Registration
 from server.services.device_telemetry import IncomingSample
-from server.services.jobs import job_env
 from server.services.preflight import IncomingPreflight
 from server.services.stacks import IncomingStackDump
+from server.services.start_commands import StartSpec
 from server.services.tasks import TaskReport
 from server.services.telemetry import IncomingLine, IncomingPoint, StoreOutcome
 from server.states import TaskState
 
 # A preflight report longer than this is stored as {} (the agent sends at most 64 KiB).
 MAX_REPORT_CHARS = 64 * 1024
+_FILE_KINDS = {pb.FILE_KIND_ARTIFACTS: "artifacts", pb.FILE_KIND_CHECKPOINT: "checkpoint"}
 _DEVICE_KINDS = {pb.DEVICE_KIND_GPU: "gpu", pb.DEVICE_KIND_CPU_SLOT: "cpu"}
 _TASK_STATES = {
     pb.TASK_STATE_STARTING: TaskState.STARTING,
@@ -88,40 +92,41 @@ def device_samples(telemetry: pb.DeviceTelemetry) -> list[IncomingSample]:
     ]
 
 
-def start_task(
-    task: Task,
-    job: Job,
-    stop_grace_s: int,
-    shared_checkpoint_dir: str,
-    preflight_timeout_s: int | None = None,
-    preflight_allreduce: bool = True,
-) -> pb.CoordinatorMessage:
-    """The StartTask; `preflight_timeout_s` (not None) asks for the gang's preflight check first, without
-    its all-reduce phase when not `preflight_allreduce` (unless the job's env asks for it)."""
-    env = job_env(job)
-    if preflight_timeout_s is not None and not preflight_allreduce:
-        env.setdefault(ALLREDUCE_ENV, "0")
+def start_task(spec: StartSpec) -> pb.CoordinatorMessage:
+    """The StartTask of a start command the service built."""
     return pb.CoordinatorMessage(
         start=pb.StartTask(
-            task_id=task.id,
-            job_id=job.id,
-            attempt=task.attempt_number,
-            task_index=task.index,
-            num_workers=job.num_workers,
-            bundle_digest=job.bundle_digest,
-            command=list(job.command),
-            env=env,
-            tf_config=task.tf_config,
-            port=task.port,
-            device_indices=list(task.device_indices),
-            device_kind=pb.DEVICE_KIND_GPU if task.device_kind == "gpu" else pb.DEVICE_KIND_CPU_SLOT,
-            stop_grace_seconds=stop_grace_s,
-            restore_checkpoint=task.attempt_number > 1,
-            shared_checkpoint_dir=shared_checkpoint_dir,
-            preflight=preflight_timeout_s is not None,
-            preflight_timeout_seconds=preflight_timeout_s or 0,
+            task_id=spec.task_id,
+            job_id=spec.job_id,
+            attempt=spec.attempt,
+            task_index=spec.task_index,
+            num_workers=spec.num_workers,
+            bundle_digest=spec.bundle_digest,
+            command=spec.command,
+            env=spec.env,
+            tf_config=spec.tf_config,
+            port=spec.port,
+            device_indices=spec.device_indices,
+            device_kind=pb.DEVICE_KIND_GPU if spec.device_kind == "gpu" else pb.DEVICE_KIND_CPU_SLOT,
+            stop_grace_seconds=spec.stop_grace_s,
+            restore_checkpoint=spec.restore_checkpoint,
+            shared_checkpoint_dir=spec.shared_checkpoint_dir,
+            preflight=spec.preflight_timeout_s is not None,
+            preflight_timeout_seconds=spec.preflight_timeout_s or 0,
         )
     )
+
+
+async def upload_chunks(chunks: AsyncIterator[pb.FileChunk]) -> AsyncIterator[UploadChunk]:
+    """An upload's FileChunks as plain chunks, converted as they arrive."""
+    async for chunk in chunks:
+        yield UploadChunk(
+            task_id=chunk.task_id, kind=_FILE_KINDS.get(chunk.kind, str(chunk.kind)), data=chunk.data
+        )
+
+
+def upload_response(stored: StoredUpload) -> pb.UploadFilesResponse:
+    return pb.UploadFilesResponse(size=stored.size, sha256=stored.sha256)
 
 
 def preflight_result(result: pb.PreflightResult) -> IncomingPreflight:

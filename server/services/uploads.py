@@ -11,6 +11,8 @@ from pathlib import Path
 from server.errors import UploadTooLarge
 
 UPLOAD_LIMIT_SETTING = "MWMS_MAX_UPLOAD_BYTES"
+# Room for the multipart boundaries and part headers around an uploaded archive.
+MULTIPART_OVERHEAD = 64 * 1024
 
 
 def too_large_message(max_bytes: int) -> str:
@@ -19,6 +21,13 @@ def too_large_message(max_bytes: int) -> str:
         f"the upload is larger than the limit of {max_bytes} bytes ({UPLOAD_LIMIT_SETTING}); "
         "leave data sets out of the bundle, or ask the operator to raise the limit"
     )
+
+
+def check_body_size(body_bytes: int, max_bytes: int) -> None:
+    """UploadTooLarge when an upload's body (declared, or received so far) is over `max_bytes` and the
+    room its multipart framing may take."""
+    if body_bytes > max_bytes + MULTIPART_OVERHEAD:
+        raise UploadTooLarge(too_large_message(max_bytes))
 
 
 class UploadSpool:

@@ -1,0 +1,64 @@
+"""A page of a job's log: the newest `tail` lines, or the lines after a cursor, of one task or attempt or
+of all; the cursor to ask from next; and whether the job has ended (a follow stops soon after).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy.orm import Session
+
+from server.services import jobs, telemetry
+from server.states import JobState
+
+# How many lines a follow reads per poll.
+FOLLOW_BATCH = 1000
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    """One log line with the task and attempt that wrote it; `id` is its cursor."""
+
+    id: int
+    task: int
+    attempt: int
+    seq: int
+    stream: str
+    text: str
+    at: datetime
+
+
+@dataclass(frozen=True)
+class LogLines:
+    """The lines of one page, in arrival order; `next_after` is the cursor for the next page (the last
+    line's id, or the cursor asked with when there are none)."""
+
+    lines: list[LogEntry]
+    next_after: int
+    job_ended: bool
+
+
+def read_log_page(
+    session: Session, job_id: str, *, task: int | None, attempt: int | None, after: int, tail: int
+) -> LogLines:
+    """Lines of job `job_id`: after the cursor `after` (oldest first, at most `tail`), else its newest
+    `tail`; NotFound for a job, task index or attempt it does not have."""
+    job = jobs.get_job(session, job_id)
+    jobs.check_task_and_attempt(job, task, attempt)
+    rows = telemetry.read_logs(session, job, task_index=task, attempt=attempt, after=after, tail=tail)
+    lines = [
+        LogEntry(
+            id=line.id,
+            task=t.index,
+            attempt=t.attempt_number,
+            seq=line.seq,
+            stream=line.stream,
+            text=line.text,
+            at=line.at,
+        )
+        for line, t in rows
+    ]
+    return LogLines(
+        lines=lines, next_after=lines[-1].id if lines else after, job_ended=JobState(job.state).terminal
+    )

@@ -1,0 +1,122 @@
+"""The queries behind the API's multi-row answers: an agent with its live tasks, a job with its agents'
+names and progress, a stack dump with its agents' names and parsed threads. Each view is read in a fixed number of queries, whatever it holds; the transports
+shape the results (server/api/views.py), they do not query.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from server.db.models import Agent, Job, StackDump, StackRequest, Task
+from server.services import stacks
+from server.services.agents import is_online, live_tasks_by_agent
+from server.services.jobs import read_job
+from server.services.stack_text import ThreadStack, parse_threads
+from server.services.telemetry import Progress, latest_progress
+
+
+@dataclass(frozen=True)
+class AgentView:
+    """An agent, its liveness and the tasks that hold its devices (with their jobs' names)."""
+
+    agent: Agent
+    online: bool
+    tasks: list[Task]
+    job_names: dict[str, str]  # job id -> name, for the jobs of `tasks`
+
+    @property
+    def devices_used(self) -> int:
+        return len({i for t in self.tasks for i in t.device_indices})
+
+    @property
+    def devices_free(self) -> int:
+        return max(0, len(self.agent.devices) - self.devices_used)
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A job to show in full, with the names of the agents its tasks ran on and its latest progress."""
+
+    job: Job
+    agent_names: dict[str, str]
+    progress: Progress
+
+
+@dataclass(frozen=True)
+class TaskStacksView:
+    """One task's answer to a stack request: the stored dump, its agent's name and its parsed threads."""
+
+    dump: StackDump
+    agent_name: str
+    answered: bool
+    threads: list[ThreadStack]
+
+
+@dataclass(frozen=True)
+class StackDumpsView:
+    """A stack request with every task's answer; complete when every task answered."""
+
+    request: StackRequest
+    tasks: list[TaskStacksView]
+
+    @property
+    def complete(self) -> bool:
+        return all(t.answered for t in self.tasks)
+
+
+def agent_names(session: Session, agent_ids: set[str]) -> dict[str, str]:
+    """Names of the given agents, in one query."""
+    if not agent_ids:
+        return {}
+    return dict(session.execute(select(Agent.id, Agent.name).where(Agent.id.in_(agent_ids))).all())
+
+
+def agents_view(session: Session, agent_id: str | None = None) -> list[AgentView]:
+    """Agents an admin has not removed, or only the agent `agent_id` (removed or not); three queries."""
+    query = select(Agent).order_by(Agent.name)
+    query = query.where(Agent.id == agent_id) if agent_id else query.where(Agent.removed_at.is_(None))
+    held = live_tasks_by_agent(session)
+    jobs = {
+        job.id: job.name
+        for job in session.scalars(
+            select(Job).where(Job.id.in_({t.job_id for tasks in held.values() for t in tasks}))
+        ).all()
+    }
+    views = []
+    for agent in session.scalars(query).all():
+        tasks = held.get(agent.id, [])
+        names = {t.job_id: jobs.get(t.job_id, "") for t in tasks}
+        views.append(AgentView(agent=agent, online=is_online(agent), tasks=tasks, job_names=names))
+    return views
+
+
+def job_view(session: Session, job: Job) -> JobView:
+    """`job` with its agents' names and progress; load it with jobs.read_job so its attempts, tasks and
+    events come in fixed queries."""
+    names = agent_names(session, {t.agent_id for a in job.attempts for t in a.tasks})
+    return JobView(job=job, agent_names=names, progress=latest_progress(session, job))
+
+
+def read_job_view(session: Session, job_id: str) -> JobView:
+    """The job `job_id` in full (NotFound when there is none)."""
+    return job_view(session, read_job(session, job_id))
+
+
+def read_stacks_view(session: Session, job_id: str, request_id: str | None) -> StackDumpsView:
+    """The job's stack dump `request_id` (its newest when None) with its agents' names (one query) and
+    each dump's threads; NotFound when there is none."""
+    request = stacks.read_stack_request(session, job_id, request_id)
+    names = stacks.agent_names(session, request)
+    tasks = [
+        TaskStacksView(
+            dump=dump,
+            agent_name=names.get(dump.agent_id, ""),
+            answered=stacks.answered(dump),
+            threads=parse_threads(dump.text),
+        )
+        for dump in request.dumps
+    ]
+    return StackDumpsView(request=request, tasks=tasks)
