@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import socket
 import sys
+import tempfile
+from pathlib import Path
 
 import uvicorn
+from fastapi import FastAPI
 
 from server.app import create_app
 from server.heap import settle_heap
@@ -29,6 +34,8 @@ def serve(settings: Settings) -> None:
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
     log_tls(settings, tls)
+    if settings.ports_file is not None:
+        settings.ports_file.unlink(missing_ok=True)  # whoever waits for it must never read an old one
     app = create_app(settings)
     config = uvicorn.Config(
         app,
@@ -45,11 +52,50 @@ def serve(settings: Settings) -> None:
         # Open log follows would otherwise hold a stop until their jobs end; clients follow again.
         timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
     )
-    server = uvicorn.Server(config)
+    server = PortsReportingServer(config, app, settings)
     settle_heap()  # only in the coordinator's own process: tests build many apps in one
     server.run()
     if not server.started:
         raise SystemExit(1)
+
+
+class PortsReportingServer(uvicorn.Server):
+    """A uvicorn server that, once REST and gRPC both listen, logs the ports they bound and writes them
+    to settings.ports_file: with port 0 the kernel picks them, so no one races for a free port."""
+
+    def __init__(self, config: uvicorn.Config, app: FastAPI, settings: Settings) -> None:
+        super().__init__(config)
+        self.app = app
+        self.settings = settings
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)  # the lifespan (which starts gRPC) runs first, then REST binds
+        if not self.started:
+            return
+        http_port = self.servers[0].sockets[0].getsockname()[1]
+        grpc_port = self.app.state.grpc_port
+        log.info(
+            "listening: REST on %s:%d, gRPC on %s:%d",
+            self.settings.http_host,
+            http_port,
+            self.settings.grpc_host,
+            grpc_port,
+        )
+        if self.settings.ports_file is not None:
+            write_ports_file(self.settings.ports_file, http_port, grpc_port)
+
+
+def write_ports_file(path: Path, http_port: int, grpc_port: int) -> None:
+    """Writes {"http": N, "grpc": M} to `path` atomically: a reader sees no file or the whole of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(descriptor, "w") as file:
+            json.dump({"http": http_port, "grpc": grpc_port}, file)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
 
 
 def log_tls(settings: Settings, tls: TlsPlan) -> None:

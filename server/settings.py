@@ -23,6 +23,9 @@ class Settings(BaseSettings):
     grpc_host: str = "127.0.0.1"
     http_port: int = Field(default=8080, ge=0, le=65535)
     grpc_port: int = Field(default=50051, ge=0, le=65535)
+    # Once both listen, {"http": N, "grpc": M} is written here (atomically): the ports bound, which is how
+    # whoever started the coordinator with port 0 learns them.
+    ports_file: Path | None = None
     data_dir: Path = Path("mwms-data")
     db_url: str | None = Field(default=None, description="SQLAlchemy URL; default: SQLite in data_dir")
     # A bootstrap join token: agents presenting it may join (admins can also make revocable ones).

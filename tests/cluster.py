@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import secrets
 import signal
@@ -23,21 +24,39 @@ TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
 
 def free_port() -> int:
+    """A port that was free a moment ago, for something that cannot bind port 0 and report it (a fake
+    peer nothing listens on, a PostgreSQL server). Never for a coordinator: it binds port 0 (Cluster)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
-    """Polls `predicate` until it returns something truthy; fails with the last value seen."""
+def wait_until(
+    predicate: Callable[[], Any],
+    timeout: float,
+    what: str,
+    interval: float = 0.2,
+    observed: Callable[[], Any] | None = None,
+) -> Any:
+    """Polls `predicate` until it returns something truthy and returns that; after `timeout` seconds fails
+    with the last value seen, or with what `observed()` says when given (the one polling helper of the tests)."""
     deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
+    while True:
         last = predicate()
         if last:
             return last
+        if time.monotonic() > deadline:
+            seen = observed() if observed is not None else last
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}; last observed: {seen!r}")
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; last observed: {last!r}")
+
+
+def read_ports_file(path: Path) -> dict[str, int] | None:
+    """The {"http": N, "grpc": M} a coordinator wrote to its --ports-file, None while it has not."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
 
 
 def pack(files: dict[str, str | bytes]) -> bytes:
@@ -86,9 +105,12 @@ class Process:
 
 @dataclass
 class Cluster:
+    """`mwms server` and agents for one test module or session. The coordinator binds port 0 unless given
+    ports and reports what it bound in a ports file; a restart binds the same ports again."""
+
     root: Path
-    http_port: int
-    grpc_port: int
+    http_port: int = 0
+    grpc_port: int = 0
     server: Process | None = None
     agents: dict[str, Process] = field(default_factory=dict)
     server_env: dict[str, str] = field(default_factory=dict)
@@ -132,21 +154,30 @@ class Cluster:
         )
         return Process(name, popen, log_path)
 
+    def server_args(self) -> list[str]:
+        """`mwms server` flags besides ports, data dir and ports file; subclasses add theirs."""
+        return []
+
+    def spawn_server(self, args: list[str]) -> Process:
+        """Starts the `mwms server` process with `args` (subclasses may start it another way)."""
+        return self._spawn("server", args, self.server_environment())
+
     def start_server(self) -> None:
-        self.server = self._spawn(
-            "server",
-            [
-                "server",
-                "--http-port",
-                str(self.http_port),
-                "--grpc-port",
-                str(self.grpc_port),
-                "--data-dir",
-                str(self.root / "data"),
-            ],
-            self.server_environment(),
-        )
-        wait_until(self._healthy, 60, f"coordinator health on {self.api}\n{self.server.log_tail()}")
+        """Starts the coordinator, learns the ports it bound from its ports file, waits for /healthz."""
+        ports_file = self.root / "server-ports.json"
+        ports_file.unlink(missing_ok=True)
+        args = ["server", "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port)]
+        args += ["--data-dir", str(self.root / "data"), "--ports-file", str(ports_file), *self.server_args()]
+        server = self.server = self.spawn_server(args)
+
+        def ports_written() -> dict[str, int] | None:
+            if server.popen.poll() is not None:
+                raise AssertionError(f"coordinator exited:\n{server.log_tail()}")
+            return read_ports_file(ports_file)
+
+        ports = wait_until(ports_written, 60, "the coordinator's ports file", observed=server.log_tail)
+        self.http_port, self.grpc_port = ports["http"], ports["grpc"]
+        wait_until(self._healthy, 60, f"coordinator health on {self.api}\n{server.log_tail()}")
 
     def _healthy(self) -> bool:
         assert self.server is not None
@@ -188,7 +219,7 @@ class Cluster:
     def restart_server(self) -> None:
         assert self.server is not None
         self.server.stop()
-        self.start_server()
+        self.start_server()  # on the ports it bound the first time: agents reconnect to the same address
 
     def stop(self) -> None:
         for agent in self.agents.values():

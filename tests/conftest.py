@@ -1,4 +1,5 @@
-"""Fixtures shared by every test package: one real local cluster per test session."""
+"""Fixtures shared by every test package: one real local cluster per test session, and a migrated
+coordinator database (`db`, seeded as a `db_seed` marker says)."""
 
 from __future__ import annotations
 
@@ -7,19 +8,43 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from cluster import Cluster, free_port  # noqa: E402
+from cluster import Cluster  # noqa: E402
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "db_seed(digest, agents=()): the `db` fixture's database holds bundle `digest` and an online "
+        "one-slot CPU agent per name",
+    )
+
+
+@pytest.fixture
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    """A migrated SQLite coordinator database in tmp_path, empty, or seeded as the closest `db_seed`
+    marker (a module's `pytestmark` or a test's) says."""
+    from coordinator_rows import seeded_database  # the server's packages, only for tests that ask
+
+    seed = request.node.get_closest_marker("db_seed")
+    digest, agents = (seed.args[0], seed.kwargs.get("agents", ())) if seed else (None, ())
+    database = seeded_database(tmp_path / "coordinator.db", digest, agents)
+    try:
+        yield database
+    finally:
+        database.dispose()
 
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory):
     """A coordinator and two agents (one CPU slot each) on loopback, shared by end-to-end tests."""
     root = tmp_path_factory.mktemp("cluster")
-    instance = Cluster(root=root, http_port=free_port(), grpc_port=free_port())
+    instance = Cluster(root=root)
     try:
         instance.start_server()
         instance.start_agent("e2e-1", 21000)

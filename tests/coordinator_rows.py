@@ -31,13 +31,15 @@ def register_request(
     )
 
 
-def seeded_database(path: Path, digest: str, agent_names: Iterable[str]) -> Database:
-    """A migrated SQLite database at `path` with bundle `digest` and a one-CPU-slot agent per name, online."""
+def seeded_database(path: Path, digest: str | None, agent_names: Iterable[str]) -> Database:
+    """A migrated SQLite database at `path` with bundle `digest` (none when None) and a one-CPU-slot agent
+    per name, online."""
     database = Database(f"sqlite:///{path}")
     upgrade_to_head(database.engine)
     slot = [{"kind": "cpu", "index": 0, "name": "s"}]
     with database.write() as session:
-        session.add(Bundle(digest=digest, size=1, archive_format="tar.gz"))
+        if digest is not None:
+            session.add(Bundle(digest=digest, size=1, archive_format="tar.gz"))
         for name in agent_names:
             register_agent(session, Registration(name, name, "127.0.0.1", 20000, 20010, slot, "t"), 30)
     return database

@@ -118,6 +118,14 @@ def server(
             "--hang-timeout of its own counts as hung (MWMS_HANG_TIMEOUT_S) [default: 0, off].",
         ),
     ] = None,
+    ports_file: Annotated[
+        Path | None,
+        typer.Option(
+            help='Once both servers listen, write {"http": N, "grpc": M} here: the ports bound, for '
+            "--http-port 0 / --grpc-port 0 (MWMS_PORTS_FILE).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run the coordinator: REST API + dashboard over HTTP(S), agent connections over gRPC.
 
@@ -147,6 +155,7 @@ def server(
         "grpc_tls_key": grpc_tls_key,
         "tls_self_signed": tls_self_signed,
         "hang_timeout_s": hang_timeout,
+        "ports_file": ports_file,
     }
     serve(Settings.model_validate({key: value for key, value in given.items() if value is not None}))
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,13 +18,6 @@ STOP_GRACE_S = 10.0
 def mwms_command() -> list[str]:
     """argv prefix that runs this same mwms, whatever PATH says."""
     return [sys.executable, "-m", "mwms.cli.main"]
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago (the OS picks it); callers retry if it is taken by then."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
-        return int(probe.getsockname()[1])
 
 
 @dataclass

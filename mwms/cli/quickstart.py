@@ -8,6 +8,7 @@ log-in and for the CLI, and reused on the next run.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import secrets
@@ -28,7 +29,6 @@ from mwms.cli.job_commands import download_artifacts
 from mwms.cli.output import err, first_line, format_loss, metrics_summary_table, out, state_text
 from mwms.cli.processes import (
     ManagedProcess,
-    free_port,
     last_lines,
     mwms_command,
     start_process,
@@ -104,33 +104,33 @@ class LocalCluster:
         return f"http://127.0.0.1:{self.http_port}"
 
     def start_coordinator(self) -> None:
-        """Starts the coordinator on free ports and waits for /healthz; one retry if a port was taken."""
-        for try_number in (1, 2):
-            self.http_port, self.grpc_port = free_port(), free_port()
-            argv = [
-                *mwms_command(),
-                "server",
-                "--host",
-                "127.0.0.1",
-                "--http-port",
-                str(self.http_port),
-                "--grpc-port",
-                str(self.grpc_port),
-                "--data-dir",
-                str(self.data_dir / "coordinator"),
-            ]
-            secrets_env = {"MWMS_ADMIN_TOKEN": self.admin_token, "MWMS_JOIN_TOKEN": self.join_token}
-            coordinator = start_process("coordinator", argv, self.log_dir / "coordinator.log", secrets_env)
-            self.processes.append(coordinator)
-            healthy = self._wait_healthy(coordinator)
-            if healthy:
-                return
-            stop_processes([coordinator])
-            self.processes.remove(coordinator)
-            # A coordinator that died at once most likely lost the race for its port: pick new ones once.
-            if try_number == 1 and coordinator.popen.returncode is not None:
-                err.print("the coordinator did not start; retrying on other ports")
-                continue
+        """Starts the coordinator on ports it picks (port 0), learns them from its ports file, and waits
+        for /healthz: no free port is picked here, so there is no race to lose."""
+        ports_file = self.data_dir / "coordinator" / "ports.json"
+        ports_file.unlink(missing_ok=True)
+        argv = [
+            *mwms_command(),
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--http-port",
+            "0",
+            "--grpc-port",
+            "0",
+            "--data-dir",
+            str(self.data_dir / "coordinator"),
+            "--ports-file",
+            str(ports_file),
+        ]
+        secrets_env = {"MWMS_ADMIN_TOKEN": self.admin_token, "MWMS_JOIN_TOKEN": self.join_token}
+        coordinator = start_process("coordinator", argv, self.log_dir / "coordinator.log", secrets_env)
+        self.processes.append(coordinator)
+        _wait_until(lambda: ports_file.exists() or not coordinator.running(), SERVER_START_TIMEOUT_S)
+        if not coordinator.running() or not ports_file.exists():
+            raise CliError(self._failure("the coordinator did not start", coordinator), ExitCode.UNREACHABLE)
+        ports = json.loads(ports_file.read_text())
+        self.http_port, self.grpc_port = int(ports["http"]), int(ports["grpc"])
+        if not self._wait_healthy(coordinator):
             raise CliError(
                 self._failure("the coordinator did not become healthy", coordinator), ExitCode.UNREACHABLE
             )

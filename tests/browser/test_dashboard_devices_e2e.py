@@ -11,7 +11,7 @@ import pytest
 from fake_gpus import start_fake_gpu_agent, two_gpus, write_samples
 
 from .conftest import WIDE, WatchedPage
-from cluster import Cluster, free_port
+from cluster import Cluster
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 
@@ -22,7 +22,7 @@ SLEEP = "import time\nprint('on the GPUs', flush=True)\ntime.sleep({seconds})\n"
 
 @pytest.fixture
 def devices_cluster(tmp_path: Path):
-    cluster = Cluster(root=tmp_path, http_port=free_port(), grpc_port=free_port())
+    cluster = Cluster(root=tmp_path)
     samples = tmp_path / "samples.json"
     write_samples(samples, two_gpus(37.0, 64.0))
     try:

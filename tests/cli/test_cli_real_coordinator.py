@@ -8,7 +8,6 @@ import os
 import stat
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,8 +16,9 @@ import pytest
 from typer.testing import CliRunner
 
 from mwms.cli.main import app
-from mwms.cli.processes import free_port
 from mwms.connection import load_config
+
+from cluster import read_ports_file, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -27,25 +27,31 @@ runner = CliRunner()
 
 @pytest.fixture(scope="module")
 def coordinator_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    """A coordinator on free ports; yields its API address and data dir (with the first admin token)."""
+    """A coordinator on ports it picked (port 0); yields its API address and data dir (with the first
+    admin token)."""
     data_dir = tmp_path_factory.mktemp("coordinator")
-    http_port, grpc_port = free_port(), free_port()
-    argv = [sys.executable, "-m", "mwms.cli.main", "server", "--http-port", str(http_port)]
-    argv += ["--grpc-port", str(grpc_port), "--data-dir", str(data_dir)]
+    ports_file = data_dir / "ports.json"
+    argv = [sys.executable, "-m", "mwms.cli.main", "server", "--http-port", "0", "--grpc-port", "0"]
+    argv += ["--data-dir", str(data_dir), "--ports-file", str(ports_file)]
     log = (data_dir / "server.log").open("wb")
     env = {key: value for key, value in os.environ.items() if not key.startswith("MWMS_")}
     process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
-    api = f"http://127.0.0.1:{http_port}"
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and process.poll() is None:
+
+        def healthy_api() -> str | None:
+            if process.poll() is not None:
+                pytest.fail(f"coordinator exited: {(data_dir / 'server.log').read_text()[-2000:]}")
+            ports = read_ports_file(ports_file)
+            if ports is None:
+                return None
+            api = f"http://127.0.0.1:{ports['http']}"
             try:
-                if httpx.get(f"{api}/healthz", timeout=1).is_success:
-                    break
+                return api if httpx.get(f"{api}/healthz", timeout=1).is_success else None
             except httpx.TransportError:
-                time.sleep(0.2)
-        else:
-            pytest.fail(f"coordinator did not start: {(data_dir / 'server.log').read_text()[-2000:]}")
+                return None
+
+        server_log = (data_dir / "server.log").read_text
+        api = wait_until(healthy_api, 60, "the coordinator to start", observed=lambda: server_log()[-2000:])
         yield api, data_dir
     finally:
         process.terminate()

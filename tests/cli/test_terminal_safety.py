@@ -36,7 +36,7 @@ from mwms.cli.doctor import doctor_table
 from mwms.cli.output import jobs_table, log_line_text, raw_log_line
 from mwms.cli.safe_text import SafeConsole, safe_text, terminal_safe
 
-from cluster import Cluster, free_port, pack, wait_until
+from cluster import Cluster, pack, wait_until
 
 MWMS = [sys.executable, "-m", "mwms.cli.main"]
 
@@ -265,7 +265,7 @@ class HostileCluster:
 def hostile_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostileCluster]:
     """A real coordinator and agent; a user, a token, an agent, a job, its log lines and a metric with
     hostile names. The job printed its lines, reported its metrics and FAILED (exit 3)."""
-    cluster = Cluster(root=tmp_path_factory.mktemp("hostile"), http_port=free_port(), grpc_port=free_port())
+    cluster = Cluster(root=tmp_path_factory.mktemp("hostile"))
     try:
         cluster.start_server()
         cluster.start_agent(AGENT_NAME, port_low=24400)

@@ -12,14 +12,14 @@ import pytest
 
 from mwms import Client
 
-from cluster import Cluster, free_port, wait_until
+from cluster import Cluster, wait_until
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
 def own_cluster(tmp_path: Path) -> Iterator[Cluster]:
-    instance = Cluster(root=tmp_path / "cluster", http_port=free_port(), grpc_port=free_port())
+    instance = Cluster(root=tmp_path / "cluster")
     instance.root.mkdir()
     try:
         instance.start_server()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster import MWMS, Cluster, Process, free_port, processes_of_job, wait_until
+from cluster import MWMS, Cluster, Process, processes_of_job, wait_until
 
 pytestmark = pytest.mark.e2e
 NAME = "auth-1"
@@ -25,8 +25,6 @@ SLEEPER = {"p.py": "import time\nprint('up', flush=True)\ntime.sleep(600)\n"}
 def auth_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     cluster = Cluster(
         root=tmp_path_factory.mktemp("agent-auth"),
-        http_port=free_port(),
-        grpc_port=free_port(),
         server_env={"MWMS_STOP_GRACE_S": "3", "MWMS_RESTART_BACKOFF_S": "1"},
     )
     try:

@@ -20,7 +20,7 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.core.failures import Failure, FailureGroup
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
-from cluster import Cluster, free_port
+from cluster import Cluster
 
 pytestmark = pytest.mark.e2e
 CASES_PER_OPERATION = 50
@@ -31,8 +31,6 @@ CHECKS = [not_a_server_error, response_schema_conformance]
 def fuzzed_coordinator(tmp_path_factory):
     instance = Cluster(
         root=tmp_path_factory.mktemp("fuzz"),
-        http_port=free_port(),
-        grpc_port=free_port(),
         # A follow of a job that never ends would wait for the idle timeout: keep it short.
         server_env={"MWMS_FOLLOW_IDLE_TIMEOUT_S": "1"},
     )

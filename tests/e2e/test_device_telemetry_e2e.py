@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 from fake_gpus import start_fake_gpu_agent, two_gpus, write_samples
 
-from cluster import Cluster, free_port, wait_until
+from cluster import Cluster, wait_until
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
 def gpu_cluster(tmp_path: Path):
-    cluster = Cluster(root=tmp_path, http_port=free_port(), grpc_port=free_port())
+    cluster = Cluster(root=tmp_path)
     samples = tmp_path / "samples.json"
     try:
         cluster.start_server()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster import Cluster, free_port, pack_dir, processes_of_job, wait_until
+from cluster import Cluster, pack_dir, processes_of_job, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.tf]
 PROGRAM = pack_dir(Path(__file__).parent / "programs" / "resumable")
@@ -25,8 +25,6 @@ AGENT_PORTS = {"ft-1": 23000, "ft-2": 23100, "ft-3": 23200}
 def ft(tmp_path_factory):
     cluster = Cluster(
         root=tmp_path_factory.mktemp("ft"),
-        http_port=free_port(),
-        grpc_port=free_port(),
         server_env={
             "MWMS_AGENT_TIMEOUT_S": str(AGENT_TIMEOUT_S),
             "MWMS_STOP_GRACE_S": "3",

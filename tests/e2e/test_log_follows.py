@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from cluster import Cluster, free_port, pack, wait_until
+from cluster import Cluster, pack, wait_until
 
 pytestmark = pytest.mark.e2e
 IDLE_TIMEOUT_S = 8
@@ -21,8 +21,6 @@ IDLE_TIMEOUT_S = 8
 def coordinator(tmp_path_factory):
     instance = Cluster(
         root=tmp_path_factory.mktemp("follows"),
-        http_port=free_port(),
-        grpc_port=free_port(),
         server_env={
             "MWMS_MAX_FOLLOWS_PER_USER": "2",
             "MWMS_MAX_FOLLOWS_TOTAL": "3",

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from cluster import MWMS, TERMINAL, Cluster, Process, free_port, pack_dir, processes_of_job, wait_until
+from cluster import MWMS, TERMINAL, Cluster, Process, pack_dir, processes_of_job, wait_until
 from netns import Netns, require_netns
 
 pytestmark = [pytest.mark.e2e, pytest.mark.tf]
@@ -60,24 +60,11 @@ class NetnsCluster(Cluster):
             )
         return Process(name, popen, log_path)
 
-    def start_server(self) -> None:
-        self.server = self._spawn_argv(
-            "server",
-            [
-                MWMS,
-                "server",
-                "--host",
-                self.net.bridge_address,
-                "--http-port",
-                str(self.http_port),
-                "--grpc-port",
-                str(self.grpc_port),
-                "--data-dir",
-                str(self.root / "data"),
-            ],
-            self.server_environment(),
-        )
-        wait_until(self._healthy, 60, f"coordinator health on {self.api}\n{self.server.log_tail()}")
+    def server_args(self) -> list[str]:
+        return ["--host", self.net.bridge_address]
+
+    def spawn_server(self, args: list[str]) -> Process:
+        return self._spawn_argv("server", [MWMS, *args], self.server_environment())
 
     def start_agent_in(self, i: int) -> Process:
         """Starts agent net-i inside namespace i, advertising that namespace's address."""
@@ -117,8 +104,6 @@ def partitioned(tmp_path_factory):
     cluster = NetnsCluster(
         net,
         root=tmp_path_factory.mktemp("netns"),
-        http_port=free_port(),
-        grpc_port=free_port(),
         server_env={
             "MWMS_AGENT_TIMEOUT_S": str(AGENT_TIMEOUT_S),
             "MWMS_STOP_GRACE_S": "3",

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from cluster import MWMS, TERMINAL, Cluster, free_port, pack_dir, wait_until
+from cluster import MWMS, TERMINAL, Cluster, pack_dir, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.tf]
 PROGRAM = pack_dir(Path(__file__).parent / "programs" / "preflight_user")
@@ -58,9 +58,7 @@ def test_preflight_passes_and_the_program_runs_on_the_same_ports(cluster: Cluste
 @pytest.fixture(scope="module")
 def unreachable_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """A coordinator, one agent on loopback and one advertising an address nobody listens on."""
-    instance = Cluster(
-        root=tmp_path_factory.mktemp("unreachable"), http_port=free_port(), grpc_port=free_port()
-    )
+    instance = Cluster(root=tmp_path_factory.mktemp("unreachable"))
     try:
         instance.start_server()
         instance.start_agent("reachable", 21400)

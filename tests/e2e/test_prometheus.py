@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import re
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+from cluster import wait_until
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -174,17 +175,6 @@ def test_the_readme_lists_exactly_the_exported_metrics(cluster: Any) -> None:
     )
 
 
-def poll(what: str, probe: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; last observed: {last!r}")
-
-
 def test_a_real_job_moves_the_metrics(cluster: Any) -> None:
     _, before = scrape(cluster)
     job_id = cluster.submit({"train.py": WRITES_METRICS}, ["python", "train.py"], workers=2, name="prom")
@@ -220,7 +210,7 @@ def test_a_real_job_moves_the_metrics(cluster: Any) -> None:
         return None if failing else after
 
     try:
-        after = poll("the job's metrics", moved)
+        after = wait_until(moved, 30, "the job's metrics", interval=0.25)
     except AssertionError:
         _, after = scrape(cluster)
         shown = [line for line in after.splitlines() if line.startswith("mwms_") and "_bucket" not in line]

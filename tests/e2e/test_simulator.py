@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cluster import Cluster, free_port, pack
+from cluster import Cluster, pack
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
@@ -31,7 +31,7 @@ PORT_BASE = 26000  # 50 agents x 10 ports: 26000-26499, clear of other tests' ag
 
 @pytest.fixture(scope="module")
 def sim_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    cluster = Cluster(root=tmp_path_factory.mktemp("simulator"), http_port=free_port(), grpc_port=free_port())
+    cluster = Cluster(root=tmp_path_factory.mktemp("simulator"))
     try:
         cluster.start_server()
         yield cluster

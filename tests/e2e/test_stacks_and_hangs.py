@@ -16,7 +16,7 @@ import pytest
 
 from worker_agent.stacks import py_spy_executable
 
-from cluster import MWMS, Cluster, free_port, pack_dir, wait_until
+from cluster import MWMS, Cluster, pack_dir, wait_until
 
 pytestmark = pytest.mark.e2e
 STRAGGLER = pack_dir(Path(__file__).parent / "programs" / "straggler")
@@ -36,11 +36,8 @@ class StacksCluster(Cluster):
 
     starting: str = ""
 
-    def start_server(self) -> None:
-        args = ["server", "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port)]
-        args += ["--data-dir", str(self.root / "data"), "--hang-timeout", str(SERVER_HANG_TIMEOUT_S)]
-        self.server = self._spawn("server", args, self.server_environment())
-        wait_until(self._healthy, 60, f"coordinator health on {self.api}\n{self.server.log_tail()}")
+    def server_args(self) -> list[str]:
+        return ["--hang-timeout", str(SERVER_HANG_TIMEOUT_S)]
 
     def agent_environment(self) -> dict[str, str]:
         env = super().agent_environment()
@@ -57,8 +54,6 @@ class StacksCluster(Cluster):
 def stk(tmp_path_factory):
     cluster = StacksCluster(
         root=tmp_path_factory.mktemp("stacks"),
-        http_port=free_port(),
-        grpc_port=free_port(),
         server_env={"MWMS_STOP_GRACE_S": "2", "MWMS_RESTART_BACKOFF_S": "1"},
     )
     try:

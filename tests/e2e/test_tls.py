@@ -18,7 +18,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from cluster import MWMS, Cluster, Process, free_port, wait_until
+from cluster import MWMS, Cluster, Process, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -55,12 +55,8 @@ class TlsCluster(Cluster):
             verify=ssl.create_default_context(cafile=str(self.ca_file)),
         )
 
-    def start_server(self) -> None:
-        data = str(self.root / "data")
-        args = ["server", "--tls-self-signed", "--data-dir", data]
-        args += ["--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port)]
-        self.server = self._spawn("server", args, self.server_environment())
-        wait_until(self._healthy, 60, f"coordinator health on {self.api}\n{self.server.log_tail()}")
+    def server_args(self) -> list[str]:
+        return ["--tls-self-signed"]
 
     def _healthy(self) -> bool:
         assert self.server is not None
@@ -85,7 +81,7 @@ class TlsCluster(Cluster):
 
 @pytest.fixture(scope="module")
 def tls_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsCluster]:
-    instance = TlsCluster(root=tmp_path_factory.mktemp("tls"), http_port=free_port(), grpc_port=free_port())
+    instance = TlsCluster(root=tmp_path_factory.mktemp("tls"))
     try:
         instance.start_server()
         yield instance

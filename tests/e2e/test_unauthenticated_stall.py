@@ -23,7 +23,7 @@ import httpx
 import pytest
 from bombs import grpc_call_head, http2_frame, many_parts_body
 
-from cluster import Cluster, free_port, wait_until
+from cluster import Cluster, wait_until
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
@@ -50,7 +50,7 @@ SIM_PORT_BASE = 27300  # the simulated agent's (unused) port range, clear of oth
 @pytest.fixture(scope="module")
 def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("stall")
-    instance = Cluster(root=root, http_port=free_port(), grpc_port=free_port())
+    instance = Cluster(root=root)
     instance.server_env = {
         "MWMS_HTTP_HEAD_TIMEOUT_S": str(HEAD_TIMEOUT_S),
         "MWMS_HTTP_KEEP_ALIVE_S": str(KEEP_ALIVE_S),

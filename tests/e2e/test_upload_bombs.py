@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from bombs import GIB, gzip_bomb, many_entries_bomb, zip_bomb
 
-from cluster import Cluster, free_port, pack
+from cluster import Cluster, pack
 
 pytestmark = pytest.mark.e2e
 
@@ -125,7 +125,7 @@ def test_a_content_length_over_the_limit_is_refused_before_the_body_is_read(clus
 def small_limits(tmp_path_factory: pytest.TempPathFactory):
     """A coordinator of its own (no agents) that takes uploads of at most 1 MiB."""
     root = tmp_path_factory.mktemp("small-limits")
-    instance = Cluster(root=root, http_port=free_port(), grpc_port=free_port())
+    instance = Cluster(root=root)
     instance.server_env = {"MWMS_MAX_UPLOAD_BYTES": str(MB)}
     try:
         instance.start_server()

@@ -8,12 +8,8 @@ it the job's environment secrets.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import grpc
 import pytest
-from coordinator_rows import seeded_database
 from sqlalchemy import select
 from test_agent_rpc_auth import Coordinator, refusal, start_coordinator  # noqa: F401 - fixture
 
@@ -104,11 +100,8 @@ def test_place_pinned_resolves_among_all_known_agents_not_only_the_online_ones()
 # --- in the database: submit, placement, removal --------------------------------------------------------
 
 
-@pytest.fixture
-def db(tmp_path: Path) -> Iterator[Database]:
-    database = seeded_database(tmp_path / "references.db", DIGEST, ("real", "bystander"))
-    yield database
-    database.dispose()
+# What the shared `db` fixture (tests/conftest.py) holds.
+pytestmark = pytest.mark.db_seed(DIGEST, agents=("real", "bystander"))
 
 
 def agent_id_of(db: Database, name: str) -> str:

@@ -17,18 +17,15 @@ from typing import Any
 import grpc
 import pytest
 from coordinator_rows import place_task, register_request
-from fastapi.testclient import TestClient
+from in_process_coordinator import InProcessCoordinator, coordinator_settings
 from sqlalchemy import func, select
 
 from mwms.v1 import agent_pb2 as pb
 from mwms.v1 import agent_pb2_grpc
-from server.app import create_app
-from server.db.engine import Database
 from server.db.models import Agent, Job, LogLine, StoredFile, Task
 from server.rpc.auth import INTERNAL_MESSAGE
 from server.services import files
 from server.services.tokens import Role, create_api_token, hash_secret
-from server.settings import Settings
 
 JOIN_TOKEN = "join-token-for-agent-auth-tests-0123456789"
 ADMIN_TOKEN = "mwms_admin-token-for-agent-auth-tests-0123"
@@ -57,12 +54,7 @@ class Placed:
 
 
 @dataclass
-class Coordinator:
-    http: TestClient
-    db: Database
-    settings: Settings
-    stub: agent_pb2_grpc.AgentServiceStub
-
+class Coordinator(InProcessCoordinator):
     def register(self, name: str, credential: str = "", join_token: str = JOIN_TOKEN) -> pb.RegisterResponse:
         request = register_request(name, join_token, hostname=f"host-of-{name}")
         return self.stub.Register(request, metadata=auth(credential) if credential else None, timeout=10)
@@ -110,19 +102,13 @@ def start_coordinator(tmp_path: Path) -> Iterator[Callable[..., Coordinator]]:
         started: list[Coordinator] = []
 
         def start(join_token: str = JOIN_TOKEN) -> Coordinator:
-            settings = Settings(
-                data_dir=tmp_path / f"coordinator-{len(started)}",
-                grpc_port=0,
+            settings = coordinator_settings(
+                tmp_path / f"coordinator-{len(started)}",
                 join_token=join_token,
                 admin_token=ADMIN_TOKEN,
                 agent_timeout_s=300,
             )
-            app = create_app(settings)
-            http = stack.enter_context(TestClient(app, base_url="http://127.0.0.1"))
-            http.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
-            channel = stack.enter_context(grpc.insecure_channel(f"127.0.0.1:{app.state.grpc_port}"))
-            stub = agent_pb2_grpc.AgentServiceStub(channel)
-            started.append(Coordinator(http, app.state.wiring.db, settings, stub))
+            started.append(Coordinator.start(stack, settings, admin_token=ADMIN_TOKEN))
             return started[-1]
 
         yield start

@@ -14,9 +14,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
-from fastapi.testclient import TestClient
 from sqlalchemy import event, func, select
 from test_poison_containment import (
     ADMIN_TOKEN,
@@ -24,16 +22,15 @@ from test_poison_containment import (
     Coordinator,
     hello,
     point,
-    wait_until,
 )
 
 from mwms.v1 import agent_pb2 as pb
-from mwms.v1 import agent_pb2_grpc
-from server.app import create_app
 from server.db.models import Agent, LogLine, MetricPoint, Task, utcnow
 from server.services import agent_messages
 from server.services.agents import record_heartbeats
 from server.settings import Settings
+
+from cluster import wait_until
 
 
 @pytest.fixture
@@ -48,11 +45,8 @@ def cluster(tmp_path: Path) -> Iterator[tuple[Coordinator, Any]]:
             agent_timeout_s=2,
             reconnect_grace_s=0,
         )
-        app = create_app(settings)
-        http = stack.enter_context(TestClient(app, base_url="http://127.0.0.1"))
-        http.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
-        channel = stack.enter_context(grpc.insecure_channel(f"127.0.0.1:{app.state.grpc_port}"))
-        yield Coordinator(http, app.state.wiring.db, agent_pb2_grpc.AgentServiceStub(channel)), app
+        coordinator = Coordinator.start(stack, settings, admin_token=ADMIN_TOKEN)
+        yield coordinator, coordinator.app
 
 
 def _agent(coordinator: Coordinator, agent_id: str) -> Agent:

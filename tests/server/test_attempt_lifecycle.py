@@ -4,7 +4,6 @@ change the table refuses raises. Runs the services on a real SQLite database."""
 from __future__ import annotations
 
 import pytest
-from coordinator_rows import seeded_database
 from sqlalchemy import select
 
 from server.db.engine import Database
@@ -20,11 +19,8 @@ from server.states import AttemptState, InvalidTransition, JobState, TaskState
 BACKOFF = 0.0
 
 
-@pytest.fixture
-def db(tmp_path):
-    database = seeded_database(tmp_path / "attempts.db", "d" * 64, ("a", "b", "c"))
-    yield database
-    database.dispose()
+# What the shared `db` fixture (tests/conftest.py) holds.
+pytestmark = pytest.mark.db_seed("d" * 64, agents=("a", "b", "c"))
 
 
 def submit(db: Database, **spec) -> str:

@@ -5,7 +5,6 @@ are counted in a fixed number of aggregate queries however many rows there are."
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -36,14 +35,8 @@ def sample(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
-@pytest.fixture
-def db(tmp_path: Path) -> Iterator[Database]:
-    database = Database(f"sqlite:///{tmp_path / 'metrics.db'}")
-    upgrade_to_head(database.engine)
-    with database.write() as session:
-        session.add(Bundle(digest=DIGEST, size=1, archive_format="tar.gz"))
-    yield database
-    database.dispose()
+# What the shared `db` fixture (tests/conftest.py) holds.
+pytestmark = pytest.mark.db_seed(DIGEST)
 
 
 def add_agents(db: Database, count: int, prefix: str = "a", kind: str = "cpu", devices: int = 1) -> list[str]:

@@ -9,7 +9,6 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-from coordinator_rows import seeded_database
 
 from server.db.engine import Database
 from server.db.models import Agent, Job, StackDump, StackRequest, utcnow
@@ -31,11 +30,8 @@ WAITING = (DUMPS / "py_spy_worker0_step_in_tf_function.txt").read_text()
 SLEEPING = (DUMPS / "py_spy_worker1_sleeping.txt").read_text()
 
 
-@pytest.fixture
-def db(tmp_path):
-    database = seeded_database(tmp_path / "hangs.db", "c" * 64, ("a", "b", "c", "d"))
-    yield database
-    database.dispose()
+# What the shared `db` fixture (tests/conftest.py) holds.
+pytestmark = pytest.mark.db_seed("c" * 64, agents=("a", "b", "c", "d"))
 
 
 def running_job(db: Database, **spec) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from coordinator_rows import seeded_database
 
 from server.db.engine import Database
 from server.db.models import Agent, Job, utcnow
@@ -20,11 +19,8 @@ from server.states import TaskState
 BACKOFF = 1.0
 
 
-@pytest.fixture
-def db(tmp_path):
-    database = seeded_database(tmp_path / "lifecycle.db", "c" * 64, ("a", "b", "c"))
-    yield database
-    database.dispose()
+# What the shared `db` fixture (tests/conftest.py) holds.
+pytestmark = pytest.mark.db_seed("c" * 64, agents=("a", "b", "c"))
 
 
 def submit(db: Database, **spec) -> str:

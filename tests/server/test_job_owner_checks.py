@@ -7,29 +7,28 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 import pytest
 from coordinator_rows import place_task, register_request
-from fastapi.testclient import TestClient
+from in_process_coordinator import InProcessCoordinator, coordinator_settings
 from sqlalchemy import func, select
 
-from mwms.v1 import agent_pb2_grpc
-from server.app import create_app
-from server.db.engine import Database
 from server.db.models import Job, StackRequest
 from server.services.tokens import Role, create_api_token
-from server.settings import Settings
 
 JOIN_TOKEN = "join-token-for-owner-check-tests-0123456789"
 ADMIN_TOKEN = "mwms_admin-token-for-owner-check-tests-0123"
 
 
-class Coordinator:
-    def __init__(self, http: TestClient, db: Database, stub: agent_pb2_grpc.AgentServiceStub) -> None:
-        self.http, self.db, self.stub = http, db, stub
-        self.agent_id = stub.Register(register_request("owner-agent", JOIN_TOKEN), timeout=10).agent_id
+@dataclass
+class Coordinator(InProcessCoordinator):
+    """With one agent registered, for the jobs it places."""
+
+    def __post_init__(self) -> None:
+        self.agent_id = self.stub.Register(register_request("owner-agent", JOIN_TOKEN), timeout=10).agent_id
 
     def token(self, user: str, role: Role = Role.USER) -> dict[str, str]:
         with self.db.write() as session:
@@ -51,19 +50,11 @@ class Coordinator:
 
 @pytest.fixture
 def coordinator(tmp_path: Path) -> Iterator[Coordinator]:
-    settings = Settings(
-        data_dir=tmp_path / "coordinator",
-        grpc_port=0,
-        join_token=JOIN_TOKEN,
-        admin_token=ADMIN_TOKEN,
-        agent_timeout_s=300,
+    settings = coordinator_settings(
+        tmp_path / "coordinator", join_token=JOIN_TOKEN, admin_token=ADMIN_TOKEN, agent_timeout_s=300
     )
-    app = create_app(settings)
-    with (
-        TestClient(app, base_url="http://127.0.0.1") as http,
-        grpc.insecure_channel(f"127.0.0.1:{app.state.grpc_port}") as channel,
-    ):
-        yield Coordinator(http, app.state.wiring.db, agent_pb2_grpc.AgentServiceStub(channel))
+    with ExitStack() as stack:
+        yield Coordinator.start(stack, settings)
 
 
 def test_stack_dumps_are_for_the_jobs_submitter_and_admins_only(coordinator: Coordinator) -> None:

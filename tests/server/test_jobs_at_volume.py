@@ -16,18 +16,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
+from in_process_coordinator import InProcessCoordinator, coordinator_settings
 from sqlalchemy import event, func, select
 from test_postgres import postgres_url  # noqa: F401 - the real PostgreSQL the suite starts
 
-from server.app import create_app
 from server.db.engine import Database
 from server.db.migrate import upgrade_to_head
 from server.db.models import Agent, Attempt, Bundle, Job, LogLine, MetricPoint, Task, utcnow
 from server.services.jobs import list_jobs, read_job
 from server.services.retention import PurgeCursor, cutoff, purge_batch
 from server.services.telemetry import latest_progress
-from server.settings import Settings
 from server.states import JobState
 
 ADMIN_TOKEN = "mwms_admin-token-for-volume-tests-0123456"
@@ -35,10 +33,7 @@ DIGEST = hashlib.sha256(b"volume").hexdigest()
 
 
 @dataclass
-class Coordinator:
-    http: TestClient
-    db: Database
-
+class Coordinator(InProcessCoordinator):
     @contextmanager
     def counting(self) -> Iterator[list[str]]:
         """Collects the SQL statements of read transactions (requests) the coordinator runs inside the block.
@@ -66,14 +61,11 @@ class Coordinator:
 
 @pytest.fixture
 def coordinator(tmp_path: Path) -> Iterator[Coordinator]:
-    settings = Settings(
-        data_dir=tmp_path / "coordinator", grpc_port=0, admin_token=ADMIN_TOKEN, telemetry_retention_days=0
+    settings = coordinator_settings(
+        tmp_path / "coordinator", admin_token=ADMIN_TOKEN, telemetry_retention_days=0
     )
     with ExitStack() as stack:
-        app = create_app(settings)
-        http = stack.enter_context(TestClient(app, base_url="http://127.0.0.1"))
-        http.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
-        yield Coordinator(http, app.state.wiring.db)
+        yield Coordinator.start(stack, settings, admin_token=ADMIN_TOKEN)
 
 
 def add_agent(session: Any, name: str) -> Agent:

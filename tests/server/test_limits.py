@@ -26,6 +26,7 @@ from server.limits import (
 from server.rpc.convert import start_task
 from server.schemas import JobCreate
 from server.services.follows import FollowSlots, follow_lines
+from server.services.start_commands import StartDefaults, start_spec
 from server.services.tf_config import build_tf_config
 from server.settings import Settings
 from worker_agent.channel import CHANNEL_OPTIONS
@@ -77,7 +78,8 @@ def _start_message(spec: JobCreate) -> pb.CoordinatorMessage:
         device_indices=list(range(64)),
         device_kind="gpu",
     )
-    return start_task(task, job, stop_grace_s=3600, shared_checkpoint_dir="/" + "d" * 4095)
+    defaults = StartDefaults(stop_grace_s=3600, shared_checkpoint_dir="/" + "d" * 4095)
+    return start_task(start_spec(task, job, defaults))
 
 
 def _deliver(message: pb.CoordinatorMessage) -> pb.CoordinatorMessage:

@@ -18,13 +18,12 @@ from typing import Any
 
 import grpc
 import pytest
-from coordinator_rows import place_task, register_request, seeded_database
-from fastapi.testclient import TestClient
+from coordinator_rows import place_task, register_request
+from in_process_coordinator import InProcessCoordinator, coordinator_settings
 from sqlalchemy import select, update
 
 from mwms.v1 import agent_pb2 as pb
 from mwms.v1 import agent_pb2_grpc
-from server.app import create_app
 from server.db.engine import Database
 from server.db.models import Agent, Job, Task, utcnow
 from server.poison import POISON
@@ -32,7 +31,8 @@ from server.schemas import JobCreate
 from server.services.jobs import create_job
 from server.services.reconcile import reconcile
 from server.services.scheduling import schedule_pending
-from server.settings import Settings
+
+from cluster import wait_until
 
 JOIN_TOKEN = "join-token-for-poison-tests-0123456789abc"
 ADMIN_TOKEN = "mwms_admin-token-for-poison-tests-012345"
@@ -41,17 +41,6 @@ NOW_MS = 1764500000000
 
 def poison_count(kind: str) -> float:
     return POISON.labels(kind=kind)._value.get()
-
-
-def wait_until(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}; last saw {last!r}")
 
 
 class Stream:
@@ -92,11 +81,7 @@ class Stream:
 
 
 @dataclass
-class Coordinator:
-    http: TestClient
-    db: Database
-    stub: agent_pb2_grpc.AgentServiceStub
-
+class Coordinator(InProcessCoordinator):
     def join(self, name: str) -> tuple[str, Stream]:
         response = self.stub.Register(register_request(name, JOIN_TOKEN, port_low=21000), timeout=10)
         stream = Stream(self.stub, response.credential)
@@ -125,18 +110,10 @@ class Coordinator:
 @pytest.fixture
 def coordinator(tmp_path: Path) -> Iterator[Coordinator]:
     with ExitStack() as stack:
-        settings = Settings(
-            data_dir=tmp_path / "coordinator",
-            grpc_port=0,
-            join_token=JOIN_TOKEN,
-            admin_token=ADMIN_TOKEN,
-            agent_timeout_s=300,
+        settings = coordinator_settings(
+            tmp_path / "coordinator", join_token=JOIN_TOKEN, admin_token=ADMIN_TOKEN, agent_timeout_s=300
         )
-        app = create_app(settings)
-        http = stack.enter_context(TestClient(app, base_url="http://127.0.0.1"))
-        http.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
-        channel = stack.enter_context(grpc.insecure_channel(f"127.0.0.1:{app.state.grpc_port}"))
-        yield Coordinator(http, app.state.wiring.db, agent_pb2_grpc.AgentServiceStub(channel))
+        yield Coordinator.start(stack, settings, admin_token=ADMIN_TOKEN)
 
 
 def point(seq: int, step: int, value: float, name: str = "loss", unix_ms: int = NOW_MS) -> pb.MetricPoint:
@@ -261,11 +238,8 @@ def test_a_start_command_that_cannot_be_built_fails_its_job_and_the_agents_other
 # --- loops: one bad row is skipped, every other agent and job is still handled -----------------------------
 
 
-@pytest.fixture
-def db(tmp_path: Path) -> Iterator[Database]:
-    database = seeded_database(tmp_path / "poison.db", "e" * 64, "abcdefgh")
-    yield database
-    database.dispose()
+# What the shared `db` fixture (tests/conftest.py) holds.
+pytestmark = pytest.mark.db_seed("e" * 64, agents="abcdefgh")
 
 
 def submit(db: Database, workers: int = 1, **spec: Any) -> str:
@@ -350,18 +324,13 @@ def test_a_poisoned_job_does_not_slow_lost_agent_detection_in_the_running_coordi
     whose heartbeats stop is still declared lost about agent_timeout_s later (it took 38 s instead of 10)."""
     timeout_s = 2.0
     with ExitStack() as stack:
-        settings = Settings(
-            data_dir=tmp_path / "coordinator",
-            grpc_port=0,
+        settings = coordinator_settings(
+            tmp_path / "coordinator",
             join_token=JOIN_TOKEN,
             admin_token=ADMIN_TOKEN,
             agent_timeout_s=timeout_s,
         )
-        app = create_app(settings)
-        http = stack.enter_context(TestClient(app, base_url="http://127.0.0.1"))
-        http.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
-        channel = stack.enter_context(grpc.insecure_channel(f"127.0.0.1:{app.state.grpc_port}"))
-        coordinator = Coordinator(http, app.state.wiring.db, agent_pb2_grpc.AgentServiceStub(channel))
+        coordinator = Coordinator.start(stack, settings, admin_token=ADMIN_TOKEN)
         agent_id, stream = coordinator.join("short-lived")
         for options in ({"startup_timeout_seconds": 1e308}, {"startup_timeout_seconds": "soon"}):
             coordinator.running_job(agent_id, options, state="ASSIGNED")

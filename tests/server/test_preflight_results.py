@@ -6,26 +6,22 @@ fails its check fails the job with the check's message; jobs pinned to agents la
 from __future__ import annotations
 
 import json
+from contextlib import ExitStack
 from typing import Any
 
-import grpc
-from fastapi.testclient import TestClient
 from test_poison_containment import (  # noqa: F401
     ADMIN_TOKEN,
     JOIN_TOKEN,
     Coordinator,
     coordinator,
     hello,
-    wait_until,
 )
 
 from mwms.v1 import agent_pb2 as pb
-from mwms.v1 import agent_pb2_grpc
-from server.app import create_app
 from server.services.preflight import preflight_wanted
 from server.settings import Settings
 
-from cluster import pack
+from cluster import pack, wait_until
 
 
 def _submit(coordinator: Coordinator, **spec: Any) -> str:  # noqa: F811
@@ -124,34 +120,31 @@ def test_the_coordinator_defaults_can_turn_the_check_on_without_its_all_reduce(t
         preflight_allreduce=False,
         preflight_timeout_s=30,
     )
-    app = create_app(settings)
-    with TestClient(app, base_url="http://127.0.0.1") as http:
-        http.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
-        with grpc.insecure_channel(f"127.0.0.1:{app.state.grpc_port}") as channel:
-            here = Coordinator(http, app.state.wiring.db, agent_pb2_grpc.AgentServiceStub(channel))
-            a_id, a = here.join("dflt-a")
-            hello(a, a_id)
-            b_id, b = here.join("dflt-b")
-            hello(b, b_id)
-            streams = {"dflt-a": a, "dflt-b": b}
+    with ExitStack() as stack:
+        here = Coordinator.start(stack, settings, admin_token=ADMIN_TOKEN)
+        a_id, a = here.join("dflt-a")
+        hello(a, a_id)
+        b_id, b = here.join("dflt-b")
+        hello(b, b_id)
+        streams = {"dflt-a": a, "dflt-b": b}
 
-            def run(agents: list[str], **spec: Any) -> pb.StartTask:
-                """Submits a 2-worker job on `agents`, ends it, and returns worker 0's StartTask."""
-                job_id = _submit(here, workers=2, agents=agents, **spec)
-                starts = [streams[name].next("start", where=lambda s: s.job_id == job_id) for name in agents]
-                for name, start in zip(agents, starts, strict=True):
-                    done = pb.TaskReport(task_id=start.task_id, state=pb.TASK_STATE_SUCCEEDED, pid=1)
-                    streams[name].send(task=done)
-                wait_until(lambda: here.job(job_id)["state"] == "SUCCEEDED", 10, f"job {job_id} to end")
-                return starts[0]
+        def run(agents: list[str], **spec: Any) -> pb.StartTask:
+            """Submits a 2-worker job on `agents`, ends it, and returns worker 0's StartTask."""
+            job_id = _submit(here, workers=2, agents=agents, **spec)
+            starts = [streams[name].next("start", where=lambda s: s.job_id == job_id) for name in agents]
+            for name, start in zip(agents, starts, strict=True):
+                done = pb.TaskReport(task_id=start.task_id, state=pb.TASK_STATE_SUCCEEDED, pid=1)
+                streams[name].send(task=done)
+            wait_until(lambda: here.job(job_id)["state"] == "SUCCEEDED", 10, f"job {job_id} to end")
+            return starts[0]
 
-            start = run(["dflt-a", "dflt-b"])  # preflight not set: the coordinator's default
-            assert start.preflight and start.preflight_timeout_seconds == 30
-            assert start.env["MWMS_PREFLIGHT_ALLREDUCE"] == "0"
-            asked = run(["dflt-b", "dflt-a"], env={"MWMS_PREFLIGHT_ALLREDUCE": "1"})
-            assert asked.preflight and asked.env["MWMS_PREFLIGHT_ALLREDUCE"] == "1"
-            explicit = run(["dflt-a", "dflt-b"], preflight=True)  # the job asked: the full check
-            assert explicit.preflight and "MWMS_PREFLIGHT_ALLREDUCE" not in explicit.env
-            assert not run(["dflt-a", "dflt-b"], preflight=False).preflight
-            a.close()
-            b.close()
+        start = run(["dflt-a", "dflt-b"])  # preflight not set: the coordinator's default
+        assert start.preflight and start.preflight_timeout_seconds == 30
+        assert start.env["MWMS_PREFLIGHT_ALLREDUCE"] == "0"
+        asked = run(["dflt-b", "dflt-a"], env={"MWMS_PREFLIGHT_ALLREDUCE": "1"})
+        assert asked.preflight and asked.env["MWMS_PREFLIGHT_ALLREDUCE"] == "1"
+        explicit = run(["dflt-a", "dflt-b"], preflight=True)  # the job asked: the full check
+        assert explicit.preflight and "MWMS_PREFLIGHT_ALLREDUCE" not in explicit.env
+        assert not run(["dflt-a", "dflt-b"], preflight=False).preflight
+        a.close()
+        b.close()

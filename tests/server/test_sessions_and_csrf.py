@@ -7,15 +7,16 @@ presented; a cookie request that changes something must come from the very origi
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from in_process_coordinator import InProcessCoordinator, coordinator_settings
 from sqlalchemy import func, select
 
 from server.api.auth import LOGIN_COOKIE, same_origin
 from server.app import create_app
-from server.db.engine import Database
 from server.db.models import Token
 from server.services.tokens import Role, create_api_token
 from server.settings import Settings
@@ -24,10 +25,7 @@ ADMIN_TOKEN = "mwms_admin-token-for-session-tests-0123456"
 ORIGIN = {"Origin": "http://127.0.0.1"}
 
 
-class Coordinator:
-    def __init__(self, http: TestClient, db: Database) -> None:
-        self.http, self.db = http, db
-
+class Coordinator(InProcessCoordinator):
     def api_token(self, user: str, role: Role) -> str:
         with self.db.write() as session:
             return create_api_token(session, user, role)[1]
@@ -55,9 +53,10 @@ def bearer(secret: str) -> dict[str, str]:
 
 @pytest.fixture
 def coordinator(tmp_path: Path) -> Iterator[Coordinator]:
-    app = create_app(Settings(data_dir=tmp_path / "coordinator", grpc_port=0, admin_token=ADMIN_TOKEN))
-    with TestClient(app, base_url="http://127.0.0.1") as http:
-        yield Coordinator(http, app.state.wiring.db)
+    with ExitStack() as stack:
+        yield Coordinator.start(
+            stack, coordinator_settings(tmp_path / "coordinator", admin_token=ADMIN_TOKEN)
+        )
 
 
 # --- 9b: sessions mint nothing, logout ends them --------------------------------------------------------

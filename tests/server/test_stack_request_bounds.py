@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from coordinator_rows import seeded_database
 from sqlalchemy import func, select
 from test_hangs import SLEEPING, answer, running_job
 
@@ -14,12 +13,8 @@ from server.db.models import StackDump, StackRequest, utcnow
 from server.limits import TooManyRequests
 from server.services import stacks
 
-
-@pytest.fixture
-def db(tmp_path):
-    database = seeded_database(tmp_path / "stacks.db", "c" * 64, ("a", "b"))
-    yield database
-    database.dispose()
+# What the shared `db` fixture (tests/conftest.py) holds.
+pytestmark = pytest.mark.db_seed("c" * 64, agents=("a", "b"))
 
 
 def test_a_second_request_too_soon_is_refused_and_hang_dumps_are_not(db):

@@ -7,20 +7,10 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select
 
-from server.db.engine import Database
-from server.db.migrate import upgrade_to_head
 from server.db.models import Token, utcnow
 from server.errors import InvalidInput, NotFound, Unauthenticated
 from server.services import tokens
 from server.services.tokens import Role, TokenKind
-
-
-@pytest.fixture
-def db(tmp_path):
-    database = Database(f"sqlite:///{tmp_path / 'tokens.db'}")
-    upgrade_to_head(database.engine)
-    yield database
-    database.dispose()
 
 
 def test_secrets_are_random_and_stored_only_as_hashes(db):

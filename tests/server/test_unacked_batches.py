@@ -12,18 +12,16 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
-from fastapi.testclient import TestClient
 from sqlalchemy import func, select
-from test_poison_containment import ADMIN_TOKEN, JOIN_TOKEN, Coordinator, hello, point, wait_until
+from test_poison_containment import ADMIN_TOKEN, JOIN_TOKEN, Coordinator, hello, point
 
 from mwms.v1 import agent_pb2 as pb
-from mwms.v1 import agent_pb2_grpc
-from server.app import create_app
 from server.db.models import LogLine, MetricPoint
 from server.rpc.agent_stream import MAX_UNACKED_BATCHES
 from server.settings import Settings
+
+from cluster import wait_until
 
 
 @pytest.fixture
@@ -37,11 +35,8 @@ def held_back(tmp_path: Path) -> Iterator[tuple[Coordinator, threading.Event, li
             admin_token=ADMIN_TOKEN,
             agent_timeout_s=300,
         )
-        app = create_app(settings)
-        http = stack.enter_context(TestClient(app, base_url="http://127.0.0.1"))
-        http.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
-        channel = stack.enter_context(grpc.insecure_channel(f"127.0.0.1:{app.state.grpc_port}"))
-        writer = app.state.wiring.telemetry
+        coordinator = Coordinator.start(stack, settings, admin_token=ADMIN_TOKEN)
+        writer = coordinator.app.state.wiring.telemetry
         release = threading.Event()
         stack.callback(release.set)  # never leave the writer's thread waiting at teardown
         submitted: list[Any] = []
@@ -56,11 +51,7 @@ def held_back(tmp_path: Path) -> Iterator[tuple[Coordinator, threading.Event, li
             return submit(batch)
 
         writer._write, writer.submit = held_store, counted_submit
-        yield (
-            Coordinator(http, app.state.wiring.db, agent_pb2_grpc.AgentServiceStub(channel)),
-            release,
-            submitted,
-        )
+        yield coordinator, release, submitted
 
 
 def log_batch(task_id: str, first: int, count: int) -> pb.LogBatch:

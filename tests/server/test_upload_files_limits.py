@@ -7,33 +7,28 @@ import gzip
 import hashlib
 from collections.abc import Iterator
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import pytest
 from bombs import GIB, MIB, PIECE, gzip_bomb, tar_header
 from coordinator_rows import place_task, register_request
-from fastapi.testclient import TestClient
+from in_process_coordinator import InProcessCoordinator, coordinator_settings
 from sqlalchemy import select
 
 from mwms.v1 import agent_pb2 as pb
-from mwms.v1 import agent_pb2_grpc
-from server.app import create_app
 from server.db.models import StoredFile
-from server.settings import Settings
 
 JOIN_TOKEN = "join-token-for-upload-limit-tests-0123456789"
 ADMIN_TOKEN = "mwms_admin-token-for-upload-limit-tests-01"
 
 
-class Coordinator:
-    def __init__(self, settings: Settings, stack: ExitStack) -> None:
-        self.settings = settings
-        app = create_app(settings)
-        stack.enter_context(TestClient(app, base_url="http://127.0.0.1"))
-        self.db = app.state.wiring.db
-        channel = stack.enter_context(grpc.insecure_channel(f"127.0.0.1:{app.state.grpc_port}"))
-        self.stub = agent_pb2_grpc.AgentServiceStub(channel)
+@dataclass
+class Coordinator(InProcessCoordinator):
+    """An agent registered, with one task RUNNING on it, that uploads files."""
+
+    def __post_init__(self) -> None:
         registered = self.stub.Register(register_request("uploader", JOIN_TOKEN), timeout=10)
         self.metadata = (("authorization", f"Bearer {registered.credential}"),)
         task = place_task(self.db, registered.agent_id, digest="d" * 64)
@@ -63,15 +58,14 @@ def start(tmp_path: Path) -> Iterator:
     with ExitStack() as stack:
 
         def started(**limits: object) -> Coordinator:
-            settings = Settings(
-                data_dir=tmp_path / "coordinator",
-                grpc_port=0,
+            settings = coordinator_settings(
+                tmp_path / "coordinator",
                 join_token=JOIN_TOKEN,
                 admin_token=ADMIN_TOKEN,
                 agent_timeout_s=300,
                 **limits,
             )
-            return Coordinator(settings, stack)
+            return Coordinator.start(stack, settings)
 
         yield started
 

@@ -1,8 +1,5 @@
-"""Fixtures for the agent tests: polling with a deadline, and a fake coordinator on a real gRPC server.
-
-The helpers are handed out as fixtures (not imported) so the tests do not depend on how pytest puts
-test directories on sys.path.
-"""
+"""Fixtures for the agent tests: polling with a deadline (tests/cluster.py's wait_until), and a fake
+coordinator on a real gRPC server."""
 
 from __future__ import annotations
 
@@ -23,6 +20,8 @@ from worker_agent.config import AgentConfig
 from worker_agent.credentials import CredentialInterceptor, CredentialStore
 from worker_agent.main import run_agent
 
+from cluster import wait_until
+
 # What the fake coordinator issues at the first Register and expects on every later call.
 FAKE_CREDENTIAL = "mwmsa_agent-1.fake-secret-for-tests"
 TERMINAL = {
@@ -33,23 +32,15 @@ TERMINAL = {
 }
 
 
-def wait_for_condition(
-    check: Callable[[], Any], what: str, timeout: float = 10.0, observed: Callable[[], Any] | None = None
-) -> Any:
-    """Returns check()'s first truthy result; fails after `timeout` seconds, showing `observed()`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            seen = observed() if observed is not None else None
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}; observed: {seen!r}")
-        time.sleep(0.02)
-
-
 @pytest.fixture
 def wait_for() -> Callable[..., Any]:
+    """tests/cluster.py's wait_until, with the agent tests' argument order and a 10 s default."""
+
+    def wait_for_condition(
+        check: Callable[[], Any], what: str, timeout: float = 10.0, observed: Callable[[], Any] | None = None
+    ) -> Any:
+        return wait_until(check, timeout, what, interval=0.02, observed=observed)
+
     return wait_for_condition
 
 
