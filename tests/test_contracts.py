@@ -59,9 +59,12 @@ def test_the_ping_policy_check_on_edge_values(client: Any, server: Any, allowed:
 def test_both_sides_use_the_one_receive_limit() -> None:
     assert dict(CHANNEL_OPTIONS)["grpc.max_receive_message_length"] == agent_link.AGENT_RECEIVE_LIMIT_BYTES
     assert limits.AGENT_RECEIVE_LIMIT_BYTES is agent_link.AGENT_RECEIVE_LIMIT_BYTES
-    from server.rpc import agent_stream
+    # The coordinator refuses a start command the agents could not receive (services/start_commands.py).
+    from server.services import start_commands
 
-    assert agent_stream.AGENT_RECEIVE_LIMIT_BYTES is agent_link.AGENT_RECEIVE_LIMIT_BYTES
+    assert start_commands.AGENT_RECEIVE_LIMIT_BYTES is agent_link.AGENT_RECEIVE_LIMIT_BYTES
+    assert start_commands.oversize_reason(agent_link.AGENT_RECEIVE_LIMIT_BYTES) is None
+    assert start_commands.oversize_reason(agent_link.AGENT_RECEIVE_LIMIT_BYTES + 1) is not None
 
 
 def test_the_channel_options_are_the_contracts() -> None:

@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from worker_agent.sandbox import needed_paths
+
 from cluster import TERMINAL, pack, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -165,8 +167,11 @@ def test_a_hostile_job_reaches_nothing_but_its_own_task(cluster) -> None:
     assert found["uid"] not in (0, os.geteuid()) or os.geteuid() != 0
     if os.geteuid() == 0:
         assert found["uid"] != 0 and found["pids"][:2] == [1, 2], found["pids"]  # its own PID namespace
-        # A private /tmp: empty but for the way down to its own task dir (the work dir is under /tmp here).
-        assert set(found["tmp"]) <= set(attacker_dir.parts), found["tmp"]
+        # A private /tmp: empty but for the way down to its own task dir and to the agent's Python and
+        # mwms (bound back read-only when they live under /tmp, as in a CI clone).
+        reachable = [attacker_dir, *(Path(p) for p in needed_paths())]
+        allowed = {part for path in reachable for part in path.resolve().parts}
+        assert set(found["tmp"]) <= allowed, found["tmp"]
     assert found["own_dirs_writable"] is True
 
     # Nothing changed: the cache, the credential, the victim job; the ended job left nothing behind.
