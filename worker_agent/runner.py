@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+from worker_agent.stacks import group_members
+
 log = logging.getLogger("mwms.agent.runner")
 
 # A line longer than this is delivered in pieces, so a program printing without newlines cannot exhaust memory.
@@ -119,8 +121,6 @@ class TaskProcess:
             pass
 
     def _signal_members(self, signum: signal.Signals) -> None:
-        from worker_agent.stacks import group_members
-
         for member in group_members(self.pid):
             if member != self.pid:
                 try:

@@ -133,19 +133,20 @@ class Confinement:
         self.bwrap = bwrap
         self._setpriv = shutil.which("setpriv") if os.geteuid() == 0 else None
         self._needed = needed_paths()
-        if not bwrap and not users.shared_with_agent:
-            # Task users enter (not list) the work dir on their way to their own task dir.
-            os.chmod(self.work_dir, 0o711)
+        # Directories above the needed ones that task users may not enter (found once: they are masked
+        # and the needed dirs bound back in every sandbox, or refused at start without one).
+        self._closed = sorted({a for a in map(closed_ancestor, self._needed) if a is not None})
         if bwrap and os.geteuid() == 0 and not users.shared_with_agent and self._setpriv is None:
             raise SandboxError("setpriv (util-linux) is not installed: it drops a sandboxed task to its uid")
         if not bwrap and not users.shared_with_agent:
-            closed = sorted({a for a in map(closed_ancestor, self._needed) if a is not None})
-            if closed:
+            if self._closed:
                 raise SandboxError(
-                    f"tasks run as other users, who cannot reach this agent's Python: {closed[0]} is "
+                    f"tasks run as other users, who cannot reach this agent's Python: {self._closed[0]} is "
                     "closed to them; install bubblewrap (its sandbox makes the Python reachable), or "
                     "install mwms where every user can read it (e.g. a venv under /opt)"
                 )
+            # Task users enter (not list) the work dir on their way to their own task dir.
+            os.chmod(self.work_dir, 0o711)
 
     def describe(self) -> str:
         """Who tasks run as and how they are confined, for the log and the agent list."""
@@ -196,7 +197,7 @@ class Confinement:
         # POSIX semaphores and shared memory (multiprocessing, NCCL) need a writable /dev/shm.
         args += ["--perms", "1777", "--tmpfs", "/dev/shm"]
         masks = [Path(p) for p in PRIVATE_TEMP_DIRS if os.path.isdir(p)]
-        masks += [a for a in map(closed_ancestor, self._needed) if a is not None]
+        masks += self._closed
         masks.append(self.work_dir)
         masks = sorted(set(masks), key=lambda p: len(p.parts))
         for mask in masks:

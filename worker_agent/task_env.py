@@ -13,6 +13,7 @@ from pathlib import Path
 from mwms import task_environment
 from mwms.v1 import agent_pb2
 from worker_agent.stacks import handler_environment
+from worker_agent.task_files import hand_over
 
 # Commands starting with one of these run with the agent's own interpreter (and so its TensorFlow).
 PYTHON_NAMES = ("python", "python3")
@@ -87,8 +88,6 @@ class TaskPaths:
 
     def hand_over(self, uid: int, gid: int) -> None:
         """Gives the task dir and its writable dirs (with what was restored into them) to `uid`:`gid`."""
-        from worker_agent.task_files import hand_over
-
         os.chown(self.task_dir, uid, gid, follow_symlinks=False)
         for directory in self.writable_dirs:
             hand_over(directory, uid, gid)

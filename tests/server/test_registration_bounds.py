@@ -40,6 +40,8 @@ def test_a_plain_registration_passes():
         ({"advertise_address": '10.0.0.7","x'}, "advertise address"),
         ({"hostname": "h" * 256}, "hostname"),
         ({"version": "v" * 51}, "version"),
+        ({"task_isolation": "i" * 201}, "task isolation must be at most 200"),
+        ({"task_isolation": "bwrap\x1b]0;title\x07"}, "task isolation must be at most 200 printable"),
         ({"devices": [{**CPU[0], "index": i} for i in range(1025)]}, "at most 1024 devices"),
         ({"devices": [{**CPU[0], "name": "n" * 201}]}, "at most 200"),
         ({"devices": [CPU[0], CPU[0]]}, "distinct"),
