@@ -85,11 +85,19 @@ RESERVED_ENV = frozenset(
 COMMUNICATION = "MWMS_COMMUNICATION"
 COLLECTIVE_TIMEOUT_S = "MWMS_COLLECTIVE_TIMEOUT_S"
 BYTES_PER_PACK = "MWMS_BYTES_PER_PACK"
+# Seconds between the SIGTERM that preempts (or drains) a task and the SIGKILL that follows it.
+PREEMPTION_GRACE_S = "MWMS_PREEMPTION_GRACE_S"
 SPEC_ENV: dict[str, str] = {
     COMMUNICATION: "communication.implementation",
     COLLECTIVE_TIMEOUT_S: "communication.timeout_seconds",
     BYTES_PER_PACK: "communication.bytes_per_pack",
+    PREEMPTION_GRACE_S: "preemption_grace_seconds",
 }
+
+# The exit code of a task that was asked to stop for a preemption and saved a checkpoint first: what
+# mwms_runtime's preemption handler exits with (TensorFlow's PreemptionCheckpointHandler default, 42).
+# The coordinator records an attempt whose every task exited with it as "preempted and saved".
+PREEMPTED_AND_SAVED_EXIT_CODE = 42
 
 # --- defaulted: the job's value wins; the agent sets this one when the job gives none ---
 USE_LEGACY_KERAS = "TF_USE_LEGACY_KERAS"

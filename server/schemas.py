@@ -82,6 +82,30 @@ class RestartPolicy(BaseModel):
     )
 
 
+PRIORITY_NAMES = {"low": 250, "normal": 500, "high": 750}
+MAX_PRIORITY = 1000
+DEFAULT_PRIORITY = 500
+
+
+def _priority_value(value: Any) -> Any:
+    """A priority band name (low, normal, high) as its number; numbers pass through to be bounded."""
+    if isinstance(value, str) and value.strip().lower() in PRIORITY_NAMES:
+        return PRIORITY_NAMES[value.strip().lower()]
+    return value
+
+
+Priority = Annotated[
+    int,
+    BeforeValidator(_priority_value),
+    Field(
+        ge=0,
+        le=MAX_PRIORITY,
+        description="0-1000, higher first; or low (250), normal (500), high (750). Users may give at most "
+        "MWMS_USER_PRIORITY_CEILING (default 500); admins any",
+    ),
+]
+
+
 class JobCreate(BaseModel):
     """What `POST /api/v1/jobs` takes."""
 
@@ -115,6 +139,19 @@ class JobCreate(BaseModel):
         default=None,
         description="run the gang's preflight check (peers reachable, all-reduce of 1 MB and 64 MB) before "
         "the program; default MWMS_PREFLIGHT",
+    )
+    priority: Priority = DEFAULT_PRIORITY
+    preemptible: bool = Field(
+        default=True,
+        description="false: never preempted (then it never borrows idle capacity over its team's quota); "
+        "admins may keep users from opting out (MWMS_USERS_MAY_OPT_OUT_OF_PREEMPTION)",
+    )
+    preemption_grace_seconds: int | None = Field(
+        default=None,
+        ge=0,
+        le=3600,
+        description="seconds between the SIGTERM that preempts the job's workers and the SIGKILL; default "
+        "MWMS_PREEMPTION_GRACE_S, at most MWMS_MAX_PREEMPTION_GRACE_S",
     )
     agents: list[Name] | None = Field(
         default=None,
@@ -152,6 +189,14 @@ class JobCreate(BaseModel):
         if refused is not None:
             raise ValueError(refused)
         return value
+
+
+class PriorityChange(BaseModel):
+    """What `POST /api/v1/jobs/{id}/priority` takes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    priority: Priority
 
 
 class TaskOut(BaseModel):
@@ -205,6 +250,14 @@ class JobSummary(BaseModel):
         description='latest reported loss: a number, or "NaN", "Infinity" or "-Infinity"'
     )
     submitted_by: str = Field(description="the user whose token submitted the job")
+    team: str = Field(default="", description="the submitter's team when the job was submitted")
+    priority: int = Field(default=DEFAULT_PRIORITY, description="0-1000, higher is placed first")
+    preemptible: bool = True
+    waiting: dict[str, Any] = Field(
+        default_factory=dict,
+        description="why a waiting job waits, typed: kind (over_quota, no_fit, reserved, behind_priority, "
+        "cordoned, pinned, preempting) and its details, estimated_start when known; {} once placed",
+    )
     cancelled_by: str = Field(description="the user who cancelled the job; empty when nobody did")
 
 
@@ -218,6 +271,7 @@ class JobOut(JobSummary):
     max_runtime_seconds: float | None
     preflight: bool | None = Field(default=None, description="as submitted; None: the coordinator's default")
     agents: list[str] | None = Field(default=None, description="worker i runs on agents[i], when set")
+    preemption_grace_seconds: int | None = Field(default=None, description="as submitted")
     tasks: list[TaskOut] = Field(description="tasks of the newest attempt")
     attempt_history: list[AttemptOut]
     events: list[JobEventOut]
@@ -290,6 +344,14 @@ class AgentOut(BaseModel):
     devices_used: int
     devices_free: int
     tasks: list[AgentTaskOut]
+    cordoned: bool = Field(default=False, description="no new jobs are placed on it (`mwms agent cordon`)")
+    cordoned_at: datetime | None = None
+    cordoned_by: str = Field(default="", description="the admin who cordoned or drained it")
+    cordon_reason: str = ""
+    draining: bool = Field(
+        default=False, description="drained: its jobs were preempted (or are let finish) to run elsewhere"
+    )
+    drained: bool = Field(default=False, description="draining, and no task holds its devices any more")
 
 
 class BundleOut(BaseModel):
@@ -528,3 +590,110 @@ class StackDumpsOut(BaseModel):
 
 
 # --- end of stack dumps ---
+
+
+# --- sharing a cluster (issue 18): the queue, teams and quotas, cordons and drains ---
+
+MAX_CORDON_REASON_CHARS = 500
+MAX_DRAIN_GRACE_SECONDS = 3600
+MAX_QUOTA_DEVICES = 1_000_000
+
+
+def _printable(value: str) -> str:
+    if not value.isprintable():
+        raise ValueError("must be printable: no newlines or control characters")
+    return value
+
+
+CordonReason = Annotated[
+    str,
+    Field(max_length=MAX_CORDON_REASON_CHARS, description="why, for whoever looks at `mwms agents`"),
+    AfterValidator(_printable),
+]
+
+
+class QueueEntry(BaseModel):
+    """One waiting job in the scheduler's order (server/services/queue_view.py QueueRow)."""
+
+    position: int = Field(description="1-based place in the order the scheduler places jobs in")
+    job_id: str
+    name: str
+    state: str = Field(description="PENDING, RESTARTING or PREEMPTING")
+    team: str
+    submitted_by: str
+    priority: int
+    workers: int
+    gpus_per_worker: int
+    preemptible: bool
+    created_at: datetime
+    waiting: dict[str, Any] = Field(
+        description="why it waits: kind, message, estimated_start (ISO time or null) and the kind's details"
+    )
+
+
+class QueuePage(BaseModel):
+    """What `GET /api/v1/queue` answers: one page of the waiting jobs, in order."""
+
+    jobs: list[QueueEntry]
+    total: int = Field(description="waiting jobs in all")
+    offset: int
+    limit: int
+
+
+class DeviceCounts(BaseModel):
+    gpus: int | None = Field(default=None, description="GPUs; null in a quota: no cap")
+    cpu_slots: int | None = Field(default=None, description="CPU slots; null in a quota: no cap")
+
+
+class TeamOut(BaseModel):
+    """A team: its members, its quota (null: none) and the devices its jobs hold now."""
+
+    team: str
+    members: list[str]
+    quota: DeviceCounts | None
+    in_use: DeviceCounts
+
+
+class QuotaIn(BaseModel):
+    """What `PUT /api/v1/teams/{team}/quota` takes; null (or leaving a kind out) sets no cap for it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpus: int | None = Field(default=None, ge=0, le=MAX_QUOTA_DEVICES)
+    cpu_slots: int | None = Field(default=None, ge=0, le=MAX_QUOTA_DEVICES)
+
+
+class TeamMemberOut(BaseModel):
+    team: str
+    user: str
+    added_by: str
+    added_at: datetime
+
+
+class CordonIn(BaseModel):
+    """What `POST /api/v1/agents/{agent}/cordon` takes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reason: CordonReason = ""
+
+
+class DrainIn(BaseModel):
+    """What `POST /api/v1/agents/{agent}/drain` takes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reason: CordonReason = ""
+    grace_seconds: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_DRAIN_GRACE_SECONDS,
+        description="SIGTERM-to-SIGKILL grace for the preempted jobs; default: each job's "
+        "preemption_grace_seconds, else MWMS_PREEMPTION_GRACE_S; at most MWMS_MAX_PREEMPTION_GRACE_S",
+    )
+    let_finish: bool = Field(
+        default=False, description="true: preempt nothing, let the jobs it runs finish; only cordon it"
+    )
+
+
+# --- end of sharing ---

@@ -124,6 +124,21 @@ class Settings(BaseSettings):
 
     # --- end of request limits ---
 
+    # --- sharing a cluster (issue 18): priorities, preemption ---
+    # The highest priority (0-1000) a user may give a job; admins may give any. Jobs default to 500.
+    user_priority_ceiling: int = Field(default=500, ge=0, le=1000)
+    # SIGTERM-to-SIGKILL grace for a preempted or drained job that does not set preemption_grace_seconds,
+    # and the most a job may ask for.
+    preemption_grace_s: int = Field(default=30, ge=0, le=3600)
+    max_preemption_grace_s: int = Field(default=600, ge=0, le=3600)
+    # A job runs at least this long before it may be preempted, and is preempted at most this many times
+    # an hour (0: never preempted).
+    preemption_min_runtime_s: float = Field(default=60.0, ge=0, le=86400, allow_inf_nan=False)
+    max_preemptions_per_hour: int = Field(default=4, ge=0, le=100)
+    # False: only admins may submit a job with preemptible=false.
+    users_may_opt_out_of_preemption: bool = True
+    # --- end of sharing ---
+
     # --- connection limits (issue 16) ---
     # An HTTP request's line and headers together: past this the connection gets 431 and is closed, before
     # the coordinator reads more of it (server/http_protocol.py).

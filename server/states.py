@@ -10,6 +10,9 @@ class JobState(str, Enum):
     SCHEDULED = "SCHEDULED"
     RUNNING = "RUNNING"
     RESTARTING = "RESTARTING"
+    # Preempted (a higher-priority job, a team reclaiming its quota, a drain): its workers got SIGTERM
+    # and are saving; once all have exited it waits again, in its original place, without using a restart.
+    PREEMPTING = "PREEMPTING"
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
@@ -26,11 +29,19 @@ JOB_TRANSITIONS: dict[JobState | None, frozenset[JobState]] = {
     JobState.PENDING: frozenset({JobState.SCHEDULED, JobState.FAILED, JobState.CANCELLED}),
     # SCHEDULED -> PENDING: an agent could not bind its port or fetch the bundle; place again.
     JobState.SCHEDULED: frozenset(
-        {JobState.RUNNING, JobState.PENDING, JobState.RESTARTING, JobState.FAILED, JobState.CANCELLED}
+        {
+            JobState.RUNNING,
+            JobState.PENDING,
+            JobState.RESTARTING,
+            JobState.PREEMPTING,
+            JobState.FAILED,
+            JobState.CANCELLED,
+        }
     ),
     JobState.RUNNING: frozenset(
-        {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.RESTARTING}
+        {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.RESTARTING, JobState.PREEMPTING}
     ),
+    JobState.PREEMPTING: frozenset({JobState.PENDING, JobState.FAILED, JobState.CANCELLED}),
     JobState.RESTARTING: frozenset({JobState.PENDING, JobState.FAILED, JobState.CANCELLED}),
     JobState.SUCCEEDED: frozenset(),
     JobState.FAILED: frozenset(),
@@ -45,6 +56,8 @@ class AttemptState(str, Enum):
     CANCELLED = "CANCELLED"
     # Never started: an agent refused its assignment, so the job is placed again without a restart.
     REPLACED = "REPLACED"
+    # Stopped to make room (preemption or drain); the job waits for its next attempt, no restart used.
+    PREEMPTED = "PREEMPTED"
 
     @property
     def terminal(self) -> bool:
@@ -55,12 +68,19 @@ class AttemptState(str, Enum):
 ATTEMPT_TRANSITIONS: dict[AttemptState | None, frozenset[AttemptState]] = {
     None: frozenset({AttemptState.ACTIVE}),
     AttemptState.ACTIVE: frozenset(
-        {AttemptState.SUCCEEDED, AttemptState.FAILED, AttemptState.CANCELLED, AttemptState.REPLACED}
+        {
+            AttemptState.SUCCEEDED,
+            AttemptState.FAILED,
+            AttemptState.CANCELLED,
+            AttemptState.REPLACED,
+            AttemptState.PREEMPTED,
+        }
     ),
     AttemptState.SUCCEEDED: frozenset(),
     AttemptState.FAILED: frozenset(),
     AttemptState.CANCELLED: frozenset(),
     AttemptState.REPLACED: frozenset(),
+    AttemptState.PREEMPTED: frozenset(),
 }
 
 

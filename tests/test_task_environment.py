@@ -88,7 +88,10 @@ def test_refused_names_edge_values() -> None:
 def test_the_coordinator_derives_exactly_the_spec_names() -> None:
     job = SimpleNamespace(
         env={"MINE": "1"},
-        options={"communication": {"implementation": "RING", "timeout_seconds": 30.0, "bytes_per_pack": 4}},
+        options={
+            "communication": {"implementation": "RING", "timeout_seconds": 30.0, "bytes_per_pack": 4},
+            "preemption_grace_seconds": 20,
+        },
     )
     env = job_env(job)  # type: ignore[arg-type]
     assert set(env) - {"MINE"} == set(task_environment.SPEC_ENV)

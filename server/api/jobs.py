@@ -15,6 +15,7 @@ from server.api.deps import ReadSession, WiringDep
 from server.api.views import artifact_out, job_listing_out, job_out, log_line_out
 from server.errors import NotFound
 from server.limits import INT64_MAX, INT64_MIN, MAX_NAME_CHARS, MAX_WORKERS, SpecLimits, check_job_spec
+from server.live.wiring import Wiring
 from server.schemas import (
     ArtifactOut,
     ErrorOut,
@@ -25,11 +26,12 @@ from server.schemas import (
     LogPage,
     MetricPointOut,
     MetricSeries,
+    PriorityChange,
     ValidationErrorOut,
 )
 from server.services import files, idempotency, jobs, log_pages, telemetry, views
 from server.services.follows import FollowSlots, follow_lines
-from server.services.tokens import Role
+from server.services.tokens import Principal, Role
 from server.states import JobState
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
@@ -57,6 +59,17 @@ def bounded_spec(spec: JobCreate, wiring: WiringDep) -> JobCreate:
     """The request's job spec, refused (422 naming the limit) when it is over a request limit."""
     check_job_spec(spec, SpecLimits.of(wiring.settings))
     return spec
+
+
+def submit_policy(caller: Principal, wiring: Wiring) -> jobs.SubmitPolicy:
+    """What the caller may ask of a job: admins anything, users up to the coordinator's limits."""
+    settings = wiring.settings
+    admin = caller.may(Role.ADMIN)
+    return jobs.SubmitPolicy(
+        priority_ceiling=None if admin else settings.user_priority_ceiling,
+        may_opt_out_of_preemption=admin or settings.users_may_opt_out_of_preemption,
+        max_preemption_grace_s=settings.max_preemption_grace_s,
+    )
 
 
 def follow_slots(request: Request) -> FollowSlots:
@@ -91,7 +104,9 @@ def create_job(
 ) -> JobOut:
     """Submits a job as the caller; it starts PENDING and is gang-placed when every worker fits."""
     with wiring.db.write() as session:
-        job, created = idempotency.find_or_create_job(session, spec, caller.user, idempotency_key)
+        job, created = idempotency.find_or_create_job(
+            session, spec, caller.user, idempotency_key, submit_policy(caller, wiring)
+        )
         out = job_out(views.job_view(session, job))
     if not created:
         response.status_code = 200
@@ -125,6 +140,23 @@ def cancel_job(job_id: str, wiring: WiringDep, caller: Caller) -> JobOut:
         job = jobs.cancel_job(session, job_id, by=caller.user, any_owner=caller.may(Role.ADMIN))
         out = job_out(views.job_view(session, job))
     wiring.wake_agents(None)
+    return out
+
+
+@router.post("/{job_id}/priority", response_model=JobOut, responses=ERRORS)
+def set_priority(job_id: str, change: PriorityChange, wiring: WiringDep, caller: Caller) -> JobOut:
+    """Changes a PENDING job's priority: its owner up to MWMS_USER_PRIORITY_CEILING, admins any."""
+    with wiring.db.write() as session:
+        job = jobs.set_priority(
+            session,
+            job_id,
+            change.priority,
+            by=caller.user,
+            policy=submit_policy(caller, wiring),
+            any_owner=caller.may(Role.ADMIN),
+        )
+        out = job_out(views.job_view(session, job))
+    wiring.poke_scheduler()
     return out
 
 

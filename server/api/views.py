@@ -67,6 +67,10 @@ def job_summary(job: Job, attempts: int, progress: Progress) -> JobSummary:
         loss=loss,
         submitted_by=job.submitted_by,
         cancelled_by=job.cancelled_by,
+        team=job.team,
+        priority=job.priority,
+        preemptible=job.preemptible,
+        waiting=dict(job.waiting or {}),
     )
 
 
@@ -106,6 +110,7 @@ def job_out(view: JobView) -> JobOut:
         max_runtime_seconds=options.get("max_runtime_seconds"),
         preflight=options.get("preflight"),
         agents=options.get("agents"),
+        preemption_grace_seconds=options.get("preemption_grace_seconds"),
         tasks=[task_out(t, names) for t in (job.attempts[-1].tasks if job.attempts else [])],
         attempt_history=[attempt_out(a, names) for a in job.attempts],
         events=[
@@ -142,6 +147,12 @@ def agent_out(view: AgentView) -> AgentOut:
             )
             for t in view.tasks
         ],
+        cordoned=agent.cordoned_at is not None,
+        cordoned_at=agent.cordoned_at,
+        cordoned_by=agent.cordoned_by,
+        cordon_reason=agent.cordon_reason,
+        draining=agent.draining,
+        drained=view.drained,
     )
 
 

@@ -18,6 +18,8 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    false,
+    true,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -77,6 +79,12 @@ class Agent(Base):
     credential_hash: Mapped[str | None] = mapped_column(String(64), default=None)
     # Set when an admin removed the agent: its credential is void until it joins again with a join token.
     removed_at: Mapped[datetime | None] = mapped_column(default=None)
+    # Cordoned: no new placements (an admin's `mwms agent cordon`, or a drain); who, when and why.
+    cordoned_at: Mapped[datetime | None] = mapped_column(default=None)
+    cordoned_by: Mapped[str] = mapped_column(String(200), default="", server_default="")
+    cordon_reason: Mapped[str] = mapped_column(Text, default="", server_default="")
+    # Draining: cordoned, and the jobs it runs are preempted gracefully and placed elsewhere.
+    draining: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class Token(Base):
@@ -147,6 +155,17 @@ class Job(Base):
     cancelled_by: Mapped[str] = mapped_column(String(200), default="")
     # A client-generated key that makes a retried submit return the job the first one created.
     idempotency_key: Mapped[str | None] = mapped_column(String(100), default=None)
+    # Sharing (server/services/queue_order.py): the job's priority band (0-1000), its submitter's team
+    # then, and whether the scheduler may preempt it.
+    priority: Mapped[int] = mapped_column(Integer, default=500, server_default="500")
+    team: Mapped[str] = mapped_column(String(200), default="", server_default="")
+    preemptible: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
+    # Capacity held for this job while the jobs it preempted exit: {agent_id: [device index, ...]},
+    # nobody else is placed there until `hold_until` (server/services/preemption.py).
+    hold: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None, nullable=True)
+    hold_until: Mapped[datetime | None] = mapped_column(default=None)
+    # Why a waiting job waits, typed (server/services/wait_reasons.py); {} once it is placed.
+    waiting: Mapped[dict[str, Any]] = mapped_column(default=dict, server_default="{}")
 
     attempts: Mapped[list[Attempt]] = relationship(
         back_populates="job", order_by="Attempt.number", cascade="all, delete-orphan"
@@ -178,6 +197,8 @@ class Attempt(Base):
     reason: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     ended_at: Mapped[datetime | None] = mapped_column(default=None)
+    # Placed over its team's quota on idle capacity: reclaimed first when a team within quota needs it.
+    borrowed: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
     job: Mapped[Job] = relationship(back_populates="attempts")
     tasks: Mapped[list[Task]] = relationship(order_by="Task.index", cascade="all, delete-orphan")
@@ -225,6 +246,8 @@ class Task(Base):
     pid: Mapped[int | None] = mapped_column(Integer, default=None)
     stop_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     stop_reason: Mapped[str] = mapped_column(Text, default="")
+    # SIGTERM-to-SIGKILL grace for this stop when it is not the coordinator's default (a preemption's).
+    stop_grace_s: Mapped[int | None] = mapped_column(Integer, default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(default=None)
     ended_at: Mapped[datetime | None] = mapped_column(default=None)
@@ -352,3 +375,44 @@ class DeviceSample(Base):
     memory_used_mib: Mapped[int] = mapped_column(Integer)
     memory_total_mib: Mapped[int] = mapped_column(Integer)
     temperature_c: Mapped[float] = mapped_column(Float)
+
+
+class Preemption(Base):
+    """One preemption of a job's attempt: for which job (or a drain), why, and how its tasks ended."""
+
+    __tablename__ = "preemptions"
+    __table_args__ = (Index("ix_preemptions_victim_at", "victim_job_id", "at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    victim_job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    attempt_id: Mapped[str] = mapped_column(ForeignKey("attempts.id", ondelete="CASCADE"), unique=True)
+    # The job it made room for; None for a drain.
+    preemptor_job_id: Mapped[str | None] = mapped_column(String(32), default=None)
+    cause: Mapped[str] = mapped_column(String(20))  # server.services.preemption.CAUSES
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+    # Set when every task has ended: True when all exited PREEMPTED_AND_SAVED_EXIT_CODE.
+    ended_at: Mapped[datetime | None] = mapped_column(default=None)
+    saved: Mapped[bool | None] = mapped_column(Boolean, default=None)
+
+
+class TeamMember(Base):
+    """A user's team (admin-managed); a user with none is a team of their own, named after them."""
+
+    __tablename__ = "team_members"
+
+    user: Mapped[str] = mapped_column(String(200), primary_key=True)
+    team: Mapped[str] = mapped_column(String(200), index=True)
+    added_by: Mapped[str] = mapped_column(String(200), default="")
+    added_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class TeamQuota(Base):
+    """A team's quota of GPUs and of CPU slots; None: no limit of that kind."""
+
+    __tablename__ = "team_quotas"
+
+    team: Mapped[str] = mapped_column(String(200), primary_key=True)
+    gpus: Mapped[int | None] = mapped_column(Integer, default=None)
+    cpu_slots: Mapped[int | None] = mapped_column(Integer, default=None)
+    set_by: Mapped[str] = mapped_column(String(200), default="")
+    set_at: Mapped[datetime] = mapped_column(default=utcnow)

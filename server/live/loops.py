@@ -14,7 +14,7 @@ from server.services.agents import record_heartbeats
 from server.services.command_targets import track_command_targets
 from server.services.reconcile import reconcile
 from server.services.retention import PurgeCursor, cutoff, purge_batch
-from server.services.scheduling import schedule_pending
+from server.services.scheduling import SharingPolicy, schedule_pending
 from server.settings import Settings
 
 log = logging.getLogger("mwms.server.loops")
@@ -29,6 +29,7 @@ class BackgroundLoops:
         self.settings = settings
         self.hub = hub
         self.liveness = liveness
+        self.sharing = SharingPolicy.of(settings)
         self.scheduler_wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._loop = asyncio.get_running_loop()
@@ -98,7 +99,7 @@ class BackgroundLoops:
 
         def run() -> list[str]:
             with self.db.write() as session:
-                return schedule_pending(session, connected=connected)
+                return schedule_pending(session, connected=connected, policy=self.sharing)
 
         touched = await asyncio.to_thread(run)
         if touched:

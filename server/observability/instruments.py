@@ -35,6 +35,13 @@ SCHEDULING_LATENCY = Histogram(
     ["attempt"],  # "first" or "restart"
     buckets=_WAIT_BUCKETS,
 )
+QUEUE_WAIT = Histogram(
+    "mwms_job_queue_wait_seconds",
+    "Time a job waited in the queue (since submit, or since it became PENDING again) until it was placed, "
+    "by priority band (low < 250 <= normal < 750 <= high)",
+    ["band"],
+    buckets=_WAIT_BUCKETS,
+)
 JOB_DURATION = Histogram(
     "mwms_job_duration_seconds",
     "Time from a job's submit to its terminal state, by that state",
@@ -66,6 +73,14 @@ JOB_RESTARTS = Counter(
     "startup_timeout, hang, other)",
     ["cause"],
 )
+JOB_PREEMPTIONS = Counter(
+    "mwms_job_preemptions",
+    "Jobs preempted, by cause: priority (for a higher-priority job), reclaim (a team taking back its quota "
+    "from a borrower), drain (an admin drained an agent)",
+    ["cause"],
+)
+for _cause in ("priority", "reclaim", "drain"):
+    JOB_PREEMPTIONS.labels(cause=_cause)
 AGENT_REGISTRATIONS = Counter(
     "mwms_agent_registrations", "Agent registrations accepted (new agents and agents registering again)"
 )
@@ -114,6 +129,22 @@ def count_restart(session: Session, cause: str) -> None:
     """One attempt restarted for `cause` (one of RESTART_CAUSES), once committed."""
     label = cause if cause in RESTART_CAUSES else "other"
     on_commit(session, JOB_RESTARTS.labels(cause=label).inc)
+
+
+def priority_band(priority: int) -> str:
+    """The band a priority is counted in: low (< 250), normal (< 750) or high."""
+    return "low" if priority < 250 else "normal" if priority < 750 else "high"
+
+
+def observe_queue_wait(session: Session, priority: int, seconds: float) -> None:
+    """A job placed after waiting `seconds`, once committed."""
+    band = priority_band(priority)
+    on_commit(session, lambda: QUEUE_WAIT.labels(band=band).observe(max(0.0, seconds)))
+
+
+def count_preemption(session: Session, cause: str) -> None:
+    """One job preempted for `cause` (priority, reclaim or drain), once committed."""
+    on_commit(session, JOB_PREEMPTIONS.labels(cause=cause).inc)
 
 
 def count_registration(session: Session) -> None:

@@ -279,6 +279,7 @@ class AgentStream:
             settings = self.settings
             defaults = start_commands.StartDefaults(
                 stop_grace_s=settings.stop_grace_s,
+                preemption_grace_s=settings.preemption_grace_s,
                 shared_checkpoint_dir=settings.shared_checkpoint_dir,
                 preflight=settings.preflight,
                 preflight_timeout_s=settings.preflight_timeout_s,

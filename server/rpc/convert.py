@@ -139,8 +139,12 @@ def preflight_result(result: pb.PreflightResult) -> IncomingPreflight:
 
 
 def stop_task(task: Task, grace_s: int) -> pb.CoordinatorMessage:
+    """The stop of `task`: its own grace when its stop has one (a preemption's), else `grace_s`.
+
+    The agent reads 0 as "its default", so a grace of 0 goes out as 1 s."""
+    grace = task.stop_grace_s if task.stop_grace_s is not None else grace_s
     return pb.CoordinatorMessage(
-        stop=pb.StopTask(task_id=task.id, reason=task.stop_reason or "stopped", grace_seconds=grace_s)
+        stop=pb.StopTask(task_id=task.id, reason=task.stop_reason or "stopped", grace_seconds=max(1, grace))
     )
 
 

@@ -24,7 +24,11 @@ IDEMPOTENCY_KEY_PATTERN = r"^[A-Za-z0-9._:\-]+$"
 
 
 def find_or_create_job(
-    session: Session, spec: JobCreate, submitted_by: str, idempotency_key: str | None
+    session: Session,
+    spec: JobCreate,
+    submitted_by: str,
+    idempotency_key: str | None,
+    policy: jobs.SubmitPolicy | None = None,
 ) -> tuple[Job, bool]:
     """The job `submitted_by` already created with this key, else a new one: (job, created).
 
@@ -32,7 +36,7 @@ def find_or_create_job(
     create. Conflict when the key was used for a different spec.
     """
     if idempotency_key is None:
-        return jobs.create_job(session, spec, submitted_by=submitted_by), True
+        return jobs.create_job(session, spec, submitted_by=submitted_by, policy=policy), True
     existing = session.scalars(
         select(Job).where(Job.submitted_by == submitted_by, Job.idempotency_key == idempotency_key)
     ).one_or_none()
@@ -45,7 +49,7 @@ def find_or_create_job(
                 "that job back"
             )
         return existing, False
-    job = jobs.create_job(session, spec, submitted_by=submitted_by)
+    job = jobs.create_job(session, spec, submitted_by=submitted_by, policy=policy)
     job.idempotency_key = idempotency_key
     session.flush()
     return job, True

@@ -14,9 +14,9 @@ from sqlalchemy.orm import Session, selectinload
 
 from mwms import task_environment
 from server.db.models import Attempt, Bundle, Job
-from server.errors import Conflict, InvalidInput, NotFound
+from server.errors import Conflict, Forbidden, InvalidInput, NotFound
 from server.schemas import JobCreate
-from server.services import telemetry
+from server.services import teams, telemetry
 from server.services.agent_references import check_pins
 from server.services.job_owners import check_job_owner
 from server.services.lifecycle import current_attempt as current_attempt  # read here by services.stacks
@@ -28,8 +28,44 @@ from server.states import JobState
 NEVER_S = 100 * 365 * 86400.0
 
 
-def create_job(session: Session, spec: JobCreate, submitted_by: str = "") -> Job:
-    """Stores a new PENDING job for the user `submitted_by`; the scheduler places it."""
+@dataclass(frozen=True)
+class SubmitPolicy:
+    """What the submitter may ask for (server/settings.py's sharing section, the caller's role).
+
+    The default is an admin's: any priority, may opt out of preemption.
+    """
+
+    priority_ceiling: int | None = None  # None: no ceiling (admins)
+    may_opt_out_of_preemption: bool = True
+    max_preemption_grace_s: int = 3600
+
+    def check(self, priority: int, preemptible: bool, grace_s: int | None) -> None:
+        """Forbidden for what the role may not ask, InvalidInput for a grace over the coordinator's limit."""
+        if self.priority_ceiling is not None and priority > self.priority_ceiling:
+            raise Forbidden(
+                f"priority {priority} is above {self.priority_ceiling}, the most a user may give "
+                "(MWMS_USER_PRIORITY_CEILING); submit at or below it, or ask an admin"
+            )
+        if not preemptible and not self.may_opt_out_of_preemption:
+            raise Forbidden(
+                "only admins may submit a job with preemptible=false on this coordinator "
+                "(MWMS_USERS_MAY_OPT_OUT_OF_PREEMPTION=false); drop it, or ask an admin"
+            )
+        if grace_s is not None and grace_s > self.max_preemption_grace_s:
+            raise InvalidInput(
+                f"preemption_grace_seconds={grace_s} is over this coordinator's limit of "
+                f"{self.max_preemption_grace_s} (MWMS_MAX_PREEMPTION_GRACE_S)"
+            )
+
+
+def create_job(
+    session: Session, spec: JobCreate, submitted_by: str = "", policy: SubmitPolicy | None = None
+) -> Job:
+    """Stores a new PENDING job for the user `submitted_by`; the scheduler places it.
+
+    The job counts against the submitter's team as it is now (server/services/teams.py).
+    """
+    (policy or SubmitPolicy()).check(spec.priority, spec.preemptible, spec.preemption_grace_seconds)
     if session.get(Bundle, spec.bundle_digest) is None:
         raise InvalidInput(
             f"unknown bundle digest {spec.bundle_digest}: upload the program with POST /api/v1/bundles "
@@ -45,6 +81,9 @@ def create_job(session: Session, spec: JobCreate, submitted_by: str = "") -> Job
         num_workers=spec.workers,
         gpus_per_worker=spec.gpus_per_worker,
         submitted_by=submitted_by,
+        team=teams.team_of(session, submitted_by),
+        priority=spec.priority,
+        preemptible=spec.preemptible,
         options={
             "communication": spec.communication.model_dump(mode="json"),
             "restart": spec.restart.model_dump(mode="json"),
@@ -53,6 +92,7 @@ def create_job(session: Session, spec: JobCreate, submitted_by: str = "") -> Job
             "hang_timeout_seconds": spec.hang_timeout_seconds,
             "preflight": spec.preflight,
             "agents": spec.agents,
+            "preemption_grace_seconds": spec.preemption_grace_seconds,
         },
     )
     session.add(job)
@@ -147,6 +187,8 @@ def job_env(job: Job) -> dict[str, str]:
         env[task_environment.COLLECTIVE_TIMEOUT_S] = str(comm["timeout_seconds"])
     if comm.get("bytes_per_pack") is not None:
         env[task_environment.BYTES_PER_PACK] = str(comm["bytes_per_pack"])
+    if job.options.get("preemption_grace_seconds") is not None:
+        env[task_environment.PREEMPTION_GRACE_S] = str(job.options["preemption_grace_seconds"])
     return env
 
 
@@ -163,4 +205,21 @@ def cancel_job(
         raise Conflict(f"job {job.id} is already {job.state}; there is nothing to cancel")
     job.cancelled_by = by
     end_job(session, job, JobState.CANCELLED, f"cancelled by {by}" if by else "cancelled by user", now)
+    return job
+
+
+def set_priority(
+    session: Session, job_id: str, priority: int, by: str, policy: SubmitPolicy, any_owner: bool
+) -> Job:
+    """Changes a waiting job's priority: its owner within the ceiling, admins (any_owner) freely."""
+    job = get_job(session, job_id)
+    check_job_owner(job, by, any_owner, "change its priority")
+    if job.state not in (JobState.PENDING.value, JobState.RESTARTING.value):
+        raise Conflict(
+            f"job {job.id} is {job.state}: only a waiting (PENDING) job's priority can be changed; a running "
+            "job keeps the priority it was placed with"
+        )
+    policy.check(priority, job.preemptible, None)
+    job.priority = priority
+    session.flush()
     return job

@@ -3,7 +3,8 @@
 Every decision that picks a job's or an attempt's next state lives here: a new attempt is placed,
 its workers are all running, it succeeds, a task fails (restart with backoff or fail, and which task
 is the cause), an agent refuses a task (place again, or fail after too many refusals in a row), a task
-is lost, the job is ended (cancel, runtime limit, NaN metric), a restart's backoff is over. The
+is lost, the job is ended (cancel, runtime limit, NaN metric), a restart's backoff is over, the job is
+preempted (a higher priority, a team reclaiming its quota, a drain) and its workers have all exited. The
 services that notice these things (tasks, jobs, scheduling, reconcile, hangs, agents) call in here;
 server/services/transitions.py applies the chosen change, checked against server/states.py.
 
@@ -18,8 +19,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from server.db.models import Agent, Attempt, Job, LogLine, Task, utcnow
-from server.observability.instruments import count_restart
+from mwms.task_environment import PREEMPTED_AND_SAVED_EXIT_CODE
+from server.db.models import Agent, Attempt, Job, LogLine, Preemption, Task, utcnow
+from server.observability.instruments import count_preemption, count_restart
 from server.schemas import RestartOn, RestartPolicy
 from server.services.transitions import transition_attempt, transition_job, transition_task
 from server.services.wording import count
@@ -136,6 +138,93 @@ def release_restart(session: Session, job: Job, now: datetime) -> None:
     if any(not TaskState(t.state).terminal for a in job.attempts for t in a.tasks):
         return
     transition_job(session, job, JobState.PENDING, f"placing attempt {len(job.attempts) + 1}", now)
+
+
+# -- preemption ---------------------------------------------------------------------------------------
+
+# Why a job was preempted: for a higher-priority job, for a team reclaiming its quota from a borrower,
+# or because an admin drains an agent it runs on.
+PREEMPTION_CAUSES = ("priority", "reclaim", "drain")
+
+
+def preempt_job(
+    session: Session,
+    job: Job,
+    cause: str,
+    why: str,
+    grace_s: int,
+    preemptor: Job | None = None,
+    now: datetime | None = None,
+) -> bool:
+    """Preempts a placed job's whole gang: every task is asked to stop now with `grace_s` of grace.
+
+    The attempt ends PREEMPTED and the job is PREEMPTING until every task has exited
+    (release_preempted); it then waits again in its original place, no restart used. Returns False
+    (nothing done) for a job that has no ACTIVE attempt or is not SCHEDULED/RUNNING.
+    """
+    now = now or utcnow()
+    attempt = current_attempt(job)
+    if job.state not in (JobState.SCHEDULED.value, JobState.RUNNING.value):
+        return False
+    if attempt is None or attempt.state != AttemptState.ACTIVE.value:
+        return False
+    for task in attempt.tasks:
+        if not TaskState(task.state).terminal and not task.stop_requested:
+            task.stop_grace_s = grace_s
+        request_stop(task, f"preempted: {why}")
+        if task.state == TaskState.ASSIGNED.value and _agent_is_gone(session, task):
+            transition_task(session, task, TaskState.STOPPED, f"preempted: {why}", now)
+    transition_attempt(session, attempt, AttemptState.PREEMPTED, f"preempted: {why}", now)
+    session.add(
+        Preemption(
+            victim_job_id=job.id,
+            attempt_id=attempt.id,
+            preemptor_job_id=preemptor.id if preemptor is not None else None,
+            cause=cause,
+            at=now,
+        )
+    )
+    count_preemption(session, cause)
+    transition_job(
+        session,
+        job,
+        JobState.PREEMPTING,
+        f"preempted ({why}): its workers got SIGTERM and have {grace_s} s to save before SIGKILL; it then "
+        "waits in its place again, no restart used",
+        now,
+    )
+    return True
+
+
+def release_preempted(session: Session, job: Job, now: datetime) -> None:
+    """A PREEMPTING job whose tasks have all exited waits again (PENDING), keeping its place in the order."""
+    attempt = current_attempt(job)
+    if attempt is None or any(not TaskState(t.state).terminal for t in attempt.tasks):
+        return
+    record = session.scalars(select(Preemption).where(Preemption.attempt_id == attempt.id)).one_or_none()
+    saved = all(t.exit_code == PREEMPTED_AND_SAVED_EXIT_CODE for t in attempt.tasks)
+    if record is not None and record.ended_at is None:
+        record.ended_at, record.saved = now, saved
+    ending = (
+        "every worker saved a checkpoint and exited"
+        if saved
+        else "its workers have exited (not every one reported a saved checkpoint: it resumes from its last one)"
+    )
+    transition_job(
+        session,
+        job,
+        JobState.PENDING,
+        f"preempted in attempt {attempt.number}: {ending}; placing attempt {attempt.number + 1}",
+        now,
+    )
+
+
+def preemptions_since(session: Session, job_id: str, since: datetime) -> int:
+    """How many times the job was preempted (for any cause) since `since`."""
+    rows = session.scalars(
+        select(Preemption.id).where(Preemption.victim_job_id == job_id, Preemption.at >= since)
+    ).all()
+    return len(rows)
 
 
 # -- ending a job -------------------------------------------------------------------------------------

@@ -1,80 +1,333 @@
-"""The scheduler pass: restarts whose backoff has passed go back to PENDING; PENDING jobs are gang-placed.
+"""The scheduler pass: read the cluster, plan (server/services/queue_plan.py), apply the plan.
 
-The rules for what a placed or restarting job becomes are in server/services/lifecycle.py.
-Each job is handled in its own savepoint (server.poison.isolated): a job whose row cannot be placed is
-logged once, counted and skipped, and the jobs behind it are still placed on this pass.
+Restarts whose backoff has passed and preempted jobs whose workers have all exited go back to PENDING
+first (the rules are in server/services/lifecycle.py). The waiting jobs are read as plain rows, not
+ORM objects, so a backlog of thousands costs one query; only jobs the plan places or preempts are
+loaded. Each placement and preemption is applied in its own savepoint (server.poison.isolated): a
+job whose row cannot be handled is logged once, counted and skipped, and the others still are.
 """
 
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from server.db.models import Job, Task, utcnow
-from server.poison import isolated
-from server.services.agent_references import pin_candidates
+from server.db.models import Agent, Attempt, Job, Preemption, Task, utcnow
+from server.observability.instruments import observe_queue_wait
+from server.poison import contain, isolated
+from server.services import teams
 from server.services.agents import capacities
-from server.services.lifecycle import attempt_placed, open_attempt, release_restart
-from server.services.placement import AgentCapacity, NoFit, place_gang, place_pinned
+from server.services.cluster_counts import DEVICE_HOLDING_TASK_STATES
+from server.services.jobs import NEVER_S
+from server.services.lifecycle import (
+    attempt_placed,
+    open_attempt,
+    preempt_job,
+    release_preempted,
+    release_restart,
+)
+from server.services.placement import AgentCapacity
+from server.services.queue_order import WaitingJob, queue_order
+from server.services.queue_plan import Placement, PlanInputs, PreemptionDecision, RunningJob, plan_pass
 from server.services.tf_config import build_tf_config
 from server.states import JobState, TaskState
 
 log = logging.getLogger("mwms.server.scheduling")
+WAITING_STATES = (JobState.PENDING.value, JobState.RESTARTING.value, JobState.PREEMPTING.value)
 
 
-def release_restarts(session: Session, now: datetime) -> None:
-    """RESTARTING jobs whose backoff is over and whose old tasks have all ended become PENDING."""
-    jobs = session.scalars(select(Job).where(Job.state == JobState.RESTARTING.value)).all()
+@dataclass(frozen=True)
+class SharingPolicy:
+    """The coordinator's preemption settings (server/settings.py, sharing section)."""
+
+    grace_s: int = 30
+    min_runtime_s: float = 60.0
+    max_preemptions_per_hour: int = 4
+
+    @classmethod
+    def of(cls, settings: Any) -> SharingPolicy:
+        return cls(
+            grace_s=settings.preemption_grace_s,
+            min_runtime_s=settings.preemption_min_runtime_s,
+            max_preemptions_per_hour=settings.max_preemptions_per_hour,
+        )
+
+
+def release_waiting(session: Session, now: datetime) -> None:
+    """RESTARTING jobs past their backoff, and PREEMPTING jobs whose tasks have all ended, become PENDING."""
+    jobs = session.scalars(
+        select(Job).where(Job.state.in_([JobState.RESTARTING.value, JobState.PREEMPTING.value]))
+    ).all()
     for job in jobs:
-        with isolated(session, log, "restart_job", job.id, f"restart of job {job.id}"):
-            release_restart(session, job, now)
+        with isolated(session, log, "restart_job", job.id, f"release of job {job.id}"):
+            if job.state == JobState.RESTARTING.value:
+                release_restart(session, job, now)
+            else:
+                release_preempted(session, job, now)
 
 
 def schedule_pending(
-    session: Session, now: datetime | None = None, connected: frozenset[str] | None = None
+    session: Session,
+    now: datetime | None = None,
+    connected: frozenset[str] | None = None,
+    policy: SharingPolicy | None = None,
 ) -> list[str]:
-    """Places every PENDING job that fits, oldest first; returns the ids of agents that got tasks.
+    """One pass; returns the ids of agents that got tasks or stops.
 
     `connected`: when given, only agents with a live session are offered (see agents.capacities).
     """
     now = now or utcnow()
-    release_restarts(session, now)
-    jobs = session.scalars(
-        select(Job).where(Job.state == JobState.PENDING.value).order_by(Job.created_at, Job.id)
-    ).all()
+    policy = policy or SharingPolicy()
+    release_waiting(session, now)
+    inputs = read_inputs(session, now, connected, policy)
+    if not inputs.order:
+        return []
+    plan = plan_pass(inputs)
     touched: set[str] = set()
-    # What the agents offer is read once and again only after a job was placed: a job that does not fit
-    # changes nothing, so a backlog of waiting jobs costs one read per pass, not one per job.
-    offer: list[AgentCapacity] | None = None
-    for job in jobs:
-        with isolated(session, log, "schedule_job", job.id, f"placement of job {job.id}"):
-            if offer is None:
-                offer = capacities(session, now, connected)
-            placed = _place(session, job, now, offer)
-            if placed:
-                offer = None
-            touched.update(placed)
+    for placement in plan.placements:
+        with isolated(
+            session, log, "schedule_job", placement.job.job_id, f"placement of job {placement.job.job_id}"
+        ):
+            touched.update(_apply_placement(session, placement, now))
+    for decision in plan.preemptions:
+        with isolated(
+            session,
+            log,
+            "preempt_job",
+            decision.preemptor.job_id,
+            f"preemption for {decision.preemptor.job_id}",
+        ):
+            touched.update(_apply_preemption(session, decision, policy, now))
+    placed = {p.job.job_id for p in plan.placements}
+    _store_reasons(session, inputs.order, plan.waiting, placed)
     return sorted(touched)
 
 
-def _place(session: Session, job: Job, now: datetime, offer: list[AgentCapacity]) -> list[str]:
-    """Places one PENDING job if it fits `offer`; returns the ids of the agents that got its tasks."""
-    pinned = job.options.get("agents")
-    if pinned:
-        known = pin_candidates(session, pinned)
-        placement = place_pinned(offer, list(pinned), job.gpus_per_worker, known=known)
-    else:
-        placement = place_gang(offer, job.num_workers, job.gpus_per_worker)
-    if isinstance(placement, NoFit):
-        if job.reason != placement.reason:
-            job.reason = placement.reason  # same state, newer explanation: not a transition
+# -- reading --------------------------------------------------------------------------------------------
+
+
+def read_inputs(
+    session: Session, now: datetime, connected: frozenset[str] | None, policy: SharingPolicy
+) -> PlanInputs:
+    """Everything a pass plans with, in a fixed number of queries."""
+    waiting = read_waiting(session, now)
+    if not waiting:
+        return PlanInputs(order=[], offer=[], cordoned=[], running=[], usage={}, quotas={}, now=now)
+    cordoned_ids = set(session.scalars(select(Agent.id).where(Agent.cordoned_at.is_not(None))).all())
+    offered = capacities(session, now, connected)
+    offer = [a for a in offered if a.agent_id not in cordoned_ids]
+    cordoned = [a for a in offered if a.agent_id in cordoned_ids]
+    running = read_running(session, now, policy)
+    usage = _usage(running)
+    quotas = {q.team: {"gpu": q.gpus, "cpu": q.cpu_slots} for q in teams.quotas(session).values()}
+    totals = _totals(offered)
+    known = (
+        [(a, n) for a, n in session.execute(select(Agent.id, Agent.name).where(Agent.removed_at.is_(None)))]
+        if any(j.pinned for j in waiting)
+        else []
+    )
+    return PlanInputs(
+        order=queue_order(waiting, usage, totals, quotas),
+        offer=offer,
+        cordoned=cordoned,
+        running=running,
+        usage=usage,
+        quotas=quotas,
+        now=now,
+        known_agents=known,
+    )
+
+
+def read_waiting(session: Session, now: datetime) -> list[WaitingJob]:
+    """Every PENDING, RESTARTING and PREEMPTING job as plain data (one query, no ORM objects)."""
+    rows = session.execute(
+        select(
+            Job.id,
+            Job.state,
+            Job.priority,
+            Job.team,
+            Job.created_at,
+            Job.num_workers,
+            Job.gpus_per_worker,
+            Job.preemptible,
+            Job.options,
+            Job.hold,
+            Job.hold_until,
+            Job.waiting,
+        ).where(Job.state.in_(WAITING_STATES))
+    ).all()
+    result = []
+    for row in rows:
+        try:
+            result.append(_waiting_job(row, now))
+        except Exception:  # noqa: BLE001 - one damaged job row must not stall placement for everyone
+            contain(log, "schedule_job", row[0], f"job {row[0]}")
+    return result
+
+
+def _waiting_job(row: Any, now: datetime) -> WaitingJob:
+    job_id, state, priority, team, created, workers, gpus, preemptible, options, hold, hold_until, stored = (
+        row
+    )
+    options = options if isinstance(options, dict) else {}
+    pins = options.get("agents")
+    live_hold = hold if isinstance(hold, dict) and hold_until is not None and hold_until > now else None
+    if not (isinstance(workers, int) and workers >= 1 and isinstance(gpus, int) and gpus >= 0):
+        raise ValueError(f"job {job_id} has workers={workers!r}, gpus_per_worker={gpus!r}")
+    return WaitingJob(
+        job_id=job_id,
+        state=state,
+        priority=int(priority),
+        team=team,
+        created_at=created,
+        workers=workers,
+        gpus_per_worker=gpus,
+        preemptible=bool(preemptible),
+        pinned=tuple(pins) if isinstance(pins, list) and pins else None,
+        max_runtime_s=_seconds(options.get("max_runtime_seconds")),
+        hold={a: tuple(int(i) for i in d) for a, d in live_hold.items()} if live_hold else None,
+        stored_reason=stored,
+    )
+
+
+def _seconds(value: Any) -> float | None:
+    """A stored time limit in seconds, None when unset, not a positive number, or never reached."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if 0 < value <= NEVER_S else None
+
+
+def read_running(session: Session, now: datetime, policy: SharingPolicy) -> list[RunningJob]:
+    """Every job whose tasks hold devices, with when it ends and whether it may be preempted now."""
+    rows = session.execute(
+        select(
+            Task.job_id,
+            Task.agent_id,
+            Task.device_kind,
+            Task.device_indices,
+            Job.state,
+            Job.priority,
+            Job.team,
+            Job.preemptible,
+            Job.options,
+            Job.started_at,
+            Attempt.state,
+            Attempt.borrowed,
+            Attempt.created_at,
+        )
+        .join(Job, Job.id == Task.job_id)
+        .join(Attempt, Attempt.id == Task.attempt_id)
+        .where(Task.state.in_(DEVICE_HOLDING_TASK_STATES))
+    ).all()
+    hour_ago = now - timedelta(hours=1)
+    recent = dict(
+        session.execute(
+            select(Preemption.victim_job_id, func.count(Preemption.id))
+            .where(Preemption.at >= hour_ago)
+            .group_by(Preemption.victim_job_id)
+        ).all()
+    )
+    preempted_at = dict(
+        session.execute(
+            select(Preemption.victim_job_id, func.max(Preemption.at))
+            .where(Preemption.ended_at.is_(None))
+            .group_by(Preemption.victim_job_id)
+        ).all()
+    )
+    jobs: dict[str, dict[str, Any]] = {}
+    for (
+        job_id,
+        agent_id,
+        kind,
+        indices,
+        job_state,
+        priority,
+        team,
+        preemptible,
+        options,
+        started,
+        attempt_state,
+        borrowed,
+        attempt_created,
+    ) in rows:
+        entry = jobs.get(job_id)
+        if entry is None:
+            options = options if isinstance(options, dict) else {}
+            grace = options.get("preemption_grace_seconds")
+            grace_s = int(grace) if isinstance(grace, int) else policy.grace_s
+            runtime = _seconds(options.get("max_runtime_seconds"))
+            active = job_state == JobState.RUNNING.value and attempt_state == "ACTIVE"
+            if job_state == JobState.PREEMPTING.value and job_id in preempted_at:
+                ends_at: datetime | None = preempted_at[job_id] + timedelta(seconds=grace_s + 5)
+            elif runtime is not None and started is not None:
+                ends_at = started + timedelta(seconds=runtime)
+            else:
+                ends_at = None
+            entry = jobs[job_id] = {
+                "priority": priority,
+                "team": team,
+                "kind": "gpu" if kind == "gpu" else "cpu",
+                "devices": {},
+                "started_at": attempt_created,
+                "ends_at": ends_at,
+                "borrowed": bool(borrowed),
+                "grace_s": grace_s,
+                "preemptable": active
+                and preemptible
+                and policy.max_preemptions_per_hour > recent.get(job_id, 0)
+                and (now - attempt_created).total_seconds() >= policy.min_runtime_s,
+            }
+        entry["devices"].setdefault(agent_id, []).extend(indices)
+    return [
+        RunningJob(
+            job_id=job_id,
+            priority=e["priority"],
+            team=e["team"],
+            kind=e["kind"],
+            devices={a: tuple(d) for a, d in e["devices"].items()},
+            started_at=e["started_at"],
+            ends_at=e["ends_at"],
+            borrowed=e["borrowed"],
+            preemptable=e["preemptable"],
+            grace_s=e["grace_s"],
+        )
+        for job_id, e in jobs.items()
+    ]
+
+
+def _usage(running: Iterable[RunningJob]) -> dict[str, dict[str, int]]:
+    used: dict[str, dict[str, int]] = {}
+    for r in running:
+        per_team = used.setdefault(r.team, {"gpu": 0, "cpu": 0})
+        per_team[r.kind] += r.size
+    return used
+
+
+def _totals(agents: Iterable[AgentCapacity]) -> dict[str, int]:
+    totals = {"gpu": 0, "cpu": 0}
+    for a in agents:
+        totals[a.device_kind] = totals.get(a.device_kind, 0) + len(a.all_devices)
+    return totals
+
+
+# -- applying -------------------------------------------------------------------------------------------
+
+
+def _apply_placement(session: Session, placement: Placement, now: datetime) -> list[str]:
+    job = session.get(Job, placement.job.job_id)
+    if job is None or job.state != JobState.PENDING.value:
         return []
+    waited_since = job.events[-1].at if job.events else job.created_at
     attempt = open_attempt(session, job, now)
-    endpoints = [p.endpoint for p in placement]
-    for p in placement:
+    attempt.borrowed = placement.borrowed
+    endpoints = [p.endpoint for p in placement.tasks]
+    for p in placement.tasks:
         attempt.tasks.append(
             Task(
                 job_id=job.id,
@@ -90,7 +343,50 @@ def _place(session: Session, job: Job, now: datetime, offer: list[AgentCapacity]
                 state=TaskState.ASSIGNED.value,
             )
         )
+    job.hold, job.hold_until, job.waiting = None, None, {}
     session.flush()
-    agents = sorted({p.agent_id for p in placement})
+    agents = sorted({p.agent_id for p in placement.tasks})
     attempt_placed(session, job, attempt, endpoints, agents, now)
+    if placement.borrowed:
+        job.reason += f"; borrowing idle capacity over team {job.team!r}'s quota (reclaimed first)"
+    observe_queue_wait(session, job.priority, (now - waited_since).total_seconds())
     return agents
+
+
+def _apply_preemption(
+    session: Session, decision: PreemptionDecision, policy: SharingPolicy, now: datetime
+) -> list[str]:
+    preemptor = session.get(Job, decision.preemptor.job_id)
+    if preemptor is None or preemptor.state != JobState.PENDING.value:
+        return []
+    touched: set[str] = set()
+    for victim in decision.victims:
+        job = session.get(Job, victim.job_id)
+        if job is None:
+            continue
+        why = (
+            f"job {preemptor.id} of priority {preemptor.priority} needs its devices"
+            if decision.cause == "priority"
+            else f"team {preemptor.team!r} reclaims its quota for job {preemptor.id} (this job borrowed it)"
+        )
+        if preempt_job(session, job, decision.cause, why, victim.grace_s, preemptor, now):
+            touched.update(victim.devices)
+    preemptor.hold = {a: list(d) for a, d in decision.hold.items()}
+    preemptor.hold_until = now + timedelta(seconds=decision.hold_s)
+    return sorted(touched)
+
+
+def _store_reasons(
+    session: Session, order: Iterable[WaitingJob], reasons: dict[str, dict[str, Any]], placed: set[str]
+) -> None:
+    """Writes each waiting job's typed reason (and its text as `reason`) where it changed, in one batch."""
+    changes = []
+    for job in order:
+        if job.job_id in placed or job.state != JobState.PENDING.value:
+            continue
+        reason = reasons.get(job.job_id)
+        if reason is None or job.stored_reason == reason:
+            continue
+        changes.append({"id": job.job_id, "waiting": reason, "reason": reason["message"]})
+    if changes:
+        session.execute(update(Job), changes)

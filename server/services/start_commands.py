@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mwms import task_environment
 from mwms.agent_link import AGENT_RECEIVE_LIMIT_BYTES
 from mwms.preflight_contract import ALLREDUCE_ENV
 from server.db.models import Job, Task
@@ -24,6 +25,7 @@ class StartDefaults:
 
     stop_grace_s: int
     shared_checkpoint_dir: str = ""
+    preemption_grace_s: int = 30  # for jobs that do not set preemption_grace_seconds
     preflight: bool = False  # for jobs that do not choose
     preflight_timeout_s: int = 120
     preflight_allreduce: bool = True
@@ -55,6 +57,7 @@ def start_spec(task: Task, job: Job, defaults: StartDefaults) -> StartSpec:
     """The start command of `task`; the preflight check runs first when the job (else the default) wants
     it, without its all-reduce phase when the default leaves it out (unless the job's env asks for it)."""
     env = job_env(job)
+    env.setdefault(task_environment.PREEMPTION_GRACE_S, str(defaults.preemption_grace_s))
     preflight_s = defaults.preflight_timeout_s if preflight_wanted(job, defaults.preflight) else None
     if preflight_s is not None and not allreduce_wanted(job, defaults.preflight_allreduce):
         env.setdefault(ALLREDUCE_ENV, "0")

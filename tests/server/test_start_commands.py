@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from mwms.agent_link import AGENT_RECEIVE_LIMIT_BYTES
 from mwms.preflight_contract import ALLREDUCE_ENV
-from mwms.task_environment import COMMUNICATION
+from mwms.task_environment import COMMUNICATION, PREEMPTION_GRACE_S
 from server.db.models import Job, Task
 from server.rpc.convert import start_task
 from server.services.start_commands import StartDefaults, oversize_reason, start_spec, unbuildable_reason
@@ -35,9 +35,10 @@ def task(attempt: int = 1) -> Task:
 
 
 def test_the_spec_carries_the_job_env_and_the_coordinators_settings():
-    defaults = StartDefaults(stop_grace_s=7, shared_checkpoint_dir="/shared")
+    defaults = StartDefaults(stop_grace_s=7, shared_checkpoint_dir="/shared", preemption_grace_s=12)
     spec = start_spec(task(attempt=2), job(communication={"implementation": "RING"}), defaults)
-    assert spec.env == {"A": "1", COMMUNICATION: "RING"}
+    # The preemption grace: the coordinator's default unless the job sets preemption_grace_seconds.
+    assert spec.env == {"A": "1", COMMUNICATION: "RING", PREEMPTION_GRACE_S: "12"}
     assert (spec.stop_grace_s, spec.shared_checkpoint_dir, spec.restore_checkpoint) == (7, "/shared", True)
     assert (
         spec.preflight_timeout_s is None and start_spec(task(), job(), defaults).restore_checkpoint is False

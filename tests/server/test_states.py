@@ -26,6 +26,9 @@ from server.states import (
         [None, JobState.PENDING, JobState.SCHEDULED, JobState.RUNNING, JobState.RESTARTING, JobState.PENDING],
         [None, JobState.PENDING, JobState.SCHEDULED, JobState.PENDING],
         [None, JobState.PENDING, JobState.CANCELLED],
+        # Preempted: back to waiting once its workers have exited, or cancelled meanwhile.
+        [None, JobState.PENDING, JobState.SCHEDULED, JobState.RUNNING, JobState.PREEMPTING, JobState.PENDING],
+        [None, JobState.PENDING, JobState.SCHEDULED, JobState.PREEMPTING, JobState.CANCELLED],
     ],
 )
 def test_lifecycles_allowed(path):
@@ -42,6 +45,9 @@ def test_lifecycles_allowed(path):
         (JobState.SUCCEEDED, JobState.FAILED),
         (JobState.CANCELLED, JobState.PENDING),
         (JobState.FAILED, JobState.RESTARTING),
+        (JobState.PENDING, JobState.PREEMPTING),
+        (JobState.PREEMPTING, JobState.RUNNING),
+        (JobState.RESTARTING, JobState.PREEMPTING),
     ],
 )
 def test_job_transitions_rejected(current, requested):
@@ -75,7 +81,13 @@ def test_every_state_has_a_table_row():
     assert set(TASK_TRANSITIONS) == set(TaskState)
 
 
-ENDINGS = [AttemptState.SUCCEEDED, AttemptState.FAILED, AttemptState.CANCELLED, AttemptState.REPLACED]
+ENDINGS = [
+    AttemptState.SUCCEEDED,
+    AttemptState.FAILED,
+    AttemptState.CANCELLED,
+    AttemptState.REPLACED,
+    AttemptState.PREEMPTED,
+]
 
 
 @pytest.mark.parametrize("ending", ENDINGS)

@@ -1,0 +1,415 @@
+"""One scheduler pass decided over plain data: what to place, what to preempt, and why the rest wait.
+
+Pure (server/services/scheduling.py reads the data and applies the plan), so every rule is tested
+without a database:
+
+- **Order**: queue_order.py (priority, fair share, age).
+- **Quotas**: a job that would take its team over quota waits (over_quota), unless it is preemptible
+  and the capacity is idle: then it borrows, and is the first to be reclaimed.
+- **Reservation and backfill** (EASY backfill): the first job in the order that does not fit gets a
+  reservation: the devices that free soonest (running jobs end at `started + max_runtime`; a job
+  without one never ends), and the time they do. Jobs after it are placed only on devices the
+  reservation does not need, or on reserved ones when their own max_runtime ends before it starts.
+- **Preemption**: a job that does not fit, within its team's quota, may preempt preemptible jobs of
+  lower priority, or other teams' borrowed jobs: whole gangs, the fewest devices·seconds lost. The
+  devices freed (and the free ones it needs) are held for it until its victims have exited.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from server.services import wait_reasons
+from server.services.placement import AgentCapacity, NoFit, TaskPlacement, place_gang, place_pinned
+from server.services.queue_order import WaitingJob
+
+# Blocked jobs per pass that may look for victims; each search is a few placement tries.
+MAX_PREEMPTION_SEARCHES = 3
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    """A placed job whose tasks hold devices."""
+
+    job_id: str
+    priority: int
+    team: str
+    kind: str
+    devices: Mapping[str, tuple[int, ...]]  # agent_id -> device indices its tasks hold
+    started_at: datetime
+    ends_at: datetime | None  # None: no max_runtime, never ends as far as planning knows
+    borrowed: bool = False
+    # May be preempted now: preemptible, RUNNING, past the minimum run time, under the hourly cap.
+    preemptable: bool = False
+    grace_s: int = 30
+
+    @property
+    def size(self) -> int:
+        return sum(len(d) for d in self.devices.values())
+
+
+@dataclass(frozen=True)
+class Placement:
+    job: WaitingJob
+    tasks: list[TaskPlacement]
+    borrowed: bool
+
+
+@dataclass(frozen=True)
+class PreemptionDecision:
+    preemptor: WaitingJob
+    victims: list[RunningJob]
+    cause: str  # "priority" or "reclaim"
+    hold: dict[str, tuple[int, ...]]
+    hold_s: int  # how long the hold lasts: the victims' longest grace plus a margin
+
+
+@dataclass
+class Plan:
+    placements: list[Placement] = field(default_factory=list)
+    preemptions: list[PreemptionDecision] = field(default_factory=list)
+    waiting: dict[str, dict[str, Any]] = field(default_factory=dict)  # job_id -> wait_reasons dict
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    order: Sequence[WaitingJob]
+    offer: Sequence[AgentCapacity]  # online, connected, not cordoned
+    cordoned: Sequence[AgentCapacity]
+    running: Sequence[RunningJob]
+    usage: Mapping[str, Mapping[str, int]]
+    quotas: Mapping[str, Mapping[str, int | None]]
+    now: datetime
+    known_agents: Sequence[tuple[str, str]] = ()  # (id, name) of every agent, for pins
+    rng: random.Random | None = None
+
+
+class _Free:
+    """Free devices and used ports per agent, updated as the pass places jobs."""
+
+    def __init__(self, agents: Sequence[AgentCapacity]) -> None:
+        self.agents = {a.agent_id: a for a in agents}
+        self.free: dict[str, set[int]] = {a.agent_id: set(a.free_devices) for a in agents}
+        self.ports: dict[str, set[int]] = {a.agent_id: set(a.used_ports) for a in agents}
+        self.version = 0
+
+    def take(self, tasks: Sequence[TaskPlacement]) -> None:
+        for t in tasks:
+            self.free[t.agent_id] -= set(t.device_indices)
+            self.ports[t.agent_id].add(t.port)
+        self.version += 1
+
+    def offer(
+        self, without: Mapping[str, set[int]] | None = None, adding: Mapping[str, set[int]] | None = None
+    ) -> list[AgentCapacity]:
+        """The agents as AgentCapacity with what is free, less `without`, plus `adding`."""
+        result = []
+        for agent_id, agent in self.agents.items():
+            free = set(self.free[agent_id])
+            if adding and agent_id in adding:
+                free |= adding[agent_id] & set(agent.all_devices)
+            if without and agent_id in without:
+                free -= without[agent_id]
+            result.append(
+                replace(agent, free_devices=tuple(sorted(free)), used_ports=frozenset(self.ports[agent_id]))
+            )
+        return result
+
+
+def _units(offer: Sequence[AgentCapacity], kind: str, per_worker: int) -> int:
+    """How many workers of this shape fit on `offer` now."""
+    return sum(len(a.free_devices) // per_worker for a in offer if a.device_kind == kind)
+
+
+def _merge(*parts: Mapping[str, set[int]]) -> dict[str, set[int]]:
+    merged: dict[str, set[int]] = {}
+    for part in parts:
+        for agent_id, devices in part.items():
+            merged.setdefault(agent_id, set()).update(devices)
+    return merged
+
+
+def _devices_of(tasks: Sequence[TaskPlacement]) -> dict[str, set[int]]:
+    return _merge(*({t.agent_id: set(t.device_indices)} for t in tasks))
+
+
+@dataclass
+class _Reservation:
+    job: WaitingJob
+    devices: dict[str, set[int]]
+    starts_at: datetime | None  # None: not before a job without max_runtime ends
+
+
+def plan_pass(inputs: PlanInputs) -> Plan:
+    """Decides the pass (see the module docstring)."""
+    now, rng = inputs.now, inputs.rng or random.Random()
+    plan = Plan()
+    free = _Free(inputs.offer)
+    holds = {j.job_id: {a: set(d) for a, d in j.hold.items()} for j in inputs.order if j.hold}
+    held_all = _merge(*holds.values())
+    usage = {team: dict(used) for team, used in inputs.usage.items()}
+    preemptable = {r.job_id: r for r in inputs.running if r.preemptable}
+    reservation: _Reservation | None = None
+    searches = 0
+    cache: dict[tuple[int, str, int], int] = {}
+
+    def ordinary_offer(job: WaitingJob) -> list[AgentCapacity]:
+        own = holds.get(job.job_id, {})
+        others = {a: d - own.get(a, set()) for a, d in held_all.items()}
+        blocked = dict(others)
+        if (
+            reservation is not None
+            and reservation.job.job_id != job.job_id
+            and not _ends_before(job, reservation, now)
+        ):
+            blocked = _merge(others, reservation.devices)
+        return free.offer(without=blocked)
+
+    def plain_units(job: WaitingJob) -> int:
+        key = (free.version, job.kind, job.per_worker)
+        if key not in cache:
+            cache[key] = _units(free.offer(without=held_all), job.kind, job.per_worker)
+        return cache[key]
+
+    reservation_tries = 0
+    reasons: dict[tuple[Any, ...], dict[str, Any]] = {}
+
+    def blocked(job: WaitingJob) -> dict[str, Any]:
+        key = (free.version, len(held_all), job.kind, job.per_worker, job.workers)
+        if key not in reasons:
+            reasons[key] = _blocked_reason(job, free, held_all, inputs, reservation, holds)
+        return reasons[key]
+
+    for job in inputs.order:
+        if job.state != "PENDING":
+            plan.waiting[job.job_id] = wait_reasons.not_placeable(job.state)
+            continue
+        in_use = usage.get(job.team, {}).get(job.kind, 0)
+        limit = inputs.quotas.get(job.team, {}).get(job.kind)
+        over_quota = limit is not None and in_use + job.need > limit
+        if over_quota and not job.preemptible:
+            plan.waiting[job.job_id] = wait_reasons.over_quota(job, in_use, limit, borrowable=False)
+            continue
+        if job.pinned:
+            pinned = place_pinned(
+                ordinary_offer(job),
+                list(job.pinned),
+                job.gpus_per_worker,
+                rng,
+                known=inputs.known_agents or None,
+            )
+            if isinstance(pinned, NoFit):
+                plan.waiting[job.job_id] = wait_reasons.pinned(pinned.reason)
+            else:
+                _placed(plan, free, usage, job, pinned, borrowed=over_quota)
+            continue
+        own_hold = job.job_id in holds
+        if own_hold or plain_units(job) >= job.workers:
+            offer = ordinary_offer(job)
+            if _units(offer, job.kind, job.per_worker) >= job.workers:
+                tasks = place_gang(offer, job.workers, job.gpus_per_worker, rng)
+                if isinstance(tasks, list):
+                    _placed(plan, free, usage, job, tasks, borrowed=over_quota)
+                    continue
+        if over_quota:  # borrowing takes idle capacity only: it never preempts and never reserves
+            plan.waiting[job.job_id] = wait_reasons.over_quota(job, in_use, limit, borrowable=True)
+            continue
+        if own_hold:
+            plan.waiting[job.job_id] = wait_reasons.preempting_for(job)
+            continue
+        if reservation is None and searches < MAX_PREEMPTION_SEARCHES:
+            candidates = [r for r in preemptable.values() if r.kind == job.kind and _may_preempt(job, r)]
+            if candidates:
+                searches += 1
+                decision = _choose_victims(job, candidates, free, held_all, rng, now)
+                if decision is not None:
+                    plan.preemptions.append(decision)
+                    for victim in decision.victims:
+                        preemptable.pop(victim.job_id, None)
+                    holds[job.job_id] = {a: set(d) for a, d in decision.hold.items()}
+                    held_all = _merge(held_all, holds[job.job_id])
+                    cache.clear()
+                    reasons.clear()
+                    victims = [v.job_id for v in decision.victims]
+                    plan.waiting[job.job_id] = wait_reasons.preempting_for(job, victims)
+                    continue
+        if reservation is None and reservation_tries < MAX_PREEMPTION_SEARCHES:
+            reservation_tries += 1
+            reservation = _reserve(job, free, held_all, inputs.running, now, rng)
+            if reservation is not None:
+                reasons.clear()
+                plan.waiting[job.job_id] = wait_reasons.reserved_head(job, reservation.starts_at)
+                continue
+        plan.waiting[job.job_id] = blocked(job)
+    return plan
+
+
+def _placed(
+    plan: Plan,
+    free: _Free,
+    usage: dict[str, dict[str, int]],
+    job: WaitingJob,
+    tasks: list[TaskPlacement],
+    borrowed: bool,
+) -> None:
+    plan.placements.append(Placement(job, tasks, borrowed))
+    free.take(tasks)
+    used = usage.setdefault(job.team, {})
+    used[job.kind] = used.get(job.kind, 0) + job.need
+
+
+def _ends_before(job: WaitingJob, reservation: _Reservation, now: datetime) -> bool:
+    """Backfill: the job's own max_runtime ends before the reservation starts."""
+    if job.max_runtime_s is None:
+        return False
+    if reservation.starts_at is None:
+        return True
+    return now + timedelta(seconds=job.max_runtime_s) <= reservation.starts_at
+
+
+def _may_preempt(job: WaitingJob, victim: RunningJob) -> bool:
+    """Lower priority, or another team's borrowed job while the preemptor's team is within its quota."""
+    if victim.priority < job.priority:
+        return True
+    return victim.borrowed and victim.team != job.team
+
+
+def _cause(job: WaitingJob, victims: Sequence[RunningJob]) -> str:
+    return "priority" if all(v.priority < job.priority for v in victims) else "reclaim"
+
+
+def _choose_victims(
+    job: WaitingJob,
+    candidates: list[RunningJob],
+    free: _Free,
+    held: Mapping[str, set[int]],
+    rng: random.Random,
+    now: datetime,
+) -> PreemptionDecision | None:
+    """The cheapest set of whole gangs whose devices, with the free ones, fit `job`; None when none does."""
+
+    def lost(r: RunningJob) -> float:
+        return r.size * max(1.0, (now - r.started_at).total_seconds())
+
+    ranked = sorted(candidates, key=lambda r: (not r.borrowed, r.priority, lost(r), r.job_id))
+    chosen: list[RunningJob] = []
+
+    def fits(victims: list[RunningJob]) -> list[TaskPlacement] | None:
+        adding = _merge(*({a: set(d) for a, d in v.devices.items()} for v in victims))
+        offer = free.offer(without=held, adding=adding)
+        if _units(offer, job.kind, job.per_worker) < job.workers:
+            return None
+        tasks = place_gang(offer, job.workers, job.gpus_per_worker, rng)
+        return tasks if isinstance(tasks, list) else None
+
+    for victim in ranked:
+        chosen.append(victim)
+        if fits(chosen) is not None:
+            break
+    else:
+        return None
+    for victim in sorted(chosen, key=lost, reverse=True):  # drop the costliest that are not needed
+        rest = [v for v in chosen if v is not victim]
+        if rest and fits(rest) is not None:
+            chosen = rest
+    tasks = fits(chosen)
+    assert tasks is not None
+    return PreemptionDecision(
+        preemptor=job,
+        victims=chosen,
+        cause=_cause(job, chosen),
+        hold={a: tuple(sorted(d)) for a, d in _devices_of(tasks).items()},
+        hold_s=max(v.grace_s for v in chosen) + 30,
+    )
+
+
+def _reserve(
+    job: WaitingJob,
+    free: _Free,
+    held: Mapping[str, set[int]],
+    running: Sequence[RunningJob],
+    now: datetime,
+    rng: random.Random,
+) -> _Reservation | None:
+    """The devices that free soonest for `job` and when; None when it cannot fit even on an idle cluster."""
+    sim = {a: set(d) - held.get(a, set()) for a, d in free.free.items()}
+    kinds = {a: agent.device_kind for a, agent in free.agents.items()}
+
+    def units() -> int:
+        return sum(len(d) // job.per_worker for a, d in sim.items() if kinds[a] == job.kind)
+
+    total = units()
+    ending = sorted(
+        (r for r in running if r.ends_at is not None and r.kind == job.kind), key=lambda r: r.ends_at
+    )  # type: ignore[arg-type, return-value]
+    starts_at: datetime | None = None
+    found = False
+    for r in ending:
+        for agent_id, devices in r.devices.items():
+            if agent_id in sim:
+                before = len(sim[agent_id]) // job.per_worker
+                sim[agent_id] |= set(devices)
+                total += len(sim[agent_id]) // job.per_worker - before
+        if total >= job.workers:
+            starts_at, found = max(r.ends_at or now, now), True
+            break
+    if not found:
+        for r in running:  # then the ones that never end
+            if r.kind != job.kind or r.ends_at is not None:
+                continue
+            for agent_id, devices in r.devices.items():
+                if agent_id in sim:
+                    sim[agent_id] |= set(devices)
+    adding = {a: d for a, d in sim.items()}
+    offer = [replace(agent, free_devices=tuple(sorted(adding[a]))) for a, agent in free.agents.items()]
+    tasks = place_gang(offer, job.workers, job.gpus_per_worker, rng)
+    if not isinstance(tasks, list):
+        return None
+    return _Reservation(job, _devices_of(tasks), starts_at)
+
+
+def _blocked_reason(
+    job: WaitingJob,
+    free: _Free,
+    held_all: Mapping[str, set[int]],
+    inputs: PlanInputs,
+    reservation: _Reservation | None,
+    holds: Mapping[str, Mapping[str, set[int]]],
+) -> dict[str, Any]:
+    """Why a job that does not fit waits: held for a preemptor, reserved for the head, cordons, or no fit."""
+    bare = free.offer()
+    if _units(bare, job.kind, job.per_worker) >= job.workers:
+        ahead = next(
+            (j for j, d in holds.items() if j != job.job_id and _overlaps(d, {a.agent_id for a in bare})),
+            None,
+        )
+        if reservation is not None and reservation.job.job_id != job.job_id:
+            return wait_reasons.reserved_for(job, reservation.job.job_id, reservation.starts_at)
+        if ahead is not None:
+            return wait_reasons.behind_priority(job, ahead)
+    if inputs.cordoned:
+        with_cordoned = list(bare) + list(inputs.cordoned)
+        if (
+            _units(bare, job.kind, job.per_worker)
+            < job.workers
+            <= _units(with_cordoned, job.kind, job.per_worker)
+        ):
+            return wait_reasons.cordoned(job)
+    return wait_reasons.no_fit(
+        job, _units(free.offer(without=held_all), job.kind, job.per_worker), _why(job, bare)
+    )
+
+
+def _overlaps(devices: Mapping[str, set[int]], agents: set[str]) -> bool:
+    return any(a in agents and d for a, d in devices.items())
+
+
+def _why(job: WaitingJob, offer: Sequence[AgentCapacity]) -> str:
+    """place_gang's own explanation when the job could never fit (too big), else ''."""
+    idle = [replace(a, free_devices=a.all_devices, used_ports=frozenset()) for a in offer]
+    result = place_gang(idle, job.workers, job.gpus_per_worker)
+    return result.reason if isinstance(result, NoFit) else ""

@@ -1,0 +1,134 @@
+"""Why a waiting job waits, typed: what the API's `waiting`, `mwms queue` and the dashboard show.
+
+Each reason is a dict: `kind` (below), `message` (one line a person can act on, also the job's
+`reason`), `estimated_start` (ISO time when the reservation plan gives one, else None), and the
+details of its kind.
+
+- over_quota: team, unit, need, in_use, quota, borrowable (a preemptible job borrows idle capacity)
+- no_fit: need (workers), per_worker, unit, fits_now (workers of this shape that fit now)
+- reserved: for_job (the reserved job at the head of the order), starts when it starts
+- head: this job holds the reservation; estimated_start when running jobs' max_runtime tell
+- behind_priority: for_job (a higher-priority job the capacity is held for while its victims exit)
+- preempting: this job preempted `victims` and waits for them to exit
+- cordoned: only cordoned agents could hold it
+- pinned: the agents the job names are offline or busy
+- backoff / preempted: a RESTARTING or PREEMPTING job, not placeable yet
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from server.services.queue_order import WaitingJob
+from server.services.wording import count
+
+
+def _unit(job: WaitingJob) -> str:
+    return "GPU" if job.kind == "gpu" else "CPU slot"
+
+
+def _reason(
+    kind: str, message: str, estimated_start: datetime | None = None, **details: Any
+) -> dict[str, Any]:
+    return {
+        "kind": kind,
+        "message": message,
+        "estimated_start": estimated_start.isoformat() if estimated_start is not None else None,
+        **details,
+    }
+
+
+def _shape(job: WaitingJob) -> str:
+    return f"{count(job.workers, 'worker')} × {count(job.per_worker, _unit(job))}"
+
+
+def not_placeable(state: str) -> dict[str, Any]:
+    if state == "PREEMPTING":
+        return _reason("preempted", "preempted: waiting for its workers to save and exit")
+    return _reason("backoff", "restarting: waiting for its backoff and for its old tasks to end")
+
+
+def over_quota(job: WaitingJob, in_use: int, quota: int, borrowable: bool) -> dict[str, Any]:
+    unit = _unit(job)
+    tail = (
+        "it borrows idle capacity when some is free (preemptible)"
+        if borrowable
+        else "a non-preemptible job never borrows: submit it preemptible, or ask an admin for more quota"
+    )
+    return _reason(
+        "over_quota",
+        f"over team {job.team!r}'s quota: needs {count(job.need, unit)}, the team uses {in_use} of its "
+        f"{quota}; it starts when the team's jobs finish, or {tail}",
+        team=job.team,
+        unit=unit,
+        need=job.need,
+        in_use=in_use,
+        quota=quota,
+        borrowable=borrowable,
+    )
+
+
+def no_fit(job: WaitingJob, fits_now: int, never: str) -> dict[str, Any]:
+    message = (
+        never
+        if never
+        else f"waiting for capacity: needs {_shape(job)}, {fits_now} such workers fit now; it starts when "
+        "running jobs finish or agents join"
+    )
+    return _reason(
+        "no_fit", message, need=job.workers, per_worker=job.per_worker, unit=_unit(job), fits_now=fits_now
+    )
+
+
+def reserved_head(job: WaitingJob, starts_at: datetime | None) -> dict[str, Any]:
+    when = (
+        f"about {starts_at.isoformat(timespec='seconds')} (running jobs' max_runtime)"
+        if starts_at is not None
+        else "when running jobs without a max_runtime finish"
+    )
+    return _reason(
+        "head",
+        f"first in line: needs {_shape(job)}; the devices that free soonest are reserved for it, it starts "
+        f"{when}",
+        starts_at,
+    )
+
+
+def reserved_for(job: WaitingJob, head: str, starts_at: datetime | None) -> dict[str, Any]:
+    return _reason(
+        "reserved",
+        f"the capacity it would fit on is reserved for job {head}, first in line; jobs with a max_runtime "
+        "that ends before that job starts may use it",
+        None,
+        for_job=head,
+    )
+
+
+def behind_priority(job: WaitingJob, preemptor: str) -> dict[str, Any]:
+    return _reason(
+        "behind_priority",
+        f"the free capacity is held for job {preemptor}, which preempted jobs and waits for them to exit",
+        for_job=preemptor,
+    )
+
+
+def preempting_for(job: WaitingJob, victims: list[str] | None = None) -> dict[str, Any]:
+    named = f" ({', '.join(victims)})" if victims else ""
+    return _reason(
+        "preempting",
+        f"preempting lower-priority or borrowed jobs{named}: it starts once their workers have saved and "
+        "exited; the capacity is held for it meanwhile",
+        victims=victims or [],
+    )
+
+
+def cordoned(job: WaitingJob) -> dict[str, Any]:
+    return _reason(
+        "cordoned",
+        f"needs {_shape(job)}: only cordoned agents could hold it (`mwms agent uncordon`, or add agents)",
+    )
+
+
+def pinned(message: str) -> dict[str, Any]:
+    return _reason("pinned", message)
