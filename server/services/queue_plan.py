@@ -352,7 +352,7 @@ def _reserve(
         for agent_id, devices in r.devices.items():
             if agent_id in sim:
                 before = len(sim[agent_id]) // job.per_worker
-                sim[agent_id] |= set(devices)
+                sim[agent_id] |= set(devices) - held.get(agent_id, set())
                 total += len(sim[agent_id]) // job.per_worker - before
         if total >= job.workers:
             starts_at, found = max(r.ends_at or now, now), True
@@ -363,7 +363,7 @@ def _reserve(
                 continue
             for agent_id, devices in r.devices.items():
                 if agent_id in sim:
-                    sim[agent_id] |= set(devices)
+                    sim[agent_id] |= set(devices) - held.get(agent_id, set())
     adding = {a: d for a, d in sim.items()}
     offer = [replace(agent, free_devices=tuple(sorted(adding[a]))) for a, agent in free.agents.items()]
     tasks = place_gang(offer, job.workers, job.gpus_per_worker, rng)

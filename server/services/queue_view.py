@@ -10,6 +10,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from server.db.models import Job, utcnow
+from server.services.scheduling import SharingPolicy, read_inputs
+from server.services.wait_reasons import not_placeable
+
 
 @dataclass(frozen=True)
 class QueueRow:
@@ -28,3 +35,46 @@ class QueueRow:
     created_at: datetime
     # {"kind": ..., "message": "...", "estimated_start": iso or None, ...details} (wait_reasons.py)
     waiting: dict[str, Any]
+
+
+def queue(session: Session, now: datetime | None = None) -> list[QueueRow]:
+    """Every waiting job in the scheduler's order, each with the reason the last pass stored for it.
+
+    The order is computed now, as a pass would (queue_order over the same inputs); a job submitted since
+    the last pass shows an empty reason until the next one (within MWMS_SCHEDULER_INTERVAL_S).
+    """
+    now = now or utcnow()
+    inputs = read_inputs(session, now, None, SharingPolicy())
+    ids = [job.job_id for job in inputs.order]
+    rows = (
+        {
+            row.id: row
+            for row in session.execute(
+                select(Job.id, Job.name, Job.submitted_by, Job.waiting).where(Job.id.in_(ids))
+            ).all()
+        }
+        if ids
+        else {}
+    )
+    result = []
+    for position, job in enumerate(inputs.order, start=1):
+        row = rows.get(job.job_id)
+        if row is None:
+            continue
+        result.append(
+            QueueRow(
+                position=position,
+                job_id=job.job_id,
+                name=row.name,
+                state=job.state,
+                team=job.team,
+                submitted_by=row.submitted_by,
+                priority=job.priority,
+                workers=job.workers,
+                gpus_per_worker=job.gpus_per_worker,
+                preemptible=job.preemptible,
+                created_at=job.created_at,
+                waiting=dict(row.waiting or {}) if job.state == "PENDING" else not_placeable(job.state),
+            )
+        )
+    return result
