@@ -22,6 +22,7 @@ from server.api.body_limit import BodyLimitMiddleware
 from server.api.errors import install_error_handlers
 from server.api.preflight import router as preflight_router
 from server.api.security_headers import SecurityHeadersMiddleware
+from server.api.sharing import router as sharing_router
 from server.api.stacks import router as stacks_router
 from server.db.engine import Database
 from server.db.migrate import upgrade_to_head
@@ -124,6 +125,7 @@ def create_app(settings: Settings) -> FastAPI:
     install_error_handlers(app)
     app.include_router(stacks_router)
     app.include_router(preflight_router)
+    app.include_router(sharing_router)
     app.state.follow_slots = FollowSlots(settings.max_follows_per_user, settings.max_follows_total)
     routers = (health.router, login.router, tokens.router, bundles.router, jobs.router, agents.router)
     for router in (*routers, devices.router, dashboard.router):

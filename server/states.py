@@ -103,6 +103,10 @@ TERMINAL_TASK_STATES = frozenset(
     {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.STOPPED, TaskState.REJECTED, TaskState.LOST}
 )
 _ENDINGS = frozenset(TERMINAL_TASK_STATES)
+# Tasks that hold their devices: not ended, or LOST until their agent confirms they ended.
+DEVICE_HOLDING_TASK_STATES = [s.value for s in TaskState if s not in TERMINAL_TASK_STATES] + [
+    TaskState.LOST.value
+]
 
 TASK_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
     TaskState.ASSIGNED: frozenset({TaskState.STARTING, TaskState.RUNNING} | _ENDINGS),

@@ -28,6 +28,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 class ExitCode(IntEnum):
     OK = 0
     JOB_NOT_SUCCEEDED = 1  # the job ended, but not SUCCEEDED
+    WAIT_TIMED_OUT = 1  # a --wait gave up (agent drain --wait --timeout); an alias of 1
     USAGE = 2  # bad usage, or the API rejected the request
     UNREACHABLE = 3  # the coordinator cannot be reached (or failed to answer)
     NOT_FOUND = 4  # unknown job id (or other missing object)
@@ -40,7 +41,7 @@ MIN_SCRUBBED_LENGTH = 8
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 success; "
-    "1 the job ended but not SUCCEEDED (submit --wait, quickstart); "
+    "1 the job ended but not SUCCEEDED (submit --wait, quickstart), or a --wait timed out (agent drain); "
     "2 bad usage or the API rejected the request; "
     "3 the coordinator cannot be reached or failed (start one with `mwms server`); "
     "4 not found (unknown job id); "

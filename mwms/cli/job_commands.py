@@ -33,7 +33,16 @@ from mwms.client.packing import human_size
 # The API answers with this many of the newest lines when not told --tail.
 DEFAULT_LOG_TAIL = 1000
 
-JOB_STATES = ("PENDING", "SCHEDULED", "RUNNING", "RESTARTING", "SUCCEEDED", "FAILED", "CANCELLED")
+JOB_STATES = (
+    "PENDING",
+    "SCHEDULED",
+    "RUNNING",
+    "RESTARTING",
+    "PREEMPTING",
+    "SUCCEEDED",
+    "FAILED",
+    "CANCELLED",
+)
 
 JobArgument = Annotated[
     str, typer.Argument(help="The job's id (as printed by `mwms submit` or `mwms jobs`).")

@@ -18,7 +18,7 @@ from typing import Annotated, Any
 import typer
 
 from mwms import __version__, agent_defaults
-from mwms.cli import admin_commands, auth_commands, job_commands, quickstart, submit
+from mwms.cli import admin_commands, auth_commands, job_commands, quickstart, sharing_commands, submit
 from mwms.cli.doctor import doctor
 from mwms.cli.errors import EXIT_CODES_HELP, CliError, ExitCode, handles_errors
 from mwms.cli.parsing import parse_port_range, parse_uid_range
@@ -197,9 +197,20 @@ def read_join_token(token_file: Path | None) -> str:
     return token
 
 
-@app.command()
+# `mwms agent [OPTIONS]` runs an agent; `mwms agent cordon|uncordon|drain NAME` acts on one (admin).
+agent_app = typer.Typer(
+    name="agent",
+    invoke_without_command=True,
+    no_args_is_help=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+@agent_app.callback()
 @handles_errors(api_param=None)
 def agent(
+    ctx: typer.Context,
     # Options default to "not given" (None); the defaults are mwms/agent_defaults.py's, shown in --help.
     server_address: Annotated[
         str | None,
@@ -326,7 +337,12 @@ def agent(
     The first start needs a join token (MWMS_JOIN_TOKEN or --join-token-file); the agent then keeps its own
     credential in <work dir>/agent-credential and proves who it is with it (also after restarts). Keep that
     file, or an admin must remove the agent (`mwms remove-agent`) before its name can join again.
+
+    Admins take a running agent out of placement with `mwms agent cordon NAME`, move its jobs elsewhere
+    with `mwms agent drain NAME`, and put it back with `mwms agent uncordon NAME`.
     """
+    if ctx.invoked_subcommand is not None:
+        return  # cordon, uncordon or drain: the options above are this machine's agent's, not theirs
     if join_token is not None:
         raise CliError(JOIN_TOKEN_FLAG_REFUSED)
     port_low, port_high = parse_port_range(agent_defaults.port_range() if port_range is None else port_range)
@@ -422,7 +438,15 @@ def agent(
     raise typer.Exit(run_agent(config, stop_event))
 
 
+app.add_typer(agent_app)
+agent_app.command("cordon")(sharing_commands.cordon)
+agent_app.command("uncordon")(sharing_commands.uncordon)
+agent_app.command("drain")(sharing_commands.drain)
 app.command()(submit.submit)
+app.command()(sharing_commands.priority)
+app.command()(sharing_commands.queue)
+app.add_typer(sharing_commands.team_app)
+app.add_typer(sharing_commands.quota_app)
 app.command()(job_commands.jobs)
 app.command()(job_commands.status)
 app.command()(job_commands.logs)

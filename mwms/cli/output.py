@@ -32,6 +32,8 @@ STATE_STYLES = {
     "RUNNING": "blue",
     "ACTIVE": "blue",
     "RESTARTING": "magenta",
+    "PREEMPTING": "magenta",
+    "PREEMPTED": "magenta",
     "SUCCEEDED": "green",
     "FAILED": "red",
     "REJECTED": "red",
@@ -124,8 +126,8 @@ def format_devices(job: dict[str, Any]) -> str:
 
 def jobs_table(jobs: list[dict[str, Any]]) -> Table:
     table = Table(box=None, header_style="bold")
-    columns = ("ID", "NAME", "SUBMITTED BY", "STATE", "WORKERS", "STEP", "LOSS", "CREATED", "DURATION")
-    for column in (*columns, "ATTEMPTS"):
+    columns = ("ID", "NAME", "SUBMITTED BY", "TEAM", "PRIO", "STATE", "WORKERS", "STEP", "LOSS", "CREATED")
+    for column in (*columns, "DURATION", "ATTEMPTS"):
         table.add_column(column, no_wrap=column in {"ID", "STATE", "CREATED"})
     for job in jobs:
         table.add_row(
@@ -133,6 +135,8 @@ def jobs_table(jobs: list[dict[str, Any]]) -> Table:
                 job["id"],
                 job.get("name", ""),
                 job.get("submitted_by") or "-",
+                job.get("team") or "-",
+                job.get("priority", "-"),
                 state_text(job.get("state")),
                 format_devices(job),
                 "-" if job.get("step") is None else job["step"],
@@ -152,6 +156,16 @@ def isolation_cell(label: str) -> Text:
     return safe_text(label, style="yellow" if "share" in label or "no sandbox" in label else "")
 
 
+def cordon_text(agent: dict[str, Any]) -> Text:
+    """schedulable, cordoned, draining or drained, with who did it and why."""
+    if not agent.get("cordoned"):
+        return Text("schedulable", style="green")
+    label = "drained" if agent.get("drained") else "draining" if agent.get("draining") else "cordoned"
+    who = f" by {agent.get('cordoned_by')}" if agent.get("cordoned_by") else ""
+    why = f": {first_line(agent.get('cordon_reason'))}" if agent.get("cordon_reason") else ""
+    return Text.assemble(safe_text(label, "yellow"), safe_text(f"{who}{why}"))
+
+
 def agents_table(agents: list[dict[str, Any]]) -> Table:
     table = Table(box=None, header_style="bold")
     columns = (
@@ -159,6 +173,7 @@ def agents_table(agents: list[dict[str, Any]]) -> Table:
         "ID",
         "ADDRESS",
         "STATUS",
+        "CORDON",
         "DEVICES",
         "USED",
         "FREE",
@@ -183,6 +198,7 @@ def agents_table(agents: list[dict[str, Any]]) -> Table:
                 agent.get("id", ""),
                 agent.get("address", ""),
                 Text("online", style="green") if agent.get("online") else Text("lost", style="red"),
+                cordon_text(agent) if agent.get("cordoned") else "-",
                 ", ".join(f"{count}×{kind}" for kind, count in kinds.items()) or "-",
                 agent.get("devices_used", "-"),
                 agent.get("devices_free", "-"),
@@ -227,6 +243,17 @@ def print_job(job: dict[str, Any]) -> None:
     rows = [
         ("reason", (job.get("reason") or "-").replace("\n", "\n" + " " * 16)),
         ("submitted by", job.get("submitted_by") or "-"),
+        ("team", job.get("team") or "-"),
+        (
+            "priority",
+            f"{job.get('priority', '-')}"
+            + ("" if job.get("preemptible", True) else ", not preemptible")
+            + (
+                f", {job['preemption_grace_seconds']} s grace when preempted"
+                if job.get("preemption_grace_seconds") is not None
+                else ""
+            ),
+        ),
         ("command", " ".join(job.get("command") or [])),
         ("workers", format_devices(job)),
         ("created", format_time(job.get("created_at"))),
@@ -249,6 +276,11 @@ def print_job(job: dict[str, Any]) -> None:
     ]
     if job.get("cancelled_by"):
         rows.insert(2, ("cancelled by", job["cancelled_by"]))
+    waiting = job.get("waiting") or {}
+    if waiting:
+        estimate = waiting.get("estimated_start")
+        rows.insert(1, ("waiting", f"{waiting.get('kind', '?')}: {first_line(waiting.get('message'))}"))
+        rows.insert(2, ("est. start", format_time(estimate) if estimate else "unknown"))
     if job.get("startup_timeout_seconds") is not None:
         rows.append(("startup", f"timeout {job['startup_timeout_seconds']}s"))
     if job.get("max_runtime_seconds") is not None:

@@ -1,4 +1,4 @@
-"""Parsers for option values that need more than a type: K=V pairs, port ranges, durations."""
+"""Parsers for option values that need more than a type: K=V pairs, port ranges, durations, priorities."""
 
 from __future__ import annotations
 
@@ -77,3 +77,24 @@ def parse_duration(text: str, option: str = "--expires-in") -> int:
     if total <= 0:
         raise CliError(f"{option} {text!r} must be longer than zero")
     return total
+
+
+PRIORITY_NAMES = ("low", "normal", "high")  # the coordinator's bands: 250, 500, 750
+MAX_PRIORITY = 1000
+
+
+def parse_priority(text: str, option: str = "--priority") -> int | str:
+    """'700' -> 700, 'High' -> 'high' (the coordinator maps the names); anything else is refused."""
+    value = text.strip().lower()
+    if value in PRIORITY_NAMES:
+        return value
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
+    if not 0 <= number <= MAX_PRIORITY:
+        raise CliError(
+            f"{option} {text!r} must be a number from 0 to {MAX_PRIORITY} (higher is placed first) or one "
+            "of low (250), normal (500), high (750)"
+        )
+    return number

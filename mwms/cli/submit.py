@@ -16,7 +16,7 @@ from mwms.cli.errors import CliError, ExitCode
 from mwms.cli.follow import first_failed_task, tail_of_task_logs, watch_job
 from mwms.cli.options import JsonOption
 from mwms.cli.output import err, first_line, format_loss, log_line_text, out, print_json, state_text
-from mwms.cli.parsing import parse_env
+from mwms.cli.parsing import parse_env, parse_priority
 from mwms.cli.safe_text import safe_text, terminal_safe
 from mwms.client import Client
 from mwms.client.packing import PackedBundle, human_size, pack_directory
@@ -48,6 +48,9 @@ def build_job_spec(
     hang_timeout: float | None = None,
     preflight: bool | None = None,
     agents: list[str] | None = None,
+    priority: int | str | None = None,
+    preemptible: bool | None = None,
+    preemption_grace: int | None = None,
 ) -> dict[str, Any]:
     """The `POST /api/v1/jobs` body, leaving out what was not set so the coordinator's defaults apply."""
     spec: dict[str, Any] = {
@@ -84,6 +87,12 @@ def build_job_spec(
         spec["preflight"] = preflight
     if agents:
         spec["agents"] = agents
+    if priority is not None:
+        spec["priority"] = priority
+    if preemptible is not None:
+        spec["preemptible"] = preemptible
+    if preemption_grace is not None:
+        spec["preemption_grace_seconds"] = preemption_grace
     return spec
 
 
@@ -257,6 +266,35 @@ def submit(
             help="Comma-separated agent names (or ids), one per worker: worker i runs on the i-th.",
         ),
     ] = None,
+    priority: Annotated[
+        str | None,
+        typer.Option(
+            "--priority",
+            help="0-1000, higher is placed first (and may preempt lower ones), or low (250), normal (500), "
+            "high (750); users may give up to the coordinator's MWMS_USER_PRIORITY_CEILING [default: normal].",
+            show_default=False,
+        ),
+    ] = None,
+    preemptible: Annotated[
+        bool | None,
+        typer.Option(
+            "--preemptible/--no-preemptible",
+            help="--no-preemptible: never preempt this job (it then never borrows idle capacity over its "
+            "team's quota) [default: preemptible].",
+            show_default=False,
+        ),
+    ] = None,
+    preemption_grace: Annotated[
+        int | None,
+        typer.Option(
+            "--preemption-grace",
+            min=0,
+            max=3600,
+            help="Seconds between the SIGTERM that preempts the workers and the SIGKILL, to save a checkpoint "
+            "[default: the coordinator's MWMS_PREEMPTION_GRACE_S].",
+            show_default=False,
+        ),
+    ] = None,
     wait: Annotated[
         bool, typer.Option("--wait", help="Follow the job to its end; exit 0 only if it SUCCEEDED.")
     ] = False,
@@ -278,6 +316,7 @@ def submit(
     if not command:
         raise CliError("give the command to run after --, e.g. mwms submit . --workers 2 -- python train.py")
     environment = parse_env(env or [])
+    job_priority = None if priority is None else parse_priority(priority)
     job_name = name or directory.resolve().name
     digest = pack_and_upload(client, directory, quiet=json_output)
     spec = build_job_spec(
@@ -298,6 +337,9 @@ def submit(
         hang_timeout=hang_timeout,
         preflight=preflight,
         agents=[a.strip() for a in agents.split(",") if a.strip()] if agents else None,
+        priority=job_priority,
+        preemptible=preemptible,
+        preemption_grace=preemption_grace,
     )
     job = client.create_job(spec).raw
     if not json_output:

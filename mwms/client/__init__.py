@@ -5,6 +5,6 @@
 
 from mwms.client.client import Client
 from mwms.client.job import Job
-from mwms.client.models import Agent, Artifact, LogLine, MetricPoint, Metrics
+from mwms.client.models import Agent, Artifact, LogLine, MetricPoint, Metrics, QueueEntry, Team
 
-__all__ = ["Client", "Job", "Agent", "Artifact", "LogLine", "MetricPoint", "Metrics"]
+__all__ = ["Client", "Job", "Agent", "Artifact", "LogLine", "MetricPoint", "Metrics", "QueueEntry", "Team"]

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mwms.client.job import Job
-from mwms.client.models import Agent
+from mwms.client.models import Agent, QueueEntry, Team
 from mwms.client.packing import pack_directory
 from mwms.client.rest import RestApi
 from mwms.client.transport import Transport
@@ -26,6 +26,7 @@ from mwms.connection import Connection, resolve_connection
 
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_RETRY_S = 30.0
+QUEUE_PAGE = 500  # the most GET /api/v1/queue answers at once
 
 
 def new_idempotency_key() -> str:
@@ -160,6 +161,65 @@ class Client:
         states = [state] if isinstance(state, str) else list(state or [])
         page = self.rest.list_jobs([value.upper() for value in states], offset=offset, limit=limit)
         return [Job(self, raw) for raw in page.get("jobs") or []]
+
+    def set_priority(self, job: str | Job, priority: int | str) -> Job:
+        """Changes a pending job's priority: 0-1000 (higher is placed first) or "low", "normal", "high".
+
+        Users may go up to the coordinator's MWMS_USER_PRIORITY_CEILING (default 500), admins anywhere;
+        a job that is no longer waiting keeps its priority (`Conflict`).
+        """
+        job_id = job.id if isinstance(job, Job) else job
+        return Job(self, self.rest.set_priority(job_id, priority))
+
+    def queue(self) -> list[QueueEntry]:
+        """Every waiting job in the order the scheduler places them, with why each waits."""
+        entries: list[QueueEntry] = []
+        while True:
+            page = self.rest.queue(offset=len(entries), limit=QUEUE_PAGE)
+            found = page.get("jobs") or []
+            entries += [QueueEntry.from_api(raw) for raw in found]
+            if not found or len(entries) >= int(page.get("total") or 0):
+                return entries
+
+    # -- teams and quotas (changes: admin only) ----------------------------------------------------------
+
+    def teams(self) -> list[Team]:
+        """Every team with members, a quota or jobs holding devices."""
+        return [Team.from_api(raw) for raw in self.rest.list_teams()]
+
+    def add_team_member(self, team: str, user: str) -> Team:
+        """Puts `user` in `team` (out of any other): the jobs they submit from now on count against it."""
+        return Team.from_api(self.rest.add_team_member(team, user))
+
+    def remove_team_member(self, team: str, user: str) -> Team:
+        """Takes `user` out of `team`: they are a team of their own again."""
+        return Team.from_api(self.rest.remove_team_member(team, user))
+
+    def set_quota(self, team: str, *, gpus: int | None = None, cpu_slots: int | None = None) -> Team:
+        """Sets (replaces) `team`'s quota; a kind left None has no cap."""
+        return Team.from_api(self.rest.set_quota(team, gpus, cpu_slots))
+
+    def clear_quota(self, team: str) -> Team:
+        """Removes `team`'s quota."""
+        return Team.from_api(self.rest.clear_quota(team))
+
+    # -- cordons and drains (admin only) -----------------------------------------------------------------
+
+    def cordon(self, agent: str, reason: str = "") -> Agent:
+        """Cordons an agent (its name or id): nothing new is placed on it; what it runs keeps running."""
+        return Agent.from_api(self.rest.cordon_agent(agent, reason))
+
+    def uncordon(self, agent: str) -> Agent:
+        """Ends an agent's cordon or drain: jobs may be placed on it again."""
+        return Agent.from_api(self.rest.uncordon_agent(agent))
+
+    def drain(
+        self, agent: str, reason: str = "", *, grace_seconds: int | None = None, let_finish: bool = False
+    ) -> Agent:
+        """Drains an agent: cordons it and preempts the jobs it runs (SIGTERM, `grace_seconds`, SIGKILL),
+        which then wait for other agents; with `let_finish` they run to their end. `Agent.drained` turns
+        True once nothing runs there (poll `agents()`)."""
+        return Agent.from_api(self.rest.drain_agent(agent, reason, grace_seconds, let_finish))
 
     # -- the cluster -------------------------------------------------------------------------------------
 

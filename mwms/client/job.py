@@ -66,7 +66,8 @@ class Job:
 
     @property
     def state(self) -> str:
-        """PENDING, SCHEDULED, RUNNING, RESTARTING, SUCCEEDED, FAILED or CANCELLED (as last fetched)."""
+        """PENDING, SCHEDULED, RUNNING, RESTARTING, PREEMPTING, SUCCEEDED, FAILED or CANCELLED (as last
+        fetched); PREEMPTING: its workers were asked to stop to make room, after which it waits again."""
         return str(self.raw.get("state") or "")
 
     @property

@@ -1,4 +1,4 @@
-"""Typed views of the API's JSON objects: metric points, log lines, artifacts, agents.
+"""Typed views of the API's JSON objects: metric points, log lines, artifacts, agents, the queue, teams.
 
 Each keeps the object as the API sent it in `raw`, so nothing the API adds later is lost.
 
@@ -164,5 +164,90 @@ class Agent:
             devices=list(raw.get("devices") or []),
             devices_free=int(raw.get("devices_free") or 0),
             tasks=list(raw.get("tasks") or []),
+            raw=raw,
+        )
+
+    @property
+    def cordoned(self) -> bool:
+        """True when an admin cordoned (or drained) it: nothing new is placed on it."""
+        return bool(self.raw.get("cordoned"))
+
+    @property
+    def draining(self) -> bool:
+        """True while it is drained: its jobs were preempted (or are let finish) to run elsewhere."""
+        return bool(self.raw.get("draining"))
+
+    @property
+    def drained(self) -> bool:
+        """True once it is draining and no task holds its devices: the machine may be taken away."""
+        return bool(self.raw.get("drained"))
+
+
+@dataclass(frozen=True)
+class QueueEntry:
+    """A waiting job in the scheduler's order: its place, and why it waits (`waiting["kind"]`,
+    `waiting["message"]`) with, where known, when it is estimated to start."""
+
+    position: int
+    job_id: str
+    name: str
+    state: str
+    team: str
+    submitted_by: str
+    priority: int
+    workers: int
+    gpus_per_worker: int
+    waiting: dict[str, Any]
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_api(cls, raw: dict[str, Any]) -> QueueEntry:
+        """The QueueEntry an API object describes (kept as `raw`)."""
+        return cls(
+            position=int(raw.get("position") or 0),
+            job_id=str(raw["job_id"]),
+            name=str(raw.get("name") or ""),
+            state=str(raw.get("state") or ""),
+            team=str(raw.get("team") or ""),
+            submitted_by=str(raw.get("submitted_by") or ""),
+            priority=int(raw.get("priority") or 0),
+            workers=int(raw.get("workers") or 0),
+            gpus_per_worker=int(raw.get("gpus_per_worker") or 0),
+            waiting=dict(raw.get("waiting") or {}),
+            raw=raw,
+        )
+
+    @property
+    def reason(self) -> str:
+        """Why it waits, in words."""
+        return str(self.waiting.get("message") or "")
+
+    @property
+    def estimated_start(self) -> datetime | None:
+        """When the scheduler expects to place it; None when it cannot tell."""
+        return parse_time(self.waiting.get("estimated_start"))
+
+
+@dataclass(frozen=True)
+class Team:
+    """A team: its members, its quota ({"gpus", "cpu_slots"}, None for no quota; a None value: no cap of
+    that kind) and the devices its jobs hold now ({"gpus", "cpu_slots"})."""
+
+    name: str
+    members: list[str]
+    quota: dict[str, int | None] | None
+    in_use: dict[str, int]
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_api(cls, raw: dict[str, Any]) -> Team:
+        """The Team an API object describes (kept as `raw`)."""
+        quota = raw.get("quota")
+        in_use = raw.get("in_use") or {}
+        return cls(
+            name=str(raw["team"]),
+            members=[str(member) for member in raw.get("members") or []],
+            quota=None if quota is None else {"gpus": quota.get("gpus"), "cpu_slots": quota.get("cpu_slots")},
+            in_use={"gpus": int(in_use.get("gpus") or 0), "cpu_slots": int(in_use.get("cpu_slots") or 0)},
             raw=raw,
         )

@@ -244,3 +244,56 @@ class RestApi:
     def remove_agent(self, agent_id: str) -> Any:
         """Removes an agent: its credential is revoked and its tasks are stopped."""
         return self._json("DELETE", f"{API_PREFIX}/agents/{quote(agent_id, safe='')}")
+
+    # -- sharing the cluster: priorities, the queue, teams and quotas, cordons and drains ------------------
+
+    def set_priority(self, job_id: str, priority: int | str) -> dict[str, Any]:
+        """Changes a pending job's priority (0-1000, or "low", "normal", "high"); returns the job."""
+        body = {"priority": priority}
+        return self._json(
+            "POST", f"{API_PREFIX}/jobs/{quote(job_id, safe='')}/priority", json=body, replayable=True
+        )
+
+    def queue(self, *, offset: int = 0, limit: int = 100) -> dict[str, Any]:
+        """{"jobs": [...], "total", "offset", "limit"}: the waiting jobs in the scheduler's order."""
+        return self._json("GET", f"{API_PREFIX}/queue", params={"offset": offset, "limit": limit})
+
+    def list_teams(self) -> list[dict[str, Any]]:
+        """[{"team", "members", "quota", "in_use"}, ...]: every team with members, a quota or usage."""
+        return self._json("GET", f"{API_PREFIX}/teams")
+
+    def add_team_member(self, team: str, user: str) -> dict[str, Any]:
+        """Puts `user` in `team` (admin); returns the team."""
+        path = f"{API_PREFIX}/teams/{quote(team, safe='')}/members/{quote(user, safe='')}"
+        return self._json("PUT", path, replayable=True)
+
+    def remove_team_member(self, team: str, user: str) -> dict[str, Any]:
+        """Takes `user` out of `team` (admin); returns the team."""
+        path = f"{API_PREFIX}/teams/{quote(team, safe='')}/members/{quote(user, safe='')}"
+        return self._json("DELETE", path)
+
+    def set_quota(self, team: str, gpus: int | None, cpu_slots: int | None) -> dict[str, Any]:
+        """Sets (replaces) a team's quota (admin); None for a kind: no cap. Returns the team."""
+        body = {"gpus": gpus, "cpu_slots": cpu_slots}
+        path = f"{API_PREFIX}/teams/{quote(team, safe='')}/quota"
+        return self._json("PUT", path, json=body, replayable=True)
+
+    def clear_quota(self, team: str) -> dict[str, Any]:
+        """Removes a team's quota (admin); returns the team."""
+        return self._json("DELETE", f"{API_PREFIX}/teams/{quote(team, safe='')}/quota")
+
+    def cordon_agent(self, agent: str, reason: str = "") -> dict[str, Any]:
+        """Cordons an agent (admin): nothing new is placed on it. Returns the agent."""
+        path = f"{API_PREFIX}/agents/{quote(agent, safe='')}/cordon"
+        return self._json("POST", path, json={"reason": reason}, replayable=True)
+
+    def uncordon_agent(self, agent: str) -> dict[str, Any]:
+        """Ends an agent's cordon or drain (admin). Returns the agent."""
+        return self._json("POST", f"{API_PREFIX}/agents/{quote(agent, safe='')}/uncordon")
+
+    def drain_agent(
+        self, agent: str, reason: str = "", grace_seconds: int | None = None, let_finish: bool = False
+    ) -> dict[str, Any]:
+        """Drains an agent (admin): cordons it and preempts its jobs (unless `let_finish`). Returns it."""
+        body = {"reason": reason, "grace_seconds": grace_seconds, "let_finish": let_finish}
+        return self._json("POST", f"{API_PREFIX}/agents/{quote(agent, safe='')}/drain", json=body)

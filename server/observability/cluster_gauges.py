@@ -2,7 +2,10 @@
 
 `ClusterGauges` is a custom collector over services.cluster_counts (a fixed number of aggregate queries,
 whatever the number of jobs and agents) plus what the coordinator holds in memory (connected agent
-streams). It lives in a registry of the app's own, not the process-wide one: every app (tests start
+streams). The queue and the teams' use of the cluster (services.cluster_counts.count_sharing) are read
+in the same transaction; their `team` label is bounded: at most MAX_TEAMS_LABELLED teams get series of
+their own (those with a quota first, then the biggest users of the cluster and of the queue), the rest
+are summed under team="other". It lives in a registry of the app's own, not the process-wide one: every app (tests start
 several in one process) reads its own database. `render` joins both registries into one /metrics page.
 """
 
@@ -17,12 +20,21 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from server.db.engine import Database
-from server.services.cluster_counts import LIVE_TASK_STATES, count_cluster
+from server.services.cluster_counts import (
+    LIVE_TASK_STATES,
+    PRIORITY_BANDS,
+    SharingCounts,
+    count_cluster,
+    count_sharing,
+)
 from server.states import JobState
 
 log = logging.getLogger("mwms.server.metrics")
 LIVENESS_STATES = ("online", "lost", "removed")
 DEVICE_KINDS = ("cpu", "gpu")
+# Series per team-labelled gauge stay bounded however many teams (users without one) there are.
+MAX_TEAMS_LABELLED = 200
+OTHER_TEAMS = "other"
 
 
 def _gauge(name: str, documentation: str, label: str, values: dict[str, int], known: Iterable[str]) -> Metric:
@@ -31,6 +43,68 @@ def _gauge(name: str, documentation: str, label: str, values: dict[str, int], kn
     for value in sorted(set(known) | set(values)):
         gauge.add_metric([value], values.get(value, 0))
     return gauge
+
+
+def _team_labels(counts: SharingCounts, limit: int = MAX_TEAMS_LABELLED) -> dict[str, str]:
+    """Each team's `team` label: its name for the first `limit` (quota first, then by devices held and
+    jobs queued), OTHER_TEAMS for the rest. A real team named "other" shares that series."""
+    teams = set(counts.queued) | set(counts.in_use) | set(counts.quotas)
+
+    def rank(team: str) -> tuple[bool, int, int, int, str]:
+        held = counts.in_use.get(team, {})
+        queued = sum(counts.queued.get(team, {}).values())
+        return (team not in counts.quotas, -held.get("gpu", 0), -held.get("cpu", 0), -queued, team)
+
+    ordered = sorted(teams, key=rank)
+    return {team: team if i < limit else OTHER_TEAMS for i, team in enumerate(ordered)}
+
+
+def _summed(values: dict[str, dict[str, int]], labels: dict[str, str]) -> dict[str, dict[str, int]]:
+    """team -> key -> value summed by team label."""
+    summed: dict[str, dict[str, int]] = {}
+    for team, by_key in values.items():
+        target = summed.setdefault(labels[team], {})
+        for key, value in by_key.items():
+            target[key] = target.get(key, 0) + value
+    return summed
+
+
+def sharing_gauges(counts: SharingCounts, limit: int = MAX_TEAMS_LABELLED) -> Iterator[Metric]:
+    """The queue by band and team, and each team's devices held and quota, with bounded team labels."""
+    labels = _team_labels(counts, limit)
+    shown = sorted(set(labels.values()))
+    queued = _summed(counts.queued, labels)
+    queue = GaugeMetricFamily(
+        "mwms_queue_jobs",
+        "Jobs waiting to be placed (PENDING, RESTARTING, PREEMPTING) by priority band "
+        "(low < 250 <= normal < 750 <= high) and team",
+        labels=["band", "team"],
+    )
+    for team in shown:
+        for band in PRIORITY_BANDS:
+            queue.add_metric([band, team], queued.get(team, {}).get(band, 0))
+    yield queue
+    in_use = _summed(counts.in_use, labels)
+    used = GaugeMetricFamily(
+        "mwms_team_devices_in_use",
+        "Devices (GPUs, CPU slots) that a team's tasks hold, as its quota counts them",
+        labels=["team", "kind"],
+    )
+    for team in shown:
+        for kind in DEVICE_KINDS:
+            used.add_metric([team, kind], in_use.get(team, {}).get(kind, 0))
+    yield used
+    quotas = _summed(counts.quotas, labels)
+    quota = GaugeMetricFamily(
+        "mwms_team_quota_devices",
+        "A team's quota of devices by kind, for the kinds it caps (teams without a quota have none)",
+        labels=["team", "kind"],
+    )
+    for team in sorted(quotas):
+        for kind in DEVICE_KINDS:
+            if kind in quotas[team]:
+                quota.add_metric([team, kind], quotas[team][kind])
+    yield quota
 
 
 class ClusterGauges(Collector):
@@ -48,6 +122,7 @@ class ClusterGauges(Collector):
         try:
             with self._db.read() as session:
                 counts = count_cluster(session)
+                sharing = count_sharing(session)
         except Exception:  # noqa: BLE001 - a scrape still shows the process and counter metrics
             log.exception("counting the cluster for /metrics failed")
             up = GaugeMetricFamily("mwms_cluster_scrape_ok", "1 when the cluster gauges could be read")
@@ -83,6 +158,7 @@ class ClusterGauges(Collector):
             counts.devices_used_by_kind,
             DEVICE_KINDS,
         )
+        yield from sharing_gauges(sharing)
         streams = GaugeMetricFamily("mwms_agent_streams", "Agents with an open stream to this coordinator")
         streams.add_metric([], self._connected_agents())
         yield streams

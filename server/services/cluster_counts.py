@@ -6,6 +6,10 @@ Four GROUP BY queries whatever the size: jobs by state (one pass over the state 
 the devices that live tasks hold. Agents' liveness is
 the same derived rule the API uses (online while now < online_until; the in-memory liveness is flushed
 into online_until every reconciler pass, about once a second), so Grafana and the dashboard agree.
+
+Sharing the cluster (`count_sharing`) takes three more, whatever the size: waiting jobs by team and
+priority band (a range of the state index), the devices each team's tasks hold (an index seek on the
+tasks that hold devices, as services.teams.usage counts them), and the quotas (an admin-managed table).
 """
 
 from __future__ import annotations
@@ -16,21 +20,28 @@ from datetime import datetime
 from sqlalchemy import Integer, case, func, select
 from sqlalchemy.orm import Session
 
-from server.db.models import Agent, Job, Task, utcnow
-from server.services.views import agents_view
-from server.states import JobState, TaskState
+from server.db.models import Agent, Job, Task, TeamQuota, utcnow
+from server.states import DEVICE_HOLDING_TASK_STATES, JobState, TaskState
 
 # Tasks not ended: what the cluster runs now. Ended tasks are history (every attempt of every job) and
 # would make each scrape read the whole table; jobs by state and the histograms cover what ended.
 LIVE_TASK_STATES = [s.value for s in TaskState if not s.terminal]
-# Tasks that hold their devices: not ended, or LOST until their agent confirms they ended (as placement).
-DEVICE_HOLDING_TASK_STATES = [s.value for s in TaskState if not s.terminal] + [TaskState.LOST.value]
 
 
 # The overview's job counts: only the live states are counted, a range of ix_jobs_state_created_id
 # however many jobs finished.
 _JOBS_RUNNING = [JobState.RUNNING.value, JobState.SCHEDULED.value]
-_JOBS_PENDING = [JobState.PENDING.value, JobState.RESTARTING.value]
+_JOBS_PENDING = [JobState.PENDING.value, JobState.RESTARTING.value, JobState.PREEMPTING.value]
+
+# The queue: jobs that wait to be placed (again), a preempted one whose workers are saving included.
+QUEUED_JOB_STATES = [JobState.PENDING.value, JobState.RESTARTING.value, JobState.PREEMPTING.value]
+# Priority bands: low < 250 <= normal < 750 <= high, as observability.instruments.priority_band names
+# them for the queue-wait histogram (a test holds the two to the same edges).
+PRIORITY_BANDS = ("low", "normal", "high")
+NORMAL_PRIORITY_FROM = 250
+HIGH_PRIORITY_FROM = 750
+# Quotas read per scrape at most; far above any real number of teams (services.teams lists as many).
+MAX_QUOTAS_COUNTED = 10_000
 
 
 @dataclass(frozen=True)
@@ -53,6 +64,18 @@ class ClusterCounts:
     # Devices of online agents, and those of them that live tasks hold, by kind ("gpu", "cpu").
     devices_by_kind: dict[str, int] = field(default_factory=dict)
     devices_used_by_kind: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class SharingCounts:
+    """The queue and the teams' use of the cluster, by team (the job's team when it was submitted)."""
+
+    # team -> band -> jobs waiting (QUEUED_JOB_STATES)
+    queued: dict[str, dict[str, int]] = field(default_factory=dict)
+    # team -> kind ("gpu", "cpu") -> GPUs / CPU slots its tasks hold now
+    in_use: dict[str, dict[str, int]] = field(default_factory=dict)
+    # team -> kind -> the quota's cap; a kind without a cap is absent
+    quotas: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 def count_cluster(session: Session, now: datetime | None = None) -> ClusterCounts:
@@ -96,8 +119,48 @@ def count_cluster(session: Session, now: datetime | None = None) -> ClusterCount
     return counts
 
 
+def count_sharing(session: Session) -> SharingCounts:
+    """Counts the queue by team and band, the devices each team holds and the quotas in three queries."""
+    counts = SharingCounts()
+    band = case(
+        (Job.priority < NORMAL_PRIORITY_FROM, "low"),
+        (Job.priority < HIGH_PRIORITY_FROM, "normal"),
+        else_="high",
+    ).label("band")
+    for team, band_name, jobs in session.execute(
+        select(Job.team, band, func.count()).where(Job.state.in_(QUEUED_JOB_STATES)).group_by(Job.team, band)
+    ).all():
+        per_team = counts.queued.setdefault(team, {})
+        per_team[band_name] = per_team.get(band_name, 0) + jobs
+
+    # As services.teams.usage (what quotas are checked against): a GPU task holds its GPUs, a CPU task
+    # one slot, until it has ended (a LOST one until its agent confirms), wherever its agent is.
+    is_gpu = Task.device_kind == "gpu"
+    kind = case((is_gpu, "gpu"), else_="cpu").label("kind")
+    held = func.sum(
+        case((is_gpu, func.coalesce(func.json_array_length(Task.device_indices), 0)), else_=1), type_=Integer
+    )
+    for team, device_kind, used in session.execute(
+        select(Job.team, kind, held)
+        .join(Job, Job.id == Task.job_id)
+        .where(Task.state.in_(DEVICE_HOLDING_TASK_STATES))
+        .group_by(Job.team, kind)
+    ).all():
+        per_team = counts.in_use.setdefault(team, {})
+        per_team[device_kind] = per_team.get(device_kind, 0) + int(used or 0)
+
+    for team, gpus, cpu_slots in session.execute(
+        select(TeamQuota.team, TeamQuota.gpus, TeamQuota.cpu_slots).limit(MAX_QUOTAS_COUNTED)
+    ).all():
+        caps = {"gpu": gpus, "cpu": cpu_slots}
+        counts.quotas[team] = {device_kind: cap for device_kind, cap in caps.items() if cap is not None}
+    return counts
+
+
 def count_overview(session: Session) -> ClusterOverview:
     """The overview: devices as the agents list counts them (services.views.agents_view), jobs by state."""
+    from server.services.views import agents_view  # views imports jobs -> teams -> states; kept local
+
     agents = agents_view(session)
     online = [a for a in agents if a.online]
     counts = dict(

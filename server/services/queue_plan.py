@@ -119,6 +119,18 @@ class _Free:
             )
         return result
 
+    def units(self, kind: str, per_worker: int, without: Mapping[str, set[int]] | None = None) -> int:
+        """Workers of this shape that fit on what is free, less `without`, counted without building offers."""
+        total = 0
+        for agent_id, free in self.free.items():
+            if self.agents[agent_id].device_kind != kind:
+                continue
+            if without and agent_id in without:
+                total += len(free - without[agent_id]) // per_worker
+            else:
+                total += len(free) // per_worker
+        return total
+
 
 def _units(offer: Sequence[AgentCapacity], kind: str, per_worker: int) -> int:
     """How many workers of this shape fit on `offer` now."""
@@ -155,33 +167,43 @@ def plan_pass(inputs: PlanInputs) -> Plan:
     preemptable = {r.job_id: r for r in inputs.running if r.preemptable}
     reservation: _Reservation | None = None
     searches = 0
-    cache: dict[tuple[int, str, int], int] = {}
+    cache: dict[tuple[Any, ...], int] = {}
 
-    def ordinary_offer(job: WaitingJob) -> list[AgentCapacity]:
+    def blocked_for(job: WaitingJob) -> dict[str, set[int]]:
+        """What the job may not use: others' holds, and the reservation unless it is its own or it backfills."""
         own = holds.get(job.job_id, {})
-        others = {a: d - own.get(a, set()) for a, d in held_all.items()}
-        blocked = dict(others)
+        blocked = {a: d - own.get(a, set()) for a, d in held_all.items()}
         if (
             reservation is not None
             and reservation.job.job_id != job.job_id
             and not _ends_before(job, reservation, now)
         ):
-            blocked = _merge(others, reservation.devices)
-        return free.offer(without=blocked)
+            blocked = _merge(blocked, reservation.devices)
+        return blocked
 
     def plain_units(job: WaitingJob) -> int:
         key = (free.version, job.kind, job.per_worker)
         if key not in cache:
-            cache[key] = _units(free.offer(without=held_all), job.kind, job.per_worker)
+            cache[key] = free.units(job.kind, job.per_worker, held_all)
+        return cache[key]
+
+    def units_for(job: WaitingJob, own_hold: bool) -> int:
+        """Workers of the job's shape its offer holds; cached for the common case (no hold, no backfill)."""
+        if own_hold or reservation is None or _ends_before(job, reservation, now):
+            return free.units(job.kind, job.per_worker, blocked_for(job))
+        key = (free.version, job.kind, job.per_worker, -1)
+        if key not in cache:
+            cache[key] = free.units(job.kind, job.per_worker, blocked_for(job))
         return cache[key]
 
     reservation_tries = 0
     reasons: dict[tuple[Any, ...], dict[str, Any]] = {}
+    idle = _Idle(inputs.offer, inputs.cordoned)
 
     def blocked(job: WaitingJob) -> dict[str, Any]:
         key = (free.version, len(held_all), job.kind, job.per_worker, job.workers)
         if key not in reasons:
-            reasons[key] = _blocked_reason(job, free, held_all, inputs, reservation, holds)
+            reasons[key] = _blocked_reason(job, free, held_all, idle, reservation, holds)
         return reasons[key]
 
     for job in inputs.order:
@@ -191,12 +213,12 @@ def plan_pass(inputs: PlanInputs) -> Plan:
         in_use = usage.get(job.team, {}).get(job.kind, 0)
         limit = inputs.quotas.get(job.team, {}).get(job.kind)
         over_quota = limit is not None and in_use + job.need > limit
-        if over_quota and not job.preemptible:
+        if limit is not None and over_quota and not job.preemptible:
             plan.waiting[job.job_id] = wait_reasons.over_quota(job, in_use, limit, borrowable=False)
             continue
         if job.pinned:
             pinned = place_pinned(
-                ordinary_offer(job),
+                free.offer(without=blocked_for(job)),
                 list(job.pinned),
                 job.gpus_per_worker,
                 rng,
@@ -208,14 +230,14 @@ def plan_pass(inputs: PlanInputs) -> Plan:
                 _placed(plan, free, usage, job, pinned, borrowed=over_quota)
             continue
         own_hold = job.job_id in holds
-        if own_hold or plain_units(job) >= job.workers:
-            offer = ordinary_offer(job)
-            if _units(offer, job.kind, job.per_worker) >= job.workers:
-                tasks = place_gang(offer, job.workers, job.gpus_per_worker, rng)
-                if isinstance(tasks, list):
-                    _placed(plan, free, usage, job, tasks, borrowed=over_quota)
-                    continue
-        if over_quota:  # borrowing takes idle capacity only: it never preempts and never reserves
+        if (own_hold or plain_units(job) >= job.workers) and units_for(job, own_hold) >= job.workers:
+            tasks = place_gang(free.offer(without=blocked_for(job)), job.workers, job.gpus_per_worker, rng)
+            if isinstance(tasks, list):
+                _placed(plan, free, usage, job, tasks, borrowed=over_quota)
+                continue
+        if (
+            limit is not None and over_quota
+        ):  # borrowing takes idle capacity only: no preemption, no reservation
             plan.waiting[job.job_id] = wait_reasons.over_quota(job, in_use, limit, borrowable=True)
             continue
         if own_hold:
@@ -242,6 +264,7 @@ def plan_pass(inputs: PlanInputs) -> Plan:
             reservation = _reserve(job, free, held_all, inputs.running, now, rng)
             if reservation is not None:
                 reasons.clear()
+                cache.clear()
                 plan.waiting[job.job_id] = wait_reasons.reserved_head(job, reservation.starts_at)
                 continue
         plan.waiting[job.job_id] = blocked(job)
@@ -344,18 +367,19 @@ def _reserve(
 
     total = units()
     ending = sorted(
-        (r for r in running if r.ends_at is not None and r.kind == job.kind), key=lambda r: r.ends_at
-    )  # type: ignore[arg-type, return-value]
+        ((r.ends_at, r) for r in running if r.ends_at is not None and r.kind == job.kind),
+        key=lambda pair: pair[0],
+    )
     starts_at: datetime | None = None
     found = False
-    for r in ending:
+    for ends_at, r in ending:
         for agent_id, devices in r.devices.items():
             if agent_id in sim:
                 before = len(sim[agent_id]) // job.per_worker
                 sim[agent_id] |= set(devices) - held.get(agent_id, set())
                 total += len(sim[agent_id]) // job.per_worker - before
         if total >= job.workers:
-            starts_at, found = max(r.ends_at or now, now), True
+            starts_at, found = max(ends_at, now), True
             break
     if not found:
         for r in running:  # then the ones that never end
@@ -372,44 +396,42 @@ def _reserve(
     return _Reservation(job, _devices_of(tasks), starts_at)
 
 
+class _Idle:
+    """What the cluster offers when nothing runs, and what cordoned agents add: fixed for a pass."""
+
+    def __init__(self, offer: Sequence[AgentCapacity], cordoned: Sequence[AgentCapacity]) -> None:
+        self.offer = [replace(a, free_devices=a.all_devices, used_ports=frozenset()) for a in offer]
+        self.cordoned = list(cordoned)
+        self._never: dict[tuple[str, int, int], str] = {}
+
+    def never(self, job: WaitingJob) -> str:
+        """place_gang's own explanation when the job could not fit even on an idle cluster, else ''."""
+        key = (job.kind, job.per_worker, job.workers)
+        if key not in self._never:
+            result = place_gang(self.offer, job.workers, job.gpus_per_worker)
+            self._never[key] = result.reason if isinstance(result, NoFit) else ""
+        return self._never[key]
+
+    def cordoned_units(self, job: WaitingJob) -> int:
+        return _units(self.cordoned, job.kind, job.per_worker)
+
+
 def _blocked_reason(
     job: WaitingJob,
     free: _Free,
     held_all: Mapping[str, set[int]],
-    inputs: PlanInputs,
+    idle: _Idle,
     reservation: _Reservation | None,
     holds: Mapping[str, Mapping[str, set[int]]],
 ) -> dict[str, Any]:
     """Why a job that does not fit waits: held for a preemptor, reserved for the head, cordons, or no fit."""
-    bare = free.offer()
-    if _units(bare, job.kind, job.per_worker) >= job.workers:
-        ahead = next(
-            (j for j, d in holds.items() if j != job.job_id and _overlaps(d, {a.agent_id for a in bare})),
-            None,
-        )
+    bare = free.units(job.kind, job.per_worker)
+    if bare >= job.workers:
         if reservation is not None and reservation.job.job_id != job.job_id:
             return wait_reasons.reserved_for(job, reservation.job.job_id, reservation.starts_at)
+        ahead = next((j for j, d in holds.items() if j != job.job_id and any(d.values())), None)
         if ahead is not None:
             return wait_reasons.behind_priority(job, ahead)
-    if inputs.cordoned:
-        with_cordoned = list(bare) + list(inputs.cordoned)
-        if (
-            _units(bare, job.kind, job.per_worker)
-            < job.workers
-            <= _units(with_cordoned, job.kind, job.per_worker)
-        ):
-            return wait_reasons.cordoned(job)
-    return wait_reasons.no_fit(
-        job, _units(free.offer(without=held_all), job.kind, job.per_worker), _why(job, bare)
-    )
-
-
-def _overlaps(devices: Mapping[str, set[int]], agents: set[str]) -> bool:
-    return any(a in agents and d for a, d in devices.items())
-
-
-def _why(job: WaitingJob, offer: Sequence[AgentCapacity]) -> str:
-    """place_gang's own explanation when the job could never fit (too big), else ''."""
-    idle = [replace(a, free_devices=a.all_devices, used_ports=frozenset()) for a in offer]
-    result = place_gang(idle, job.workers, job.gpus_per_worker)
-    return result.reason if isinstance(result, NoFit) else ""
+    if bare < job.workers <= bare + idle.cordoned_units(job):
+        return wait_reasons.cordoned(job)
+    return wait_reasons.no_fit(job, free.units(job.kind, job.per_worker, held_all), idle.never(job))

@@ -23,7 +23,6 @@ from server.observability.instruments import observe_queue_wait
 from server.poison import contain, isolated
 from server.services import teams
 from server.services.agents import capacities
-from server.services.cluster_counts import DEVICE_HOLDING_TASK_STATES
 from server.services.jobs import NEVER_S
 from server.services.lifecycle import (
     attempt_placed,
@@ -36,7 +35,7 @@ from server.services.placement import AgentCapacity
 from server.services.queue_order import WaitingJob, queue_order
 from server.services.queue_plan import Placement, PlanInputs, PreemptionDecision, RunningJob, plan_pass
 from server.services.tf_config import build_tf_config
-from server.states import JobState, TaskState
+from server.states import DEVICE_HOLDING_TASK_STATES, JobState, TaskState
 
 log = logging.getLogger("mwms.server.scheduling")
 WAITING_STATES = (JobState.PENDING.value, JobState.RESTARTING.value, JobState.PREEMPTING.value)

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from server.db.models import Job, Task, TeamMember, TeamQuota, utcnow
 from server.errors import InvalidInput, NotFound
 from server.limits import MAX_NAME_CHARS
-from server.services.cluster_counts import DEVICE_HOLDING_TASK_STATES
+from server.states import DEVICE_HOLDING_TASK_STATES
 
 MAX_QUOTA = 1_000_000  # devices of one kind a quota may name; far above any cluster
 MAX_TEAMS_LISTED = 10_000

@@ -11,10 +11,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from server.db.models import Agent, Job, StackDump, StackRequest, Task
-from server.services import stacks
+from server.services import stacks, teams
 from server.services.agents import is_online, live_tasks_by_agent
 from server.services.jobs import read_job
 from server.services.stack_text import ThreadStack, parse_threads
+from server.services.teams import Quota
 from server.services.telemetry import Progress, latest_progress
 
 
@@ -34,6 +35,11 @@ class AgentView:
     @property
     def devices_free(self) -> int:
         return max(0, len(self.agent.devices) - self.devices_used)
+
+    @property
+    def drained(self) -> bool:
+        """Draining, and no task holds its devices any more: the machine may be taken away."""
+        return self.agent.draining and not self.tasks
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,33 @@ def agent_names(session: Session, agent_ids: set[str]) -> dict[str, str]:
     if not agent_ids:
         return {}
     return dict(session.execute(select(Agent.id, Agent.name).where(Agent.id.in_(agent_ids))).all())
+
+
+@dataclass(frozen=True)
+class TeamView:
+    """A team: its members, its quota (None: none) and the devices its jobs hold, by kind ("gpu", "cpu")."""
+
+    team: str
+    members: list[str]
+    quota: Quota | None
+    in_use: dict[str, int]
+
+
+def teams_view(session: Session, team: str | None = None) -> list[TeamView]:
+    """Every team that has members, a quota or jobs holding devices, by name; or only `team` (three
+    queries)."""
+    members, quotas, used = teams.members(session), teams.quotas(session), teams.usage(session)
+    # Jobs from before teams existed have team "": no team to show.
+    names = sorted(n for n in {*members, *quotas, *used} if n) if team is None else [team]
+    return [
+        TeamView(
+            team=name,
+            members=members.get(name, []),
+            quota=quotas.get(name),
+            in_use={"gpu": 0, "cpu": 0} | used.get(name, {}),
+        )
+        for name in names
+    ]
 
 
 def agents_view(session: Session, agent_id: str | None = None) -> list[AgentView]:

@@ -4,6 +4,9 @@ It lets the browser tests check rendering, live updates, escaping and the cancel
 TensorFlow. The shapes follow server/schemas.py; the real coordinator is exercised by test_dashboard_e2e.py.
 Authentication is a small copy of the real rules (server/api/auth.py): three fixed tokens, session cookies,
 401 without one, 403 for a viewer's writes, someone else's cancel or a cookie write from a foreign origin.
+Sharing (issue 18): jobs carry team, priority, preemptible and waiting; /api/v1/queue lists the waiting jobs
+(PENDING, RESTARTING, PREEMPTING) highest priority first, then oldest; /api/v1/teams answers
+`FakeCluster.teams`; agents carry cordon fields, set per agent in `FakeCluster.agent_cordons`.
 """
 
 from __future__ import annotations
@@ -38,6 +41,27 @@ USER_TOKEN = "fake-user-token"
 VIEWER_TOKEN = "fake-viewer-token"
 # secret -> (user, role); bob submitted two of the jobs below, alice the others.
 TOKENS = {ADMIN_TOKEN: ("alice", "admin"), USER_TOKEN: ("bob", "user"), VIEWER_TOKEN: ("carol", "viewer")}
+
+
+WAITING_STATES = ("PENDING", "RESTARTING", "PREEMPTING")
+NO_FIT = {
+    "kind": "no_fit",
+    "message": "needs 2 workers × 1 GPU at once; the most free on online agents is 1 GPU",
+    "estimated_start": None,
+}
+
+
+def default_teams() -> list[dict[str, Any]]:
+    """What GET /api/v1/teams answers unless a test changes it: a team with a GPU quota and a team of one."""
+    return [
+        {
+            "team": "vision",
+            "members": ["alice", "bob"],
+            "quota": {"gpus": 4, "cpu_slots": None},
+            "in_use": {"gpus": 1, "cpu_slots": 0},
+        },
+        {"team": "carol", "members": [], "quota": None, "in_use": {"gpus": 0, "cpu_slots": 0}},
+    ]
 
 
 def _iso(moment: datetime | None) -> str | None:
@@ -87,6 +111,10 @@ class FakeJob:
     reason: str = ""
     submitted_by: str = "alice"
     cancelled_by: str = ""
+    team: str = "vision"
+    priority: int = 500
+    preemptible: bool = True
+    waiting: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         last_loss = next((p for p in reversed(self.metrics) if p["name"] == "loss"), None)
@@ -107,6 +135,27 @@ class FakeJob:
             "loss": last_loss["value"] if last_loss else None,
             "submitted_by": self.submitted_by,
             "cancelled_by": self.cancelled_by,
+            "team": self.team,
+            "priority": self.priority,
+            "preemptible": self.preemptible,
+            "waiting": self.waiting if self.state in WAITING_STATES else {},
+        }
+
+    def queue_row(self, position: int) -> dict[str, Any]:
+        """This job as GET /api/v1/queue lists it."""
+        return {
+            "position": position,
+            "job_id": self.id,
+            "name": self.name,
+            "state": self.state,
+            "team": self.team,
+            "submitted_by": self.submitted_by,
+            "priority": self.priority,
+            "workers": 2,
+            "gpus_per_worker": 1,
+            "preemptible": self.preemptible,
+            "created_at": _iso(self.created_at),
+            "waiting": self.waiting,
         }
 
     def detail(self) -> dict[str, Any]:
@@ -230,6 +279,10 @@ class FakeCluster:
         self.jobs: dict[str, FakeJob] = {}
         self.sessions: dict[str, tuple[str, str]] = {}  # cookie secret -> (user, role)
         self.cancel_refusal: str | None = None  # when set, every cancel answers 403 with it
+        self.teams: list[dict[str, Any]] = []
+        self.teams_refusal: str | None = None  # when set, GET /api/v1/teams answers 500 with it
+        # agent id -> the cordon fields it answers with (cordoned, cordoned_at, cordoned_by, ...)
+        self.agent_cordons: dict[str, dict[str, Any]] = {}
         self.reset()
 
     def reset(self) -> None:
@@ -238,6 +291,9 @@ class FakeCluster:
             self.empty = False
             self.sessions.clear()
             self.cancel_refusal = None
+            self.teams = default_teams()
+            self.teams_refusal = None
+            self.agent_cordons = {}
             finishing = FakeJob(
                 "7f3c2a91d0b44c7e9a61b0c3d5e8f201",
                 "resnet50-imagenet",
@@ -268,7 +324,11 @@ class FakeCluster:
                 submitted_by="bob",
             )
             pending = FakeJob(
-                "aa55aa55aa55aa55aa55aa55aa55aa55", "waiting-for-gpus", "PENDING", T0 + timedelta(minutes=40)
+                "aa55aa55aa55aa55aa55aa55aa55aa55",
+                "waiting-for-gpus",
+                "PENDING",
+                T0 + timedelta(minutes=40),
+                waiting=dict(NO_FIT),
             )
             self.jobs = {job.id: job for job in (finishing, xss, done, pending)}
 
@@ -282,6 +342,15 @@ class FakeCluster:
             job.state = "SUCCEEDED"
             job.reason = "all tasks exited 0"
 
+
+NOT_CORDONED = {
+    "cordoned": False,
+    "cordoned_at": None,
+    "cordoned_by": "",
+    "cordon_reason": "",
+    "draining": False,
+    "drained": False,
+}
 
 AGENTS = [
     {
@@ -305,6 +374,7 @@ AGENTS = [
         ],
         "devices_used": 1,
         "devices_free": 3,
+        **NOT_CORDONED,
         "tasks": [
             {
                 "job_id": "7f3c2a91d0b44c7e9a61b0c3d5e8f201",
@@ -330,6 +400,7 @@ AGENTS = [
         ],
         "devices_used": 0,
         "devices_free": 2,
+        **NOT_CORDONED,
         "tasks": [],
     },
 ]
@@ -510,7 +581,25 @@ def create_fake_app(cluster: FakeCluster) -> FastAPI:
         if cluster.empty:
             return JSONResponse([])
         fresh = [dict(AGENTS[0], last_heartbeat_at=_iso(datetime.now(timezone.utc))), AGENTS[1]]
-        return JSONResponse(fresh)
+        return JSONResponse([dict(agent, **cluster.agent_cordons.get(agent["id"], {})) for agent in fresh])
+
+    @app.get("/api/v1/queue")
+    def queue(offset: int = Query(default=0, ge=0), limit: int = Query(default=50, ge=1, le=500)) -> dict:
+        with cluster.lock:
+            waiting = [] if cluster.empty else [j for j in cluster.jobs.values() if j.state in WAITING_STATES]
+        waiting.sort(key=lambda job: (-job.priority, job.created_at))
+        return {
+            "jobs": [job.queue_row(offset + i + 1) for i, job in enumerate(waiting[offset : offset + limit])],
+            "total": len(waiting),
+            "offset": offset,
+            "limit": limit,
+        }
+
+    @app.get("/api/v1/teams")
+    def teams() -> list:
+        if cluster.teams_refusal:
+            raise HTTPException(500, cluster.teams_refusal)
+        return [] if cluster.empty else cluster.teams
 
     app.include_router(dashboard.router)
     return app

@@ -12,8 +12,12 @@ from mwms.cli.main import app
 
 COMMANDS = ["server", "agent", "submit", "jobs", "agents", "status", "logs", "cancel", "metrics", "artifacts"]
 COMMANDS += ["quickstart", "login", "logout", "whoami", "token", "agent-token", "remove-agent"]
+COMMANDS += ["priority", "queue", "team", "quota"]
 SUBCOMMANDS = [["token", name] for name in ("create", "list", "revoke")]
 SUBCOMMANDS += [["agent-token", name] for name in ("create", "list", "revoke")]
+SUBCOMMANDS += [["team", name] for name in ("list", "add", "remove")]
+SUBCOMMANDS += [["quota", name] for name in ("set", "clear")]
+SUBCOMMANDS += [["agent", name] for name in ("cordon", "uncordon", "drain")]
 
 runner = CliRunner()
 
@@ -40,10 +44,25 @@ def test_subcommand_help(argv: list[str]) -> None:
     assert "Usage" in result.output
 
 
-@pytest.mark.parametrize("group", ["token", "agent-token"])
-def test_command_groups_list_their_subcommands(group: str) -> None:
+@pytest.mark.parametrize(
+    ("group", "names"),
+    [
+        ("token", ("create", "list", "revoke")),
+        ("agent-token", ("create", "list", "revoke")),
+        ("team", ("list", "add", "remove")),
+        ("quota", ("set", "clear")),
+    ],
+)
+def test_command_groups_list_their_subcommands(group: str, names: tuple[str, ...]) -> None:
     result = runner.invoke(app, [group])
-    assert all(name in result.output for name in ("create", "list", "revoke")), result.output
+    assert all(name in result.output for name in names), result.output
+
+
+def test_agent_help_lists_cordon_uncordon_and_drain() -> None:
+    # `mwms agent` runs an agent; its subcommands act on one through the API.
+    result = runner.invoke(app, ["agent", "--help"])
+    assert result.exit_code == 0, result.output
+    assert all(name in result.output for name in ("cordon", "uncordon", "drain", "--server")), result.output
 
 
 def test_exit_codes_include_not_authorized() -> None:

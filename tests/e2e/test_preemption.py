@@ -8,9 +8,10 @@ from datetime import datetime
 from typing import Any
 
 import pytest
-from cluster import Cluster, wait_until
 
 from mwms.task_environment import PREEMPTED_AND_SAVED_EXIT_CODE
+
+from cluster import Cluster, wait_until
 
 # Saves on SIGTERM (as mwms_runtime's preemption handler does) and exits with the "saved" code.
 SAVER = f"""

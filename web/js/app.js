@@ -9,6 +9,7 @@ import { currentUser, setCurrentUser } from "./session.js";
 import { mountAgents } from "./views/agents.js";
 import { mountJob } from "./views/job.js";
 import { mountJobs } from "./views/jobs.js";
+import { mountQueue } from "./views/queue.js";
 
 const view = document.getElementById("view");
 const banner = document.getElementById("banner");
@@ -18,13 +19,14 @@ const updated = document.getElementById("updated");
 let unmountView = null;
 let overviewPoller = null;
 
-/** {page, id, params} from location.hash: #/jobs?state=RUNNING, #/jobs/<id>, #/agents. */
+/** {page, id, params} from location.hash: #/jobs?state=RUNNING, #/jobs/<id>, #/queue, #/agents. */
 function parseRoute() {
   const hash = location.hash.replace(/^#\/?/, "");
   const [path, query = ""] = hash.split("?");
   const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
   const params = new URLSearchParams(query);
   if (parts[0] === "agents") return { page: "agents", params };
+  if (parts[0] === "queue") return { page: "queue", params };
   if (parts[0] === "jobs" && parts[1]) return { page: "job", id: parts[1], params };
   return { page: "jobs", params };
 }
@@ -45,6 +47,9 @@ function route() {
   if (page === "agents") {
     document.title = "Agents · mwms";
     unmountView = mountAgents(view);
+  } else if (page === "queue") {
+    document.title = "Queue · mwms";
+    unmountView = mountQueue(view, params);
   } else if (page === "job") {
     document.title = "Job · mwms";
     unmountView = mountJob(view, id);

@@ -2,7 +2,52 @@
 
 const TERMINAL_JOB_STATES = new Set(["SUCCEEDED", "FAILED", "CANCELLED"]);
 
-export const JOB_STATES = ["PENDING", "SCHEDULED", "RUNNING", "RESTARTING", "SUCCEEDED", "FAILED", "CANCELLED"];
+export const JOB_STATES = ["PENDING", "SCHEDULED", "RUNNING", "RESTARTING", "PREEMPTING", "SUCCEEDED", "FAILED", "CANCELLED"];
+
+// States of a job that waits to be placed (again): the queue's, and the job page's "why it waits".
+const WAITING_JOB_STATES = new Set(["PENDING", "RESTARTING", "PREEMPTING"]);
+
+export function isWaiting(state) {
+  return WAITING_JOB_STATES.has(state);
+}
+
+// Why a job waits (the `kind` of its `waiting` reason, server/services/wait_reasons.py), in words.
+const WAIT_KINDS = {
+  over_quota: "over quota",
+  no_fit: "no fit",
+  reserved: "reserved",
+  behind_priority: "behind priority",
+  cordoned: "cordoned",
+  pinned: "pinned",
+  backoff: "backoff",
+  preempting: "preempting",
+};
+
+/** The words for a waiting reason's kind; an unknown kind is shown as it came. */
+export function waitKindLabel(kind) {
+  return Object.hasOwn(WAIT_KINDS, kind) ? WAIT_KINDS[kind] : String(kind || "waiting");
+}
+
+/** A class-safe name for a waiting reason's kind ("other" for one the dashboard does not know). */
+export function waitKindClass(kind) {
+  return Object.hasOwn(WAIT_KINDS, kind) ? kind.replaceAll("_", "-") : "other";
+}
+
+/** The band of a priority, as the coordinator counts it: low < 250 <= normal < 750 <= high. */
+export function priorityBand(priority) {
+  const value = Number(priority);
+  if (!Number.isFinite(value)) return "normal";
+  return value < 250 ? "low" : value < 750 ? "normal" : "high";
+}
+
+/** "in 3m 20s", "any moment" once the time has come, "unknown" when there is none. */
+export function formatUntil(value) {
+  const date = parseTime(value);
+  if (!date) return "unknown";
+  const seconds = (date.getTime() - Date.now()) / 1000;
+  if (seconds < 1) return "any moment";
+  return `in ${formatSeconds(seconds)}`;
+}
 
 export function isTerminal(state) {
   return TERMINAL_JOB_STATES.has(state);

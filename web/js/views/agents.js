@@ -1,7 +1,7 @@
 // The agents page: each machine's devices, what runs on them, and whether it is still heard from.
 
 import { API, getJson, describeError, UnreachableError } from "../api.js";
-import { h, replaceChildren, emptyState, table } from "../dom.js";
+import { clampedText, h, replaceChildren, emptyState, table } from "../dom.js";
 import { formatAgo, formatTime } from "../format.js";
 import { startPolling } from "../poll.js";
 import { deviceReadings, latestDevicesByAgent } from "./devices.js";
@@ -50,12 +50,31 @@ function taskLinks(tasks) {
   );
 }
 
+/**
+ * Whether the agent takes new work: drained (cordoned, and nothing of its jobs left on it), draining (its jobs
+ * are being preempted and placed elsewhere) or cordoned (no new placements), with who did it, when and why.
+ * Nothing for an agent in service.
+ */
+function cordonStatus(agent) {
+  if (!agent.cordoned && !agent.draining && !agent.drained) return null;
+  const state = agent.drained ? "drained" : agent.draining ? "draining" : "cordoned";
+  const who = agent.cordoned_by ? `by ${agent.cordoned_by}` : null;
+  const when = agent.cordoned_at ? h("span", { title: formatTime(agent.cordoned_at) }, formatAgo(agent.cordoned_at)) : null;
+  return h(
+    "div",
+    { class: "cordon", dataset: { testid: "agent-cordon", cordon: state } },
+    h("span", { class: ["cordon-tag", `cordon-${state}`] }, state),
+    who || when ? h("div", { class: "muted small cordon-who" }, who, who && when ? " · " : null, when) : null,
+    agent.cordon_reason ? h("div", { class: "small cordon-reason" }, clampedText(agent.cordon_reason, { limit: 120 })) : null,
+  );
+}
+
 function agentRow(agent, readings) {
   return h(
     "tr",
     { dataset: { agentId: agent.id, online: String(agent.online) }, class: agent.online ? null : "row-lost" },
     h("td", { class: "cell-name" }, h("div", { class: "strong" }, agent.name), h("div", { class: "muted small" }, agent.hostname)),
-    h("td", null, h("span", { class: ["badge", agent.online ? "state-online" : "state-lost"] }, agent.online ? "online" : "lost")),
+    h("td", { class: "cell-status" }, h("span", { class: ["badge", agent.online ? "state-online" : "state-lost"] }, agent.online ? "online" : "lost"), cordonStatus(agent)),
     h("td", { class: "nowrap" }, h("div", { class: "mono" }, agent.address), h("div", { class: "muted small" }, agent.port_range ? `ports ${agent.port_range}` : "")),
     h("td", null, describeDevices(agent.devices), deviceReadings(readings)),
     h("td", null, usageBar(agent.devices_used, agent.devices_free)),

@@ -14,6 +14,7 @@ import {
   formatShortTime,
   formatTime,
   isTerminal,
+  isWaiting,
   shellJoin,
 } from "../format.js";
 import { LogViewer } from "../logs.js";
@@ -21,6 +22,7 @@ import { startPolling } from "../poll.js";
 import { JobDevices } from "./devices.js";
 import { JobStacks } from "./stacks.js";
 import { JobPreflight } from "./preflight.js";
+import { estimatedStart, priorityText, waitKindBadge } from "../waiting.js";
 import { mayCancel } from "../session.js";
 
 // After a job ends, keep refreshing metrics and artifacts a little longer: the last reports and
@@ -67,6 +69,8 @@ export function mountJob(container, jobId) {
   const notice = h("p", { class: "inline-error", hidden: true, role: "status" });
   const loadError = h("p", { class: "inline-error", hidden: true, role: "status" });
   const stats = h("div", { class: "kv-strip" });
+  // Why a waiting job waits and when it may start (its `waiting` reason); hidden once it is placed.
+  const waitingBox = h("section", { class: "waiting-box", dataset: { testid: "job-waiting" }, hidden: true, "aria-label": "Why this job waits" });
   const chartsGrid = h("div", { class: "charts" });
   const charts = new Map();
   const devices = new JobDevices(jobId); // GPU utilisation and memory per task; hidden for CPU-only jobs
@@ -92,6 +96,7 @@ export function mountJob(container, jobId) {
     ),
     notice,
     loadError,
+    waitingBox,
     stats,
     panel("Metrics", chartsGrid, { id: "metrics" }),
     devices.element,
@@ -150,6 +155,9 @@ export function mountJob(container, jobId) {
       stats,
       stat("Submitted by", job.submitted_by || "–", "job-submitted-by"),
       job.cancelled_by ? stat("Cancelled by", job.cancelled_by, "job-cancelled-by") : null,
+      stat("Team", job.team || "–", "job-team"),
+      stat("Priority", priorityText(job.priority), "job-priority"),
+      stat("Preemptible", job.preemptible === false ? "no" : "yes", "job-preemptible"),
       stat("Workers × devices", formatShape(job.workers, job.gpus_per_worker), "job-shape"),
       stat("Step", job.step === null || job.step === undefined ? "–" : formatInteger(job.step), "job-step"),
       stat("Loss", formatNumber(job.loss), "job-loss"),
@@ -158,6 +166,25 @@ export function mountJob(container, jobId) {
       stat("Duration", formatDuration(job.started_at, job.finished_at), "job-duration"),
       stat("Attempts", `${job.attempts} (${job.restarts} restart${job.restarts === 1 ? "" : "s"})`, "job-attempts"),
     );
+  }
+
+  function renderWaiting() {
+    const waiting = job.waiting || {};
+    const shown = isWaiting(job.state) && Boolean(waiting.kind || waiting.message);
+    waitingBox.hidden = !shown;
+    // Rendered every poll while shown: the estimated start is relative ("in 3m").
+    if (!shown) {
+      waitingBox.replaceChildren();
+      return;
+    }
+    const open = waitingBox.querySelector("details[open]") !== null;
+    replaceChildren(
+      waitingBox,
+      h("div", { class: "waiting-head" }, h("span", { class: "waiting-title" }, "Waiting"), waiting.kind ? waitKindBadge(waiting.kind) : null),
+      waiting.message ? h("div", { class: "waiting-message", dataset: { testid: "job-waiting-message" } }, clampedText(waiting.message, { limit: 240 })) : null,
+      h("div", { class: "waiting-start muted small" }, "Estimated start: ", h("span", { dataset: { testid: "job-estimated-start" } }, estimatedStart(waiting))),
+    );
+    if (open) waitingBox.querySelector("details")?.setAttribute("open", "");
   }
 
   function renderTasks() {
@@ -343,6 +370,7 @@ export function mountJob(container, jobId) {
     }
     logs.setTaskCount(job.workers);
     renderHeader();
+    renderWaiting();
     renderTasks();
     renderHistory();
     renderSpec();

@@ -59,7 +59,9 @@ def upgrade() -> None:
         batch_op.create_index("ix_preemptions_victim_at", ["victim_job_id", "at"], unique=False)
     with op.batch_alter_table("agents", schema=None) as batch_op:
         batch_op.add_column(sa.Column("cordoned_at", UTC, nullable=True))
-        batch_op.add_column(sa.Column("cordoned_by", sa.String(length=200), server_default="", nullable=False))
+        batch_op.add_column(
+            sa.Column("cordoned_by", sa.String(length=200), server_default="", nullable=False)
+        )
         batch_op.add_column(sa.Column("cordon_reason", sa.Text(), server_default="", nullable=False))
         batch_op.add_column(sa.Column("draining", sa.Boolean(), server_default=sa.false(), nullable=False))
     with op.batch_alter_table("attempts", schema=None) as batch_op:
