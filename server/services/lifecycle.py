@@ -219,6 +219,21 @@ def release_preempted(session: Session, job: Job, now: datetime) -> None:
     )
 
 
+def preempted_seconds(job: Job, now: datetime) -> float:
+    """Seconds the job has spent preempted (waiting to run again), which max_runtime_seconds does not count.
+
+    The scheduler adds each finished wait to options["preempted_s"] when it places the job again; a job
+    that waits now also counts the time since its preempted attempt ended.
+    """
+    stored = job.options.get("preempted_s")
+    total = float(stored) if isinstance(stored, (int, float)) and 0 <= stored < 1e12 else 0.0
+    attempt = current_attempt(job)
+    waiting = job.state in (JobState.PREEMPTING.value, JobState.PENDING.value)
+    if waiting and attempt is not None and attempt.state == AttemptState.PREEMPTED.value and attempt.ended_at:
+        total += max(0.0, (now - attempt.ended_at).total_seconds())
+    return total
+
+
 def preemptions_since(session: Session, job_id: str, since: datetime) -> int:
     """How many times the job was preempted (for any cause) since `since`."""
     rows = session.scalars(

@@ -59,29 +59,12 @@ def place_gang(
 ) -> list[TaskPlacement] | NoFit:
     """Places `workers` tasks, spreading them over the agents with the most free devices first."""
     rng = rng or random.Random()
+    never = never_fits(agents, workers, gpus_per_worker)
+    if never is not None:
+        return never
     kind, count = devices_needed(gpus_per_worker)
     unit = "GPU" if kind == "gpu" else "CPU slot"
     candidates = [a for a in agents if a.device_kind == kind]
-    if not candidates:
-        hint = (
-            "start agents on GPU machines"
-            if kind == "gpu"
-            else "start an agent with --slots N, or ask for --gpus-per-worker"
-        )
-        return NoFit(f"no online agent offers {unit}s; {hint}")
-    largest = max(candidates, key=lambda a: len(a.all_devices))
-    if len(largest.all_devices) < count:
-        return NoFit(
-            f"each worker needs {wcount(count, unit)} but the largest agent ({largest.name}) has "
-            f"{len(largest.all_devices)}; lower --gpus-per-worker or add larger machines"
-        )
-    capacity_total = sum(len(a.all_devices) // count for a in candidates)
-    if capacity_total < workers:
-        return NoFit(
-            f"needs {wcount(workers, 'worker')} × {wcount(count, unit)} but the "
-            f"{wcount(len(candidates), 'online agent')} can hold at most {wcount(capacity_total, 'such worker')} "
-            "even when idle; add agents or lower --workers"
-        )
 
     free: dict[str, list[int]] = {a.agent_id: sorted(a.free_devices) for a in candidates}
     ports: dict[str, set[int]] = {a.agent_id: set(a.used_ports) for a in candidates}
@@ -107,6 +90,34 @@ def place_gang(
         ports[agent.agent_id].add(port)
         placements.append(TaskPlacement(index, agent.agent_id, agent.address, port, kind, taken))
     return placements
+
+
+def never_fits(agents: list[AgentCapacity], workers: int, gpus_per_worker: int) -> NoFit | None:
+    """Why the gang could not fit even if every agent were idle, or None when it could."""
+    kind, count = devices_needed(gpus_per_worker)
+    unit = "GPU" if kind == "gpu" else "CPU slot"
+    candidates = [a for a in agents if a.device_kind == kind]
+    if not candidates:
+        hint = (
+            "start agents on GPU machines"
+            if kind == "gpu"
+            else "start an agent with --slots N, or ask for --gpus-per-worker"
+        )
+        return NoFit(f"no online agent offers {unit}s; {hint}")
+    largest = max(candidates, key=lambda a: len(a.all_devices))
+    if len(largest.all_devices) < count:
+        return NoFit(
+            f"each worker needs {wcount(count, unit)} but the largest agent ({largest.name}) has "
+            f"{len(largest.all_devices)}; lower --gpus-per-worker or add larger machines"
+        )
+    capacity_total = sum(len(a.all_devices) // count for a in candidates)
+    if capacity_total < workers:
+        return NoFit(
+            f"needs {wcount(workers, 'worker')} × {wcount(count, unit)} but the "
+            f"{wcount(len(candidates), 'online agent')} can hold at most {wcount(capacity_total, 'such worker')} "
+            "even when idle; add agents or lower --workers"
+        )
+    return None
 
 
 def _has_free_port(agent: AgentCapacity, ports: dict[str, set[int]]) -> bool:

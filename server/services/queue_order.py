@@ -14,6 +14,7 @@ import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
 from server.services.placement import devices_needed
@@ -40,15 +41,15 @@ class WaitingJob:
     # Its stored typed reason, so a pass writes only the ones that changed.
     stored_reason: Any = field(default=None, compare=False, hash=False)
 
-    @property
+    @cached_property
     def kind(self) -> str:
         return devices_needed(self.gpus_per_worker)[0]
 
-    @property
+    @cached_property
     def per_worker(self) -> int:
         return devices_needed(self.gpus_per_worker)[1]
 
-    @property
+    @cached_property
     def need(self) -> int:
         """Devices of its kind the whole gang takes."""
         return self.workers * self.per_worker

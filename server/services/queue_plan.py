@@ -24,7 +24,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from server.services import wait_reasons
-from server.services.placement import AgentCapacity, NoFit, TaskPlacement, place_gang, place_pinned
+from server.services.placement import (
+    AgentCapacity,
+    NoFit,
+    TaskPlacement,
+    never_fits,
+    place_gang,
+    place_pinned,
+)
 from server.services.queue_order import WaitingJob
 
 # Blocked jobs per pass that may look for victims; each search is a few placement tries.
@@ -400,7 +407,7 @@ class _Idle:
     """What the cluster offers when nothing runs, and what cordoned agents add: fixed for a pass."""
 
     def __init__(self, offer: Sequence[AgentCapacity], cordoned: Sequence[AgentCapacity]) -> None:
-        self.offer = [replace(a, free_devices=a.all_devices, used_ports=frozenset()) for a in offer]
+        self.offer = list(offer)
         self.cordoned = list(cordoned)
         self._never: dict[tuple[str, int, int], str] = {}
 
@@ -408,8 +415,8 @@ class _Idle:
         """place_gang's own explanation when the job could not fit even on an idle cluster, else ''."""
         key = (job.kind, job.per_worker, job.workers)
         if key not in self._never:
-            result = place_gang(self.offer, job.workers, job.gpus_per_worker)
-            self._never[key] = result.reason if isinstance(result, NoFit) else ""
+            result = never_fits(self.offer, job.workers, job.gpus_per_worker)
+            self._never[key] = result.reason if result is not None else ""
         return self._never[key]
 
     def cordoned_units(self, job: WaitingJob) -> int:

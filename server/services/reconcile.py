@@ -17,7 +17,7 @@ from server.db.models import Agent, Attempt, Job, Task, utcnow
 from server.poison import isolated
 from server.services.agents import newly_lost_agents
 from server.services.jobs import time_limit
-from server.services.lifecycle import end_job, fail_attempt, mark_task_lost
+from server.services.lifecycle import end_job, fail_attempt, mark_task_lost, preempted_seconds
 from server.states import AttemptState, JobState, TaskState
 
 log = logging.getLogger("mwms.server.reconcile")
@@ -96,6 +96,8 @@ def _check_max_runtime(session: Session, now: datetime) -> None:
     for job in jobs:
         with isolated(session, log, "reconcile_job", job.id, f"runtime limit of job {job.id}"):
             limit = time_limit(job, "max_runtime_seconds")
+            if limit and job.started_at is not None and job.started_at + timedelta(seconds=limit) <= now:
+                limit += preempted_seconds(job, now)  # time spent preempted is not run time
             if limit and job.started_at is not None and job.started_at + timedelta(seconds=limit) <= now:
                 end_job(
                     session,

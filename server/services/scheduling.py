@@ -35,7 +35,7 @@ from server.services.placement import AgentCapacity
 from server.services.queue_order import WaitingJob, queue_order
 from server.services.queue_plan import Placement, PlanInputs, PreemptionDecision, RunningJob, plan_pass
 from server.services.tf_config import build_tf_config
-from server.states import DEVICE_HOLDING_TASK_STATES, JobState, TaskState
+from server.states import DEVICE_HOLDING_TASK_STATES, AttemptState, JobState, TaskState
 
 log = logging.getLogger("mwms.server.scheduling")
 WAITING_STATES = (JobState.PENDING.value, JobState.RESTARTING.value, JobState.PREEMPTING.value)
@@ -265,7 +265,11 @@ def read_running(session: Session, now: datetime, policy: SharingPolicy) -> list
             if job_state == JobState.PREEMPTING.value and job_id in preempted_at:
                 ends_at: datetime | None = preempted_at[job_id] + timedelta(seconds=grace_s + 5)
             elif runtime is not None and started is not None:
-                ends_at = started + timedelta(seconds=runtime)
+                paused = options.get("preempted_s")
+                paused_s = (
+                    float(paused) if isinstance(paused, (int, float)) and 0 <= paused <= NEVER_S else 0.0
+                )
+                ends_at = started + timedelta(seconds=runtime + paused_s)
             else:
                 ends_at = None
             entry = jobs[job_id] = {
@@ -323,6 +327,11 @@ def _apply_placement(session: Session, placement: Placement, now: datetime) -> l
     if job is None or job.state != JobState.PENDING.value:
         return []
     waited_since = job.events[-1].at if job.events else job.created_at
+    previous = job.attempts[-1] if job.attempts else None
+    if previous is not None and previous.state == AttemptState.PREEMPTED.value and previous.ended_at:
+        # Time spent preempted is not run time: max_runtime_seconds counts what the job ran.
+        paused = float(job.options.get("preempted_s") or 0) + (now - previous.ended_at).total_seconds()
+        job.options = {**job.options, "preempted_s": paused}
     attempt = open_attempt(session, job, now)
     attempt.borrowed = placement.borrowed
     endpoints = [p.endpoint for p in placement.tasks]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from datetime import timedelta
 
 from coordinator_rows import seeded_database
 from sqlalchemy import select
@@ -11,6 +12,7 @@ from mwms.task_environment import PREEMPTED_AND_SAVED_EXIT_CODE
 from server.db.models import Agent, Job, Preemption, Task, utcnow
 from server.schemas import JobCreate
 from server.services.jobs import create_job
+from server.services.reconcile import reconcile
 from server.services.scheduling import SharingPolicy, schedule_pending
 from server.services.tasks import TaskReport, apply_report
 from server.states import JobState, TaskState
@@ -150,4 +152,43 @@ def test_cordoned_agents_get_no_new_tasks(tmp_path):
     assert len(placed) == 1 and placed[0].agent_id != cordoned
     assert job_row(db, second).waiting["kind"] in ("cordoned", "head")
     assert {job_row(db, first).state, job_row(db, second).state} == {"SCHEDULED", "PENDING"}
+    db.dispose()
+
+
+def test_time_spent_preempted_does_not_count_against_max_runtime(tmp_path):
+    db = seeded_database(tmp_path / "r.db", DIGEST, ("a-1",))
+    low = submit(db, priority=100, max_runtime_seconds=100)
+    schedule(db)
+    report(db, low, TaskState.RUNNING)
+    urgent = submit(db, priority=900)
+    schedule(db)
+    report(db, low, TaskState.STOPPED, PREEMPTED_AND_SAVED_EXIT_CODE)
+    schedule(db)  # the victim waits again; the urgent job runs
+    # As if it had started, and been preempted, 150 s ago.
+    with db.write() as session:
+        job = session.get(Job, low)
+        assert job is not None and job.started_at is not None and job.state == JobState.PENDING.value
+        job.started_at -= timedelta(seconds=150)
+        job.attempts[-1].ended_at -= timedelta(seconds=150)
+    with db.write() as session:
+        reconcile(session, backoff_base_s=1, default_startup_timeout_s=300)
+    assert job_row(db, low).state == JobState.PENDING.value  # 150 s since it started, but it ran ~0 s
+    # Placed again after the urgent job: its run time goes on from what it had used.
+    report(db, urgent, TaskState.RUNNING)
+    report(db, urgent, TaskState.SUCCEEDED, 0)
+    schedule(db)
+    assert job_row(db, low).state == JobState.SCHEDULED.value
+    assert job_row(db, low).options["preempted_s"] >= 150
+    with db.write() as session:
+        reconcile(
+            session, backoff_base_s=1, default_startup_timeout_s=300, now=utcnow() + timedelta(seconds=20)
+        )
+    assert job_row(db, low).state == JobState.SCHEDULED.value
+    with db.write() as session:  # as if it had now run 100 s besides its wait
+        job = session.get(Job, low)
+        assert job is not None and job.started_at is not None
+        job.started_at -= timedelta(seconds=100)
+    with db.write() as session:
+        reconcile(session, backoff_base_s=1, default_startup_timeout_s=300)
+    assert job_row(db, low).state == JobState.FAILED.value
     db.dispose()
