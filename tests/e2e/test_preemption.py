@@ -3,7 +3,9 @@ in the middle of it neither assigns a device twice nor requeues the victim more 
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 from datetime import datetime
 from typing import Any
 
@@ -11,7 +13,7 @@ import pytest
 
 from mwms.task_environment import PREEMPTED_AND_SAVED_EXIT_CODE
 
-from cluster import Cluster, wait_until
+from cluster import MWMS, Cluster, wait_until
 
 # Saves on SIGTERM (as mwms_runtime's preemption handler does) and exits with the "saved" code.
 SAVER = f"""
@@ -111,3 +113,41 @@ def test_a_coordinator_killed_mid_preemption_requeues_the_victim_once_and_never_
             )
     cluster.http.post(f"/api/v1/jobs/{low}/cancel")
     cluster.wait_for(low, {"CANCELLED"}, timeout=30)
+
+
+def _cli(cluster: Cluster, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, MWMS_API=cluster.api, MWMS_TOKEN=cluster.admin_token)
+    return subprocess.run([MWMS, *args], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def _agent(cluster: Cluster, name: str) -> dict[str, Any]:
+    return next(a for a in cluster.http.get("/api/v1/agents").json() if a["name"] == name)
+
+
+def test_draining_an_agent_moves_its_job_elsewhere_and_wait_returns_once_it_is_empty(cluster):
+    job_id = cluster.submit(
+        {"saver.py": SAVER}, ["python", "saver.py"], workers=1, preemption_grace_seconds=10
+    )
+    job = cluster.wait_for(job_id, {"RUNNING"}, timeout=60)
+    here = job["tasks"][0]["agent_name"]
+    other = next(n for n in ("pre-1", "pre-2") if n != here)
+    drained = _cli(cluster, "agent", "drain", here, "--reason", "swap a disk", "--wait", "--timeout", "60")
+    assert drained.returncode == 0, drained.stderr
+    agent = _agent(cluster, here)
+    assert agent["cordoned"] and agent["draining"] and agent["drained"]
+    assert (agent["cordoned_by"], agent["cordon_reason"]) == ("admin", "swap a disk")
+
+    moved = cluster.wait_for(job_id, {"RUNNING"}, timeout=60)
+    assert moved["tasks"][0]["agent_name"] == other and moved["restarts"] == 0
+    assert moved["attempt_history"][0]["state"] == "PREEMPTED"
+    assert f"agent {here} is drained" in moved["attempt_history"][0]["reason"]
+    listing = _cli(cluster, "agents")
+    assert listing.returncode == 0 and "swap a disk" in listing.stdout, listing.stdout
+
+    # A cordon survives a coordinator restart; uncordon opens the agent again.
+    cluster.restart_server()
+    assert _agent(cluster, here)["cordoned"]
+    assert _cli(cluster, "agent", "uncordon", here).returncode == 0
+    assert not _agent(cluster, here)["cordoned"] and not _agent(cluster, here)["draining"]
+    cluster.http.post(f"/api/v1/jobs/{job_id}/cancel")
+    cluster.wait_for(job_id, {"CANCELLED"}, timeout=30)
