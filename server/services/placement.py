@@ -5,6 +5,7 @@ Pure functions over plain data, so the rules are tested without a database.
 
 from __future__ import annotations
 
+import heapq
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -68,27 +69,32 @@ def place_gang(
 
     free: dict[str, list[int]] = {a.agent_id: sorted(a.free_devices) for a in candidates}
     ports: dict[str, set[int]] = {a.agent_id: set(a.used_ports) for a in candidates}
-    by_id = {a.agent_id: a for a in candidates}
+    # Worst fit: each worker goes to the agent with the most free devices (ties by name), so workers
+    # spread over machines. A heap keeps that choice O(log agents): an agent only loses devices and
+    # ports, so one that cannot take a worker now never can again in this placement.
+    heap = [(-len(free[a.agent_id]), a.name, a.agent_id, a) for a in candidates]
+    heapq.heapify(heap)
     placements: list[TaskPlacement] = []
     for index in range(workers):
-        # Worst fit: the agent with the most free devices, so workers spread over machines.
-        ranked = sorted(
-            (a for a in candidates if len(free[a.agent_id]) >= count and _has_free_port(a, ports)),
-            key=lambda a: (-len(free[a.agent_id]), a.name),
-        )
-        if not ranked:
+        agent = None
+        while heap:
+            _, _, agent_id, candidate = heapq.heappop(heap)
+            if len(free[agent_id]) >= count and _has_free_port(candidate, ports):
+                agent = candidate
+                break
+        if agent is None:
             free_now = sum(len(a.free_devices) // count for a in candidates)
             return NoFit(
                 f"waiting for capacity: needs {wcount(workers, 'worker')} × {wcount(count, unit)}, "
                 f"{free_now} can start now on {wcount(len(candidates), 'online agent')}; "
                 "it starts when running jobs finish or agents join"
             )
-        agent = by_id[ranked[0].agent_id]
         taken = tuple(free[agent.agent_id][:count])
         free[agent.agent_id] = free[agent.agent_id][count:]
         port = _pick_port(agent, ports[agent.agent_id], rng)
         ports[agent.agent_id].add(port)
         placements.append(TaskPlacement(index, agent.agent_id, agent.address, port, kind, taken))
+        heapq.heappush(heap, (-len(free[agent.agent_id]), agent.name, agent.agent_id, agent))
     return placements
 
 

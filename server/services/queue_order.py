@@ -14,7 +14,6 @@ import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import cached_property
 from typing import Any
 
 from server.services.placement import devices_needed
@@ -22,9 +21,13 @@ from server.services.placement import devices_needed
 KINDS = ("gpu", "cpu")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class WaitingJob:
-    """A job that waits to be placed (PENDING), or waits for that (RESTARTING, PREEMPTING)."""
+    """A job that waits to be placed (PENDING), or waits for that (RESTARTING, PREEMPTING).
+
+    A plain slotted dataclass: a pass builds one per waiting job, thousands of them, and reads its
+    shape (kind, per_worker, need) many times, so those are computed once here.
+    """
 
     job_id: str
     state: str
@@ -38,21 +41,15 @@ class WaitingJob:
     max_runtime_s: float | None = None
     # Capacity held for it while the jobs it preempted exit: {agent_id: device indices}.
     hold: Mapping[str, tuple[int, ...]] | None = None
-    # Its stored typed reason, so a pass writes only the ones that changed.
-    stored_reason: Any = field(default=None, compare=False, hash=False)
+    # Its stored reason text, so a pass writes only the reasons that changed.
+    stored_reason: Any = field(default=None, compare=False)
+    kind: str = field(init=False, compare=False)  # "gpu" or "cpu"
+    per_worker: int = field(init=False, compare=False)  # devices one worker takes
+    need: int = field(init=False, compare=False)  # devices of its kind the whole gang takes
 
-    @cached_property
-    def kind(self) -> str:
-        return devices_needed(self.gpus_per_worker)[0]
-
-    @cached_property
-    def per_worker(self) -> int:
-        return devices_needed(self.gpus_per_worker)[1]
-
-    @cached_property
-    def need(self) -> int:
-        """Devices of its kind the whole gang takes."""
-        return self.workers * self.per_worker
+    def __post_init__(self) -> None:
+        self.kind, self.per_worker = devices_needed(self.gpus_per_worker)
+        self.need = self.workers * self.per_worker
 
 
 def shares(

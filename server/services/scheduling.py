@@ -9,6 +9,7 @@ job whose row cannot be handled is logged once, counted and skipped, and the oth
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -144,7 +145,12 @@ def read_inputs(
 
 
 def read_waiting(session: Session, now: datetime) -> list[WaitingJob]:
-    """Every PENDING, RESTARTING and PREEMPTING job as plain data (one query, no ORM objects)."""
+    """Every PENDING, RESTARTING and PREEMPTING job as plain data.
+
+    One query for all of them, reading only the option values planning needs (a JSON path each, so no
+    row's whole options are decoded) and the reason text (what a pass compares before it writes);
+    holds, which few jobs have, in a second.
+    """
     rows = session.execute(
         select(
             Job.id,
@@ -155,28 +161,28 @@ def read_waiting(session: Session, now: datetime) -> list[WaitingJob]:
             Job.num_workers,
             Job.gpus_per_worker,
             Job.preemptible,
-            Job.options,
-            Job.hold,
-            Job.hold_until,
-            Job.waiting,
+            Job.options["max_runtime_seconds"].as_float(),
+            Job.options["agents"].as_string(),
+            Job.reason,
         ).where(Job.state.in_(WAITING_STATES))
     ).all()
+    holds: dict[str, Any] = dict(
+        session.execute(
+            select(Job.id, Job.hold).where(Job.state == JobState.PENDING.value, Job.hold_until > now)
+        ).all()
+    )
     result = []
     for row in rows:
         try:
-            result.append(_waiting_job(row, now))
+            result.append(_waiting_job(row, holds.get(row[0])))
         except Exception:  # noqa: BLE001 - one damaged job row must not stall placement for everyone
             contain(log, "schedule_job", row[0], f"job {row[0]}")
     return result
 
 
-def _waiting_job(row: Any, now: datetime) -> WaitingJob:
-    job_id, state, priority, team, created, workers, gpus, preemptible, options, hold, hold_until, stored = (
-        row
-    )
-    options = options if isinstance(options, dict) else {}
-    pins = options.get("agents")
-    live_hold = hold if isinstance(hold, dict) and hold_until is not None and hold_until > now else None
+def _waiting_job(row: Any, hold: Any) -> WaitingJob:
+    job_id, state, priority, team, created, workers, gpus, preemptible, runtime, pins_json, reason = row
+    pins = json.loads(pins_json) if isinstance(pins_json, str) and pins_json.startswith("[") else None
     if not (isinstance(workers, int) and workers >= 1 and isinstance(gpus, int) and gpus >= 0):
         raise ValueError(f"job {job_id} has workers={workers!r}, gpus_per_worker={gpus!r}")
     return WaitingJob(
@@ -188,10 +194,12 @@ def _waiting_job(row: Any, now: datetime) -> WaitingJob:
         workers=workers,
         gpus_per_worker=gpus,
         preemptible=bool(preemptible),
-        pinned=tuple(pins) if isinstance(pins, list) and pins else None,
-        max_runtime_s=_seconds(options.get("max_runtime_seconds")),
-        hold={a: tuple(int(i) for i in d) for a, d in live_hold.items()} if live_hold else None,
-        stored_reason=stored,
+        pinned=tuple(str(p) for p in pins) if isinstance(pins, list) and pins else None,
+        max_runtime_s=_seconds(runtime),
+        hold={a: tuple(int(i) for i in d) for a, d in hold.items()}
+        if isinstance(hold, dict) and hold
+        else None,
+        stored_reason=reason,
     )
 
 
@@ -393,7 +401,7 @@ def _store_reasons(
         if job.job_id in placed or job.state != JobState.PENDING.value:
             continue
         reason = reasons.get(job.job_id)
-        if reason is None or job.stored_reason == reason:
+        if reason is None or job.stored_reason == reason["message"]:
             continue
         changes.append({"id": job.job_id, "waiting": reason, "reason": reason["message"]})
     if changes:
