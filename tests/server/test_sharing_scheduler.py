@@ -192,3 +192,24 @@ def test_time_spent_preempted_does_not_count_against_max_runtime(tmp_path):
         reconcile(session, backoff_base_s=1, default_startup_timeout_s=300)
     assert job_row(db, low).state == JobState.FAILED.value
     db.dispose()
+
+
+def test_a_victim_killed_after_its_grace_is_requeued_as_not_saved_without_using_a_restart(tmp_path):
+    db = seeded_database(tmp_path / "k.db", DIGEST, ("a-1",))
+    low = submit(db, priority=100, restart={"max_restarts": 0})
+    schedule(db)
+    report(db, low, TaskState.RUNNING)
+    submit(db, priority=900)
+    schedule(db)
+    report(db, low, TaskState.FAILED, -9)  # ignored SIGTERM, SIGKILLed after the grace
+    schedule(db)
+    victim = job_row(db, low)
+    # Not FAILED although it had no restart left: a preemption is not a failure.
+    assert victim.state == JobState.PENDING.value and victim.restarts == 0
+    with db.read() as session:
+        assert session.scalars(select(Preemption)).one().saved is False
+        events = session.get(Job, low).events
+        assert (
+            events[-1].to_state == JobState.PENDING.value and "resumes from its last one" in events[-1].reason
+        )
+    db.dispose()
