@@ -14,7 +14,7 @@ from server.services.agents import record_heartbeats
 from server.services.command_targets import track_command_targets
 from server.services.reconcile import reconcile
 from server.services.retention import PurgeCursor, cutoff, purge_batch
-from server.services.scheduling import SharingPolicy, schedule_pending
+from server.services.scheduling import SharingPolicy, schedule_pass
 from server.settings import Settings
 
 log = logging.getLogger("mwms.server.loops")
@@ -98,8 +98,7 @@ class BackgroundLoops:
         connected = frozenset(self.hub.connected())
 
         def run() -> list[str]:
-            with self.db.write() as session:
-                return schedule_pending(session, connected=connected, policy=self.sharing)
+            return schedule_pass(self.db, connected=connected, policy=self.sharing)
 
         touched = await asyncio.to_thread(run)
         if touched:

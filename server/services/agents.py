@@ -19,7 +19,7 @@ from server.poison import contain
 from server.services.agent_references import find_agent
 from server.services.lifecycle import mark_task_lost
 from server.services.placement import AgentCapacity
-from server.states import TaskState
+from server.states import DEVICE_HOLDING_TASK_STATES, TaskState
 
 log = logging.getLogger("mwms.server.agents")
 
@@ -245,38 +245,54 @@ def capacities(
     """What every online agent can offer now, net of the tasks it holds and the ports it refused.
 
     `connected` (agent ids with a live session), when given, narrows the offer further: right after a
-    coordinator start, agents count as online for a grace period before they have reconnected.
+    coordinator start, agents count as online for a grace period before they have reconnected. Read as
+    plain columns (no ORM objects): the scheduler asks on every pass, with up to thousands of agents.
     """
     now = now or utcnow()
-    held = live_tasks_by_agent(session)
+    held: dict[str, list[tuple[list[Any], int]]] = {}
+    for agent_id, indices, port in session.execute(
+        select(Task.agent_id, Task.device_indices, Task.port).where(
+            Task.state.in_(DEVICE_HOLDING_TASK_STATES)
+        )
+    ):
+        held.setdefault(agent_id, []).append((indices, port))
     refused = refused_ports_by_agent(session, now)
+    rows = session.execute(
+        select(
+            Agent.id,
+            Agent.name,
+            Agent.advertise_address,
+            Agent.devices,
+            Agent.port_low,
+            Agent.port_high,
+        )
+        .where(Agent.removed_at.is_(None), Agent.online_until > now)
+        .order_by(Agent.name)
+    ).all()
     result = []
-    for agent in session.scalars(select(Agent).order_by(Agent.name)).all():
-        if agent.removed_at is not None or not is_online(agent, now):
-            continue
-        if connected is not None and agent.id not in connected:
+    for agent_id, name, address, devices, port_low, port_high in rows:
+        if connected is not None and agent_id not in connected:
             continue
         try:
-            result.append(_capacity(agent, held.get(agent.id, []), refused.get(agent.id, set())))
+            tasks = held.get(agent_id, [])
+            busy = {int(i) for indices, _ in tasks for i in indices}
+            indices = tuple(int(d["index"]) for d in devices)
+            result.append(
+                AgentCapacity(
+                    agent_id=agent_id,
+                    name=name,
+                    address=address,
+                    device_kind=devices[0]["kind"] if devices else "cpu",
+                    all_devices=indices,
+                    free_devices=tuple(i for i in indices if i not in busy),
+                    port_low=port_low,
+                    port_high=port_high,
+                    used_ports=frozenset({port for _, port in tasks} | refused.get(agent_id, set())),
+                )
+            )
         except Exception:  # noqa: BLE001 - one damaged agent row must not stall placement for everyone
-            contain(log, "agent_capacity", agent.id, f"agent {agent.id}")
+            contain(log, "agent_capacity", agent_id, f"agent {agent_id}")
     return result
-
-
-def _capacity(agent: Agent, tasks: list[Task], refused: set[int]) -> AgentCapacity:
-    busy = {i for task in tasks for i in task.device_indices}
-    indices = tuple(int(d["index"]) for d in agent.devices)
-    return AgentCapacity(
-        agent_id=agent.id,
-        name=agent.name,
-        address=agent.advertise_address,
-        device_kind=device_kind(agent),
-        all_devices=indices,
-        free_devices=tuple(i for i in indices if i not in busy),
-        port_low=agent.port_low,
-        port_high=agent.port_high,
-        used_ports=frozenset({task.port for task in tasks} | refused),
-    )
 
 
 def newly_lost_agents(session: Session, now: datetime | None = None) -> list[Agent]:

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import String, func, select, type_coerce, update
+from sqlalchemy import String, bindparam, func, select, type_coerce, update
 from sqlalchemy.orm import Session
 
+from server.db.engine import Database
 from server.db.models import Agent, Attempt, Job, Preemption, Task, utcnow
 from server.observability.instruments import observe_queue_wait
 from server.poison import contain, isolated
@@ -34,7 +35,7 @@ from server.services.lifecycle import (
 )
 from server.services.placement import AgentCapacity
 from server.services.queue_order import WaitingJob, queue_order
-from server.services.queue_plan import Placement, PlanInputs, PreemptionDecision, RunningJob, plan_pass
+from server.services.queue_plan import Placement, Plan, PlanInputs, PreemptionDecision, RunningJob, plan_pass
 from server.services.tf_config import build_tf_config
 from server.states import DEVICE_HOLDING_TASK_STATES, AttemptState, JobState, TaskState
 
@@ -78,7 +79,7 @@ def schedule_pending(
     connected: frozenset[str] | None = None,
     policy: SharingPolicy | None = None,
 ) -> list[str]:
-    """One pass; returns the ids of agents that got tasks or stops.
+    """One pass in one transaction; returns the ids of agents that got tasks or stops.
 
     `connected`: when given, only agents with a live session are offered (see agents.capacities).
     """
@@ -88,9 +89,46 @@ def schedule_pending(
     inputs = read_inputs(session, now, connected, policy)
     if not inputs.order:
         return []
-    plan = plan_pass(inputs)
+    return apply_plan(session, inputs, plan_pass(inputs), policy, now)
+
+
+def schedule_pass(
+    db: Database,
+    now: datetime | None = None,
+    connected: frozenset[str] | None = None,
+    policy: SharingPolicy | None = None,
+) -> list[str]:
+    """One pass as the coordinator runs it: it plans in a read transaction and takes the writer only to
+    release waiting jobs and to apply the plan, so submits, reports and heartbeats wait at most for those.
+
+    Only this loop places tasks, so what it read stays true but for tasks ending (which frees devices)
+    and agents leaving or being cordoned; apply_plan checks those again before it places.
+    """
+    now = now or utcnow()
+    policy = policy or SharingPolicy()
+    with db.read() as session:
+        releasable = session.scalar(select(func.count()).select_from(Job).where(Job.state.in_(_RELEASABLE)))
+    if releasable:
+        with db.write() as session:
+            release_waiting(session, now)
+    with db.read() as session:
+        inputs = read_inputs(session, now, connected, policy)
+        plan = plan_pass(inputs) if inputs.order else None
+    if plan is None or not (plan.placements or plan.preemptions or _changed_reasons(inputs, plan)):
+        return []
+    with db.write() as session:
+        return apply_plan(session, inputs, plan, policy, now)
+
+
+def apply_plan(
+    session: Session, inputs: PlanInputs, plan: Plan, policy: SharingPolicy, now: datetime
+) -> list[str]:
+    """Places, preempts and stores reasons as `plan` says; returns the agents that got tasks or stops."""
     touched: set[str] = set()
+    still_free = _still_free(session, plan.placements, now)
     for placement in plan.placements:
+        if not still_free(placement):
+            continue  # an agent left, was cordoned, or its device is taken: the next pass sees why
         with isolated(
             session, log, "schedule_job", placement.job.job_id, f"placement of job {placement.job.job_id}"
         ):
@@ -107,6 +145,53 @@ def schedule_pending(
     placed = {p.job.job_id for p in plan.placements}
     _store_reasons(session, inputs.order, plan.waiting, placed)
     return sorted(touched)
+
+
+_RELEASABLE = (JobState.RESTARTING.value, JobState.PREEMPTING.value)
+
+
+def _changed_reasons(inputs: PlanInputs, plan: Plan) -> bool:
+    return any(
+        job.state == JobState.PENDING.value
+        and job.job_id in plan.waiting
+        and plan.waiting[job.job_id]["message"] != job.stored_reason
+        for job in inputs.order
+    )
+
+
+def _still_free(session: Session, placements: list[Placement], now: datetime) -> Callable[[Placement], bool]:
+    """A check that a placement's agents are still online, not removed or cordoned, and its devices free."""
+    agent_ids = sorted({t.agent_id for p in placements for t in p.tasks})
+    if not agent_ids:
+        return lambda placement: True
+    usable = set(
+        session.scalars(
+            select(Agent.id).where(
+                Agent.id.in_(agent_ids),
+                Agent.removed_at.is_(None),
+                Agent.cordoned_at.is_(None),
+                Agent.online_until > now,
+            )
+        ).all()
+    )
+    taken = {
+        (agent_id, int(i))
+        for agent_id, indices in session.execute(
+            select(Task.agent_id, Task.device_indices).where(
+                Task.agent_id.in_(agent_ids), Task.state.in_(DEVICE_HOLDING_TASK_STATES)
+            )
+        )
+        for i in indices
+    }
+
+    def check(placement: Placement) -> bool:
+        wanted = [(t.agent_id, i) for t in placement.tasks for i in t.device_indices]
+        if any(t.agent_id not in usable for t in placement.tasks) or any(d in taken for d in wanted):
+            return False
+        taken.update(wanted)
+        return True
+
+    return check
 
 
 # -- reading --------------------------------------------------------------------------------------------
@@ -420,6 +505,12 @@ def _store_reasons(
         reason = reasons.get(job.job_id)
         if reason is None or job.stored_reason == reason["message"]:
             continue
-        changes.append({"id": job.job_id, "waiting": reason, "reason": reason["message"]})
+        changes.append({"job": job.job_id, "new_waiting": reason, "new_reason": reason["message"]})
     if changes:
-        session.execute(update(Job), changes)
+        # Only jobs still PENDING: one cancelled since the pass read it keeps the reason it ended with.
+        statement = (
+            update(Job)
+            .where(Job.id == bindparam("job"), Job.state == JobState.PENDING.value)
+            .values(waiting=bindparam("new_waiting"), reason=bindparam("new_reason"))
+        )
+        session.connection().execute(statement, changes)
