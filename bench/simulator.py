@@ -4,9 +4,17 @@ Each `SimAgent` has its own gRPC channel (its own TCP connection, like a real ag
 it registers with the join token, keeps one Connect stream open (Hello, then heartbeats at a chosen rate),
 and times every heartbeat from the moment it is written to the moment its empty Ack arrives. A StartTask
 is handled like the real agent does it, minus the process: confirm the port by binding it, fetch the
-bundle, report STARTING and RUNNING, then SUCCEEDED (exit 0) after a chosen time. A task can also stream
-log lines and metric points with per-task sequence numbers, as fast as acknowledgements allow or at a
-chosen rate, and tracks the cumulative acks (`Ack.log_seq` / `Ack.metric_seq`).
+bundle, report STARTING and RUNNING, then SUCCEEDED (exit 0) after a chosen time (`SimConfig.task_run_s`,
+or the job's own `--sim-run-s=SECONDS` / `--sim-run-s=forever` command argument, so one fleet runs short
+and endless jobs side by side). A task can also stream log lines and metric points with per-task sequence
+numbers, as fast as acknowledgements allow or at a chosen rate, and tracks the cumulative acks
+(`Ack.log_seq` / `Ack.metric_seq`).
+
+A StopTask ends the task at once (STOPPED, exit 0), or, with `SimConfig.stop_exit_code` set, the way a
+runtime-based job answers SIGTERM: it saves for `stop_save_s` and exits with that code (42, "preempted and
+saved"), unless the stop's grace runs out first, when it is killed (exit -9) and loses the steps since its
+last checkpoint. Each job's training progress is simulated (`JobProgress`: steps at `steps_per_s`, resumed
+from the job's last saved step), so a benchmark can count the steps a preemption cost.
 
 Everything runs on one asyncio loop; `LoopLagMonitor` measures how late that loop runs, so a slow
 simulator is visible in the results instead of being blamed on the coordinator.
@@ -19,6 +27,7 @@ import contextlib
 import socket
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import grpc
@@ -51,6 +60,54 @@ class SimConfig:
     slots: int = 1
     port_base: int = 20_000
     ports_per_agent: int = 10
+    # On a StopTask: None reports STOPPED at once (exit 0); a code (42: mwms.task_environment's
+    # PREEMPTED_AND_SAVED_EXIT_CODE) is the exit status after saving for `stop_save_s`, if the grace allows.
+    stop_exit_code: int | None = None
+    stop_save_s: float = 0.5
+    # The grace when the StopTask and the StartTask give none (the real agent's default).
+    default_stop_grace_s: float = 10.0
+    # Simulated training progress of every running task (JobProgress).
+    steps_per_s: float = 10.0
+
+
+# What a killed task's exit status reads as (SIGKILL after the grace ran out).
+KILLED_EXIT_CODE = -9
+RUN_S_ARGUMENT = "--sim-run-s="
+
+
+def run_seconds(command: Iterable[str], default: float | None) -> float | None:
+    """How long a task runs: the command's `--sim-run-s=SECONDS` (or `=forever`: None), else `default`."""
+    for argument in command:
+        if argument.startswith(RUN_S_ARGUMENT):
+            value = argument.removeprefix(RUN_S_ARGUMENT)
+            return None if value == "forever" else float(value)
+    return default
+
+
+@dataclass
+class JobProgress:
+    """Simulated training steps of every job, kept by its chief (task 0) across attempts.
+
+    A chief resumes from the job's last saved step; on a stop it saves (exit 42) or is killed, and the
+    steps past the last save are lost (counted per job).
+    """
+
+    saved_step: dict[str, int] = field(default_factory=dict)
+    lost_steps: dict[str, int] = field(default_factory=dict)
+    saves: dict[str, int] = field(default_factory=dict)
+
+    def resume_step(self, job_id: str) -> int:
+        return self.saved_step.get(job_id, 0)
+
+    def chief_exited(self, job_id: str, step: int, stopped: bool, saved: bool) -> None:
+        """A chief's exit: finished (its steps are the job's), or stopped and saved or not (then lost)."""
+        if stopped and not saved:
+            self.lost_steps[job_id] = self.lost_steps.get(job_id, 0) + step - self.resume_step(job_id)
+            return
+        self.lost_steps.setdefault(job_id, 0)
+        self.saved_step[job_id] = step
+        if stopped:
+            self.saves[job_id] = self.saves.get(job_id, 0) + 1
 
 
 @dataclass
@@ -86,13 +143,32 @@ class SimTask:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     final_acked: bool = False
     stopped: bool = False
+    # Device indices the coordinator assigned, the stop's arrival and the exit status reported.
+    device_indices: tuple[int, ...] = ()
+    stop_received_at: float | None = None
+    exit_code: int = 0
+    resumed_from_step: int = 0
+    step_at_exit: int | None = None
+    stop_grace_s: int = 0
+    final_report: pb.TaskReport | None = None
+
+    def step(self, steps_per_s: float, now: float | None = None) -> int:
+        """The simulated training step this task has reached."""
+        if self.running_at is None:
+            return self.resumed_from_step
+        # Training stops at SIGTERM; the save (or the wait for SIGKILL) adds no steps.
+        end = self.stop_received_at or self.ended_at or now or time.monotonic()
+        return self.resumed_from_step + int((end - self.running_at) * steps_per_s)
 
 
 class SimAgent:
     """One simulated agent: its own channel, credential and Connect stream."""
 
-    def __init__(self, index: int, config: SimConfig, run_id: str) -> None:
+    def __init__(
+        self, index: int, config: SimConfig, run_id: str, progress: JobProgress | None = None
+    ) -> None:
         self.index = index
+        self.progress = progress if progress is not None else JobProgress()
         self.name = f"sim-{run_id}-{index:05d}"
         self.config = config
         self.channel = grpc.aio.insecure_channel(config.server, options=CHANNEL_OPTIONS)
@@ -240,6 +316,7 @@ class SimAgent:
             state = pb.TASK_STATE_RUNNING if task.running_at else pb.TASK_STATE_STARTING
         else:
             state = pb.TASK_STATE_STOPPED if task.stopped else pb.TASK_STATE_SUCCEEDED
+            exit_code = exit_code or task.exit_code
         return pb.TaskReport(
             task_id=task.task_id, state=state, exit_code=exit_code, message=message, pid=4242
         )
@@ -248,7 +325,14 @@ class SimAgent:
         if start.task_id in self.history:
             return  # a resend after a reconnect
         task = SimTask(
-            start.task_id, start.job_id, start.task_index, start.port, time.monotonic(), attempt=start.attempt
+            start.task_id,
+            start.job_id,
+            start.task_index,
+            start.port,
+            time.monotonic(),
+            attempt=start.attempt,
+            device_indices=tuple(start.device_indices),
+            resumed_from_step=self.progress.resume_step(start.job_id),
         )
         self.tasks[start.task_id] = task
         self.history[start.task_id] = task
@@ -267,24 +351,52 @@ class SimAgent:
             self.refused_starts.append(problem)
             task.ended_at = time.monotonic()
             report = pb.TaskReport(task_id=task.task_id, state=pb.TASK_STATE_REJECTED, message=problem)
-            self._send(pb.AgentMessage(task=report))
+            self._send_final(task, report)
             task.done.set()
+            return
+        if task.stopped:  # stopped while starting: nothing was spawned
+            task.ended_at = time.monotonic()
+            self._send_final(task, self._report(task))
             return
         task.running_at = time.monotonic()
         self._send(pb.AgentMessage(task=self._report(task)))  # RUNNING
         streams = []
         if self.telemetry is not None:
             streams = [asyncio.create_task(self._stream_telemetry(task, self.telemetry))]
-        if self.config.task_run_s is not None:
-            await asyncio.sleep(self.config.task_run_s)
-        else:
-            await task.done.wait()
+        run_s = run_seconds(start.command, self.config.task_run_s)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(task.done.wait(), timeout=run_s)
+        if task.stopped:
+            await self._exit_on_stop(task, start)
         task.done.set()
         for stream in streams:
             await stream  # the last lines and points go out before the final report, as with a real agent
         if task.ended_at is None:
             task.ended_at = time.monotonic()
-            self._send(pb.AgentMessage(task=self._report(task)))
+            self._finish_steps(task, saved=False)  # a stop without stop_exit_code saves nothing
+            self._send_final(task, self._report(task))
+
+    async def _exit_on_stop(self, task: SimTask, start: pb.StartTask) -> None:
+        """A stopped task's exit: at once, or saved within the grace (stop_exit_code), or killed after it."""
+        code = self.config.stop_exit_code
+        if code is None:
+            return
+        grace = task.stop_grace_s or start.stop_grace_seconds or self.config.default_stop_grace_s
+        saves = self.config.stop_save_s <= grace
+        await asyncio.sleep(self.config.stop_save_s if saves else grace)
+        task.exit_code = code if saves else KILLED_EXIT_CODE
+        task.ended_at = time.monotonic()
+        self._finish_steps(task, saved=saves)
+        self._send_final(task, self._report(task))
+
+    def _send_final(self, task: SimTask, report: pb.TaskReport) -> None:
+        task.final_report = report
+        self._send(pb.AgentMessage(task=report))
+
+    def _finish_steps(self, task: SimTask, saved: bool) -> None:
+        task.step_at_exit = task.step(self.config.steps_per_s)
+        if task.index == 0:
+            self.progress.chief_exited(task.job_id, task.step_at_exit, task.stopped, saved)
 
     def _on_stop(self, stop: pb.StopTask) -> None:
         task = self.tasks.get(stop.task_id)
@@ -292,7 +404,13 @@ class SimAgent:
             report = pb.TaskReport(task_id=stop.task_id, state=pb.TASK_STATE_STOPPED, message=stop.reason)
             self._send(pb.AgentMessage(task=report))
             return
-        task.stopped = True
+        if task.final_report is not None:  # ended already: its final report again, as the real agent does
+            self._send(pb.AgentMessage(task=task.final_report))
+            return
+        if not task.stopped:
+            task.stopped = True
+            task.stop_received_at = time.monotonic()
+            task.stop_grace_s = stop.grace_seconds
         task.done.set()
 
     async def _stream_telemetry(self, task: SimTask, plan: TelemetryPlan) -> None:
@@ -389,7 +507,8 @@ class Simulator:
 
     def __init__(self, config: SimConfig, count: int, run_id: str) -> None:
         self.config = config
-        self.agents = [SimAgent(i, config, run_id) for i in range(count)]
+        self.progress = JobProgress()
+        self.agents = [SimAgent(i, config, run_id, self.progress) for i in range(count)]
         self.stop = asyncio.Event()
         self.lag = LoopLagMonitor()
         self._runners: list[asyncio.Task[None]] = []
@@ -431,6 +550,21 @@ class Simulator:
     def tasks(self) -> list[SimTask]:
         """Every task any agent was started with."""
         return [t for a in self.agents for t in a.history.values()]
+
+    def devices_assigned_twice(self) -> int:
+        """Pairs of tasks that held the same device of one agent at overlapping times, as the agents saw
+        it (from the StartTask to the final report): 0 unless the coordinator assigned a device twice."""
+        overlaps = 0
+        now = time.monotonic()
+        for agent in self.agents:
+            spans: dict[int, list[tuple[float, float]]] = {}
+            for task in agent.history.values():
+                for device in task.device_indices:
+                    spans.setdefault(device, []).append((task.started_at, task.ended_at or now))
+            for intervals in spans.values():
+                intervals.sort()
+                overlaps += sum(1 for a, b in zip(intervals, intervals[1:], strict=False) if b[0] < a[1])
+        return overlaps
 
     async def close(self) -> None:
         self.stop.set()
