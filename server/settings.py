@@ -49,6 +49,9 @@ class Settings(BaseSettings):
     # as lost; it must exceed the agents' longest reconnect backoff (10 s with jitter).
     reconnect_grace_s: float = 20.0
     scheduler_interval_s: float = 0.5
+    # While passes find nothing to place or preempt, timed passes (those no event asked for) run at most
+    # this often; a submit, an ended task or a joining agent still starts one at once.
+    scheduler_idle_interval_s: float = Field(default=2.0, ge=0, le=60, allow_inf_nan=False)
     # Grace between SIGTERM and SIGKILL when a task is stopped.
     stop_grace_s: int = 10
     # Backoff before a failed attempt is placed again (doubles per restart, capped at 60 s).

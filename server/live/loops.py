@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from mwms.loop import run_every_async
 from server.db.engine import Database
@@ -15,6 +16,7 @@ from server.services.command_targets import track_command_targets
 from server.services.reconcile import reconcile
 from server.services.retention import PurgeCursor, cutoff, purge_batch
 from server.services.scheduling import SharingPolicy, schedule_pass
+from server.services.waiting_jobs import WaitingJobs
 from server.settings import Settings
 
 log = logging.getLogger("mwms.server.loops")
@@ -30,6 +32,10 @@ class BackgroundLoops:
         self.hub = hub
         self.liveness = liveness
         self.sharing = SharingPolicy.of(settings)
+        self.waiting = WaitingJobs()  # the scheduler's cache of waiting jobs
+        self._pokes = self._pokes_seen = 0
+        self._idle = False
+        self._last_pass = 0.0
         self.scheduler_wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._loop = asyncio.get_running_loop()
@@ -92,15 +98,29 @@ class BackgroundLoops:
 
     def poke(self) -> None:
         """Asks for a scheduler pass soon; safe from any thread."""
-        self._loop.call_soon_threadsafe(self.scheduler_wake.set)
+        self._loop.call_soon_threadsafe(self._poked)
+
+    def _poked(self) -> None:
+        self._pokes += 1
+        self.scheduler_wake.set()
 
     async def _schedule(self) -> None:
+        # Every change that can let a job in pokes the scheduler (a submit, a task that ended, an agent
+        # that joined, a quota raised); what only time changes (a restart's backoff, a hold running out,
+        # a job reaching the minimum run time before it may be preempted) is caught by the timed passes,
+        # which run less often while passes find nothing to do: a long queue costs less when idle.
+        now = time.monotonic()
+        poked = self._pokes != self._pokes_seen
+        if not poked and self._idle and now - self._last_pass < self.settings.scheduler_idle_interval_s:
+            return
+        self._pokes_seen, self._last_pass = self._pokes, now
         connected = frozenset(self.hub.connected())
 
         def run() -> list[str]:
-            return schedule_pass(self.db, connected=connected, policy=self.sharing)
+            return schedule_pass(self.db, connected=connected, policy=self.sharing, waiting_jobs=self.waiting)
 
         touched = await asyncio.to_thread(run)
+        self._idle = not touched
         if touched:
             self.hub.wake(touched)
 

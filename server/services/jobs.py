@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
 from mwms import task_environment
-from server.db.models import Attempt, Bundle, Job
+from server.db.models import Attempt, Bundle, Job, JobEvent
 from server.errors import Conflict, Forbidden, InvalidInput, NotFound
 from server.schemas import JobCreate
 from server.services import teams, telemetry
@@ -220,6 +220,17 @@ def set_priority(
             "job keeps the priority it was placed with"
         )
     policy.check(priority, job.preemptible, None)
-    job.priority = priority
+    if priority != job.priority:
+        # Recorded like a state change (the state stays): the history shows it, and the scheduler's
+        # cache of waiting jobs (server/services/waiting_jobs.py) reads the job again.
+        session.add(
+            JobEvent(
+                job_id=job.id,
+                from_state=job.state,
+                to_state=job.state,
+                reason=f"priority changed from {job.priority} to {priority} by {by or 'an admin'}",
+            )
+        )
+        job.priority = priority
     session.flush()
     return job

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import String, bindparam, func, select, type_coerce, update
 from sqlalchemy.orm import Session
@@ -38,6 +38,9 @@ from server.services.queue_order import WaitingJob, queue_order
 from server.services.queue_plan import Placement, Plan, PlanInputs, PreemptionDecision, RunningJob, plan_pass
 from server.services.tf_config import build_tf_config
 from server.states import DEVICE_HOLDING_TASK_STATES, AttemptState, JobState, TaskState
+
+if TYPE_CHECKING:
+    from server.services.waiting_jobs import WaitingJobs
 
 log = logging.getLogger("mwms.server.scheduling")
 WAITING_STATES = (JobState.PENDING.value, JobState.RESTARTING.value, JobState.PREEMPTING.value)
@@ -97,6 +100,7 @@ def schedule_pass(
     now: datetime | None = None,
     connected: frozenset[str] | None = None,
     policy: SharingPolicy | None = None,
+    waiting_jobs: WaitingJobs | None = None,
 ) -> list[str]:
     """One pass as the coordinator runs it: it plans in a read transaction and takes the writer only to
     release waiting jobs and to apply the plan, so submits, reports and heartbeats wait at most for those.
@@ -112,7 +116,7 @@ def schedule_pass(
         with db.write() as session:
             release_waiting(session, now)
     with db.read() as session:
-        inputs = read_inputs(session, now, connected, policy)
+        inputs = read_inputs(session, now, connected, policy, waiting_jobs)
         plan = plan_pass(inputs) if inputs.order else None
     if plan is None or not (plan.placements or plan.preemptions or _changed_reasons(inputs, plan)):
         return []
@@ -198,10 +202,18 @@ def _still_free(session: Session, placements: list[Placement], now: datetime) ->
 
 
 def read_inputs(
-    session: Session, now: datetime, connected: frozenset[str] | None, policy: SharingPolicy
+    session: Session,
+    now: datetime,
+    connected: frozenset[str] | None,
+    policy: SharingPolicy,
+    waiting_jobs: WaitingJobs | None = None,
 ) -> PlanInputs:
-    """Everything a pass plans with, in a fixed number of queries."""
-    waiting = read_waiting(session, now)
+    """Everything a pass plans with, in a fixed number of queries.
+
+    `waiting_jobs`: the coordinator's cache of waiting jobs (server/services/waiting_jobs.py), which
+    re-reads only the jobs that changed; without it every waiting job is read.
+    """
+    waiting = waiting_jobs.read(session, now) if waiting_jobs is not None else read_waiting(session, now)
     if not waiting:
         return PlanInputs(order=[], offer=[], cordoned=[], running=[], usage={}, quotas={}, now=now)
     cordoned_ids = set(session.scalars(select(Agent.id).where(Agent.cordoned_at.is_not(None))).all())
@@ -229,8 +241,8 @@ def read_inputs(
     )
 
 
-def read_waiting(session: Session, now: datetime) -> list[WaitingJob]:
-    """Every PENDING, RESTARTING and PREEMPTING job as plain data.
+def read_waiting(session: Session, now: datetime, ids: Collection[str] | None = None) -> list[WaitingJob]:
+    """Every PENDING, RESTARTING and PREEMPTING job (of `ids`, when given) as plain data.
 
     One query for all of them, reading only the option values planning needs (a JSON path each, so no
     row's whole options are decoded) and the reason text (what a pass compares before it writes);
@@ -251,13 +263,9 @@ def read_waiting(session: Session, now: datetime) -> list[WaitingJob]:
             type_coerce(Job.options["max_runtime_seconds"].as_string(), String),
             type_coerce(Job.options["agents"].as_string(), String),
             Job.reason,
-        ).where(Job.state.in_(WAITING_STATES))
+        ).where(Job.state.in_(WAITING_STATES), *([Job.id.in_(list(ids))] if ids is not None else []))
     ).all()
-    holds: dict[str, Any] = dict(
-        session.execute(
-            select(Job.id, Job.hold).where(Job.state == JobState.PENDING.value, Job.hold_until > now)
-        ).all()
-    )
+    holds = read_holds(session, now)
     result = []
     for row in rows:
         try:
@@ -265,6 +273,22 @@ def read_waiting(session: Session, now: datetime) -> list[WaitingJob]:
         except Exception:  # noqa: BLE001 - one damaged job row must not stall placement for everyone
             contain(log, "schedule_job", row[0], f"job {row[0]}")
     return result
+
+
+def read_holds(session: Session, now: datetime) -> dict[str, Any]:
+    """{job id: hold} of the PENDING jobs whose hold (capacity kept for them while victims exit) is live."""
+    return dict(
+        session.execute(
+            select(Job.id, Job.hold).where(Job.state == JobState.PENDING.value, Job.hold_until > now)
+        ).all()
+    )
+
+
+def hold_of(value: Any) -> dict[str, tuple[int, ...]] | None:
+    """A stored hold as planning reads it; None for none (or a damaged one)."""
+    if not isinstance(value, dict) or not value:
+        return None
+    return {str(a): tuple(int(i) for i in d) for a, d in value.items()}
 
 
 def _waiting_job(row: Any, hold: Any) -> WaitingJob:
@@ -506,6 +530,7 @@ def _store_reasons(
         if reason is None or job.stored_reason == reason["message"]:
             continue
         changes.append({"job": job.job_id, "new_waiting": reason, "new_reason": reason["message"]})
+        job.stored_reason = reason["message"]  # what a cached WaitingJob compares with next pass
     if changes:
         # Only jobs still PENDING: one cancelled since the pass read it keeps the reason it ended with.
         statement = (

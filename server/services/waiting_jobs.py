@@ -1,0 +1,59 @@
+"""The waiting jobs the scheduler plans with, kept between passes: only jobs that changed are read again.
+
+With thousands of waiting jobs, reading every one on every pass is most of a pass. Every change that
+matters to planning goes with a job event (server/services/transitions.py records one per state change;
+a priority change records one too), so a pass reads the events since the last one and re-reads only
+their jobs. Holds and reasons are written by the scheduler itself: holds are read again every pass (few
+jobs have one), reasons are updated in place when a pass writes them. Against anything missed (events of
+transactions that commit out of id order on PostgreSQL), the last REREAD_EVENTS events are looked at
+again every pass, and everything is read afresh every FULL_READ_S seconds and after a gap in the events.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime, timedelta
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from server.db.models import JobEvent
+from server.services.queue_order import WaitingJob
+from server.services.scheduling import hold_of, read_holds, read_waiting
+
+FULL_READ_S = 30.0
+REREAD_EVENTS = 200
+
+
+class WaitingJobs:
+    """One coordinator's cache of waiting jobs; `read` is called from the scheduler loop only."""
+
+    def __init__(self, full_read_s: float = FULL_READ_S) -> None:
+        self._jobs: dict[str, WaitingJob] = {}
+        self._last_event = 0
+        self._full_at: datetime | None = None
+        self._full_read = timedelta(seconds=full_read_s)
+
+    def read(self, session: Session, now: datetime) -> list[WaitingJob]:
+        """The waiting jobs as of `session`, holds as of now."""
+        newest = session.scalar(select(func.max(JobEvent.id))) or 0
+        if self._full_at is None or now - self._full_at >= self._full_read or newest < self._last_event:
+            self._jobs = {job.job_id: job for job in read_waiting(session, now)}
+            self._full_at, self._last_event = now, newest
+            return list(self._jobs.values())
+        changed = set(
+            session.scalars(
+                select(JobEvent.job_id).where(JobEvent.id > max(0, self._last_event - REREAD_EVENTS))
+            ).all()
+        )
+        if changed:
+            for job_id in changed:
+                self._jobs.pop(job_id, None)
+            self._jobs.update({job.job_id: job for job in read_waiting(session, now, changed)})
+        self._last_event = newest
+        holds = read_holds(session, now)
+        for job_id, job in self._jobs.items():
+            hold = hold_of(holds.get(job_id))
+            if hold != job.hold:
+                self._jobs[job_id] = replace(job, hold=hold)
+        return list(self._jobs.values())
