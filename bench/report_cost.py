@@ -6,10 +6,14 @@ blocks, so every variant sees the same machine load; the chief times each block.
 - ``in_graph_reduce``: the step reduces its loss with ``strategy.reduce("SUM", loss, axis=None)`` (the
   per-replica loss already scaled by ``compute_average_loss``: one all-reduce of one number) inside the
   tf.function and reports nothing: the baseline of issue 10's target, the cheapest in-graph reduce.
+- ``no_metrics``: the same step reducing nothing (only its gradients' all-reduce): recorded, to show
+  what reporting adds at all.
 - ``in_graph_reduce_axis0``: the same with ``strategy.reduce("MEAN", per_example, axis=0)``, which the
   API page recommends for per-example values (recorded).
 - ``report_per_replica``: the step returns per-replica losses and ``report(step, {"loss": ...})`` reduces
-  them (the old way, and still how per-replica values are reported): a second collective per step.
+  them: report() keeps them and reduces a batch of calls in one collective (up to 64 calls).
+- ``report_per_replica_wait``: the same with ``wait=True``, one collective per call (report() before
+  batching, and what a program pays that reads report()'s result every step): recorded.
 - ``reduce_metrics_report``: the step reduces its metrics with ``mwms_runtime.reduce_metrics`` and
   ``report(step, reduced)`` hands them to the chief's writer: no second collective.
 - ``fit_plain`` / ``fit_callback`` / ``fit_callback_collective``: ``model.fit`` without a callback, with
@@ -17,7 +21,7 @@ blocks, so every variant sees the same machine load; the chief times each block.
   report()'s collective).
 
 Prints each figure beside the target (at most 1.05x the baseline), writes bench/results_report.json and
-exits 1 when a target is missed. Usage: python bench/report_cost.py [--steps 20] [--rounds 60]
+exits 1 when a target is missed. Usage: python bench/report_cost.py [--steps 64] [--rounds 60]
 """
 
 from __future__ import annotations
@@ -38,12 +42,26 @@ TARGET_RATIO = 1.05
 # variant -> the variant it is compared with; the ratio must be <= TARGET_RATIO where a target is set.
 BASELINES = {
     "in_graph_reduce_axis0": ("in_graph_reduce", None),
-    "report_per_replica": ("in_graph_reduce", None),
+    "report_per_replica": ("in_graph_reduce", TARGET_RATIO),
+    "report_per_replica_wait": ("in_graph_reduce", None),
     "reduce_metrics_report": ("in_graph_reduce", TARGET_RATIO),
     "fit_callback_collective": ("fit_plain", None),
     "fit_callback": ("fit_plain", TARGET_RATIO),
 }
-STEP_VARIANTS = ("in_graph_reduce", "in_graph_reduce_axis0", "report_per_replica", "reduce_metrics_report")
+# variant -> the reference it is also shown against (recorded, no target).
+ALSO_VERSUS = {
+    "in_graph_reduce": "no_metrics",
+    "report_per_replica": "no_metrics",
+    "reduce_metrics_report": "no_metrics",
+}
+STEP_VARIANTS = (
+    "in_graph_reduce",
+    "no_metrics",
+    "in_graph_reduce_axis0",
+    "report_per_replica",
+    "report_per_replica_wait",
+    "reduce_metrics_report",
+)
 FIT_VARIANTS = ("fit_plain", "fit_callback", "fit_callback_collective")
 
 
@@ -99,6 +117,10 @@ def worker(steps: int, rounds: int) -> None:
         return strategy.reduce("SUM", loss, axis=None)
 
     @tf.function
+    def step_no_metrics(iterator):
+        strategy.run(step_fn, args=(next(iterator),))
+
+    @tf.function
     def step_in_graph_reduce_axis0(iterator):
         per_example, _ = strategy.run(step_fn, args=(next(iterator),))
         return strategy.reduce("MEAN", per_example, axis=0)
@@ -117,6 +139,9 @@ def worker(steps: int, rounds: int) -> None:
     def run_in_graph_reduce():
         step_in_graph_reduce(iterator)
 
+    def run_no_metrics():
+        step_no_metrics(iterator)
+
     def run_in_graph_reduce_axis0():
         step_in_graph_reduce_axis0(iterator)
 
@@ -124,29 +149,47 @@ def worker(steps: int, rounds: int) -> None:
         counter[0] += 1
         mwms_runtime.report(counter[0], {"loss": step_per_replica(iterator)})
 
+    def run_report_per_replica_wait():
+        counter[0] += 1
+        mwms_runtime.report(counter[0], {"loss": step_per_replica(iterator)}, wait=True)
+
     def run_reduce_metrics_report():
         counter[0] += 1
         mwms_runtime.report(counter[0], step_reduce_metrics(iterator))
 
+    # Each report() variant keeps its own batch, so one variant's pending calls are never reduced (and
+    # paid for) in another's block. With blocks of 64 steps and batches of at most 64 calls, every block
+    # of the batched variant holds exactly one of its collectives once the batch size has grown to 64.
+    batches = {name: reporting._Batch() for name in ("report_per_replica", "report_per_replica_wait")}
+    default_batch = reporting._batch
     runners = {
         "in_graph_reduce": run_in_graph_reduce,
+        "no_metrics": run_no_metrics,
         "in_graph_reduce_axis0": run_in_graph_reduce_axis0,
         "report_per_replica": run_report_per_replica,
+        "report_per_replica_wait": run_report_per_replica_wait,
         "reduce_metrics_report": run_reduce_metrics_report,
     }
     per_step: dict[str, list[float]] = {name: [] for name in (*STEP_VARIANTS, *FIT_VARIANTS)}
-    for run in runners.values():  # trace and warm up
-        for _ in range(20):
+    for name, run in runners.items():  # trace and warm up (the batch grows to its full size)
+        reporting._batch = batches.get(name, default_batch)
+        for _ in range(200 if name in batches else 20):
             run()
     for round_index in range(rounds):
         shift = round_index % len(STEP_VARIANTS)
         order = list(STEP_VARIANTS[shift:] + STEP_VARIANTS[:shift])
         for name in order:
             run = runners[name]
+            reporting._batch = batches.get(name, default_batch)
             started = time.perf_counter()
             for _ in range(steps):
                 run()
             per_step[name].append((time.perf_counter() - started) / steps)
+    batch_sizes = {name: batch.limit for name, batch in batches.items()}
+    for batch in batches.values():
+        reporting._batch = batch
+        mwms_runtime.flush(timeout=60)
+    reporting._batch = default_batch
 
     with strategy.scope():
         fitted = make_model()
@@ -158,7 +201,7 @@ def worker(steps: int, rounds: int) -> None:
     reduced_report = keras_callback.report
 
     def collective_report(step, metrics, reduced=False):
-        return reporting.report(step, metrics)  # the callback before: logs through the collective
+        return reporting.report(step, metrics, wait=True)  # the callback before: a collective per call
 
     class BatchClock(tf.keras.callbacks.Callback):
         """Times fit's batches from the first batch's end to the last's, leaving fit's set-up out."""
@@ -191,7 +234,7 @@ def worker(steps: int, rounds: int) -> None:
 
     mwms_runtime.flush(timeout=60)
     if ctx.is_chief:
-        print("RESULT " + json.dumps(per_step), flush=True)
+        print("RESULT " + json.dumps({"per_step": per_step, "batch_calls": batch_sizes}), flush=True)
 
 
 def summarize(per_step: dict[str, list[float]]) -> dict:
@@ -207,8 +250,13 @@ def summarize(per_step: dict[str, list[float]]) -> dict:
         ratios[name] = statistics.median(paired)
         if target is not None:
             met[name] = ratios[name] <= target
+    also = {
+        name: statistics.median(t / b for t, b in zip(per_step[name], per_step[ref], strict=True))
+        for name, ref in ALSO_VERSUS.items()
+    }
     return {
         "step_ms_median": median_ms,
+        "ratio_to_no_metrics": also,
         "step_ms_per_round": {name: [t * 1000 for t in times] for name, times in per_step.items()},
         "ratio_to_baseline": ratios,
         "baseline_of": {name: baseline for name, (baseline, _) in BASELINES.items()},
@@ -222,7 +270,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--steps", type=int, default=20, help="steps per timed block")
+    parser.add_argument(
+        "--steps", type=int, default=64, help="steps per timed block (64: one batch of report() calls)"
+    )
     parser.add_argument(
         "--rounds", type=int, default=60, help="rounds of one timed block per variant (medians taken)"
     )
@@ -250,7 +300,9 @@ def main() -> None:
             if result.returncode != 0:
                 sys.exit(f"a worker failed:\n{result.describe()}")
         lines = [line for line in results[0].stdout.splitlines() if line.startswith("RESULT ")]
-        summary = summarize(json.loads(lines[-1][len("RESULT ") :]))
+        measured = json.loads(lines[-1][len("RESULT ") :])
+        summary = summarize(measured["per_step"])
+        summary["report_batch_calls_at_end"] = measured["batch_calls"]
     summary.update(
         steps_per_block=args.steps,
         rounds=args.rounds,
@@ -268,9 +320,13 @@ def main() -> None:
             verdict = (
                 "recorded" if target is None else f"<= {target}x {'ok' if ratio <= target else 'MISSED'}"
             )
-            print(f"{name:<26} {ms:8.3f} {ratio:6.3f}x  vs {baseline:<16} {verdict}")
+            also = summary["ratio_to_no_metrics"].get(name)
+            extra = f"  ({also:.3f}x vs no_metrics)" if also is not None else ""
+            print(f"{name:<26} {ms:8.3f} {ratio:6.3f}x  vs {baseline:<16} {verdict}{extra}")
         else:
-            print(f"{name:<26} {ms:8.3f} {'':>7}     (baseline)")
+            also = summary["ratio_to_no_metrics"].get(name)
+            extra = f"  ({also:.3f}x vs no_metrics)" if also is not None else ""
+            print(f"{name:<26} {ms:8.3f} {'':>7}     (baseline){extra}")
     print(f"results in {RESULTS.relative_to(ROOT)}")
     if not all(summary["targets_met"].values()):
         sys.exit(1)

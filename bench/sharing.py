@@ -14,7 +14,7 @@ agents (bench/simulator.py) in this process:
 The waiting jobs of `scale` are stored with the coordinator's own `create_job` on its database (as
 bench/jobs_at_volume.py seeds it, but while it runs: the scheduler then finds them). Pass times come from
 the coordinator itself: this script starts `mwms server` through a launcher that wraps the scheduler
-loop's `schedule_pending` (server/live/loops.py) and the loop's whole write transaction with a timer
+loop's `schedule_pass` (server/live/loops.py) and the loop's whole write transaction with a timer
 (nothing in server/ changes; see PASS_TIMER).
 Targets live here; results go to bench/results_sharing.json; exit status 1 when one is missed.
 Usage: python bench/sharing.py [--scenario scale] [--agents 1000 --jobs 10000 --teams 20] [--db postgres]
@@ -88,7 +88,7 @@ profile_path = os.environ.get("MWMS_BENCH_PASS_PROFILE")
 if profile_path:
     import cProfile
     profiler = cProfile.Profile()
-pass_of = loops.schedule_pending
+pass_of = loops.schedule_pass
 @functools.wraps(pass_of)
 def timed_pass(*args, **kwargs):
     profiling = profile_path and os.path.exists(profile_path + ".on")
@@ -102,7 +102,7 @@ def timed_pass(*args, **kwargs):
         if profiling:
             profiler.disable()
             profiler.dump_stats(profile_path)
-loops.schedule_pending = timed_pass
+loops.schedule_pass = timed_pass
 step_of = loops.BackgroundLoops._schedule
 async def timed_step(self):
     start = time.perf_counter()

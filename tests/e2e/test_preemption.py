@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -151,3 +152,37 @@ def test_draining_an_agent_moves_its_job_elsewhere_and_wait_returns_once_it_is_e
     assert not _agent(cluster, here)["cordoned"] and not _agent(cluster, here)["draining"]
     cluster.http.post(f"/api/v1/jobs/{job_id}/cancel")
     cluster.wait_for(job_id, {"CANCELLED"}, timeout=30)
+
+
+TRAINER = (
+    Path(__file__).resolve().parents[1] / "runtime" / "programs" / "preempt_custom_loop.py"
+).read_text()
+
+
+def test_a_tensorflow_job_preempted_mid_training_resumes_at_the_next_step_with_each_step_reported_once(
+    cluster,
+):
+    steps = 30
+    low = cluster.submit(
+        {"train.py": TRAINER},
+        ["python", "train.py", "--steps", str(steps), "--delay", "0.3"],
+        workers=2,
+        priority=100,
+        preemption_grace_seconds=30,
+    )
+    cluster.wait_for(low, {"RUNNING"}, timeout=120)
+    wait_until(lambda: "STEP 4" in cluster.logs_text(low), 120, "a few training steps")
+    urgent = cluster.submit({"quick.py": QUICK}, ["python", "quick.py"], workers=2, priority=900)
+    assert cluster.wait_for(urgent, {"SUCCEEDED", "FAILED"}, timeout=120)["state"] == "SUCCEEDED"
+    done = cluster.wait_for(low, {"SUCCEEDED", "FAILED"}, timeout=240)
+    assert done["state"] == "SUCCEEDED", done["reason"]
+    first, second = done["attempt_history"]
+    assert first["state"] == "PREEMPTED" and done["restarts"] == 0
+    assert {t["exit_code"] for t in first["tasks"]} == {PREEMPTED_AND_SAVED_EXIT_CODE}
+
+    points = cluster.metrics(low, name="loss")
+    assert sorted(p["step"] for p in points) == list(range(1, steps + 1)), points  # each step once
+    saved = max(p["step"] for p in points if p["attempt"] == 1)
+    assert min(p["step"] for p in points if p["attempt"] == 2) == saved + 1
+    resumed = [x["text"] for x in cluster.logs(low) if x["attempt"] == 2 and x["text"].startswith("RESUMED")]
+    assert resumed and resumed[0].split()[1] == str(saved), resumed

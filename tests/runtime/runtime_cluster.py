@@ -10,6 +10,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 PYTHON = sys.executable
 REPO = Path(__file__).resolve().parents[2]
@@ -77,6 +78,67 @@ class TaskResult:
         )
 
 
+class Gang:
+    """The running tasks of one job, started by start_tasks()."""
+
+    def __init__(self, root: Path, procs: list[tuple[subprocess.Popen, IO[str], IO[str]]]) -> None:
+        self.root = root
+        self.procs = procs
+        self.started = time.monotonic()
+
+    def stdout(self, index: int) -> str:
+        """What task ``index`` has printed so far."""
+        return (self.root / f"stdout-{index}.txt").read_text()
+
+    def send_signal(self, signum: int) -> None:
+        """Send ``signum`` to every task still running, as the agent does to preempt a gang."""
+        for proc, _, _ in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signum)
+
+    def wait(self, timeout: float = 90.0, wait_for: list[int] | None = None) -> list[TaskResult]:
+        """Wait for the ``wait_for`` tasks (default all) at most ``timeout`` s; kill the rest."""
+        ended: dict[int, float] = {}
+        deadline = time.monotonic() + timeout
+        awaited = set(range(len(self.procs)) if wait_for is None else wait_for)
+        while not awaited <= set(ended) and time.monotonic() < deadline:
+            for index, (proc, _, _) in enumerate(self.procs):
+                if index not in ended and proc.poll() is not None:
+                    ended[index] = time.monotonic() - self.started
+            time.sleep(0.1)
+        results = []
+        for index, (proc, out, err) in enumerate(self.procs):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            out.close()
+            err.close()
+            results.append(
+                TaskResult(
+                    index=index,
+                    returncode=proc.returncode if index in ended else None,
+                    stdout=(self.root / f"stdout-{index}.txt").read_text(),
+                    stderr=(self.root / f"stderr-{index}.txt").read_text(),
+                    seconds=ended.get(index, time.monotonic() - self.started),
+                )
+            )
+        return results
+
+
+def start_tasks(argv: list[str], cwd: Path, root: Path, num_workers: int, **extra: str) -> Gang:
+    """Start ``argv`` as every task of a job (output in ``root``) and return them running."""
+    ports = free_ports(num_workers) if num_workers > 1 else None
+    root.mkdir(parents=True, exist_ok=True)
+    cwd.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for index in range(num_workers):
+        out = open(root / f"stdout-{index}.txt", "w")  # noqa: SIM115 - closed by Gang.wait
+        err = open(root / f"stderr-{index}.txt", "w")  # noqa: SIM115
+        env = task_env(root, index, num_workers, ports, **extra)
+        procs.append((subprocess.Popen([PYTHON, *argv], cwd=cwd, env=env, stdout=out, stderr=err), out, err))
+    return Gang(root, procs)
+
+
 def run_tasks(
     argv: list[str],
     cwd: Path,
@@ -87,41 +149,7 @@ def run_tasks(
     **extra: str,
 ) -> list[TaskResult]:
     """Run ``argv`` as every task of a job and wait for the ``wait_for`` tasks (default all); kill the rest."""
-    ports = free_ports(num_workers) if num_workers > 1 else None
-    root.mkdir(parents=True, exist_ok=True)
-    cwd.mkdir(parents=True, exist_ok=True)
-    procs = []
-    start = time.monotonic()
-    for index in range(num_workers):
-        out = open(root / f"stdout-{index}.txt", "w")
-        err = open(root / f"stderr-{index}.txt", "w")
-        env = task_env(root, index, num_workers, ports, **extra)
-        procs.append((subprocess.Popen([PYTHON, *argv], cwd=cwd, env=env, stdout=out, stderr=err), out, err))
-    ended: dict[int, float] = {}
-    deadline = start + timeout
-    awaited = set(range(num_workers) if wait_for is None else wait_for)
-    while not awaited <= set(ended) and time.monotonic() < deadline:
-        for index, (proc, _, _) in enumerate(procs):
-            if index not in ended and proc.poll() is not None:
-                ended[index] = time.monotonic() - start
-        time.sleep(0.1)
-    results = []
-    for index, (proc, out, err) in enumerate(procs):
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        out.close()
-        err.close()
-        results.append(
-            TaskResult(
-                index=index,
-                returncode=proc.returncode if index in ended else None,
-                stdout=(root / f"stdout-{index}.txt").read_text(),
-                stderr=(root / f"stderr-{index}.txt").read_text(),
-                seconds=ended.get(index, timeout),
-            )
-        )
-    return results
+    return start_tasks(argv, cwd, root, num_workers, **extra).wait(timeout, wait_for)
 
 
 def read_metrics(path: Path) -> list[dict]:
