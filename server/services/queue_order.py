@@ -102,13 +102,16 @@ def queue_order(
         ]
         heapq.heapify(heap)
         while heap:
-            _, _, _, team = heapq.heappop(heap)
-            job = per_team[team].pop()
+            _, _, _, team = heap[0]
+            queue = per_team[team]
+            job = queue.pop()
             ordered.append(job)
             used = projected.setdefault(team, {})
             used[job.kind] = used.get(job.kind, 0) + job.need
-            if per_team[team]:
-                head = per_team[team][-1]
+            if queue:
+                head = queue[-1]
                 ratio = share_ratio(used, team_shares[team])
-                heapq.heappush(heap, (ratio, head.created_at, head.job_id, team))
+                heapq.heapreplace(heap, (ratio, head.created_at, head.job_id, team))
+            else:
+                heapq.heappop(heap)
     return ordered

@@ -100,14 +100,17 @@ class _Free:
 
     def __init__(self, agents: Sequence[AgentCapacity]) -> None:
         self.agents = {a.agent_id: a for a in agents}
-        self.free: dict[str, set[int]] = {a.agent_id: set(a.free_devices) for a in agents}
-        self.ports: dict[str, set[int]] = {a.agent_id: set(a.used_ports) for a in agents}
+        # Copied for an agent only when the pass places on it: most agents are only read.
+        self.free: dict[str, frozenset[int] | set[int]] = {
+            a.agent_id: frozenset(a.free_devices) for a in agents
+        }
+        self.ports: dict[str, frozenset[int] | set[int]] = {a.agent_id: a.used_ports for a in agents}
         self.version = 0
 
     def take(self, tasks: Sequence[TaskPlacement]) -> None:
         for t in tasks:
-            self.free[t.agent_id] -= set(t.device_indices)
-            self.ports[t.agent_id].add(t.port)
+            self.free[t.agent_id] = set(self.free[t.agent_id]) - set(t.device_indices)
+            self.ports[t.agent_id] = set(self.ports[t.agent_id]) | {t.port}
         self.version += 1
 
     def offer(
@@ -220,7 +223,7 @@ def plan_pass(inputs: PlanInputs) -> Plan:
         in_use = usage.get(job.team, {}).get(job.kind, 0)
         limit = inputs.quotas.get(job.team, {}).get(job.kind)
         over_quota = limit is not None and in_use + job.need > limit
-        if limit is not None and over_quota and not job.preemptible:
+        if over_quota and limit is not None and not job.preemptible:
             plan.waiting[job.job_id] = wait_reasons.over_quota(job, in_use, limit, borrowable=False)
             continue
         if job.pinned:
@@ -242,9 +245,8 @@ def plan_pass(inputs: PlanInputs) -> Plan:
             if isinstance(tasks, list):
                 _placed(plan, free, usage, job, tasks, borrowed=over_quota)
                 continue
-        if (
-            limit is not None and over_quota
-        ):  # borrowing takes idle capacity only: no preemption, no reservation
+        if over_quota and limit is not None:
+            # Borrowing takes idle capacity only: it never preempts and never reserves.
             plan.waiting[job.job_id] = wait_reasons.over_quota(job, in_use, limit, borrowable=True)
             continue
         if own_hold:
@@ -435,7 +437,7 @@ def _blocked_reason(
     bare = free.units(job.kind, job.per_worker)
     if bare >= job.workers:
         if reservation is not None and reservation.job.job_id != job.job_id:
-            return wait_reasons.reserved_for(job, reservation.job.job_id, reservation.starts_at)
+            return wait_reasons.reserved_for(job, reservation.job.job_id)
         ahead = next((j for j, d in holds.items() if j != job.job_id and any(d.values())), None)
         if ahead is not None:
             return wait_reasons.behind_priority(job, ahead)

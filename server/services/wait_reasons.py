@@ -95,12 +95,11 @@ def reserved_head(job: WaitingJob, starts_at: datetime | None) -> dict[str, Any]
     )
 
 
-def reserved_for(job: WaitingJob, head: str, starts_at: datetime | None) -> dict[str, Any]:
+def reserved_for(job: WaitingJob, head: str) -> dict[str, Any]:
     return _reason(
         "reserved",
         f"the capacity it would fit on is reserved for job {head}, first in line; jobs with a max_runtime "
         "that ends before that job starts may use it",
-        None,
         for_job=head,
     )
 

@@ -6,7 +6,8 @@ a priority change records one too), so a pass reads the events since the last on
 their jobs. Holds and reasons are written by the scheduler itself: holds are read again every pass (few
 jobs have one), reasons are updated in place when a pass writes them. Against anything missed (events of
 transactions that commit out of id order on PostgreSQL), the last REREAD_EVENTS events are looked at
-again every pass, and everything is read afresh every FULL_READ_S seconds and after a gap in the events.
+again every pass there; when the count of waiting jobs or the sum of their priorities is not what the cache
+holds, or every FULL_READ_S seconds, or after a gap in the events, everything is read afresh.
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from server.db.models import JobEvent
+from server.db.models import Job, JobEvent
 from server.services.queue_order import WaitingJob
-from server.services.scheduling import hold_of, read_holds, read_waiting
+from server.services.scheduling import WAITING_STATES, hold_of, read_holds, read_waiting
 
-FULL_READ_S = 30.0
+FULL_READ_S = 600.0
 REREAD_EVENTS = 200
 
 
@@ -37,13 +38,16 @@ class WaitingJobs:
     def read(self, session: Session, now: datetime) -> list[WaitingJob]:
         """The waiting jobs as of `session`, holds as of now."""
         newest = session.scalar(select(func.max(JobEvent.id))) or 0
-        if self._full_at is None or now - self._full_at >= self._full_read or newest < self._last_event:
+        stale = self._full_at is None or now - self._full_at >= self._full_read or newest < self._last_event
+        if stale:
             self._jobs = {job.job_id: job for job in read_waiting(session, now)}
             self._full_at, self._last_event = now, newest
             return list(self._jobs.values())
+        # SQLite has one writer, so events commit in id order and none can appear behind the newest seen.
+        window = 0 if session.get_bind().dialect.name == "sqlite" else REREAD_EVENTS
         changed = set(
             session.scalars(
-                select(JobEvent.job_id).where(JobEvent.id > max(0, self._last_event - REREAD_EVENTS))
+                select(JobEvent.job_id).where(JobEvent.id > max(0, self._last_event - window))
             ).all()
         )
         if changed:
@@ -51,6 +55,16 @@ class WaitingJobs:
                 self._jobs.pop(job_id, None)
             self._jobs.update({job.job_id: job for job in read_waiting(session, now, changed)})
         self._last_event = newest
+        count, priorities = session.execute(
+            select(func.count(), func.coalesce(func.sum(Job.priority), 0)).where(
+                Job.state.in_(WAITING_STATES)
+            )
+        ).one()
+        if (count, priorities) != (len(self._jobs), sum(j.priority for j in self._jobs.values())):
+            # Something changed without an event the cache saw: read them all.
+            self._jobs = {job.job_id: job for job in read_waiting(session, now)}
+            self._full_at = now
+            return list(self._jobs.values())
         holds = read_holds(session, now)
         for job_id, job in self._jobs.items():
             hold = hold_of(holds.get(job_id))

@@ -52,9 +52,28 @@ def test_the_cache_follows_submits_cancels_priority_changes_and_placements(tmp_p
     assert placed and cached(db, cache) == full(db) and fitting not in cached(db, cache)
     with db.read() as session:
         assert session.get(Job, fitting).state == JobState.SCHEDULED.value
-    # Jobs that did not change are not read again: the waiting query names the changed ones only.
+    # A job that changed is read again by its id; when none did, no waiting job is read at all.
+    with db.write() as session:
+        set_priority(session, waiting[2], 100, by="u", policy=SubmitPolicy(), any_owner=True)
     statements.clear()
     schedule_pass(db, policy=SharingPolicy(), waiting_jobs=cache)
     reads = [s for s in statements if "FROM jobs" in s and "jobs.num_workers" in s]
-    assert reads and all("IN (" in s for s in reads), reads
+    assert len(reads) == 1 and "IN (" in reads[0], reads
+    statements.clear()
+    schedule_pass(db, policy=SharingPolicy(), waiting_jobs=cache)
+    assert [s for s in statements if "FROM jobs" in s and "jobs.num_workers" in s] == []
+    assert cached(db, cache) == full(db)
+    db.dispose()
+
+
+def test_a_change_the_events_did_not_show_is_caught_by_the_count_and_priority_check(tmp_path):
+    db = seeded_database(tmp_path / "c.db", DIGEST, ())
+    cache = WaitingJobs()
+    first = submit(db)
+    assert set(cached(db, cache)) == {first}
+    with db.write() as session:  # as another writer might, without an event
+        job = session.get(Job, first)
+        assert job is not None
+        job.priority = 900
+    assert cached(db, cache) == full(db) == {first: ("PENDING", 900)}
     db.dispose()
