@@ -443,4 +443,4 @@ def _blocked_reason(
             return wait_reasons.behind_priority(job, ahead)
     if bare < job.workers <= bare + idle.cordoned_units(job):
         return wait_reasons.cordoned(job)
-    return wait_reasons.no_fit(job, free.units(job.kind, job.per_worker, held_all), idle.never(job))
+    return wait_reasons.no_fit(job, idle.never(job))

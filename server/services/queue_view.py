@@ -14,6 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from server.db.models import Job, utcnow
+from server.services.queue_order import WaitingJob
 from server.services.scheduling import SharingPolicy, read_inputs
 from server.services.wait_reasons import not_placeable
 
@@ -56,11 +57,25 @@ def queue(session: Session, now: datetime | None = None) -> list[QueueRow]:
         if ids
         else {}
     )
+    fits: dict[tuple[str, int], int] = {}
+
+    def fits_now(job: WaitingJob) -> int:
+        """Workers of the job's shape that fit on what is free now (ignoring holds and reservations)."""
+        key = (job.kind, job.per_worker)
+        if key not in fits:
+            fits[key] = sum(
+                len(a.free_devices) // job.per_worker for a in inputs.offer if a.device_kind == job.kind
+            )
+        return fits[key]
+
     result = []
     for position, job in enumerate(inputs.order, start=1):
         row = rows.get(job.job_id)
         if row is None:
             continue
+        waiting = dict(row.waiting or {}) if job.state == "PENDING" else not_placeable(job.state)
+        if waiting.get("kind") == "no_fit":
+            waiting["fits_now"] = fits_now(job)
         result.append(
             QueueRow(
                 position=position,
@@ -74,7 +89,7 @@ def queue(session: Session, now: datetime | None = None) -> list[QueueRow]:
                 gpus_per_worker=job.gpus_per_worker,
                 preemptible=job.preemptible,
                 created_at=job.created_at,
-                waiting=dict(row.waiting or {}) if job.state == "PENDING" else not_placeable(job.state),
+                waiting=waiting,
             )
         )
     return result

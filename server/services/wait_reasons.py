@@ -5,7 +5,7 @@ Each reason is a dict: `kind` (below), `message` (one line a person can act on, 
 details of its kind.
 
 - over_quota: team, unit, need, in_use, quota, borrowable (a preemptible job borrows idle capacity)
-- no_fit: need (workers), per_worker, unit, fits_now (workers of this shape that fit now)
+- no_fit: need (workers), per_worker, unit; the queue view adds fits_now (such workers that fit now)
 - reserved: for_job (the reserved job at the head of the order), starts when it starts
 - head: this job holds the reservation; estimated_start when running jobs' max_runtime tell
 - behind_priority: for_job (a higher-priority job the capacity is held for while its victims exit)
@@ -69,16 +69,16 @@ def over_quota(job: WaitingJob, in_use: int, quota: int, borrowable: bool) -> di
     )
 
 
-def no_fit(job: WaitingJob, fits_now: int, never: str) -> dict[str, Any]:
-    message = (
-        never
-        if never
-        else f"waiting for capacity: needs {_shape(job)}, {fits_now} such workers fit now; it starts when "
-        "running jobs finish or agents join"
+def no_fit(job: WaitingJob, never: str) -> dict[str, Any]:
+    """Nothing frees for it soon enough to reserve (or it can never fit: `never` says why).
+
+    How many such workers fit now is not part of the stored reason (it changes with every placement, and
+    rewriting thousands of reasons for it would cost a pass its time): the queue view adds it live.
+    """
+    message = never or (
+        f"waiting for capacity: needs {_shape(job)}; it starts when running jobs finish or agents join"
     )
-    return _reason(
-        "no_fit", message, need=job.workers, per_worker=job.per_worker, unit=_unit(job), fits_now=fits_now
-    )
+    return _reason("no_fit", message, need=job.workers, per_worker=job.per_worker, unit=_unit(job))
 
 
 def reserved_head(job: WaitingJob, starts_at: datetime | None) -> dict[str, Any]:
