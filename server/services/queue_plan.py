@@ -18,7 +18,7 @@ without a database:
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -93,6 +93,8 @@ class PlanInputs:
     now: datetime
     known_agents: Sequence[tuple[str, str]] = ()  # (id, name) of every agent, for pins
     rng: random.Random | None = None
+    # What was read, as a value: a pass that decided nothing needs no new plan while it stays the same.
+    key: Hashable = None
 
 
 class _Free:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Hashable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
@@ -115,13 +115,23 @@ def schedule_pass(
     if releasable:
         with db.write() as session:
             release_waiting(session, now)
+    quiet = waiting_jobs.quiet_key if waiting_jobs is not None else None
     with db.read() as session:
-        inputs = read_inputs(session, now, connected, policy, waiting_jobs)
+        inputs = read_inputs(session, now, connected, policy, waiting_jobs, unless_same_as=quiet)
         plan = plan_pass(inputs) if inputs.order else None
     if plan is None or not (plan.placements or plan.preemptions or _changed_reasons(inputs, plan)):
+        if waiting_jobs is not None:  # the same inputs again would decide nothing again
+            waiting_jobs.quiet_key = (
+                inputs.key if plan is None or not (plan.placements or plan.preemptions) else None
+            )
         return []
+    if waiting_jobs is not None:
+        waiting_jobs.quiet_key = None
     with db.write() as session:
-        return apply_plan(session, inputs, plan, policy, now)
+        touched = apply_plan(session, inputs, plan, policy, now)
+    if waiting_jobs is not None and not (plan.placements or plan.preemptions):
+        waiting_jobs.quiet_key = inputs.key  # only reasons were written: the same inputs decide the same
+    return touched
 
 
 def apply_plan(
@@ -207,11 +217,14 @@ def read_inputs(
     connected: frozenset[str] | None,
     policy: SharingPolicy,
     waiting_jobs: WaitingJobs | None = None,
+    unless_same_as: Hashable | None = None,
 ) -> PlanInputs:
     """Everything a pass plans with, in a fixed number of queries.
 
     `waiting_jobs`: the coordinator's cache of waiting jobs (server/services/waiting_jobs.py), which
-    re-reads only the jobs that changed; without it every waiting job is read.
+    re-reads only the jobs that changed; without it every waiting job is read. `unless_same_as`: the
+    key (PlanInputs.key) of a pass that decided nothing; when what was read is the same again, the
+    inputs come back without an order (nothing to plan), and ordering is skipped.
     """
     waiting = waiting_jobs.read(session, now) if waiting_jobs is not None else read_waiting(session, now)
     if not waiting:
@@ -229,7 +242,17 @@ def read_inputs(
         if any(j.pinned for j in waiting)
         else []
     )
+    key = (
+        waiting_jobs.version if waiting_jobs is not None else None,
+        tuple((a.agent_id, a.free_devices, a.used_ports) for a in offered),
+        frozenset(cordoned_ids),
+        tuple((r.job_id, r.preemptable, r.ends_at, r.size) for r in running),
+        tuple(sorted((team, q["gpu"], q["cpu"]) for team, q in quotas.items())),
+    )
+    if waiting_jobs is not None and unless_same_as is not None and key == unless_same_as:
+        return PlanInputs(order=[], offer=[], cordoned=[], running=[], usage={}, quotas={}, now=now, key=key)
     return PlanInputs(
+        key=key,
         order=queue_order(waiting, usage, totals, quotas),
         offer=offer,
         cordoned=cordoned,

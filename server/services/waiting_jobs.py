@@ -12,6 +12,7 @@ holds, or every FULL_READ_S seconds, or after a gap in the events, everything is
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import replace
 from datetime import datetime, timedelta
 
@@ -34,6 +35,10 @@ class WaitingJobs:
         self._last_event = 0
         self._full_at: datetime | None = None
         self._full_read = timedelta(seconds=full_read_s)
+        # Changes whenever a job, a hold or the set of waiting jobs changes (read() sets it).
+        self.version: Hashable = None
+        # The inputs key of the last pass when it decided nothing (server/services/scheduling.py).
+        self.quiet_key: Hashable = None
 
     def read(self, session: Session, now: datetime) -> list[WaitingJob]:
         """The waiting jobs as of `session`, holds as of now."""
@@ -42,7 +47,7 @@ class WaitingJobs:
         if stale:
             self._jobs = {job.job_id: job for job in read_waiting(session, now)}
             self._full_at, self._last_event = now, newest
-            return list(self._jobs.values())
+            return self._current(newest)
         # SQLite has one writer, so events commit in id order and none can appear behind the newest seen.
         window = 0 if session.get_bind().dialect.name == "sqlite" else REREAD_EVENTS
         changed = set(
@@ -64,10 +69,16 @@ class WaitingJobs:
             # Something changed without an event the cache saw: read them all.
             self._jobs = {job.job_id: job for job in read_waiting(session, now)}
             self._full_at = now
-            return list(self._jobs.values())
+            return self._current(newest)
         holds = read_holds(session, now)
         for job_id, job in self._jobs.items():
             hold = hold_of(holds.get(job_id))
             if hold != job.hold:
                 self._jobs[job_id] = replace(job, hold=hold)
-        return list(self._jobs.values())
+        return self._current(newest)
+
+    def _current(self, newest: int) -> list[WaitingJob]:
+        jobs = list(self._jobs.values())
+        held = tuple(sorted((j.job_id, tuple(sorted(j.hold.items()))) for j in jobs if j.hold))
+        self.version = (newest, len(jobs), self._full_at, held)
+        return jobs

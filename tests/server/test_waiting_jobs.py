@@ -77,3 +77,23 @@ def test_a_change_the_events_did_not_show_is_caught_by_the_count_and_priority_ch
         job.priority = 900
     assert cached(db, cache) == full(db) == {first: ("PENDING", 900)}
     db.dispose()
+
+
+def test_a_pass_that_decided_nothing_is_not_planned_again_until_something_changes(tmp_path):
+    db = seeded_database(tmp_path / "q.db", DIGEST, ("a-1",))
+    cache = WaitingJobs()
+    first, second = submit(db), submit(db)
+    assert schedule_pass(db, waiting_jobs=cache)  # the first job takes the one slot
+    schedule_pass(db, waiting_jobs=cache)
+    assert cache.quiet_key is not None  # the second waits: nothing changed since, nothing to decide
+    assert schedule_pass(db, waiting_jobs=cache) == []
+    with db.write() as session:  # the first job ends: its slot is free
+        job = session.get(Job, first)
+        assert job is not None
+        cancel_job(session, first)
+        for task in job.attempts[-1].tasks:
+            task.state = "STOPPED"
+    assert schedule_pass(db, waiting_jobs=cache)
+    with db.read() as session:
+        assert session.get(Job, second).state == JobState.SCHEDULED.value
+    db.dispose()
