@@ -39,6 +39,8 @@ class WaitingJobs:
         self.version: Hashable = None
         # The inputs key of the last pass when it decided nothing (server/services/scheduling.py).
         self.quiet_key: Hashable = None
+        self._held: set[str] = set()  # jobs the cache holds with a hold
+        self._priorities: int | None = None  # the sum of the cached jobs' priorities; None: sum again
 
     def read(self, session: Session, now: datetime) -> list[WaitingJob]:
         """The waiting jobs as of `session`, holds as of now."""
@@ -46,7 +48,7 @@ class WaitingJobs:
         stale = self._full_at is None or now - self._full_at >= self._full_read or newest < self._last_event
         if stale:
             self._jobs = {job.job_id: job for job in read_waiting(session, now)}
-            self._full_at, self._last_event = now, newest
+            self._full_at, self._last_event, self._priorities = now, newest, None
             return self._current(newest)
         # SQLite has one writer, so events commit in id order and none can appear behind the newest seen.
         window = 0 if session.get_bind().dialect.name == "sqlite" else REREAD_EVENTS
@@ -65,20 +67,24 @@ class WaitingJobs:
                 Job.state.in_(WAITING_STATES)
             )
         ).one()
-        if (count, priorities) != (len(self._jobs), sum(j.priority for j in self._jobs.values())):
+        if changed or self._priorities is None:
+            self._priorities = sum(j.priority for j in self._jobs.values())
+        if (count, priorities) != (len(self._jobs), self._priorities):
             # Something changed without an event the cache saw: read them all.
             self._jobs = {job.job_id: job for job in read_waiting(session, now)}
-            self._full_at = now
+            self._full_at, self._priorities = now, None
             return self._current(newest)
         holds = read_holds(session, now)
-        for job_id, job in self._jobs.items():
+        for job_id in set(holds) | self._held:  # a hold given, changed or ended
+            job = self._jobs.get(job_id)
             hold = hold_of(holds.get(job_id))
-            if hold != job.hold:
+            if job is not None and hold != job.hold:
                 self._jobs[job_id] = replace(job, hold=hold)
         return self._current(newest)
 
     def _current(self, newest: int) -> list[WaitingJob]:
         jobs = list(self._jobs.values())
         held = tuple(sorted((j.job_id, tuple(sorted(j.hold.items()))) for j in jobs if j.hold))
+        self._held = {job_id for job_id, _ in held}
         self.version = (newest, len(jobs), self._full_at, held)
         return jobs
