@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import String, bindparam, func, select, type_coerce, update
+from sqlalchemy import String, bindparam, case, func, select, type_coerce, update
 from sqlalchemy.orm import Session
 
 from server.db.engine import Database
@@ -264,6 +264,18 @@ def read_inputs(
     )
 
 
+def _option(session: Session, name: str) -> Any:
+    """One value of a job's options, as text or a number: a JSON path, so no row's whole options are decoded.
+
+    On SQLite, where a damaged row's options may not be JSON at all, such a row reads NULL instead of
+    failing the query (and with it every pass).
+    """
+    path = Job.options[name].as_string()
+    if session.get_bind().dialect.name == "sqlite":
+        path = case((func.json_valid(Job.options) == 1, path), else_=None)
+    return type_coerce(path, String)
+
+
 def read_waiting(session: Session, now: datetime, ids: Collection[str] | None = None) -> list[WaitingJob]:
     """Every PENDING, RESTARTING and PREEMPTING job (of `ids`, when given) as plain data.
 
@@ -283,8 +295,8 @@ def read_waiting(session: Session, now: datetime, ids: Collection[str] | None = 
             Job.num_workers,
             Job.gpus_per_worker,
             Job.preemptible,
-            type_coerce(Job.options["max_runtime_seconds"].as_string(), String),
-            type_coerce(Job.options["agents"].as_string(), String),
+            _option(session, "max_runtime_seconds"),
+            _option(session, "agents"),
             Job.reason,
         ).where(Job.state.in_(WAITING_STATES), *([Job.id.in_(list(ids))] if ids is not None else []))
     ).all()
@@ -360,32 +372,48 @@ def _seconds(value: Any) -> float | None:
 
 
 def read_running(session: Session, now: datetime, policy: SharingPolicy) -> list[RunningJob]:
-    """Every job whose tasks hold devices, with when it ends and whether it may be preempted now."""
-    rows = session.execute(
-        select(
-            Task.job_id,
-            Task.agent_id,
-            Task.device_kind,
-            Task.device_indices,
-            Job.state,
-            Job.priority,
-            Job.team,
-            Job.preemptible,
-            Job.options,
-            Job.started_at,
-            Attempt.state,
-            Attempt.borrowed,
-            Attempt.created_at,
+    """Every job whose tasks hold devices, with when it ends and whether it may be preempted now.
+
+    The tasks, then their jobs and attempts once each (not once per task), with only the option values
+    planning needs; a job whose row cannot be read is left out (and counted), not the pass.
+    """
+    tasks = session.execute(
+        select(Task.job_id, Task.attempt_id, Task.agent_id, Task.device_kind, Task.device_indices).where(
+            Task.state.in_(DEVICE_HOLDING_TASK_STATES)
         )
-        .join(Job, Job.id == Task.job_id)
-        .join(Attempt, Attempt.id == Task.attempt_id)
-        .where(Task.state.in_(DEVICE_HOLDING_TASK_STATES))
     ).all()
-    hour_ago = now - timedelta(hours=1)
+    if not tasks:
+        return []
+    job_ids = {t.job_id for t in tasks}
+    attempt_ids = {t.attempt_id for t in tasks}
+    job_rows = {
+        row[0]: row
+        for row in session.execute(
+            select(
+                Job.id,
+                Job.state,
+                Job.priority,
+                Job.team,
+                Job.preemptible,
+                _option(session, "preemption_grace_seconds"),
+                _option(session, "max_runtime_seconds"),
+                _option(session, "preempted_s"),
+                type_coerce(Job.started_at, String),
+            ).where(Job.id.in_(job_ids))
+        )
+    }
+    attempts = {
+        row[0]: row
+        for row in session.execute(
+            select(
+                Attempt.id, Attempt.state, Attempt.borrowed, type_coerce(Attempt.created_at, String)
+            ).where(Attempt.id.in_(attempt_ids))
+        )
+    }
     recent = dict(
         session.execute(
             select(Preemption.victim_job_id, func.count(Preemption.id))
-            .where(Preemption.at >= hour_ago)
+            .where(Preemption.at >= now - timedelta(hours=1))
             .group_by(Preemption.victim_job_id)
         ).all()
     )
@@ -396,69 +424,71 @@ def read_running(session: Session, now: datetime, policy: SharingPolicy) -> list
             .group_by(Preemption.victim_job_id)
         ).all()
     )
-    jobs: dict[str, dict[str, Any]] = {}
-    for (
-        job_id,
-        agent_id,
-        kind,
-        indices,
-        job_state,
-        priority,
-        team,
-        preemptible,
-        options,
-        started,
-        attempt_state,
-        borrowed,
-        attempt_created,
-    ) in rows:
-        entry = jobs.get(job_id)
-        if entry is None:
-            options = options if isinstance(options, dict) else {}
-            grace = options.get("preemption_grace_seconds")
-            grace_s = int(grace) if isinstance(grace, int) else policy.grace_s
-            runtime = _seconds(options.get("max_runtime_seconds"))
-            active = job_state == JobState.RUNNING.value and attempt_state == "ACTIVE"
-            if job_state == JobState.PREEMPTING.value and job_id in preempted_at:
-                ends_at: datetime | None = preempted_at[job_id] + timedelta(seconds=grace_s + 5)
-            elif runtime is not None and started is not None:
-                paused = options.get("preempted_s")
-                paused_s = (
-                    float(paused) if isinstance(paused, (int, float)) and 0 <= paused <= NEVER_S else 0.0
+    devices: dict[str, dict[str, list[int]]] = {}
+    first: dict[str, Any] = {}
+    for task in tasks:
+        first.setdefault(task.job_id, task)
+        devices.setdefault(task.job_id, {}).setdefault(task.agent_id, []).extend(task.device_indices)
+    result = []
+    for job_id, task in first.items():
+        try:
+            result.append(
+                _running_job(
+                    job_rows[job_id],
+                    attempts[task.attempt_id],
+                    task.device_kind,
+                    devices[job_id],
+                    now,
+                    policy,
+                    recent.get(job_id, 0),
+                    preempted_at.get(job_id),
                 )
-                ends_at = started + timedelta(seconds=runtime + paused_s)
-            else:
-                ends_at = None
-            entry = jobs[job_id] = {
-                "priority": priority,
-                "team": team,
-                "kind": "gpu" if kind == "gpu" else "cpu",
-                "devices": {},
-                "started_at": attempt_created,
-                "ends_at": ends_at,
-                "borrowed": bool(borrowed),
-                "grace_s": grace_s,
-                "preemptable": active
-                and preemptible
-                and policy.max_preemptions_per_hour > recent.get(job_id, 0)
-                and (now - attempt_created).total_seconds() >= policy.min_runtime_s,
-            }
-        entry["devices"].setdefault(agent_id, []).extend(indices)
-    return [
-        RunningJob(
-            job_id=job_id,
-            priority=e["priority"],
-            team=e["team"],
-            kind=e["kind"],
-            devices={a: tuple(d) for a, d in e["devices"].items()},
-            started_at=e["started_at"],
-            ends_at=e["ends_at"],
-            borrowed=e["borrowed"],
-            preemptable=e["preemptable"],
-            grace_s=e["grace_s"],
-        )
-        for job_id, e in jobs.items()
-    ]
+            )
+        except Exception:  # noqa: BLE001 - one damaged row must not stall placement for everyone
+            contain(log, "schedule_job", job_id, f"running job {job_id}")
+    return result
+
+
+def _running_job(
+    job: Any,
+    attempt: Any,
+    kind: str,
+    devices: dict[str, list[int]],
+    now: datetime,
+    policy: SharingPolicy,
+    recent_preemptions: int,
+    preempted_at: datetime | None,
+) -> RunningJob:
+    job_id, job_state, priority, team, preemptible, grace, runtime, paused, started = job
+    _, attempt_state, borrowed, attempt_created = attempt
+    grace_s = int(float(grace)) if _seconds(grace) is not None or grace in (0, "0") else policy.grace_s
+    grace_s = min(max(grace_s, 0), 3600)
+    attempt_started = _aware(attempt_created)
+    run_s = _seconds(runtime)
+    if job_state == JobState.PREEMPTING.value and preempted_at is not None:
+        ends_at: datetime | None = _aware(preempted_at) + timedelta(seconds=grace_s + 5)
+    elif run_s is not None and started is not None:
+        ends_at = _aware(started) + timedelta(seconds=run_s + (_seconds(paused) or 0.0))
+    else:
+        ends_at = None
+    active = job_state == JobState.RUNNING.value and attempt_state == "ACTIVE"
+    return RunningJob(
+        job_id=job_id,
+        priority=int(priority),
+        team=team,
+        kind="gpu" if kind == "gpu" else "cpu",
+        devices={a: tuple(int(i) for i in d) for a, d in devices.items()},
+        started_at=attempt_started,
+        ends_at=ends_at,
+        borrowed=bool(borrowed),
+        preemptable=bool(
+            active
+            and preemptible
+            and policy.max_preemptions_per_hour > recent_preemptions
+            and (now - attempt_started).total_seconds() >= policy.min_runtime_s
+        ),
+        grace_s=grace_s,
+    )
 
 
 def _usage(running: Iterable[RunningJob]) -> dict[str, dict[str, int]]:

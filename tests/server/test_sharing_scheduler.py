@@ -213,3 +213,20 @@ def test_a_victim_killed_after_its_grace_is_requeued_as_not_saved_without_using_
             events[-1].to_state == JobState.PENDING.value and "resumes from its last one" in events[-1].reason
         )
     db.dispose()
+
+
+def test_a_waiting_job_whose_options_are_not_json_does_not_stall_the_others(tmp_path):
+    db = seeded_database(tmp_path / "j.db", DIGEST, ("a-1", "a-2"))
+    damaged, fine = submit(db, max_runtime_seconds=60), submit(db, max_runtime_seconds=60)
+    with db.write() as session:
+        session.connection().exec_driver_sql("UPDATE jobs SET options = '{not json' WHERE id = ?", (damaged,))
+    schedule(db)
+    assert job_row(db, fine).state == JobState.SCHEDULED.value
+    report(db, fine, TaskState.RUNNING)
+    schedule(db)  # a running job's damaged options must not stall the pass either
+    with db.write() as session:
+        session.connection().exec_driver_sql("UPDATE jobs SET options = '[' WHERE id = ?", (fine,))
+    third = submit(db)
+    schedule(db)
+    assert JobState(job_row(db, third).state) in (JobState.SCHEDULED, JobState.PENDING)
+    db.dispose()
