@@ -117,13 +117,13 @@ def test_fair_share_lets_a_team_below_its_share_go_first_and_teams_take_turns():
     jobs = [waiting(f"a{i}", team="a", age_s=100 - i) for i in range(3)] + [
         waiting(f"b{i}", team="b", age_s=10 - i) for i in range(3)
     ]
-    # Team a already uses 4 of 8 CPU slots, b none: b's first job goes first although it is younger.
+    # Team a already uses 4 of 8 CPU slots (its whole even share), b none: b's younger jobs go first until
+    # b's projected use would pass a's.
     order = queue_order(jobs, {"a": {"cpu": 4}}, {"cpu": 8}, {})
-    assert [j.job_id for j in order][:2] == ["b0", "b1"]
-    # Then the two teams alternate as their projected use evens out, each team's jobs oldest first.
-    ids = [j.job_id for j in order]
-    assert ids.index("a0") < ids.index("a1") < ids.index("a2") and ids.index("b0") < ids.index("b2")
-    assert set(ids[4:]) == {"a1", "a2"} or ids.index("a0") < ids.index("b2")
+    assert [j.job_id for j in order] == ["b0", "b1", "b2", "a0", "a1", "a2"]
+    # With equal use the teams alternate, each team's jobs oldest first (ties go to the older job).
+    order = queue_order(jobs, {}, {"cpu": 8}, {})
+    assert [j.job_id for j in order] == ["a0", "b0", "a1", "b1", "a2", "b2"]
 
 
 def test_a_quota_is_a_teams_share():
