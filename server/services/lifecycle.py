@@ -234,14 +234,6 @@ def preempted_seconds(job: Job, now: datetime) -> float:
     return total
 
 
-def preemptions_since(session: Session, job_id: str, since: datetime) -> int:
-    """How many times the job was preempted (for any cause) since `since`."""
-    rows = session.scalars(
-        select(Preemption.id).where(Preemption.victim_job_id == job_id, Preemption.at >= since)
-    ).all()
-    return len(rows)
-
-
 # -- ending a job -------------------------------------------------------------------------------------
 
 

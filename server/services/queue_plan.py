@@ -34,8 +34,10 @@ from server.services.placement import (
 )
 from server.services.queue_order import WaitingJob
 
-# Blocked jobs per pass that may look for victims; each search is a few placement tries.
+# Blocked jobs per pass that may look for victims, and that may try for the reservation (one whose gang
+# could not fit even on an idle cluster gets none): each is a few placement tries.
 MAX_PREEMPTION_SEARCHES = 3
+MAX_RESERVATION_TRIES = 3
 
 
 @dataclass(frozen=True)
@@ -270,7 +272,7 @@ def plan_pass(inputs: PlanInputs) -> Plan:
                     victims = [v.job_id for v in decision.victims]
                     plan.waiting[job.job_id] = wait_reasons.preempting_for(job, victims)
                     continue
-        if reservation is None and reservation_tries < MAX_PREEMPTION_SEARCHES:
+        if reservation is None and reservation_tries < MAX_RESERVATION_TRIES:
             reservation_tries += 1
             reservation = _reserve(job, free, held_all, inputs.running, now, rng)
             if reservation is not None:

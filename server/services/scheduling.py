@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mwms.server.scheduling")
 WAITING_STATES = (JobState.PENDING.value, JobState.RESTARTING.value, JobState.PREEMPTING.value)
+_RELEASABLE = (JobState.RESTARTING.value, JobState.PREEMPTING.value)
 
 
 @dataclass(frozen=True)
@@ -65,9 +66,7 @@ class SharingPolicy:
 
 def release_waiting(session: Session, now: datetime) -> None:
     """RESTARTING jobs past their backoff, and PREEMPTING jobs whose tasks have all ended, become PENDING."""
-    jobs = session.scalars(
-        select(Job).where(Job.state.in_([JobState.RESTARTING.value, JobState.PREEMPTING.value]))
-    ).all()
+    jobs = session.scalars(select(Job).where(Job.state.in_(_RELEASABLE))).all()
     for job in jobs:
         with isolated(session, log, "restart_job", job.id, f"release of job {job.id}"):
             if job.state == JobState.RESTARTING.value:
@@ -119,18 +118,15 @@ def schedule_pass(
     with db.read() as session:
         inputs = read_inputs(session, now, connected, policy, waiting_jobs, unless_same_as=quiet)
         plan = plan_pass(inputs) if inputs.order else None
-    if plan is None or not (plan.placements or plan.preemptions or _changed_reasons(inputs, plan)):
-        if waiting_jobs is not None:  # the same inputs again would decide nothing again
-            waiting_jobs.quiet_key = (
-                inputs.key if plan is None or not (plan.placements or plan.preemptions) else None
-            )
-        return []
-    if waiting_jobs is not None:
-        waiting_jobs.quiet_key = None
-    with db.write() as session:
-        touched = apply_plan(session, inputs, plan, policy, now)
-    if waiting_jobs is not None and not (plan.placements or plan.preemptions):
-        waiting_jobs.quiet_key = inputs.key  # only reasons were written: the same inputs decide the same
+    decided = plan is not None and bool(plan.placements or plan.preemptions)
+    touched: list[str] = []
+    if plan is not None and (decided or _changed_reasons(inputs, plan)):
+        with db.write() as session:
+            touched = apply_plan(session, inputs, plan, policy, now)
+    if (
+        waiting_jobs is not None
+    ):  # a pass that placed and preempted nothing decides the same on the same inputs
+        waiting_jobs.quiet_key = None if decided else inputs.key
     return touched
 
 
@@ -159,9 +155,6 @@ def apply_plan(
     placed = {p.job.job_id for p in plan.placements}
     _store_reasons(session, inputs.order, plan.waiting, placed)
     return sorted(touched)
-
-
-_RELEASABLE = (JobState.RESTARTING.value, JobState.PREEMPTING.value)
 
 
 def _changed_reasons(inputs: PlanInputs, plan: Plan) -> bool:

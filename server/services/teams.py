@@ -16,9 +16,9 @@ from sqlalchemy.orm import Session
 from server.db.models import Job, Task, TeamMember, TeamQuota, utcnow
 from server.errors import InvalidInput, NotFound
 from server.limits import MAX_NAME_CHARS
+from server.schemas import MAX_QUOTA_DEVICES
 from server.states import DEVICE_HOLDING_TASK_STATES
 
-MAX_QUOTA = 1_000_000  # devices of one kind a quota may name; far above any cluster
 MAX_TEAMS_LISTED = 10_000
 
 
@@ -80,8 +80,8 @@ def set_quota(
     """Sets (replaces) the team's quota; None for a kind removes its cap."""
     team = check_name(team, "a team name")
     for field, value in (("gpus", gpus), ("cpu_slots", cpu_slots)):
-        if value is not None and not 0 <= value <= MAX_QUOTA:
-            raise InvalidInput(f"{field} must be between 0 and {MAX_QUOTA}, got {value}")
+        if value is not None and not 0 <= value <= MAX_QUOTA_DEVICES:
+            raise InvalidInput(f"{field} must be between 0 and {MAX_QUOTA_DEVICES}, got {value}")
     row = session.get(TeamQuota, team)
     if row is None:
         row = TeamQuota(team=team)
