@@ -6,7 +6,8 @@ Dependency-free (standard library only): `mwms --help` must not import the agent
 
 from __future__ import annotations
 
-SERVER = "127.0.0.1:50051"  # the coordinator's gRPC endpoint ("host:port")
+SERVER = "127.0.0.1:50051"  # the coordinator's gRPC endpoint ("host:port"; several: comma-separated)
+MAX_SERVERS = 32  # coordinator replicas one --server may list
 WORK_DIR = "~/.mwms-agent"
 SLOTS = 1  # CPU tasks at once
 PORT_LOW, PORT_HIGH = 20000, 20999  # ports tasks may listen on, inclusive

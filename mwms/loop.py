@@ -11,7 +11,11 @@ from dataclasses import dataclass
 
 @dataclass
 class Backoff:
-    """Exponential backoff with full jitter: delays grow from `initial` to `maximum` and reset on success."""
+    """Exponential backoff with jitter: delays grow from `initial` to `maximum` and reset on success.
+
+    Each delay is the current step moved randomly by up to `jitter` of itself (0.5: a step of 2 s gives
+    1-3 s), so many clients that failed at the same moment (agents whose coordinator died) spread out.
+    """
 
     initial: float = 0.5
     maximum: float = 30.0

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -21,22 +23,26 @@ from server.api.auth import AuthMiddleware
 from server.api.body_limit import BodyLimitMiddleware
 from server.api.errors import install_error_handlers
 from server.api.preflight import router as preflight_router
+from server.api.replicas import router as replicas_router
 from server.api.security_headers import SecurityHeadersMiddleware
 from server.api.sharing import router as sharing_router
 from server.api.stacks import router as stacks_router
 from server.db.engine import Database
 from server.db.migrate import upgrade_to_head
+from server.db.models import new_id
+from server.db.single_instance import SingleInstanceLock
 from server.limits import (
     GRPC_ABSOLUTE_MAX_METADATA_BYTES,
     GRPC_HANDSHAKE_TIMEOUT_MS,
     GRPC_MAX_CONNECTION_IDLE_MS,
     GRPC_MAX_METADATA_BYTES,
 )
-from server.live.wiring import build_wiring
+from server.live.wiring import Wiring, build_wiring
 from server.observability.cluster_gauges import cluster_registry
 from server.observability.request_latency import RequestLatencyMiddleware
 from server.rpc.agent_service import AgentService
 from server.rpc.auth import AgentAuthInterceptor
+from server.services import replicas
 from server.services.agents import grant_reconnect_grace
 from server.services.follows import FollowSlots
 from server.settings import Settings
@@ -55,58 +61,102 @@ SWAGGER_PAGE = f"""<!doctype html>
 """
 
 
-def _grant_reconnect_grace(db: Database, settings: Settings) -> None:
+def _grant_reconnect_grace(db: Database, settings: Settings, me: replicas.ReplicaIdentity) -> None:
+    """After the whole control plane was down, agents get time to reconnect before they count as lost;
+    a replica joining live ones gives none (they kept hearing the agents)."""
     with db.write() as session:
-        grant_reconnect_grace(session, settings.agent_timeout_s + settings.reconnect_grace_s)
+        if replicas.others_alive(session, me.id) == 0:
+            grant_reconnect_grace(session, settings.agent_timeout_s + settings.reconnect_grace_s)
+        replicas.beat(session, me, 0, [])
 
 
-def create_app(settings: Settings) -> FastAPI:
-    """A coordinator app for `settings`; starting it (lifespan) also serves gRPC on settings.grpc_port."""
+def replica_identity(settings: Settings) -> replicas.ReplicaIdentity:
+    """This process as one of the replicas on its database; the addresses are filled in once bound."""
+    host = socket.gethostname()
+    return replicas.ReplicaIdentity(
+        id=new_id(),
+        name=settings.replica_name or f"{host}:{os.getpid()}",
+        http_address="",
+        grpc_address="",
+        version=mwms.__version__,
+        serve=settings.serve,
+        pid=os.getpid(),
+    )
+
+
+@asynccontextmanager
+async def serving(app: FastAPI, settings: Settings) -> AsyncIterator[None]:
+    """The coordinator's life inside the app's lifespan: migrations, this replica's first beat, the
+    admin token, gRPC for agents (unless it serves the API only), then the live machinery."""
+    db = Database(settings.database_url)
+    me = replica_identity(settings)
+    await asyncio.to_thread(upgrade_to_head, db.engine)
+    await asyncio.to_thread(_grant_reconnect_grace, db, settings, me)
+    await asyncio.to_thread(bootstrap_admin_token, db, settings)
+    wiring = build_wiring(db, settings, me)
+    app.state.wiring = wiring  # routers get it through server/api/deps.py
+    app.state.cluster_metrics = cluster_registry(db, wiring.hub.connected_count, wiring.passes.leads)
+    app.state.grpc_port = 0
+    grpc_server = await start_grpc(app, settings, wiring) if settings.serve != "api" else None
+    wiring.start()
+    try:
+        yield
+    finally:
+        if grpc_server is not None:
+            await grpc_server.stop(grace=2)
+        await wiring.stop()
+        db.dispose()
+
+
+async def start_grpc(app: FastAPI, settings: Settings, wiring: Wiring) -> grpc.aio.Server:
+    """Serves the agents' gRPC on settings.grpc_port (TLS when a certificate is configured)."""
+    db = wiring.db
+    grpc_server = grpc.aio.server(
+        interceptors=[AgentAuthInterceptor(db)],
+        options=[
+            ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE),
+            ("grpc.max_send_message_length", GRPC_MAX_MESSAGE),
+            *server_keepalive_options(),  # the agents' pings pass this policy (mwms/agent_link.py)
+            # Bounds for callers that never authenticate (issue 16): a call's metadata, a connection
+            # with no call open (agents keep their Connect stream open), and a slow handshake.
+            ("grpc.max_metadata_size", GRPC_MAX_METADATA_BYTES),
+            ("grpc.absolute_max_metadata_size", GRPC_ABSOLUTE_MAX_METADATA_BYTES),
+            ("grpc.max_connection_idle_ms", GRPC_MAX_CONNECTION_IDLE_MS),
+            ("grpc.server_handshake_timeout_ms", GRPC_HANDSHAKE_TIMEOUT_MS),
+        ],
+    )
+    agent_pb2_grpc.add_AgentServiceServicer_to_server(
+        AgentService(wiring),
+        grpc_server,
+    )
+    bound = bind_grpc_port(grpc_server, settings)  # TLS when a certificate is configured
+    if bound == 0:
+        raise RuntimeError(
+            f"cannot listen for agents on {settings.grpc_host}:{settings.grpc_port}: the port is in use; "
+            "pass another --grpc-port"
+        )
+    app.state.grpc_port = bound
+    await grpc_server.start()
+    log.info("coordinator ready: gRPC for agents on %s:%d", settings.grpc_host, bound)
+    return grpc_server
+
+
+def create_app(settings: Settings, *, single_instance: bool = True) -> FastAPI:
+    """A coordinator app for `settings`; starting it (lifespan) also serves gRPC on settings.grpc_port.
+
+    `single_instance`: the lifespan takes the SQLite single-coordinator lock (False: the caller holds it,
+    as server/main.py does to refuse a second coordinator before anything starts)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-        db = Database(settings.database_url)
-        await asyncio.to_thread(upgrade_to_head, db.engine)
-        await asyncio.to_thread(_grant_reconnect_grace, db, settings)
-        await asyncio.to_thread(bootstrap_admin_token, db, settings)
-        wiring = build_wiring(db, settings)
-        grpc_server = grpc.aio.server(
-            interceptors=[AgentAuthInterceptor(db)],
-            options=[
-                ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE),
-                ("grpc.max_send_message_length", GRPC_MAX_MESSAGE),
-                *server_keepalive_options(),  # the agents' pings pass this policy (mwms/agent_link.py)
-                # Bounds for callers that never authenticate (issue 16): a call's metadata, a connection
-                # with no call open (agents keep their Connect stream open), and a slow handshake.
-                ("grpc.max_metadata_size", GRPC_MAX_METADATA_BYTES),
-                ("grpc.absolute_max_metadata_size", GRPC_ABSOLUTE_MAX_METADATA_BYTES),
-                ("grpc.max_connection_idle_ms", GRPC_MAX_CONNECTION_IDLE_MS),
-                ("grpc.server_handshake_timeout_ms", GRPC_HANDSHAKE_TIMEOUT_MS),
-            ],
-        )
-        agent_pb2_grpc.add_AgentServiceServicer_to_server(
-            AgentService(wiring),
-            grpc_server,
-        )
-        bound = bind_grpc_port(grpc_server, settings)  # TLS when a certificate is configured
-        if bound == 0:
-            raise RuntimeError(
-                f"cannot listen for agents on {settings.grpc_host}:{settings.grpc_port}: the port is in use; "
-                "pass another --grpc-port"
-            )
-        app.state.grpc_port = bound
-        await grpc_server.start()
-        app.state.wiring = wiring  # routers get it through server/api/deps.py
-        app.state.cluster_metrics = cluster_registry(db, wiring.hub.connected_count)  # read by /metrics
-        wiring.start()
-        log.info("coordinator ready: gRPC for agents on %s:%d", settings.grpc_host, bound)
+        single = SingleInstanceLock(settings.database_url if single_instance else "")
+        single.acquire()  # SQLite: a second coordinator on the same file stops here (AlreadyRunning)
         try:
-            yield
+            async with serving(app, settings):
+                yield
         finally:
-            await grpc_server.stop(grace=2)
-            await wiring.stop()
-            db.dispose()
+            single.release()
 
     app = FastAPI(
         title="mwms coordinator",
@@ -123,13 +173,16 @@ def create_app(settings: Settings) -> FastAPI:
         return HTMLResponse(SWAGGER_PAGE)
 
     install_error_handlers(app)
-    app.include_router(stacks_router)
-    app.include_router(preflight_router)
-    app.include_router(sharing_router)
     app.state.follow_slots = FollowSlots(settings.max_follows_per_user, settings.max_follows_total)
-    routers = (health.router, login.router, tokens.router, bundles.router, jobs.router, agents.router)
-    for router in (*routers, devices.router, dashboard.router):
-        app.include_router(router)
+    app.include_router(health.router)  # every role: load balancers and Prometheus look at each replica
+    if settings.serve != "agents":  # an agents-only replica serves gRPC, /healthz and /metrics only
+        app.include_router(stacks_router)
+        app.include_router(preflight_router)
+        app.include_router(sharing_router)
+        app.include_router(replicas_router)
+        routers = (login.router, tokens.router, bundles.router, jobs.router, agents.router)
+        for router in (*routers, devices.router, dashboard.router):
+            app.include_router(router)
     # The last added runs first: request timing, headers on every response, then the Host check, then
     # authentication, then the bound on request bodies.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_body_bytes)

@@ -14,6 +14,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from server.app import create_app
+from server.db.single_instance import AlreadyRunning, SingleInstanceLock
 from server.heap import settle_heap
 from server.http_protocol import bounded_http_protocol
 from server.limits import HttpBounds
@@ -36,7 +37,14 @@ def serve(settings: Settings) -> None:
     log_tls(settings, tls)
     if settings.ports_file is not None:
         settings.ports_file.unlink(missing_ok=True)  # whoever waits for it must never read an old one
-    app = create_app(settings)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    single = SingleInstanceLock(settings.database_url)
+    try:
+        single.acquire()
+    except AlreadyRunning as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    app = create_app(settings, single_instance=False)
     config = uvicorn.Config(
         app,
         host=settings.http_host,
@@ -74,6 +82,11 @@ class PortsReportingServer(uvicorn.Server):
             return
         http_port = self.servers[0].sockets[0].getsockname()[1]
         grpc_port = self.app.state.grpc_port
+        replica = self.app.state.wiring.replica  # its next beat names the addresses it serves
+        host = self.settings.replica_address or _reachable(self.settings.http_host)
+        replica.http_address = f"{host}:{http_port}" if self.settings.serve != "agents" else ""
+        grpc_host = self.settings.replica_address or _reachable(self.settings.grpc_host)
+        replica.grpc_address = f"{grpc_host}:{grpc_port}" if grpc_port else ""
         log.info(
             "listening: REST on %s:%d, gRPC on %s:%d",
             self.settings.http_host,

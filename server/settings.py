@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -27,6 +27,12 @@ class Settings(BaseSettings):
     # whoever started the coordinator with port 0 learns them.
     ports_file: Path | None = None
     data_dir: Path = Path("mwms-data")
+    # Replicas (several coordinators on one PostgreSQL database): what this one serves ("api": REST and
+    # the dashboard; "agents": the agents' gRPC, with /healthz and /metrics; "both"), the name it is
+    # listed under (default: host:pid) and the host others reach it by (default: the bound host).
+    serve: Literal["api", "agents", "both"] = "both"
+    replica_name: str = Field(default="", max_length=200)
+    replica_address: str = Field(default="", max_length=255)
     db_url: str | None = Field(default=None, description="SQLAlchemy URL; default: SQLite in data_dir")
     # A bootstrap join token: agents presenting it may join (admins can also make revocable ones).
     join_token: SecretStr = SecretStr("")

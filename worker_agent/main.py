@@ -4,6 +4,13 @@ Tasks outlive connections: when the coordinator restarts or the network breaks, 
 with backoff and opens a new connection that reports every task it still knows. The first registration
 needs a join token and returns the agent's credential (worker_agent/credentials.py); later ones, also
 after a restart of the agent, prove the agent's identity with that credential.
+
+With several coordinator replicas (`--server a:50051,b:50051`), a failed registration or a broken stream
+(UNAVAILABLE, DEADLINE_EXCEEDED, a stream gone silent) moves the agent to the next replica of the list on a
+fresh channel (worker_agent/channel.py ServerRotation); a replica that works is kept until it fails. A
+kill -9'd coordinator is noticed at once (its OS resets the connection), one that vanished silently within
+the keepalive timeout (about 15 s, mwms/agent_link.py). A refusal is not retried elsewhere: the replicas
+share one database, so what one refuses all refuse.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import grpc
 import mwms
 from mwms.loop import Backoff
 from mwms.v1 import agent_pb2, agent_pb2_grpc
-from worker_agent.channel import CHANNEL_OPTIONS, ChannelFactory
+from worker_agent.channel import CHANNEL_OPTIONS, ChannelFactory, ServerRotation
 from worker_agent.config import AgentConfig, local_address_towards
 from worker_agent.connection import AgentConnection
 from worker_agent.credentials import CredentialStore
@@ -37,6 +44,11 @@ REGISTER_TIMEOUT_SECONDS = 10.0
 DEFAULT_HEARTBEAT_SECONDS = 5.0
 # A connection that lasted this long was healthy: the next reconnect starts with the shortest delay.
 HEALTHY_CONNECTION_SECONDS = 10.0
+# Delays between reconnects: 0.5 s (+-50 %) after a healthy connection broke, since another replica is
+# likely up; growing to 3 s (+-50 %) while none answers. The jitter spreads the agents of a replica that
+# died; the channel's own reconnect backoff is capped to match (worker_agent/channel.py).
+RECONNECT_INITIAL_SECONDS = 0.5
+RECONNECT_MAXIMUM_SECONDS = 3.0
 # On shutdown, how long to wait for the coordinator to acknowledge the final reports.
 FINAL_ACK_WAIT_SECONDS = 5.0
 # Codes after which registering again cannot help.
@@ -59,7 +71,13 @@ def run_agent(config: AgentConfig, stop: threading.Event) -> int:
     """Runs the agent until `stop` is set; 0 after a clean stop, 2 when the coordinator refuses it."""
     hostname = socket.gethostname()
     devices = detect_devices(config.slots)
-    log.info("agent %s starting: %d device(s), coordinator %s", config.name, len(devices), config.server)
+    servers = ServerRotation(config.servers)
+    log.info(
+        "agent %s starting: %d device(s), coordinator %s",
+        config.name,
+        len(devices),
+        ", ".join(config.servers),
+    )
     prepare_work_dir(config.work_dir)
     try:
         confinement = build_confinement(config)
@@ -70,7 +88,7 @@ def run_agent(config: AgentConfig, stop: threading.Event) -> int:
     if credential.load():
         log.info("presenting the credential kept in %s", credential.path)
     channels = ChannelFactory(config, credential)
-    channel = channels.open()
+    channel = channels.open(servers.current)
     stub = agent_pb2_grpc.AgentServiceStub(channel)
     tasks = TaskManager(
         config.work_dir, stub, hostname, default_grace_seconds=config.stop_grace, confinement=confinement
@@ -78,7 +96,7 @@ def run_agent(config: AgentConfig, stop: threading.Event) -> int:
     # Before registering: what a previous agent process left running is stopped and reported in the Hello.
     tasks.recover(config.stop_grace)
     heartbeats_answered = threading.Event()
-    backoff = Backoff(initial=0.5, maximum=10.0)
+    backoff = Backoff(initial=RECONNECT_INITIAL_SECONDS, maximum=RECONNECT_MAXIMUM_SECONDS)
     device_telemetry = start_device_telemetry(config.device_sample_interval)
     connection: AgentConnection | None = None
     exit_code = EXIT_OK
@@ -94,7 +112,9 @@ def run_agent(config: AgentConfig, stop: threading.Event) -> int:
                 exit_code = EXIT_REFUSED
                 break
             except grpc.RpcError as error:
-                log.warning("cannot register with %s yet: %s", config.server, _describe(error))
+                log.warning("cannot register with %s yet: %s", servers.describe(), _describe(error))
+                if len(servers) > 1:
+                    channel, stub = _move_on(channel, channels, servers, tasks, "registering failed")
                 stop.wait(backoff.next_delay())
                 continue
             log.info("registered as agent %s", agent_id)
@@ -103,18 +123,17 @@ def run_agent(config: AgentConfig, stop: threading.Event) -> int:
             )
             opened_at = time.monotonic()
             connection.open()
+            log.info("connected to coordinator %s", servers.describe())
             went_silent = False
             while not stop.is_set() and not connection.ended.is_set():
                 went_silent = connection.end_if_silent() or went_silent
                 stop.wait(0.1)
-            if went_silent:
-                # The channel under a silent stream is likely dead too: start over on a new one.
-                channel.close()
-                channel = channels.open()
-                stub = agent_pb2_grpc.AgentServiceStub(channel)
-                tasks.use_stub(stub)
             if stop.is_set():
                 break
+            if len(servers) > 1 or went_silent:
+                # A silent stream's channel is likely dead too; with replicas, the next one is likely alive.
+                why = "the stream went silent" if went_silent else "the stream broke"
+                channel, stub = _move_on(channel, channels, servers, tasks, why)
             if time.monotonic() - opened_at >= HEALTHY_CONNECTION_SECONDS:
                 backoff.reset()
             stop.wait(backoff.next_delay())
@@ -125,6 +144,25 @@ def run_agent(config: AgentConfig, stop: threading.Event) -> int:
         channel.close()
     log.info("agent %s stopped", config.name)
     return exit_code
+
+
+def _move_on(
+    channel: grpc.Channel,
+    channels: ChannelFactory,
+    servers: ServerRotation,
+    tasks: TaskManager,
+    why: str,
+) -> tuple[grpc.Channel, agent_pb2_grpc.AgentServiceStub]:
+    """Closes `channel` and opens a fresh one to the next replica (the same address when there is one)."""
+    channel.close()
+    previous = servers.describe()
+    if len(servers) > 1:
+        servers.advance()
+        log.info("moving from coordinator %s to %s: %s", previous, servers.describe(), why)
+    fresh = channels.open(servers.current)
+    stub = agent_pb2_grpc.AgentServiceStub(fresh)
+    tasks.use_stub(stub)
+    return fresh, stub
 
 
 def _register(
@@ -139,7 +177,7 @@ def _register(
     request = agent_pb2.RegisterRequest(
         name=config.name,
         hostname=hostname,
-        advertise_address=config.advertise_address or local_address_towards(config.server),
+        advertise_address=config.advertise_address or local_address_towards(config.servers[0]),
         port_range_low=config.port_low,
         port_range_high=config.port_high,
         devices=devices,

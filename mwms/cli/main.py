@@ -126,6 +126,31 @@ def server(
             show_default=False,
         ),
     ] = None,
+    serve_role: Annotated[
+        str | None,
+        typer.Option(
+            "--serve",
+            help="What this replica serves: api (REST + dashboard), agents (the agents' gRPC, with /healthz "
+            "and /metrics) or both [default: both]. Several replicas share one PostgreSQL --db-url "
+            "(MWMS_SERVE).",
+            show_default=False,
+        ),
+    ] = None,
+    replica_name: Annotated[
+        str | None,
+        typer.Option(
+            help="The name this replica is listed under [default: HOST:PID] (MWMS_REPLICA_NAME).",
+            show_default=False,
+        ),
+    ] = None,
+    replica_address: Annotated[
+        str | None,
+        typer.Option(
+            help="The host other machines reach this replica by, shown in the replicas list [default: the "
+            "bound host] (MWMS_REPLICA_ADDRESS).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run the coordinator: REST API + dashboard over HTTP(S), agent connections over gRPC.
 
@@ -147,6 +172,9 @@ def server(
         "grpc_port": grpc_port,
         "data_dir": data_dir,
         "db_url": db_url,
+        "serve": serve_role,
+        "replica_name": replica_name,
+        "replica_address": replica_address,
         "join_token": join_token,
         "allowed_hosts": allowed_hosts,
         "tls_cert": tls_cert,
@@ -216,7 +244,12 @@ def agent(
         str | None,
         typer.Option(
             "--server",
-            help=f"HOST:PORT of the coordinator's gRPC endpoint [default: {agent_defaults.SERVER}].",
+            help="HOST:PORT of the coordinator's gRPC endpoint (IPv6 in brackets: [fd00::5]:50051). With "
+            "coordinator replicas, list them comma-separated (a:50051,b:50051; at most "
+            f"{agent_defaults.MAX_SERVERS}): the agent talks to one at a time, from the first, and moves to "
+            "the next when registering fails or its stream breaks. One DNS name that resolves to several "
+            "replicas works too: gRPC tries its addresses in turn. The advertise address is found towards the "
+            f"first [default: {agent_defaults.SERVER}].",
             show_default=False,
         ),
     ] = None,
@@ -352,8 +385,13 @@ def agent(
     uid_low, uid_high = parse_uid_range(agent_defaults.task_uid_range() if task_uids is None else task_uids)
     server_address = agent_defaults.SERVER if server_address is None else server_address
     work_dir = Path(agent_defaults.WORK_DIR) if work_dir is None else work_dir
-    if ":" not in server_address:
-        raise CliError(f"--server {server_address!r} must be HOST:PORT, e.g. 127.0.0.1:50051")
+    from worker_agent.config import parse_servers  # standard library only: no agent extras needed
+
+    try:
+        servers = parse_servers(server_address)
+    except ValueError as error:
+        raise CliError(f"--server: {error}") from None
+    server_address = ",".join(servers)
     if ca_file is not None:
         ca_file = ca_file.expanduser().resolve()
         try:
@@ -418,7 +456,7 @@ def agent(
         server=server_address,
         name=name or socket.gethostname(),
         work_dir=work_dir.expanduser(),
-        advertise_address=advertise_address or local_address_towards(server_address),
+        advertise_address=advertise_address or local_address_towards(servers[0]),
         join_token=read_join_token(join_token_file),
         ca_file=ca_file,
         tls=tls,

@@ -10,6 +10,8 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
+from server.db import locks
+
 
 class Database:
     """Owns the engine and hands out sessions; the caller of `write()`/`read()` owns the transaction."""
@@ -17,6 +19,7 @@ class Database:
     def __init__(self, url: str) -> None:
         self.url = url
         self.is_sqlite = url.startswith("sqlite")
+        self.is_postgres = url.startswith("postgresql")
         kwargs: dict[str, Any] = {}
         if self.is_sqlite:
             kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
@@ -29,20 +32,32 @@ class Database:
         self._write = sessionmaker(write_engine, expire_on_commit=False)
         self._read = sessionmaker(self.engine, expire_on_commit=False)
         self._writer_lock = threading.Lock()
+        self._lock_engine: Engine | None = None
+
+    @property
+    def lock_engine(self) -> Engine:
+        """Connections of their own for the loops' advisory locks (server/live/pass_locks.py): a leader
+        holds one per loop for as long as it leads, which must never starve the sessions' pool."""
+        if self._lock_engine is None:
+            self._lock_engine = create_engine(self.url, pool_size=8, max_overflow=4, pool_pre_ping=True)
+        return self._lock_engine
 
     @contextmanager
     def write(self) -> Iterator[Session]:
-        """A read-then-write transaction, committed on success; one at a time.
+        """A read-then-write transaction, committed on success; one at a time, across every replica.
 
-        SQLite takes its write lock up front (BEGIN IMMEDIATE). On other databases this process
-        serialises its own writers: the coordinator is the only writer, and read-then-write passes
-        (a task report and the reconciler ending the same attempt) must not interleave.
+        SQLite takes its write lock up front (BEGIN IMMEDIATE). PostgreSQL takes the writer advisory lock
+        first (server/db/locks.py), so read-then-write passes (a task report on one replica and the
+        reconciler on another ending the same attempt) never interleave; this process also lines its own
+        writers up before they take a pooled connection to wait on it.
         """
         if self.is_sqlite:
             with self._write() as session, session.begin():
                 yield session
             return
         with self._writer_lock, self._write() as session, session.begin():
+            if self.is_postgres:
+                locks.wait_for(session.connection(), locks.WRITER)
             yield session
 
     @contextmanager
@@ -53,6 +68,8 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+        if self._lock_engine is not None:
+            self._lock_engine.dispose()
 
 
 def _tune_sqlite(engine: Engine) -> None:

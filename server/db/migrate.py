@@ -1,4 +1,9 @@
-"""Schema migrations through Alembic: the server upgrades to head at start."""
+"""Schema migrations through Alembic: the server upgrades to head at start.
+
+On PostgreSQL the upgrade runs under the migration advisory lock (server/db/locks.py): replicas starting
+together upgrade once, one after the other, and each later one finds the schema at head. PostgreSQL's DDL is
+transactional, so a replica killed mid-upgrade leaves the schema as it was.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,8 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine
+
+from server.db import locks
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -23,6 +30,8 @@ def upgrade_to_head(engine: Engine) -> None:
     """Brings the schema up to the newest revision."""
     config = alembic_config(str(engine.url))
     with engine.begin() as connection:
+        if engine.dialect.name == "postgresql":
+            locks.wait_for(connection, locks.MIGRATIONS)
         config.attributes["connection"] = connection
         command.upgrade(config, "head")
 

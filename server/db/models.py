@@ -8,12 +8,14 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     DateTime,
     Float,
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     Text,
     TypeDecorator,
@@ -85,6 +87,10 @@ class Agent(Base):
     cordon_reason: Mapped[str] = mapped_column(Text, default="", server_default="")
     # Draining: cordoned, and the jobs it runs are preempted gracefully and placed elsewhere.
     draining: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # The coordinator replica holding the agent's stream, and the stream's epoch (one more at every hello):
+    # commands are delivered only by that replica on that stream (server/services/replicas.py).
+    stream_replica: Mapped[str | None] = mapped_column(String(32), default=None)
+    stream_epoch: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class Token(Base):
@@ -251,6 +257,20 @@ class Task(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(default=None)
     ended_at: Mapped[datetime | None] = mapped_column(default=None)
+    # When a log line or metric point of the task was last stored, as the replicas flush it (seconds
+    # late at most): hang detection reads it, whichever replica stored the task's telemetry.
+    progress_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class DeviceClaim(Base):
+    """A device of an agent held by a task, from its placement until it no longer holds devices: the
+    database's own guard that a device is never given twice, whatever a replica's plan read."""
+
+    __tablename__ = "device_claims"
+
+    agent_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    device_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"), index=True)
 
 
 class LogLine(Base):
@@ -416,3 +436,48 @@ class TeamQuota(Base):
     cpu_slots: Mapped[int | None] = mapped_column(Integer, default=None)
     set_by: Mapped[str] = mapped_column(String(200), default="")
     set_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Replica(Base):
+    """One coordinator process on this database: where it listens, what it serves, when it was last seen."""
+
+    __tablename__ = "replicas"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    name: Mapped[str] = mapped_column(String(255))  # host:http port, or --replica-name
+    http_address: Mapped[str] = mapped_column(String(300), default="")
+    grpc_address: Mapped[str] = mapped_column(String(300), default="")
+    version: Mapped[str] = mapped_column(String(50), default="")
+    serve: Mapped[str] = mapped_column(String(10))  # "api", "agents" or "both"
+    pid: Mapped[int] = mapped_column(Integer, default=0)
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # Written every beat (about a second); a replica not seen for REPLICA_TIMEOUT_S is gone.
+    seen_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    stopped_at: Mapped[datetime | None] = mapped_column(default=None)
+    agents_held: Mapped[int] = mapped_column(Integer, default=0)
+    # The background loops this replica leads (server/live/pass_locks.py).
+    loops: Mapped[list[Any]] = mapped_column(default=list)
+
+
+class SharedFile(Base):
+    """A file of the data dir (a bundle, a checkpoint, an artifact) kept in the database too, so that every
+    replica can serve it (server/services/shared_files.py); on SQLite the data dir alone holds it."""
+
+    __tablename__ = "shared_files"
+
+    # Relative to the data dir, e.g. "bundles/<digest>", "files/<job>/checkpoint.tar.gz".
+    path: Mapped[str] = mapped_column(String(1200), primary_key=True)
+    size: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    chunks: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class SharedFileChunk(Base):
+    """One piece (at most 1 MiB) of a shared file's content, in order."""
+
+    __tablename__ = "shared_file_chunks"
+
+    path: Mapped[str] = mapped_column(String(1200), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    data: Mapped[bytes] = mapped_column(LargeBinary)

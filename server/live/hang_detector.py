@@ -2,8 +2,10 @@
 or metric point) for the job's hang timeout; such an attempt's stacks are dumped (cause "hang") and it
 ends by the job's restart policy (server/services/hangs.py).
 
-A task's clock starts when it starts RUNNING, or when this coordinator started, whichever is later
-(progress is kept in memory: server/live/task_progress.py). Each attempt is flagged once.
+A task's clock starts when it starts RUNNING, or when this coordinator started, whichever is later;
+progress is what this replica stored (in memory: server/live/task_progress.py) or any replica flushed
+to the database. The check runs on one replica at a time (server/live/pass_locks.py). Each attempt is
+flagged once.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from mwms.loop import run_every_async
 from server.db.engine import Database
 from server.db.models import utcnow
 from server.errors import DomainError
+from server.live.pass_locks import PassLocks
 from server.live.stack_collector import StackCollector
 from server.live.task_progress import TaskProgress
 from server.services import hangs
@@ -48,7 +51,9 @@ class HangDetector:
         wake_agents: Callable[[Iterable[str]], None],
         poke_scheduler: Callable[[], None],
         clock: Callable[[], datetime] = utcnow,
+        passes: PassLocks | None = None,
     ) -> None:
+        self._passes = passes
         self._db = db
         self._settings = settings
         self._stacks = stacks
@@ -61,7 +66,13 @@ class HangDetector:
         self._runner: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        self._runner = asyncio.create_task(run_every_async(CHECK_INTERVAL_S, self.check, logger=log))
+        self._runner = asyncio.create_task(run_every_async(CHECK_INTERVAL_S, self._check_once, logger=log))
+
+    async def _check_once(self) -> None:
+        if self._passes is None:
+            await self.check()
+        else:
+            await self._passes.run("hang-detection", self.check)
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -86,7 +97,8 @@ class HangDetector:
                 continue
             moments = [self._started_at]
             for task in attempt.tasks:
-                moments += [m for m in (task.started_at, self._progress.last(task.task_id)) if m is not None]
+                local = self._progress.last(task.task_id)
+                moments += [m for m in (task.started_at, task.progress_at, local) if m is not None]
             if (now - max(moments)).total_seconds() >= attempt.timeout_s:
                 self._flagged.add(attempt.attempt_id)
                 hung.append(attempt)

@@ -7,6 +7,11 @@ route's stop or removal) marks every connected agent, still one read. A slow swe
 agent every `sweep_interval_s` is the safety net; streams remember what they sent, so nothing is sent
 twice. A stream whose agent was removed is closed by the pass that finds it.
 
+With replicas (server/services/replicas.py), an agent woken here whose stream another replica holds gets a
+ring on the doorbell (server/live/agent_notify.py), and that replica's hub reads its commands; a stream
+the database says is not the agent's newest (another replica, or a later epoch, accepted its hello) is
+closed by the pass that finds it, so a replica that lost an agent never delivers stale commands.
+
 In-memory, like the rest of server/live/: the gRPC servicers (server/rpc/agent_stream.py) attach their
 streams; routers reach it through the wiring (server/live/wiring.py).
 """
@@ -20,33 +25,54 @@ from typing import Protocol
 
 from mwms.v1 import agent_pb2 as pb
 from server.db.engine import Database
+from server.live.agent_notify import Doorbell
 from server.services import agent_messages
 
 log = logging.getLogger("mwms.server.rpc")
+SWEEP_ALONE_S = 30.0
+SWEEP_WITH_REPLICAS_S = 5.0
+# While the doorbell's listener is reconnecting, rings may be missed: sweep this often meanwhile.
+SWEEP_DEAF_S = 1.0
 
 
 class CommandSink(Protocol):
     """What the hub needs of an agent's stream (server/rpc/agent_stream.py)."""
 
     ready: bool  # the agent said hello, so it knows what it runs: commands may flow
+    epoch: int | None  # the stream epoch its hello claimed (server/services/replicas.py); None: none yet
 
     async def deliver(self, commands: agent_messages.Commands) -> None: ...
 
     async def send(self, message: pb.CoordinatorMessage) -> None: ...
 
-    def close(self, reason: str) -> None: ...
+    def close(self, reason: str, superseded: bool = False) -> None: ...
 
 
 class AgentHub:
     """Knows which agents have a live stream and pushes commands to the ones a change concerns."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, db: Database, sweep_interval_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        db: Database,
+        sweep_interval_s: float | None = None,
+        *,
+        replica_id: str = "",
+        doorbell: Doorbell | None = None,
+    ) -> None:
         self._loop = loop
         self._db = db
+        self.replica_id = replica_id
+        self._doorbell = doorbell if doorbell is not None and doorbell.enabled else None
+        if sweep_interval_s is None:
+            # A lost ring (a replica killed between its commit and its NOTIFY) waits for the sweep.
+            sweep_interval_s = SWEEP_WITH_REPLICAS_S if self._doorbell is not None else SWEEP_ALONE_S
         self._sweep_interval_s = sweep_interval_s
         self._owners: dict[str, CommandSink] = {}
         self._marked: set[str] = set()
         self._mark_all = False
+        self._ring_all = False  # wake(None): the other replicas' agents too
+        self._unheld: set[str] = set()  # woken here, held elsewhere (or nowhere): rung for
         self._work = asyncio.Event()
         self._deliveries: set[asyncio.Task[None]] = set()
         self._runner: asyncio.Task[None] | None = None
@@ -84,25 +110,49 @@ class AgentHub:
         return True
 
     def wake(self, agent_ids: Iterable[str] | None = None) -> None:
-        """Pushes the pending commands of the given agents (every connected one when None); any thread."""
+        """Pushes the pending commands of the given agents (every connected one when None), wherever their
+        streams are; any thread."""
         ids = None if agent_ids is None else list(agent_ids)
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
             running = None
         if running is self._loop:
-            self._mark(ids)
+            self._mark(ids, ring=True)
         else:
-            self._loop.call_soon_threadsafe(self._mark, ids)
+            self._loop.call_soon_threadsafe(self._mark, ids, True)
 
-    def _mark(self, ids: list[str] | None) -> None:
+    def wake_local(self, agent_ids: list[str]) -> None:
+        """A ring from another replica (event loop only): wakes the named agents this replica holds."""
+        self._mark(None if "*" in agent_ids else agent_ids, ring=False)
+
+    def _mark(self, ids: list[str] | None, ring: bool) -> None:
         if ids is None:
             self._mark_all = True
+            self._ring_all = self._ring_all or (ring and self._doorbell is not None)
         elif not ids:
             return
         else:
             self._marked.update(ids)
+            if ring and self._doorbell is not None:
+                self._unheld.update(i for i in ids if i not in self._owners)
         self._work.set()
+
+    def _sweep_interval(self) -> float:
+        if self._doorbell is not None and not self._doorbell.listening.is_set():
+            return min(self._sweep_interval_s, SWEEP_DEAF_S)
+        return self._sweep_interval_s
+
+    def _ring(self) -> None:
+        """Rings the other replicas for the agents woken here whose streams this replica does not hold."""
+        unheld, self._unheld = self._unheld, set()
+        every, self._ring_all = self._ring_all, False
+        if self._doorbell is None or not (unheld or every):
+            return
+        ring = self._doorbell.ring("agents", ["*"] if every else sorted(unheld))
+        task = asyncio.create_task(ring)
+        self._deliveries.add(task)
+        task.add_done_callback(self._deliveries.discard)
 
     def start(self) -> None:
         self._runner = asyncio.create_task(self._run())
@@ -116,10 +166,11 @@ class AgentHub:
     async def _run(self) -> None:
         while True:
             try:
-                await asyncio.wait_for(self._work.wait(), timeout=self._sweep_interval_s)
+                await asyncio.wait_for(self._work.wait(), timeout=self._sweep_interval())
             except TimeoutError:
                 self._mark_all = True  # the safety sweep
             self._work.clear()
+            self._ring()
             marked, self._marked = self._marked, set()
             every, self._mark_all = self._mark_all, False
             targets = sorted(
@@ -152,9 +203,21 @@ class AgentHub:
             owner = self._owners.get(agent_id)
             if owner is not None:
                 owner.close(reason)
+        superseded = set()
+        for agent_id, (holder, epoch) in pending.streams.items():
+            owner = self._owners.get(agent_id)
+            if owner is None or owner.epoch is None or holder is None:
+                continue
+            if holder != self.replica_id or epoch != owner.epoch:
+                superseded.add(agent_id)
+                owner.close(
+                    f"agent {agent_id} has a newer stream (epoch {epoch} on replica {holder}); this one "
+                    f"(epoch {owner.epoch}) takes no more commands",
+                    superseded=True,
+                )
         for agent_id, commands in pending.by_agent.items():
             owner = self._owners.get(agent_id)
-            if owner is None or not owner.ready:
+            if owner is None or not owner.ready or agent_id in superseded:
                 continue  # gone meanwhile: its next hello asks again
             # Each stream sends on its own task, so one slow agent never holds up the others' commands.
             delivery = asyncio.create_task(owner.deliver(commands))

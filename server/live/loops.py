@@ -1,18 +1,28 @@
-"""The coordinator's background loops: the scheduler, and the reconciler with the liveness flush before it."""
+"""The coordinator's background loops: the scheduler, and the reconciler with the flush before it.
+
+The flush runs on every replica every second: what this replica heard (agent liveness, task progress)
+and its own beat (server/services/replicas.py). The passes that decide (scheduling, reconciling,
+retention) run on one replica at a time: the one that wins the loop's lock (server/live/pass_locks.py).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from datetime import datetime, timedelta
 
 from mwms.loop import run_every_async
 from server.db.engine import Database
 from server.db.models import utcnow
 from server.live.hub import AgentHub
 from server.live.liveness import Liveness
+from server.live.pass_locks import PassLocks
+from server.live.task_progress import TaskProgress
+from server.services import replicas
 from server.services.agents import record_heartbeats
 from server.services.command_targets import track_command_targets
+from server.services.hangs import record_progress
 from server.services.reconcile import reconcile
 from server.services.retention import PurgeCursor, cutoff, purge_batch
 from server.services.scheduling import SharingPolicy, schedule_pass
@@ -21,16 +31,31 @@ from server.settings import Settings
 
 log = logging.getLogger("mwms.server.loops")
 RETENTION_PAUSE_S = 0.05
+# Progress flushed to the database is forgotten in memory after this long.
+PROGRESS_MEMORY = timedelta(minutes=10)
 
 
 class BackgroundLoops:
     """Starts and stops the scheduler and reconciler; `poke()` runs the scheduler soon."""
 
-    def __init__(self, db: Database, settings: Settings, hub: AgentHub, liveness: Liveness) -> None:
+    def __init__(
+        self,
+        db: Database,
+        settings: Settings,
+        hub: AgentHub,
+        liveness: Liveness,
+        *,
+        replica: replicas.ReplicaIdentity,
+        passes: PassLocks,
+        progress: TaskProgress,
+    ) -> None:
         self.db = db
         self.settings = settings
         self.hub = hub
         self.liveness = liveness
+        self.replica = replica
+        self.passes = passes
+        self.progress = progress
         self.sharing = SharingPolicy.of(settings)
         self.waiting = WaitingJobs()  # the scheduler's cache of waiting jobs
         self._pokes = self._pokes_seen = 0
@@ -48,13 +73,15 @@ class BackgroundLoops:
                     self.settings.scheduler_interval_s, self._schedule, wake=self.scheduler_wake, logger=log
                 )
             ),
-            asyncio.create_task(run_every_async(1.0, self._reconcile, logger=log)),
+            asyncio.create_task(run_every_async(1.0, self._flush_and_reconcile, logger=log)),
         ]
         if self.settings.telemetry_retention_days > 0:
+
+            async def purge() -> None:
+                await self.passes.run("retention", self._purge_old_telemetry)
+
             self._tasks.append(
-                asyncio.create_task(
-                    run_every_async(self.settings.retention_interval_s, self._purge_old_telemetry, logger=log)
-                )
+                asyncio.create_task(run_every_async(self.settings.retention_interval_s, purge, logger=log))
             )
 
     async def stop(self) -> None:
@@ -62,25 +89,34 @@ class BackgroundLoops:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         try:
-            await self.flush_liveness()  # a restart's grace then counts from what was last heard
+            await self.flush_liveness(stopping=True)  # a restart's grace then counts from what was last heard
         except Exception:  # noqa: BLE001 - shutting down either way
             log.exception("writing agent liveness at shutdown failed")
 
-    async def flush_liveness(self) -> None:
-        """Writes what the in-memory liveness saw since the last flush, in one transaction."""
+    async def flush_liveness(self, stopping: bool = False) -> None:
+        """Writes, in one transaction, what this replica heard since the last flush (agent liveness, task
+        progress) and its beat (or, `stopping`, that it stopped)."""
         seen = self.liveness.take()
-        if not seen:
-            return
+        progressed = self.progress.take_changed()
+        held = self.hub.connected_count()
+        ran = self.passes.leads()
 
         def run() -> None:
             with self.db.write() as session:
                 record_heartbeats(session, seen, self.settings.agent_timeout_s)
+                record_progress(session, progressed)
+                if stopping:
+                    replicas.stop(session, self.replica)
+                else:
+                    replicas.beat(session, self.replica, held, ran)
 
         try:
             await asyncio.to_thread(run)
         except BaseException:
             self.liveness.restore(seen)
+            self.progress.restore(progressed)
             raise
+        self.progress.forget_before(utcnow() - PROGRESS_MEMORY)
 
     async def _purge_old_telemetry(self) -> None:
         """Deletes telemetry of jobs past MWMS_TELEMETRY_RETENTION_DAYS, one short transaction a batch."""
@@ -113,23 +149,41 @@ class BackgroundLoops:
         poked = self._pokes != self._pokes_seen
         if not poked and self._idle and now - self._last_pass < self.settings.scheduler_idle_interval_s:
             return
-        self._pokes_seen, self._last_pass = self._pokes, now
-        connected = frozenset(self.hub.connected())
+        pokes = self._pokes
+        held = frozenset(self.hub.connected())
 
         def run() -> list[str]:
+            connected = held
+            if self.db.is_postgres:
+                with self.db.read() as session:
+                    connected = held | replicas.streams_elsewhere(session, self.replica.id)
             return schedule_pass(self.db, connected=connected, policy=self.sharing, waiting_jobs=self.waiting)
 
-        touched = await asyncio.to_thread(run)
-        self._idle = not touched
-        if touched:
-            self.hub.wake(touched)
+        async def one_pass() -> None:
+            touched = await asyncio.to_thread(run)
+            self._idle = not touched
+            if touched:
+                self.hub.wake(touched)
 
-    async def _reconcile(self) -> None:
+        # A poke seen while another replica holds the pass stays pending: this replica tries again at its
+        # next tick, in case that pass read before the change that poked.
+        if await self.passes.run("scheduler", one_pass):
+            self._pokes_seen, self._last_pass = pokes, now
+
+    async def _flush_and_reconcile(self) -> None:
         # Liveness first, so the lost decision below never runs on heartbeats not written yet. It is
         # made as of the moment they were taken: both writes may wait for the writer (a long telemetry
-        # transaction), and that wait must not age every agent into "lost".
+        # transaction), and that wait must not age every agent into "lost". With replicas, every replica
+        # flushes what it heard every second, so the reconciler's replica judges from all of them.
         taken_at = utcnow()
         await self.flush_liveness()
+
+        async def one_pass() -> None:
+            await self._reconcile(taken_at)
+
+        await self.passes.run("reconciler", one_pass)
+
+    async def _reconcile(self, taken_at: datetime) -> None:
 
         def run() -> set[str]:
             with self.db.write() as session:

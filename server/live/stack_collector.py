@@ -2,6 +2,10 @@
 and the wait (bounded) for the answers, which the agents' streams hand in (`accept`).
 
 The database work is in server/services/stacks.py; this module only sends, waits and wakes.
+
+With replicas, the agents of a job may hold streams on other replicas: those are rung (server/live/
+agent_notify.py, "stacks:REQUEST_ID"); the replica holding each agent sends its DumpStacks and stores its
+answer, and the waiting replica reads those answers from the database every ANSWER_POLL_S.
 """
 
 from __future__ import annotations
@@ -13,12 +17,14 @@ from typing import TypeVar
 
 from mwms.v1 import agent_pb2 as pb
 from server.db.engine import Database
+from server.live.agent_notify import Doorbell
 from server.live.hub import AgentHub
 from server.services import stacks
 from server.services.stacks import IncomingStackDump, OpenedRequest
 
 log = logging.getLogger("mwms.server.stacks")
 T = TypeVar("T")
+ANSWER_POLL_S = 0.25
 
 
 class _Answers:
@@ -39,10 +45,49 @@ class _Answers:
 class StackCollector:
     """Sends DumpStacks for a job's running tasks and waits for the answers; used from the event loop."""
 
-    def __init__(self, db: Database, hub: AgentHub) -> None:
+    def __init__(self, db: Database, hub: AgentHub, doorbell: Doorbell | None = None) -> None:
         self._db = db
         self._hub = hub
+        self._doorbell = doorbell if doorbell is not None and doorbell.enabled else None
         self._waiting: dict[str, _Answers] = {}
+        if self._doorbell is not None:
+            self._doorbell.on("stacks", self._rung)
+        self._asking: set[asyncio.Task[None]] = set()
+
+    def _rung(self, request_ids: list[str]) -> None:
+        """Another replica opened these requests: ask the agents whose streams this replica holds."""
+        for request_id in request_ids:
+            task = asyncio.create_task(self._ask_held(request_id))
+            self._asking.add(task)
+            task.add_done_callback(self._asking.discard)
+
+    async def _ask_held(self, request_id: str) -> None:
+        held = self._hub.connected()
+        if not held:
+            return
+
+        def read() -> dict[str, list[str]]:
+            with self._db.read() as session:
+                return stacks.unanswered_by_agent(session, request_id, held)
+
+        try:
+            by_agent = await asyncio.to_thread(read)
+            await self._send(request_id, by_agent)
+        except Exception:  # noqa: BLE001 - the requester's wait ends on its own
+            log.exception("asking the stacks of request %s failed", request_id)
+
+    async def _send(self, request_id: str, by_agent: dict[str, list[str]]) -> list[bool]:
+        return await asyncio.gather(
+            *(
+                self._hub.send_to(
+                    agent_id,
+                    pb.CoordinatorMessage(
+                        dump_stacks=pb.DumpStacks(request_id=request_id, task_ids=task_ids)
+                    ),
+                )
+                for agent_id, task_ids in by_agent.items()
+            )
+        )
 
     async def _write(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         def run() -> T:
@@ -68,23 +113,17 @@ class StackCollector:
             by_agent: dict[str, list[str]] = {}
             for asked in opened.asked:
                 by_agent.setdefault(asked.agent_id, []).append(asked.task_id)
-            sent = await asyncio.gather(
-                *(
-                    self._hub.send_to(
-                        agent_id,
-                        pb.CoordinatorMessage(
-                            dump_stacks=pb.DumpStacks(request_id=opened.request_id, task_ids=task_ids)
-                        ),
-                    )
-                    for agent_id, task_ids in by_agent.items()
-                )
-            )
+            held = self._hub.connected()
+            remote = {a: t for a, t in by_agent.items() if a not in held} if self._doorbell else {}
+            local = {a: t for a, t in by_agent.items() if a not in remote}
+            sent = await self._send(opened.request_id, local)
             unreachable = [
-                t
-                for (_, task_ids), ok in zip(by_agent.items(), sent, strict=True)
-                if not ok
-                for t in task_ids
+                t for (_, task_ids), ok in zip(local.items(), sent, strict=True) if not ok for t in task_ids
             ]
+            poll: asyncio.Task[None] | None = None
+            if remote and self._doorbell is not None:
+                await self._doorbell.ring("stacks", [opened.request_id])
+                poll = asyncio.create_task(self._poll_answers(opened.request_id, answers))
             if unreachable:
                 answers.arrived(unreachable)
                 await self._write(
@@ -99,9 +138,23 @@ class StackCollector:
                     wait_s,
                     len(answers.missing),
                 )
+            finally:
+                if poll is not None:
+                    poll.cancel()
         finally:
             del self._waiting[opened.request_id]
         return opened
+
+    async def _poll_answers(self, request_id: str, answers: _Answers) -> None:
+        """Answers stored by other replicas (the ones holding the other agents) count as they come."""
+
+        def read() -> set[str]:
+            with self._db.read() as session:
+                return stacks.answered_task_ids(session, request_id)
+
+        while not answers.complete.is_set():
+            await asyncio.sleep(ANSWER_POLL_S)
+            answers.arrived(await asyncio.to_thread(read))
 
     async def accept(self, agent_id: str, incoming: IncomingStackDump) -> None:
         """Stores an agent's answer (a late one too) and wakes the request waiting for it."""

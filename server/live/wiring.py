@@ -12,14 +12,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from server.db.engine import Database
+from server.live.agent_notify import Doorbell
 from server.live.device_ingest import DeviceTelemetryWriter
 from server.live.hang_detector import HangDetector
 from server.live.hub import AgentHub
 from server.live.ingest import TelemetryWriter
 from server.live.liveness import Liveness
 from server.live.loops import BackgroundLoops
+from server.live.pass_locks import PassLocks
 from server.live.stack_collector import StackCollector
 from server.live.task_progress import TaskProgress
+from server.services.replicas import ReplicaIdentity
 from server.settings import Settings
 
 
@@ -37,6 +40,10 @@ class Wiring:
     devices: DeviceTelemetryWriter  # also holds the newest device samples, for server/api/devices.py
     stacks: StackCollector  # stack dump requests waiting for the agents' answers
     hangs: HangDetector
+    replica: ReplicaIdentity  # this coordinator process, one of the replicas on the database
+    doorbell: Doorbell  # rings between replicas (PostgreSQL LISTEN/NOTIFY; inert on SQLite)
+    passes: PassLocks  # which background loop's pass runs here
+    background: set[asyncio.Task[None]]  # fire-and-forget work to await at stop
 
     def poke_scheduler(self) -> None:
         """Runs the scheduler soon (task or job states changed)."""
@@ -47,7 +54,8 @@ class Wiring:
         self.hub.wake(agent_ids)
 
     def start(self) -> None:
-        """Starts the hub's dispatcher, the writers, the background loops and the hang detector."""
+        """Starts the doorbell, the hub's dispatcher, the writers, the background loops and the hang detector."""
+        self.doorbell.start()
         self.hub.start()
         self.telemetry.start()
         self.devices.start()
@@ -61,16 +69,24 @@ class Wiring:
         await self.devices.stop()
         await self.hub.stop()
         await self.loops.stop()
+        await self.passes.release_all()
+        await self.doorbell.stop()
+        await asyncio.gather(*self.background, return_exceptions=True)
 
 
-def build_wiring(db: Database, settings: Settings) -> Wiring:
+def build_wiring(db: Database, settings: Settings, replica: ReplicaIdentity) -> Wiring:
     """The coordinator's machinery for `db` and `settings`, not started; call inside the running loop."""
-    hub = AgentHub(asyncio.get_running_loop(), db)
+    loop = asyncio.get_running_loop()
+    doorbell = Doorbell(db, loop)
+    hub = AgentHub(loop, db, replica_id=replica.id, doorbell=doorbell)
+    doorbell.on("agents", hub.wake_local)
+    doorbell.on_reconnect(lambda: hub.wake_local(["*"]))
     liveness = Liveness()
-    loops = BackgroundLoops(db, settings, hub, liveness)
+    passes = PassLocks(db, patient=settings.serve == "agents")
     progress = TaskProgress()
+    loops = BackgroundLoops(db, settings, hub, liveness, replica=replica, passes=passes, progress=progress)
     telemetry = TelemetryWriter(db, hub.wake, loops.poke, progress=progress)
-    stacks = StackCollector(db, hub)
+    stacks = StackCollector(db, hub, doorbell)
     return Wiring(
         db=db,
         settings=settings,
@@ -81,5 +97,9 @@ def build_wiring(db: Database, settings: Settings) -> Wiring:
         telemetry=telemetry,
         devices=DeviceTelemetryWriter(db, settings),
         stacks=stacks,
-        hangs=HangDetector(db, settings, stacks, progress, hub.wake, loops.poke),
+        hangs=HangDetector(db, settings, stacks, progress, hub.wake, loops.poke, passes=passes),
+        replica=replica,
+        doorbell=doorbell,
+        passes=passes,
+        background=set(),
     )

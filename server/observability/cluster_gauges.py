@@ -20,6 +20,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from server.db.engine import Database
+from server.live.pass_locks import LOOPS
 from server.services.cluster_counts import (
     LIVE_TASK_STATES,
     PRIORITY_BANDS,
@@ -27,6 +28,7 @@ from server.services.cluster_counts import (
     count_cluster,
     count_sharing,
 )
+from server.services.replicas import ReplicaView, list_replicas
 from server.states import JobState
 
 log = logging.getLogger("mwms.server.metrics")
@@ -107,12 +109,49 @@ def sharing_gauges(counts: SharingCounts, limit: int = MAX_TEAMS_LABELLED) -> It
     yield quota
 
 
+def replica_gauges(views: list[ReplicaView], loops_here: list[str]) -> Iterator[Metric]:
+    """The replicas alive on the database (each labelled: they are few), and the loops this one runs."""
+    alive = [v for v in views if v.alive]
+    count = GaugeMetricFamily(
+        "mwms_replicas", "Coordinator replicas alive on this database (seen within 10 s)"
+    )
+    count.add_metric([], len(alive))
+    yield count
+    info = GaugeMetricFamily(
+        "mwms_replica_info",
+        "1 for each replica alive, with what it serves",
+        labels=["replica", "version", "serve"],
+    )
+    held = GaugeMetricFamily(
+        "mwms_replica_agent_streams", "Agent streams each replica alive holds", labels=["replica"]
+    )
+    for view in alive:
+        info.add_metric([view.name, view.version, view.serve], 1)
+        held.add_metric([view.name], view.agents_held)
+    yield info
+    yield held
+    loops = GaugeMetricFamily(
+        "mwms_replica_leads_loop",
+        "1 for each background loop this replica leads (holds the lock of)",
+        labels=["loop"],
+    )
+    for name in LOOPS:
+        loops.add_metric([name], 1 if name in loops_here else 0)
+    yield loops
+
+
 class ClusterGauges(Collector):
     """Jobs, tasks, agents and devices as gauges, counted at scrape time."""
 
-    def __init__(self, db: Database, connected_agents: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        db: Database,
+        connected_agents: Callable[[], int],
+        loops_here: Callable[[], list[str]] | None = None,
+    ) -> None:
         self._db = db
         self._connected_agents = connected_agents
+        self._loops_here = loops_here or list
 
     def describe(self) -> Iterable[Metric]:
         return []  # nothing to check at registration, and no database read then
@@ -123,6 +162,7 @@ class ClusterGauges(Collector):
             with self._db.read() as session:
                 counts = count_cluster(session)
                 sharing = count_sharing(session)
+                replicas = list_replicas(session)
         except Exception:  # noqa: BLE001 - a scrape still shows the process and counter metrics
             log.exception("counting the cluster for /metrics failed")
             up = GaugeMetricFamily("mwms_cluster_scrape_ok", "1 when the cluster gauges could be read")
@@ -159,6 +199,7 @@ class ClusterGauges(Collector):
             DEVICE_KINDS,
         )
         yield from sharing_gauges(sharing)
+        yield from replica_gauges(replicas, self._loops_here())
         streams = GaugeMetricFamily("mwms_agent_streams", "Agents with an open stream to this coordinator")
         streams.add_metric([], self._connected_agents())
         yield streams
@@ -172,10 +213,12 @@ class ClusterGauges(Collector):
         yield took
 
 
-def cluster_registry(db: Database, connected_agents: Callable[[], int]) -> CollectorRegistry:
+def cluster_registry(
+    db: Database, connected_agents: Callable[[], int], loops_here: Callable[[], list[str]] | None = None
+) -> CollectorRegistry:
     """A registry with one app's cluster gauges."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ClusterGauges(db, connected_agents))
+    registry.register(ClusterGauges(db, connected_agents, loops_here))
     return registry
 
 

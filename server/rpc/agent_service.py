@@ -21,7 +21,7 @@ from server.live.wiring import Wiring
 from server.rpc import convert
 from server.rpc.agent_stream import AgentStream
 from server.rpc.auth import authenticated_agent_id, presented_credential
-from server.services import agent_auth, agent_uploads
+from server.services import agent_auth, agent_uploads, replicas
 from server.services.bundles import CHUNK
 
 log = logging.getLogger("mwms.server.rpc")
@@ -48,17 +48,22 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
 
         return await asyncio.to_thread(run)
 
+    def _admit(self, session: Any, reg: Any, *, held: frozenset[str], **kwargs: Any) -> Any:
+        # A name whose agent holds a stream here or on another live replica is taken.
+        connected = held | replicas.streams_elsewhere(session, self.wiring.replica.id)
+        return agent_auth.admit_agent(session, reg, connected=connected, **kwargs)
+
     async def Register(
         self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext
     ) -> pb.RegisterResponse:
         agent, credential = await self._write(
-            agent_auth.admit_agent,
+            self._admit,
             convert.registration(request),
             credential=presented_credential(context.invocation_metadata()),
             join_token=request.join_token,
             bootstrap_join_token=self.settings.join_token.get_secret_value(),
             timeout_s=self.settings.agent_timeout_s,
-            connected=frozenset(self.wiring.hub.connected()),
+            held=frozenset(self.wiring.hub.connected()),
         )
         log.info(
             "agent %s %s (%s, %d devices)",

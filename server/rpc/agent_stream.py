@@ -28,7 +28,7 @@ from server.observability.instruments import count_command, observe_heartbeat_ro
 from server.poison import contain, count_poison, is_transient
 from server.rpc import convert
 from server.rpc.status import grpc_status
-from server.services import agent_messages, preflight, start_commands
+from server.services import agent_messages, preflight, replicas, start_commands
 from server.services.command_targets import track_command_targets
 from server.services.telemetry import StoreOutcome
 
@@ -51,6 +51,7 @@ class AgentStream:
         self.sent_starts: set[str] = set()
         self.sent_stops: set[str] = set()
         self.ready = False  # commands flow once the agent said hello (it then knows what it runs)
+        self.epoch: int | None = None  # the stream epoch its hello claimed (server/services/replicas.py)
         self.write_lock = asyncio.Lock()
         self._deliver_lock = asyncio.Lock()
         # Batches handed to the telemetry writer, acknowledged in order once committed; the reader reads
@@ -61,6 +62,7 @@ class AgentStream:
         self._unacked_slots = asyncio.Semaphore(MAX_UNACKED_BATCHES)
         self._closed = asyncio.Event()
         self._close_reason = ""
+        self._close_code = grpc.StatusCode.UNAUTHENTICATED
 
     async def _write_tracked(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> tuple[T, set[str]]:
         """`fn` in a write transaction; also returns the agents it gave commands to (to wake them)."""
@@ -77,9 +79,11 @@ class AgentStream:
         async with self.write_lock:
             await self.context.write(message)
 
-    def close(self, reason: str) -> None:
-        """Ends the stream with UNAUTHENTICATED and `reason` (the agent may no longer talk); loop thread only."""
+    def close(self, reason: str, superseded: bool = False) -> None:
+        """Ends the stream with `reason`: UNAUTHENTICATED (the agent may no longer talk), or ABORTED when
+        the agent has a newer stream (`superseded`); loop thread only."""
         self._close_reason = reason
+        self._close_code = grpc.StatusCode.ABORTED if superseded else grpc.StatusCode.UNAUTHENTICATED
         self._closed.set()
 
     async def run(self) -> None:
@@ -99,17 +103,48 @@ class AgentStream:
                 acker.result()  # a batch could not be stored: the database is in trouble, or the agent removed
             elif closing.done():
                 log.warning("closing the stream of agent %s: %s", self.agent_id, self._close_reason)
-                await self.context.abort(grpc.StatusCode.UNAUTHENTICATED, self._close_reason)
+                await self.context.abort(self._close_code, self._close_reason)
         except DomainError as error:
             await self.context.abort(grpc_status(error), str(error))
         finally:
             hub.detach(self.agent_id, self)
+            if self.epoch is not None and self._close_code != grpc.StatusCode.ABORTED:
+                self._release_stream(self.epoch)
             for task in (reader, acker, closing):
                 task.cancel()  # a no-op for a finished task, whose outcome the await below collects
                 try:
                     await task
                 except (asyncio.CancelledError, Exception):  # noqa: BLE001 - the stream is over either way
                     pass
+
+    def _release_stream(self, epoch: int) -> None:
+        """Says in the database that this stream ended (best effort: a replica that dies cannot, and its
+        streams end with its beats, server/services/replicas.py)."""
+
+        def run() -> None:
+            with self.wiring.db.write() as session:
+                replicas.release_stream(session, self.agent_id, self.wiring.replica.id, epoch)
+
+        async def release() -> None:
+            try:
+                await asyncio.to_thread(run)
+            except Exception as error:  # noqa: BLE001 - the holder's beats end with it anyway
+                log.info("could not record the end of agent %s's stream: %r", self.agent_id, error)
+
+        task = asyncio.create_task(release())
+        self.wiring.background.add(task)
+        task.add_done_callback(self.wiring.background.discard)
+
+    def _hello(self, session: Any, reports: list[Any]) -> tuple[agent_messages.Replies, int]:
+        settings = self.settings
+        replies = agent_messages.accept_hello(
+            session,
+            self.agent_id,
+            reports,
+            timeout_s=settings.agent_timeout_s,
+            backoff_base_s=settings.restart_backoff_s,
+        )
+        return replies, replicas.claim_stream(session, self.agent_id, self.wiring.replica.id)
 
     async def _read(self) -> None:
         while True:
@@ -143,13 +178,8 @@ class AgentStream:
                 )
             reports = [r for r in map(convert.task_report, message.hello.tasks) if r is not None]
             try:
-                replies = await self._write_tracked(
-                    agent_messages.accept_hello,
-                    self.agent_id,
-                    reports,
-                    timeout_s=settings.agent_timeout_s,
-                    backoff_base_s=settings.restart_backoff_s,
-                )
+                (answer, self.epoch), targets = await self._write_tracked(self._hello, reports)
+                replies = (answer, targets)
             finally:
                 # Commands flow once the agent said what it already runs, even after a hello that failed.
                 self.sent_starts.clear()

@@ -177,6 +177,8 @@ class PendingCommands:
 
     by_agent: dict[str, Commands] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)  # agent id -> why its session ends
+    # agent id -> (replica holding its stream, stream epoch), as the database says (server/live/hub.py)
+    streams: dict[str, tuple[str | None, int]] = field(default_factory=dict)
 
 
 def pending_commands(session: Session, agent_ids: list[str]) -> PendingCommands:
@@ -187,6 +189,8 @@ def pending_commands(session: Session, agent_ids: list[str]) -> PendingCommands:
     agents = {a.id: a for a in session.scalars(select(Agent).where(Agent.id.in_(agent_ids))).all()}
     for agent_id in agent_ids:
         agent = agents.get(agent_id)
+        if agent is not None:
+            result.streams[agent_id] = (agent.stream_replica, agent.stream_epoch)
         if agent is None:
             result.refused[agent_id] = f"no agent with id {agent_id}; the agent must register again"
         elif agent.removed_at is not None:

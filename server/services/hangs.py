@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Table, bindparam, or_, select, update
 from sqlalchemy.orm import Session, selectinload
 
-from server.db.models import Attempt, Job, utcnow
+from server.db.models import Attempt, Job, Task, utcnow
 from server.services.jobs import NEVER_S
 from server.services.lifecycle import fail_attempt
 from server.services.stacks import describe_workers_outside_collectives
@@ -29,6 +29,8 @@ OPTION = "hang_timeout_seconds"
 class WatchedTask:
     task_id: str
     started_at: datetime | None
+    # The last progress any replica stored for it (flushed about every second: record_progress).
+    progress_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -69,10 +71,27 @@ def running_attempts(session: Session, default_timeout_s: float) -> list[Watched
             attempt_id=attempt.id,
             attempt=attempt.number,
             timeout_s=hang_timeout(options or {}, default_timeout_s),
-            tasks=[WatchedTask(t.id, t.started_at) for t in attempt.tasks],
+            tasks=[WatchedTask(t.id, t.started_at, t.progress_at) for t in attempt.tasks],
         )
         for job_id, options, attempt in rows
     ]
+
+
+def record_progress(session: Session, seen: dict[str, datetime]) -> None:
+    """Writes when each task last made progress on this replica, in one statement; never backwards."""
+    if not seen:
+        return
+    table = Task.__table__
+    assert isinstance(table, Table)
+    statement = (
+        update(table)
+        .where(
+            table.c.id == bindparam("task_id"),
+            or_(table.c.progress_at.is_(None), table.c.progress_at < bindparam("at")),
+        )
+        .values(progress_at=bindparam("at"))
+    )
+    session.connection().execute(statement, [{"task_id": t, "at": at} for t, at in seen.items()])
 
 
 def act_on_hang(

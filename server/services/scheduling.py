@@ -17,13 +17,14 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import String, bindparam, case, func, select, type_coerce, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from server.db.engine import Database
 from server.db.models import Agent, Attempt, Job, Preemption, Task, utcnow
 from server.observability.instruments import observe_queue_wait
 from server.poison import contain, isolated
-from server.services import teams
+from server.services import device_claims, teams
 from server.services.agents import capacities
 from server.services.jobs import NEVER_S
 from server.services.lifecycle import (
@@ -503,6 +504,21 @@ def _totals(agents: Iterable[AgentCapacity]) -> dict[str, int]:
 
 
 def _apply_placement(session: Session, placement: Placement, now: datetime) -> list[str]:
+    """Places one job, its device claims included; a device the database says is held (a plan made on
+    a stale read) drops this placement alone, and the next pass plans again."""
+    try:
+        with session.begin_nested():
+            return _place(session, placement, now)
+    except IntegrityError as error:
+        if not device_claims.is_conflict(error):
+            raise
+        log.warning(
+            "job %s not placed: a device it was planned on is held (a stale plan)", placement.job.job_id
+        )
+        return []
+
+
+def _place(session: Session, placement: Placement, now: datetime) -> list[str]:
     job = session.get(Job, placement.job.job_id)
     if job is None or job.state != JobState.PENDING.value:
         return []
@@ -533,6 +549,7 @@ def _apply_placement(session: Session, placement: Placement, now: datetime) -> l
         )
     job.hold, job.hold_until, job.waiting = None, None, {}
     session.flush()
+    device_claims.claim(session, attempt.tasks)
     agents = sorted({p.agent_id for p in placement.tasks})
     attempt_placed(session, job, attempt, endpoints, agents, now)
     if placement.borrowed:

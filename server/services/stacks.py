@@ -181,6 +181,29 @@ def answered(dump: StackDump) -> bool:
     return not dump.error.startswith(NO_ANSWER_PREFIX)
 
 
+def answered_task_ids(session: Session, request_id: str) -> set[str]:
+    """The tasks of the request whose answers are stored (by whichever replica holds their agents)."""
+    rows = session.execute(
+        select(StackDump.task_id, StackDump.error).where(StackDump.request_id == request_id)
+    ).all()
+    return {task_id for task_id, error in rows if not (error or "").startswith(NO_ANSWER_PREFIX)}
+
+
+def unanswered_by_agent(session: Session, request_id: str, agent_ids: set[str]) -> dict[str, list[str]]:
+    """For a request another replica opened: the tasks still unanswered on agents in `agent_ids` (those
+    whose streams this replica holds), by agent."""
+    rows = session.execute(
+        select(StackDump.agent_id, StackDump.task_id, StackDump.error).where(
+            StackDump.request_id == request_id
+        )
+    ).all()
+    by_agent: dict[str, list[str]] = {}
+    for agent_id, task_id, error in rows:
+        if agent_id in agent_ids and (error or "").startswith(NO_ANSWER_PREFIX):
+            by_agent.setdefault(agent_id, []).append(task_id)
+    return by_agent
+
+
 def count_answered(session: Session, request_id: str) -> int:
     dumps = session.scalars(select(StackDump).where(StackDump.request_id == request_id)).all()
     return sum(1 for d in dumps if answered(d))

@@ -12,7 +12,9 @@ from sqlalchemy.orm import Session
 
 from server.db.models import Attempt, AttemptEvent, Job, JobEvent, Task, utcnow
 from server.observability.instruments import observe_job_transition
+from server.services import device_claims
 from server.states import (
+    DEVICE_HOLDING_TASK_STATES,
     AttemptState,
     JobState,
     TaskState,
@@ -87,4 +89,6 @@ def transition_task(
         task.started_at = now
     if to.terminal:
         task.ended_at = now
+    if to.value not in DEVICE_HOLDING_TASK_STATES:
+        device_claims.release(session, task)
     session.flush()

@@ -99,6 +99,12 @@ def test_training_job_is_followed_live_to_success(cluster, new_page) -> None:
         agent_row = page.locator("[data-testid=agents-table] tbody tr", has_text=name)
         expect(agent_row.locator(".badge")).to_have_text("online")
         expect(agent_row).to_contain_text("1 slot")
+    # An admin also sees the coordinator's replicas: this one, alive, serving both, holding the streams.
+    replica_row = page.locator("[data-testid=replicas-table] tbody tr[data-alive=true]")
+    expect(replica_row).to_have_count(1)
+    expect(replica_row.locator(".badge")).to_have_text("alive")
+    expect(replica_row).to_contain_text("both")
+    expect(replica_row.locator(".cell-loops")).to_contain_text("scheduler")
     watched.screenshot("agents-wide")
 
     narrow = admin_page(new_page, cluster, NARROW)

@@ -99,3 +99,26 @@ def test_environment_is_honoured_and_the_first_admin_token_is_written_once(tmp_p
             assert len(httpx.get(f"http://127.0.0.1:{flag_port}/api/v1/tokens", headers=headers).json()) == 1
         finally:
             _stop(server)
+
+
+def test_a_second_coordinator_on_one_sqlite_database_exits_at_once_and_says_to_use_postgresql(tmp_path):
+    """SQLite stays single (issue 19): replicas need PostgreSQL, and the refusal says so."""
+    data_dir, ports_file = tmp_path / "data", tmp_path / "ports.json"
+    env = {"MWMS_DATA_DIR": str(data_dir), "MWMS_HTTP_PORT": "0", "MWMS_GRPC_PORT": "0"}
+    first = _start(tmp_path, {**env, "MWMS_PORTS_FILE": str(ports_file)})
+    try:
+        port = _bound_ports(tmp_path, first, ports_file)["http"]
+        second = subprocess.run(
+            [MWMS, "server"],
+            env={**{k: v for k, v in os.environ.items() if not k.startswith("MWMS_")}, **env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert second.returncode == 2, second.stderr
+        assert "exactly one coordinator" in second.stderr and "postgresql+psycopg://" in second.stderr
+        assert f"pid {first.pid}" in second.stderr
+        assert "Traceback" not in second.stderr
+        assert _healthy(port)  # the first one runs on, undisturbed
+    finally:
+        _stop(first)

@@ -12,12 +12,15 @@ from alembic.migration import MigrationContext
 from postgres_server import PostgresUnavailable, postgres_server
 from sqlalchemy import func, inspect, select
 
+from server.app import replica_identity
 from server.db.engine import Database
 from server.db.migrate import downgrade_to, upgrade_to_head
 from server.db.models import Agent, Base, Bundle, Job, LogLine, MetricPoint
 from server.live.hub import AgentHub
 from server.live.liveness import Liveness
 from server.live.loops import BackgroundLoops
+from server.live.pass_locks import PassLocks
+from server.live.task_progress import TaskProgress
 from server.schemas import JobCreate
 from server.services.agents import Registration, register_agent
 from server.services.jobs import cancel_job, create_job
@@ -185,12 +188,20 @@ def test_waiting_for_the_writer_does_not_age_liveness_on_postgres(postgres_url, 
 
     async def one_pass() -> None:
         liveness = Liveness()
-        loops = BackgroundLoops(db, settings, AgentHub(asyncio.get_running_loop(), db), liveness)
+        loops = BackgroundLoops(
+            db,
+            settings,
+            AgentHub(asyncio.get_running_loop(), db),
+            liveness,
+            replica=replica_identity(settings),
+            passes=PassLocks(db),
+            progress=TaskProgress(),
+        )
         holder = threading.Thread(target=hold_the_writer)
         holder.start()
         holding.wait(10)
         liveness.seen(agent.id)  # heard from now; the pass below waits 1.5 s for the writer
-        await loops._reconcile()
+        await loops._flush_and_reconcile()
         holder.join()
 
     asyncio.run(one_pass())

@@ -1,7 +1,7 @@
 // The agents page: each machine's devices, what runs on them, and whether it is still heard from.
 
 import { API, getJson, describeError, UnreachableError } from "../api.js";
-import { clampedText, h, replaceChildren, emptyState, table } from "../dom.js";
+import { clampedText, h, panel, replaceChildren, emptyState, table } from "../dom.js";
 import { formatAgo, formatTime } from "../format.js";
 import { startPolling } from "../poll.js";
 import { deviceReadings, latestDevicesByAgent } from "./devices.js";
@@ -88,21 +88,60 @@ const COLUMNS = ["Agent", "Status", "Address", "Devices", "In use", "Running tas
   (label) => ({ label }),
 );
 
+const REPLICA_COLUMNS = ["Replica", "Status", "Serves", "REST", "gRPC", "Agent streams", "Runs", "Last seen", "Version"].map(
+  (label) => ({ label }),
+);
+
+function replicaRow(replica) {
+  const status = replica.alive ? "alive" : replica.stopped_at ? "stopped" : "gone";
+  return h(
+    "tr",
+    { dataset: { replicaId: replica.id, alive: String(replica.alive) }, class: replica.alive ? null : "row-lost" },
+    h("td", { class: "cell-name" }, h("div", { class: "strong" }, replica.name), h("div", { class: "muted small" }, `pid ${replica.pid}`)),
+    h("td", null, h("span", { class: ["badge", replica.alive ? "state-online" : "state-lost"] }, status)),
+    h("td", null, replica.serve),
+    h("td", { class: "mono small" }, replica.http_address || "–"),
+    h("td", { class: "mono small" }, replica.grpc_address || "–"),
+    h("td", { class: "cell-streams" }, String(replica.agents_held)),
+    h("td", { class: "small cell-loops" }, replica.loops.length ? replica.loops.join(", ") : h("span", { class: "muted" }, "–")),
+    h("td", { class: "nowrap", title: formatTime(replica.seen_at) }, formatAgo(replica.seen_at)),
+    h("td", { class: "muted mono small" }, replica.version || "–"),
+  );
+}
+
 /** Shows the agents page in container; returns a function that stops it. */
 export function mountAgents(container) {
   const count = h("span", { class: "muted page-count" });
   const body = h("div", { class: "panel-body" });
   const error = h("p", { class: "inline-error", hidden: true, role: "status" });
+  // Admins also see the coordinator replicas (GET /replicas is admin-only; for others the panel stays hidden).
+  const replicasBody = h("div", { class: "panel-body" });
+  const replicasPanel = panel("Coordinator replicas", replicasBody, { id: "replicas", className: "replicas-panel" });
+  replicasPanel.hidden = true;
   replaceChildren(
     container,
     h("div", { class: "page-head" }, h("h1", { class: "page-title" }, "Agents"), count),
     error,
     h("section", { class: "panel" }, body),
+    replicasPanel,
   );
+
+  async function refreshReplicas() {
+    let replicas;
+    try {
+      replicas = await getJson(`${API}/replicas`);
+    } catch {
+      replicasPanel.hidden = true;
+      return;
+    }
+    replicasPanel.hidden = false;
+    replaceChildren(replicasBody, table(REPLICA_COLUMNS, replicas.map(replicaRow), { class: "replicas-table", attrs: { "data-testid": "replicas-table" } }));
+  }
 
   async function refresh() {
     let agents;
     let readings = new Map(); // the newest GPU samples; the page works without them
+    refreshReplicas();
     try {
       [agents, readings] = await Promise.all([getJson(`${API}/agents`), latestDevicesByAgent().catch(() => readings)]);
       error.hidden = true;

@@ -1,0 +1,174 @@
+"""Coordinator replicas on one database: each one's beat, which agent streams each holds, who is alive.
+
+Every replica writes its row about once a second (`beat`, from server/live/loops.py); one not seen for
+REPLICA_TIMEOUT_S is gone, and so are the streams it held. An agent's stream belongs to the replica that
+accepted its newest hello (`claim_stream`, one more epoch each time): only that replica delivers the
+agent's commands, and a replica whose stream is older closes it (server/live/hub.py). Liveness of agents
+stays in `agents.online_until`, which every replica writes for the agents it hears from; nothing here
+decides that an agent is lost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.orm import Session
+
+from server.db.models import Agent, Replica, utcnow
+
+# A replica not seen for this long is gone (it beats about every second).
+REPLICA_TIMEOUT_S = 10.0
+# Rows of replicas gone this long are deleted.
+FORGET_AFTER = timedelta(days=7)
+SERVE_ROLES = ("api", "agents", "both")
+
+
+@dataclass
+class ReplicaIdentity:
+    """What a replica says about itself; `id` is new at every start, the addresses are set once bound."""
+
+    id: str
+    name: str
+    http_address: str
+    grpc_address: str
+    version: str
+    serve: str
+    pid: int
+
+
+@dataclass(frozen=True)
+class ReplicaView:
+    id: str
+    name: str
+    http_address: str
+    grpc_address: str
+    version: str
+    serve: str
+    pid: int
+    started_at: datetime
+    seen_at: datetime
+    stopped_at: datetime | None
+    alive: bool
+    agents_held: int
+    loops: list[str]
+
+
+def beat(
+    session: Session, me: ReplicaIdentity, agents_held: int, loops: list[str], now: datetime | None = None
+) -> None:
+    """Writes that `me` is alive now, with the streams it holds and the loops it leads."""
+    now = now or utcnow()
+    row = session.get(Replica, me.id)
+    if row is None:
+        session.add(
+            Replica(
+                id=me.id,
+                name=me.name,
+                http_address=me.http_address,
+                grpc_address=me.grpc_address,
+                version=me.version,
+                serve=me.serve,
+                pid=me.pid,
+                started_at=now,
+                seen_at=now,
+                agents_held=agents_held,
+                loops=sorted(loops),
+            )
+        )
+        session.execute(delete(Replica).where(Replica.seen_at < now - FORGET_AFTER))
+        return
+    row.seen_at = now
+    row.stopped_at = None
+    row.agents_held = agents_held
+    if (row.http_address, row.grpc_address) != (me.http_address, me.grpc_address):
+        row.http_address, row.grpc_address = me.http_address, me.grpc_address
+    if sorted(row.loops or []) != sorted(loops):
+        row.loops = sorted(loops)
+
+
+def stop(session: Session, me: ReplicaIdentity, now: datetime | None = None) -> None:
+    """A clean stop: the replica and the streams it held are gone at once (no timeout to wait)."""
+    now = now or utcnow()
+    session.execute(
+        update(Replica).where(Replica.id == me.id).values(stopped_at=now, agents_held=0, loops=[])
+    )
+    session.execute(update(Agent).where(Agent.stream_replica == me.id).values(stream_replica=None))
+
+
+def alive_cutoff(now: datetime) -> datetime:
+    return now - timedelta(seconds=REPLICA_TIMEOUT_S)
+
+
+def others_alive(session: Session, me: str, now: datetime | None = None) -> int:
+    """How many other replicas are alive (a start that finds none is the whole control plane starting)."""
+    now = now or utcnow()
+    return int(
+        session.scalar(
+            select(func.count())
+            .select_from(Replica)
+            .where(Replica.id != me, Replica.stopped_at.is_(None), Replica.seen_at >= alive_cutoff(now))
+        )
+        or 0
+    )
+
+
+def streams_elsewhere(session: Session, me: str, now: datetime | None = None) -> frozenset[str]:
+    """Agents whose stream another live replica holds: they take commands there (the scheduler's offer)."""
+    now = now or utcnow()
+    live = select(Replica.id).where(
+        Replica.id != me, Replica.stopped_at.is_(None), Replica.seen_at >= alive_cutoff(now)
+    )
+    return frozenset(
+        session.scalars(
+            select(Agent.id).where(
+                Agent.stream_replica.in_(live.scalar_subquery()), Agent.removed_at.is_(None)
+            )
+        ).all()
+    )
+
+
+def claim_stream(session: Session, agent_id: str, me: str) -> int:
+    """Makes `me` the holder of the agent's stream, with a new epoch, which it returns."""
+    agent = session.get(Agent, agent_id)
+    if agent is None:
+        return 0
+    agent.stream_replica = me
+    agent.stream_epoch = (agent.stream_epoch or 0) + 1
+    return agent.stream_epoch
+
+
+def release_stream(session: Session, agent_id: str, me: str, epoch: int) -> None:
+    """The stream of `epoch` on `me` ended: the agent has none until its next hello, unless it has a newer."""
+    session.execute(
+        update(Agent)
+        .where(Agent.id == agent_id, Agent.stream_replica == me, Agent.stream_epoch == epoch)
+        .values(stream_replica=None)
+    )
+
+
+def list_replicas(session: Session, now: datetime | None = None) -> list[ReplicaView]:
+    """Every replica on record, alive first, then newest first."""
+    now = now or utcnow()
+    cutoff = alive_cutoff(now)
+    views = [
+        ReplicaView(
+            id=r.id,
+            name=r.name,
+            http_address=r.http_address,
+            grpc_address=r.grpc_address,
+            version=r.version,
+            serve=r.serve,
+            pid=r.pid,
+            started_at=r.started_at,
+            seen_at=r.seen_at,
+            stopped_at=r.stopped_at,
+            alive=r.stopped_at is None and r.seen_at >= cutoff,
+            agents_held=r.agents_held if r.stopped_at is None and r.seen_at >= cutoff else 0,
+            loops=list(r.loops or []),
+        )
+        for r in session.scalars(select(Replica)).all()
+    ]
+    views.sort(key=lambda v: (not v.alive, -v.started_at.timestamp()))
+    return views

@@ -1,0 +1,280 @@
+"""How replicas on one PostgreSQL database agree (server/db/locks.py, server/live/pass_locks.py,
+server/live/agent_notify.py, server/services/replicas.py), on a real PostgreSQL server; and SQLite's one
+coordinator (server/db/single_instance.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from postgres_server import PostgresUnavailable, postgres_server
+from sqlalchemy import inspect, text
+
+from server.db.engine import Database
+from server.db.locks import lock_key
+from server.db.migrate import upgrade_to_head
+from server.db.models import Agent, utcnow
+from server.db.single_instance import AlreadyRunning, SingleInstanceLock
+from server.live.agent_notify import PAYLOAD_BYTES, Doorbell, payloads
+from server.live.hub import AgentHub
+from server.live.pass_locks import PATIENT_TRY_S, PassLocks
+from server.services import replicas
+from server.services.agents import Registration, register_agent
+
+
+@pytest.fixture(scope="module")
+def pg():
+    try:
+        with postgres_server() as server:
+            yield server
+    except PostgresUnavailable as error:
+        pytest.skip(str(error))
+
+
+@pytest.fixture()
+def two(pg, request):
+    """Two replicas' Database objects on one fresh database."""
+    name = "r_" + request.node.name.lower()[:40].replace("[", "_").replace("]", "_").replace("-", "_")
+    url = pg.create_database(name)
+    first, second = Database(url), Database(url)
+    upgrade_to_head(first.engine)
+    yield first, second
+    first.dispose()
+    second.dispose()
+
+
+def identity(name: str) -> replicas.ReplicaIdentity:
+    return replicas.ReplicaIdentity(name, name, "", "", "t", "both", 1)
+
+
+def add_agent(db: Database, name: str) -> str:
+    with db.write() as session:
+        reg = Registration(name, name, "127.0.0.1", 20000, 20010, [{"kind": "cpu", "index": 0, "name": "s"}], "t")
+        return register_agent(session, reg, 30).id
+
+
+def test_concurrent_migrations_run_once_under_the_lock(pg):
+    url = pg.create_database("r_concurrent_migrations")
+    databases = [Database(url) for _ in range(3)]
+    errors: list[BaseException] = []
+
+    def upgrade(db: Database) -> None:
+        try:
+            upgrade_to_head(db.engine)
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=upgrade, args=(db,)) for db in databases]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    assert "replicas" in inspect(databases[0].engine).get_table_names()
+    for db in databases:
+        db.dispose()
+
+
+def test_writers_of_two_replicas_take_turns(two):
+    """A read-then-write transaction on one replica waits for the other's to commit, as on SQLite."""
+    first, second = two
+    order: list[str] = []
+    holding = threading.Event()
+
+    def hold() -> None:
+        with first.write() as session:
+            session.execute(text("SELECT 1"))
+            holding.set()
+            time.sleep(0.5)
+            order.append("first commits")
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    holding.wait(10)
+    started = time.monotonic()
+    with second.write() as session:
+        session.execute(text("SELECT 1"))
+        order.append("second writes")
+    waited = time.monotonic() - started
+    thread.join()
+    assert order == ["first commits", "second writes"]
+    assert waited >= 0.3
+
+
+def test_a_loop_is_led_by_one_replica_and_moves_when_its_leader_dies(two):
+    first, second = two
+
+    async def scenario() -> None:
+        a, b = PassLocks(first), PassLocks(second)
+        runs: list[str] = []
+
+        async def on(replica: str) -> None:
+            runs.append(replica)
+
+        assert await a.run("scheduler", lambda: on("a")) is True
+        assert await b.run("scheduler", lambda: on("b")) is False  # a leads it, and keeps it
+        assert await a.run("scheduler", lambda: on("a")) is True
+        assert await b.run("reconciler", lambda: on("b")) is True  # another loop's lock is free
+        assert a.leads() == ["scheduler"] and b.leads() == ["reconciler"]
+        assert b.skipped["scheduler"] == 1
+        # The leader's connection dies (its replica is killed): PostgreSQL ends its transaction.
+        with second.engine.connect() as connection:
+            connection.execute(
+                text(
+                    "SELECT pg_terminate_backend(l.pid) FROM pg_locks l WHERE l.locktype = 'advisory' "
+                    "AND l.pid <> pg_backend_pid() AND l.objid = (:key & 4294967295)"
+                ),
+                {"key": lock_key("loop:scheduler")},
+            )
+        assert await b.run("scheduler", lambda: on("b")) is True  # the survivor leads it now
+        assert await a.run("scheduler", lambda: on("a")) is False  # the old leader notices and stops
+        assert a.leads() == []
+        await b.release_all()  # a clean stop frees its locks at once
+        assert await a.run("reconciler", lambda: on("a")) is True
+        assert runs == ["a", "a", "b", "b", "a"]
+        await a.release_all()
+
+    asyncio.run(scenario())
+
+
+def test_an_agents_only_replica_leaves_the_loops_to_the_others(two):
+    first, _ = two
+
+    async def scenario() -> None:
+        patient = PassLocks(first, patient=True)
+
+        async def nothing() -> None:
+            pass
+
+        assert await patient.run("retention", nothing) is False  # not in its first seconds
+        await asyncio.sleep(PATIENT_TRY_S + 0.1)
+        assert await patient.run("retention", nothing) is True  # nobody else took it
+        await patient.release_all()
+
+    asyncio.run(scenario())
+
+
+def test_rings_reach_the_other_replica_and_payloads_are_bounded(two):
+    first, second = two
+    ids = [f"agent{i:07d}" for i in range(2000)]
+    chunks = payloads("agents", ids)
+    assert len(chunks) > 1 and all(len(c.encode()) <= PAYLOAD_BYTES for c in chunks)
+    assert [i for c in chunks for i in c.split(":", 1)[1].split(",")] == ids
+
+    async def scenario() -> list[str]:
+        loop = asyncio.get_running_loop()
+        sender, listener = Doorbell(first, loop), Doorbell(second, loop)
+        heard: list[str] = []
+        got = asyncio.Event()
+
+        def on_agents(items: list[str]) -> None:
+            heard.extend(items)
+            if len(heard) >= len(ids):
+                got.set()
+
+        listener.on("agents", on_agents)
+        listener.start()
+        try:
+            await asyncio.to_thread(listener.listening.wait, 10)
+            started = time.monotonic()
+            await sender.ring("agents", ids)
+            await asyncio.wait_for(got.wait(), 5)
+            assert time.monotonic() - started < 1.0
+        finally:
+            await listener.stop()
+        return heard
+
+    assert asyncio.run(scenario()) == ids
+
+
+class Sink:
+    """What the hub needs of a stream (server/live/hub.py CommandSink): records what it is told."""
+
+    def __init__(self, epoch: int) -> None:
+        self.ready = True
+        self.epoch: int | None = epoch
+        self.closed: list[tuple[str, bool]] = []
+        self.delivered = 0
+
+    async def deliver(self, commands: object) -> None:
+        self.delivered += 1
+
+    async def send(self, message: object) -> None:
+        pass
+
+    def close(self, reason: str, superseded: bool = False) -> None:
+        self.closed.append((reason, superseded))
+
+
+def test_a_stream_superseded_on_another_replica_is_closed_and_gets_no_commands(two):
+    first, second = two
+    agent_id = add_agent(first, "epoch-agent")
+    with first.write() as session:
+        old_epoch = replicas.claim_stream(session, agent_id, "replica-a")
+    with second.write() as session:
+        new_epoch = replicas.claim_stream(session, agent_id, "replica-b")  # the agent moved
+    assert new_epoch == old_epoch + 1
+
+    async def scenario() -> tuple[Sink, Sink]:
+        loop = asyncio.get_running_loop()
+        stale, current = Sink(old_epoch), Sink(new_epoch)
+        hub_a = AgentHub(loop, first, replica_id="replica-a")
+        hub_b = AgentHub(loop, second, replica_id="replica-b")
+        hub_a.attach(agent_id, stale)
+        hub_b.attach(agent_id, current)
+        await hub_a.dispatch([agent_id])
+        await hub_b.dispatch([agent_id])
+        return stale, current
+
+    stale, current = asyncio.run(scenario())
+    assert len(stale.closed) == 1 and stale.closed[0][1] is True
+    assert "newer stream" in stale.closed[0][0]
+    assert current.closed == []
+    with second.write() as session:
+        replicas.release_stream(session, agent_id, "replica-a", old_epoch)  # too late: not its stream
+    with second.read() as session:
+        assert session.get(Agent, agent_id).stream_replica == "replica-b"
+
+
+def test_replicas_alive_and_the_streams_they_hold(two):
+    first, _ = two
+    held = add_agent(first, "held-elsewhere")
+    orphan = add_agent(first, "held-by-the-dead")
+    now = utcnow()
+    with first.write() as session:
+        replicas.beat(session, identity("a"), 0, ["scheduler"], now)
+        replicas.beat(session, identity("b"), 1, [], now)
+        replicas.beat(session, identity("dead"), 1, [], now - timedelta(seconds=replicas.REPLICA_TIMEOUT_S + 1))
+        replicas.claim_stream(session, held, "b")
+        replicas.claim_stream(session, orphan, "dead")
+    with first.read() as session:
+        assert replicas.others_alive(session, "a", now) == 1
+        assert replicas.streams_elsewhere(session, "a", now) == frozenset({held})
+        views = {v.id: v for v in replicas.list_replicas(session, now)}
+    assert views["a"].alive and views["a"].loops == ["scheduler"]
+    assert not views["dead"].alive and views["dead"].agents_held == 0
+    with first.write() as session:
+        replicas.stop(session, identity("b"))
+    with first.read() as session:
+        assert replicas.others_alive(session, "a", now) == 0
+        assert session.get(Agent, held).stream_replica is None
+
+
+def test_a_second_coordinator_on_one_sqlite_file_is_refused(tmp_path):
+    url = f"sqlite:///{tmp_path / 'mwms.db'}"
+    first = SingleInstanceLock(url)
+    first.acquire()
+    try:
+        with pytest.raises(AlreadyRunning, match="PostgreSQL") as refused:
+            SingleInstanceLock(url).acquire()
+        assert "exactly one coordinator" in str(refused.value)
+    finally:
+        first.release()
+    again = SingleInstanceLock(url)
+    again.acquire()  # freed by the first one's release (or its process's end)
+    again.release()
+    assert SingleInstanceLock("postgresql+psycopg://u@h/db").path is None
+    assert SingleInstanceLock("sqlite://").path is None
