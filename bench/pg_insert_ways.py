@@ -7,8 +7,14 @@ transaction (as the coordinator's telemetry writer groups them), each way twice,
                 (psycopg pipelines one INSERT per row);
   unnest        one INSERT ... SELECT FROM unnest(arrays) ON CONFLICT DO NOTHING per batch;
   copy_staged   COPY into a temp table, then INSERT ... SELECT ... ON CONFLICT DO NOTHING;
+  copy_commit_drop   what server/services/telemetry.py does: binary COPY into a temp table created in the
+                transaction ON COMMIT DROP, then WITH moved AS (DELETE ... RETURNING) INSERT ... SELECT ...
+                ORDER BY task_id, seq ON CONFLICT DO NOTHING;
+  copy_delete_rows   the same with a temp table kept by the connection, ON COMMIT DELETE ROWS (the choice
+                the first one was measured against);
   copy          COPY straight into the table (a duplicate row fails the batch: the writer would have to drop
                 rows at or below the task's stored sequence first).
+Then the staging table's own cost: transactions of one 10-row batch, copy_commit_drop beside copy_delete_rows.
 Usage: python bench/pg_insert_ways.py [--rows 100000]
 """
 
@@ -73,6 +79,30 @@ def copy_staged(session: Session, batch: list[dict[str, Any]]) -> None:
     cursor.execute("TRUNCATE staged")
 
 
+def _staged_binary(table: str, create: str) -> Callable[[Session, list[dict[str, Any]]], None]:
+    names = ", ".join(COLUMNS)
+    move = (
+        f"WITH moved AS (DELETE FROM {table} RETURNING {names}) INSERT INTO {COPY_COLUMNS} "
+        f"SELECT {names} FROM moved ORDER BY task_id, seq ON CONFLICT (task_id, seq) DO NOTHING"
+    )
+
+    def write(session: Session, batch: list[dict[str, Any]]) -> None:
+        cursor = _cursor(session)
+        cursor.execute(
+            f"CREATE TEMP TABLE IF NOT EXISTS {table} {create} AS "
+            f"SELECT {names} FROM metric_points WITH NO DATA"
+        )
+        with cursor.copy(f"COPY {table} ({names}) FROM STDIN (FORMAT BINARY)") as stream:
+            stream.set_types(
+                ["varchar", "varchar", "int4", "int4", "varchar", "int4", "float8", "timestamptz"]
+            )
+            for row in batch:
+                stream.write_row([row[c] for c in COLUMNS])
+        cursor.execute(move)
+
+    return write
+
+
 def copy(session: Session, batch: list[dict[str, Any]]) -> None:
     with _cursor(session).copy(f"COPY {COPY_COLUMNS} FROM STDIN") as stream:
         for row in batch:
@@ -83,6 +113,8 @@ WAYS: dict[str, Callable[[Session, list[dict[str, Any]]], None]] = {
     "executemany": executemany,
     "unnest": unnest,
     "copy_staged": copy_staged,
+    "copy_commit_drop": _staged_binary("staged_dropped", "ON COMMIT DROP"),
+    "copy_delete_rows": _staged_binary("staged_kept", "ON COMMIT DELETE ROWS"),
     "copy": copy,
 }
 
@@ -128,9 +160,36 @@ def main() -> int:
                         for at in range(start, min(len(rows), start + per_transaction), BATCH):
                             write(session, rows[at : at + BATCH])
                 rate = args.rows / (time.perf_counter() - began)
-                print(f"round {round_}  {name:<12} {rate:>10,.0f} rows/s", flush=True)
+                print(f"round {round_}  {name:<16} {rate:>10,.0f} rows/s", flush=True)
+        staging_cost(db, job_id, task_id, offset)
         db.dispose()
     return 0
+
+
+def staging_cost(db: Database, job_id: str, task_id: str, offset: int, transactions: int = 500) -> None:
+    """What the staging table costs a transaction: 500 transactions of one 10-row batch each, both ways."""
+    now = datetime.now(timezone.utc)
+    for round_ in (1, 2, 3):
+        for name, write in (
+            ("copy_commit_drop", WAYS["copy_commit_drop"]),
+            ("copy_delete_rows", WAYS["copy_delete_rows"]),
+        ):
+            took = []
+            for _ in range(transactions):
+                batch = [
+                    {"job_id": job_id, "task_id": task_id, "attempt": 1, "seq": offset + i, "name": "loss"}
+                    | {"step": offset + i, "value": 0.5, "wall_time": now}
+                    for i in range(1, 11)
+                ]
+                offset += len(batch)
+                began = time.perf_counter()
+                with db.write() as session:
+                    write(session, batch)
+                took.append(time.perf_counter() - began)
+            median_ms = sorted(took)[len(took) // 2] * 1000
+            print(
+                f"round {round_}  {name:<16} {median_ms:>7.2f} ms a transaction of one 10-row batch (median)"
+            )
 
 
 if __name__ == "__main__":

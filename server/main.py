@@ -84,7 +84,7 @@ class PortsReportingServer(uvicorn.Server):
         grpc_port = self.app.state.grpc_port
         replica = self.app.state.wiring.replica  # its next beat names the addresses it serves
         host = self.settings.replica_address or _reachable(self.settings.http_host)
-        replica.http_address = f"{host}:{http_port}" if self.settings.serve != "agents" else ""
+        replica.http_address = f"{host}:{http_port}"
         grpc_host = self.settings.replica_address or _reachable(self.settings.grpc_host)
         replica.grpc_address = f"{grpc_host}:{grpc_port}" if grpc_port else ""
         log.info(

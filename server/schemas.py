@@ -704,7 +704,9 @@ class ReplicaOut(BaseModel):
 
     id: str = Field(description="new at every start of the process")
     name: str
-    http_address: str = Field(description="HOST:PORT of its REST API; empty for an agents-only replica")
+    http_address: str = Field(
+        description="HOST:PORT of its HTTP server (for an agents-only one: /healthz and /metrics)"
+    )
     grpc_address: str = Field(description="HOST:PORT of its gRPC for agents; empty for an API-only replica")
     version: str
     serve: str = Field(description="api, agents or both")

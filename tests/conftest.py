@@ -1,5 +1,5 @@
-"""Fixtures shared by every test package: one real local cluster per test session, and a migrated
-coordinator database (`db`, seeded as a `db_seed` marker says)."""
+"""Fixtures shared by every test package: one real local cluster per test session, one PostgreSQL server
+for the replica tests, and a migrated coordinator database (`db`, seeded as a `db_seed` marker says)."""
 
 from __future__ import annotations
 
@@ -52,6 +52,20 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
         yield instance
     finally:
         instance.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """One throwaway PostgreSQL 15 server for the session's replica tests; each takes a database of its own
+    (`postgres.create_database(name)`)."""
+    from postgres_server import PostgresUnavailable, postgres_server
+
+    pytest.importorskip("psycopg")
+    try:
+        with postgres_server() as server:
+            yield server
+    except PostgresUnavailable as error:
+        pytest.skip(str(error))
 
 
 CHROMIUM = os.environ.get("MWMS_CHROMIUM", "/usr/bin/chromium")

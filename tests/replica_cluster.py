@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import secrets
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -97,3 +99,16 @@ class ReplicaCluster:
         for replica in self.replicas:
             if replica.server is not None:
                 replica.server.stop()
+
+
+@contextmanager
+def replicated(
+    root: Path, db_url: str, count: int, server_env: dict[str, str] | None = None
+) -> Iterator[ReplicaCluster]:
+    """`count` replicas on `db_url`, stopped with their agents at the end."""
+    cluster = ReplicaCluster(root=root, db_url=db_url)
+    try:
+        cluster.start_replicas(count, server_env=server_env)
+        yield cluster
+    finally:
+        cluster.stop()

@@ -185,7 +185,23 @@ def server(
         "hang_timeout_s": hang_timeout,
         "ports_file": ports_file,
     }
-    serve(Settings.model_validate({key: value for key, value in given.items() if value is not None}))
+    serve(_settings(Settings, {key: value for key, value in given.items() if value is not None}))
+
+
+def _settings(settings_class: Any, given: dict[str, object]) -> Any:
+    """The coordinator's settings from the flags given and MWMS_* variables; a bad value is a CliError
+    naming the setting, its flag or variable, and what it must be (never a traceback)."""
+    from pydantic import ValidationError
+
+    try:
+        return settings_class.model_validate(given)
+    except ValidationError as error:
+        problems = []
+        for item in error.errors():
+            name = ".".join(str(part) for part in item["loc"]) or "settings"
+            where = f"--{name.replace('_', '-')}" if name in given else f"MWMS_{name.upper()}"
+            problems.append(f"{where}: {item['msg']} (got {item.get('input')!r})")
+        raise CliError("invalid coordinator setting: " + "; ".join(problems)) from None
 
 
 JOIN_TOKEN_ENV = "MWMS_JOIN_TOKEN"

@@ -24,7 +24,7 @@ from server.api.errors import closing_on_refusal
 from server.errors import InvalidInput
 from server.limits import MAX_MULTIPART_PARTS, MAX_PART_HEADER_BYTES
 from server.schemas import BundleOut, ErrorOut
-from server.services.bundles import check_bundle, record_bundle
+from server.services.bundles import check_bundle, record_bundle, share_bundle
 from server.services.uploads import UploadSpool, check_body_size
 
 router = APIRouter(prefix="/api/v1/bundles", tags=["bundles"])
@@ -89,6 +89,8 @@ async def upload_bundle(wiring: WiringDep, request: Request) -> JSONResponse:
             spooled, digest, size, archive_format = await workers.run(
                 check_bundle, spool, settings.archive_limits
             )
+        # Before the Bundle row exists, and outside the writer lock: see server/services/shared_files.py.
+        await workers.run(share_bundle, wiring.db, settings.bundle_dir, spooled, digest)
     except BaseException:
         spool.discard()
         raise

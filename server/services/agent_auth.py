@@ -185,8 +185,7 @@ def checkpoint_for_agent(session: Session, files_dir: Path, agent_id: str, job_i
             f"job {job_id} has no live task on this agent: an agent restores checkpoints only for tasks "
             "placed on it"
         )
-    path = files.checkpoint_archive(files_dir, job_id)
-    return path if path.is_file() else None
+    return files.latest_checkpoint(session, files_dir, job_id)
 
 
 def task_for_upload(session: Session, agent_id: str, task_id: str, checkpoint: bool) -> Task:

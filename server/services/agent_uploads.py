@@ -2,8 +2,9 @@
 
 The first chunk names the task and the kind; the task must be the agent's own (checked before any data is
 stored, so nobody fills the coordinator's disk on another agent's behalf); the data is spooled within the
-upload limit; an upload carries one task's files. Artifacts are unpacked and recorded; a checkpoint is
-checked, and installed only if no newer attempt started during the upload.
+upload limit; an upload carries one task's files. Artifacts are unpacked, shared and recorded; a
+checkpoint is checked, and shared and installed only if no newer attempt started during the upload
+(shared: stored in the database too, for the other replicas, server/services/shared_files.py).
 
 Transport-free: the servicer hands in plain chunks, its transaction runners and the archive pool, in which
 all writing and checking run (an upload never holds the threads heartbeats need).
@@ -18,7 +19,7 @@ from typing import Any, Literal, Protocol, TypeVar
 
 from mwms.archive import ArchiveLimits, ArchiveWorkers
 from server.errors import InvalidInput
-from server.services import agent_auth, files
+from server.services import agent_auth, files, shared_files
 from server.services.uploads import UploadSpool
 
 T = TypeVar("T")
@@ -80,13 +81,17 @@ async def receive_task_files(
         await _spool_chunks(first, chunks, spool, workers)
         path, digest, size = spool.finish()
         limits = places.archive_limits
+        # Copies into the database run here, in the pool and outside any transaction (shared_files.py).
+        engine = await read(shared_files.engine_of)
         if not checkpoint:
             found = await workers.run(files.unpack_artifacts, places.files_dir, task, path, limits)
+            await workers.run(files.share_artifacts, engine, places.files_dir, task, found)
             await write(files.record_artifacts, task, found)
             return StoredUpload(size=size)
         await workers.run(files.check_checkpoint, path, task, limits)
         # An attempt may have started during the upload: an older checkpoint must not replace its own.
         await read(agent_auth.task_for_upload, agent_id, task.id, True)
+        await workers.run(files.share_checkpoint, engine, places.files_dir, task, path, digest)
         await workers.run(files.install_checkpoint, places.files_dir, task, path)
         await write(files.record_checkpoint, task, size, digest)
         return StoredUpload(size=size, sha256=digest)

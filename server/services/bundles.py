@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 from mwms.archive import ArchiveError, ArchiveLimits, UnsupportedArchiveError, inspect_archive
 from server.db.models import Bundle
 from server.errors import InvalidInput, NotFound
+from server.services import shared_files
 from server.services.uploads import UploadSpool
 
 CHUNK = 1024 * 1024
@@ -42,6 +43,19 @@ def check_bundle(spool: UploadSpool, limits: ArchiveLimits) -> tuple[Path, str, 
         raise
 
 
+def share_bundle(db: shared_files.Bind, bundle_dir: Path, spooled: Path, digest: str) -> None:
+    """Stores a checked upload in the database under its digest, so that every replica can serve it once
+    `record_bundle` records it (a no-op on SQLite, and when that content is shared already). Copies the
+    file: run it in the archive workers' pool, outside any transaction."""
+    shared_files.publish(
+        db, bundle_dir.parent, _shared_name(bundle_dir, digest), source=spooled, sha256=digest
+    )
+
+
+def _shared_name(bundle_dir: Path, digest: str) -> str:
+    return shared_files.shared_name(bundle_dir.parent, bundle_dir / digest)
+
+
 def record_bundle(
     session: Session,
     bundle_dir: Path,
@@ -67,7 +81,10 @@ def record_bundle(
 
 
 def bundle_path(session: Session, bundle_dir: Path, digest: str) -> Path:
-    """The stored archive of `digest`; NotFound when it was never uploaded."""
-    if session.get(Bundle, digest) is None or not (bundle_dir / digest).exists():
+    """The stored archive of `digest`; NotFound when it was never uploaded. A replica that lacks the file
+    writes it from the shared copy first (server/services/shared_files.py)."""
+    if session.get(Bundle, digest) is None or not shared_files.materialize(
+        session, bundle_dir.parent, _shared_name(bundle_dir, digest)
+    ):
         raise NotFound(f"no bundle with digest {digest}; upload it with POST /api/v1/bundles first")
     return bundle_dir / digest

@@ -10,15 +10,25 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from sqlalchemy import delete
+from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from server.db.models import DeviceClaim, Task
+from server.states import DEVICE_HOLDING_TASK_STATES
 
 
 def claim(session: Session, tasks: Iterable[Task]) -> None:
-    """Claims the devices of `tasks` (flushed: raises IntegrityError when one is held)."""
+    """Claims the devices of `tasks` (flushed: raises IntegrityError when one is held).
+
+    A claim whose task no longer holds devices (a state written without transition_task) is dropped
+    first, so a missed release can never keep a device from being given again."""
+    tasks = list(tasks)
+    agents = {task.agent_id for task in tasks}
+    ended = select(Task.id).where(Task.agent_id.in_(agents), Task.state.not_in(DEVICE_HOLDING_TASK_STATES))
+    session.execute(
+        delete(DeviceClaim).where(DeviceClaim.agent_id.in_(agents), DeviceClaim.task_id.in_(ended))
+    )
     session.add_all(
         DeviceClaim(agent_id=task.agent_id, device_index=int(index), task_id=task.id)
         for task in tasks

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from mwms.archive import ArchiveError, ArchiveLimits, archive_format, extract_archive, inspect_archive
 from server.db.models import Attempt, Job, StoredFile, Task
 from server.errors import Conflict, InvalidInput, NotFound
+from server.services import shared_files
 
 ARTIFACT = "artifact"
 CHECKPOINT = "checkpoint"
@@ -48,6 +49,18 @@ def unpack_artifacts(
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         found.append((path.relative_to(root).as_posix(), path.stat().st_size, file_sha256(path)))
     return found
+
+
+def share_artifacts(
+    db: shared_files.Bind, files_dir: Path, task: Task, found: list[tuple[str, int, str]]
+) -> None:
+    """Stores the attempt's unpacked artifacts (`unpack_artifacts`' answer) in the database, so that every
+    replica can serve them, and forgets shared files the attempt no longer has; a no-op on SQLite. Copies
+    the files: run it in the archive workers' pool, outside any transaction, before `record_artifacts`."""
+    root = artifact_root(files_dir, task.job_id, task.attempt_number)
+    shared_files.publish_tree(
+        db, files_dir.parent, shared_files.shared_name(files_dir.parent, root), [(p, d) for p, _, d in found]
+    )
 
 
 def _remove_empty_parents(path: Path, top: Path) -> None:
@@ -117,6 +130,30 @@ def install_checkpoint(files_dir: Path, task: Task, archive: Path) -> None:
     os.replace(archive, target)
 
 
+def share_checkpoint(db: shared_files.Bind, files_dir: Path, task: Task, archive: Path, digest: str) -> None:
+    """Stores a checked checkpoint archive in the database as the job's latest (replacing the one before),
+    so that every replica can serve it; a no-op on SQLite. Run it before `install_checkpoint` (a local copy
+    is then never newer than the shared one), in the archive workers' pool, outside any transaction."""
+    target = checkpoint_archive(files_dir, task.job_id)
+    shared_files.publish(
+        db,
+        files_dir.parent,
+        shared_files.shared_name(files_dir.parent, target),
+        source=archive,
+        sha256=digest,
+    )
+
+
+def latest_checkpoint(session: Session, files_dir: Path, job_id: str) -> Path | None:
+    """The job's latest checkpoint archive, None when it has none. A replica whose copy is missing or older
+    than the shared one writes it from the shared copy first."""
+    path = checkpoint_archive(files_dir, job_id)
+    fresh = shared_files.materialize(
+        session, files_dir.parent, shared_files.shared_name(files_dir.parent, path), fresh=True
+    )
+    return path if fresh and path.is_file() else None
+
+
 def record_checkpoint(session: Session, task: Task, size: int, digest: str) -> None:
     session.execute(delete(StoredFile).where(StoredFile.job_id == task.job_id, StoredFile.kind == CHECKPOINT))
     session.add(
@@ -156,4 +193,7 @@ def artifact_file(session: Session, files_dir: Path, job: Job, path: str, attemp
         raise NotFound(
             f"job {job.id} has no artifact {path!r}; list them with GET /api/v1/jobs/{job.id}/artifacts"
         )
-    return artifact_root(files_dir, job.id, record.attempt) / record.path
+    location = artifact_root(files_dir, job.id, record.attempt) / record.path
+    # A replica that lacks the file writes it from the shared copy (server/services/shared_files.py).
+    shared_files.materialize(session, files_dir.parent, shared_files.shared_name(files_dir.parent, location))
+    return location

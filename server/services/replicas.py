@@ -38,15 +38,10 @@ class ReplicaIdentity:
     pid: int
 
 
-@dataclass(frozen=True)
-class ReplicaView:
-    id: str
-    name: str
-    http_address: str
-    grpc_address: str
-    version: str
-    serve: str
-    pid: int
+@dataclass
+class ReplicaView(ReplicaIdentity):
+    """A replica as the database holds it, as of a moment (`alive`)."""
+
     started_at: datetime
     seen_at: datetime
     stopped_at: datetime | None

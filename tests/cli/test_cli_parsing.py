@@ -108,3 +108,29 @@ def test_task_uid_ranges_are_unprivileged_and_ordered() -> None:
     for bad, says in (("60000", "LO-HI"), ("0-10", "uid 0 is root"), ("10-5", "LO <= HI"), ("a-b", "LO-HI")):
         with pytest.raises(CliError, match=says):
             parse_uid_range(bad)
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "complaint"),
+    [
+        (
+            ["--serve", "everything"],
+            {},
+            "--serve: Input should be 'api', 'agents' or 'both' (got 'everything')",
+        ),
+        ([], {"MWMS_AGENT_TIMEOUT_S": "soon"}, "MWMS_AGENT_TIMEOUT_S: Input should be a valid number"),
+    ],
+)
+def test_a_bad_coordinator_setting_names_its_flag_or_variable(
+    args, env, complaint, tmp_path, monkeypatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from mwms.cli.main import app
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    result = CliRunner().invoke(app, ["server", "--data-dir", str(tmp_path), *args])
+    assert result.exit_code == 2
+    assert complaint in result.output and "Traceback" not in result.output
+    assert not list(tmp_path.iterdir())  # refused before anything started

@@ -7,8 +7,8 @@ import time
 from datetime import datetime
 
 import pytest
-from postgres_server import PostgresUnavailable, postgres_server
 from replica_cluster import ReplicaCluster
+from replica_cluster import replicated as two_replicas
 
 from cluster import wait_until
 
@@ -17,18 +17,11 @@ FAILOVER_LIMIT_S = 10
 
 
 @pytest.fixture
-def replicated(tmp_path):  # type: ignore[no-untyped-def]
-    pytest.importorskip("psycopg")
-    try:
-        with postgres_server() as database:
-            cluster = ReplicaCluster(root=tmp_path, db_url=database.create_database("failover"))
-            try:
-                cluster.start_replicas(2, server_env={"MWMS_HEARTBEAT_INTERVAL_S": "1"})
-                yield cluster
-            finally:
-                cluster.stop()
-    except PostgresUnavailable as error:
-        pytest.skip(str(error))
+def replicated(tmp_path, postgres):  # type: ignore[no-untyped-def]
+    with two_replicas(
+        tmp_path, postgres.create_database("failover"), 2, {"MWMS_HEARTBEAT_INTERVAL_S": "1"}
+    ) as cluster:
+        yield cluster
 
 
 def heard_at(row: dict) -> datetime:

@@ -13,8 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from postgres_server import PostgresUnavailable, postgres_server
-from replica_cluster import Replica, ReplicaCluster
+from replica_cluster import Replica, ReplicaCluster, replicated
 from sqlalchemy import create_engine, text
 
 from cluster import pack_dir, wait_until
@@ -26,15 +25,9 @@ AGENTS = 4
 
 
 @pytest.fixture(scope="module")
-def ha(tmp_path_factory):
-    try:
-        server = postgres_server()
-        pg = server.__enter__()
-    except PostgresUnavailable as error:
-        pytest.skip(str(error))
-    cluster = ReplicaCluster(tmp_path_factory.mktemp("ha"), pg.create_database("replicas_e2e"))
-    try:
-        replicas = cluster.start_replicas(3)
+def ha(tmp_path_factory, postgres):
+    with replicated(tmp_path_factory.mktemp("ha"), postgres.create_database("replicas_e2e"), 3) as cluster:
+        replicas = cluster.replicas
         for number in range(AGENTS):
             # Each agent lists the replicas from a different one, so the streams spread over them.
             first = number % len(replicas)
@@ -42,9 +35,6 @@ def ha(tmp_path_factory):
         for number in range(AGENTS):
             cluster.wait_online(replicas[0], f"ha-{number}")
         yield cluster
-    finally:
-        cluster.stop()
-        server.__exit__(None, None, None)
 
 
 def alive(cluster: ReplicaCluster) -> list[Replica]:
@@ -92,14 +82,15 @@ class AgentWatch:
             self.offline += [(time.monotonic(), r["name"]) for r in rows if not r["online"]]
 
 
-def wait_streams_settled(cluster: ReplicaCluster, killed: Replica, timeout: float = 30) -> float:
-    """Seconds until every agent holds a stream on a live replica again (from the replicas' beats)."""
+def wait_streams_settled(cluster: ReplicaCluster, timeout: float = 30) -> float:
+    """Seconds until every agent holds a stream on a live replica again (from the survivors' beats; a
+    killed replica's row still reads alive for up to 10 s, with what it held then)."""
     started = time.monotonic()
+    live = {f"127.0.0.1:{r.http_port}" for r in alive(cluster)}
 
     def settled() -> bool:
         view = replicas_view(cluster)
-        gone = view_of(cluster, killed)
-        return gone is None and sum(row["agents_held"] for row in view.values()) == AGENTS
+        return sum(row["agents_held"] for address, row in view.items() if address in live) == AGENTS
 
     wait_until(settled, timeout, "every agent back on a live replica's stream")
     return time.monotonic() - started
@@ -119,31 +110,38 @@ def test_killing_replicas_one_by_one_disturbs_no_job(ha):
         busiest = max(alive(cluster), key=lambda r: (view_of(cluster, r) or {}).get("agents_held", 0))
         assert (view_of(cluster, busiest) or {})["agents_held"] >= 1
         busiest.kill()
-        wait_streams_settled(cluster, busiest)
+        moves = [wait_streams_settled(cluster)]
         # 2. The one leading the scheduler now.
-        leader = next(r for r in alive(cluster) if "scheduler" in (view_of(cluster, r) or {}).get("loops", []))
+        leader = next(
+            r for r in alive(cluster) if "scheduler" in (view_of(cluster, r) or {}).get("loops", [])
+        )
         leader.kill()
-        wait_streams_settled(cluster, leader)
+        moves.append(wait_streams_settled(cluster))
         # 3. The rest but one.
         for extra in alive(cluster)[1:]:
             extra.kill()
-            wait_streams_settled(cluster, extra)
+            moves.append(wait_streams_settled(cluster))
         [survivor] = alive(cluster)
         assert set((view_of(cluster, survivor) or {})["loops"]) >= {"scheduler", "reconciler"}
 
         # A job submitted through the survivor is placed and runs.
-        quick = survivor.submit({"hello.py": "print('placed after the failovers', flush=True)\n"}, ["python", "hello.py"], workers=1)
+        quick = survivor.submit(
+            {"hello.py": "print('placed after the failovers', flush=True)\n"},
+            ["python", "hello.py"],
+            workers=1,
+        )
         assert survivor.wait_for(quick, {"SUCCEEDED", "FAILED"}, timeout=60)["state"] == "SUCCEEDED"
         job = survivor.wait_for(job_id, {"SUCCEEDED", "FAILED", "CANCELLED"}, timeout=240)
 
+    print(f"agents back on a stream after each kill: {', '.join(f'{m:.1f} s' for m in moves)}")
+    assert max(moves) < 10, moves
     assert job["state"] == "SUCCEEDED", job["reason"]
     assert job["restarts"] == 0 and len(job["attempt_history"]) == 1, job["attempt_history"]
     assert "RESTARTING" not in [e["to_state"] for e in job["events"]]
     steps = Counter(p["step"] for p in survivor.metrics(job_id, name="loss"))
-    # Both workers report; the chief's series is what the API keeps per step (exactly once each).
     assert sorted(steps) == list(range(1, STEPS + 1)), sorted(set(range(1, STEPS + 1)) - set(steps))
     assert set(steps.values()) == {1}, {s: n for s, n in steps.items() if n != 1}
-    # In the database: each worker's series holds every step once (a resend after failover stored once).
+    # In the database: the series holds every step once (a resend after a failover is stored once).
     engine = create_engine(cluster.db_url)
     with engine.connect() as connection:
         per_task = connection.execute(
@@ -154,7 +152,8 @@ def test_killing_replicas_one_by_one_disturbs_no_job(ha):
             {"job": job_id},
         ).all()
     engine.dispose()
-    assert len(per_task) == 2 and all(total == distinct == STEPS for _, total, distinct in per_task), per_task
+    # The runtime ships the chief's reduced series only: one task, every step once.
+    assert len(per_task) == 1 and all(total == distinct == STEPS for _, total, distinct in per_task), per_task
     assert watch.samples > 20
     assert watch.offline == [], f"agents seen offline: {watch.offline}"
     agents = survivor.http.get("/api/v1/agents").json()

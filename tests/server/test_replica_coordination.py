@@ -52,7 +52,9 @@ def identity(name: str) -> replicas.ReplicaIdentity:
 
 def add_agent(db: Database, name: str) -> str:
     with db.write() as session:
-        reg = Registration(name, name, "127.0.0.1", 20000, 20010, [{"kind": "cpu", "index": 0, "name": "s"}], "t")
+        reg = Registration(
+            name, name, "127.0.0.1", 20000, 20010, [{"kind": "cpu", "index": 0, "name": "s"}], "t"
+        )
         return register_agent(session, reg, 30).id
 
 
@@ -247,7 +249,9 @@ def test_replicas_alive_and_the_streams_they_hold(two):
     with first.write() as session:
         replicas.beat(session, identity("a"), 0, ["scheduler"], now)
         replicas.beat(session, identity("b"), 1, [], now)
-        replicas.beat(session, identity("dead"), 1, [], now - timedelta(seconds=replicas.REPLICA_TIMEOUT_S + 1))
+        replicas.beat(
+            session, identity("dead"), 1, [], now - timedelta(seconds=replicas.REPLICA_TIMEOUT_S + 1)
+        )
         replicas.claim_stream(session, held, "b")
         replicas.claim_stream(session, orphan, "dead")
     with first.read() as session:
