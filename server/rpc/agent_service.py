@@ -83,10 +83,20 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
     async def Connect(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:  # type: ignore[override]
         await AgentStream(self.wiring, authenticated_agent_id(), context).run()
 
+    async def _read_file_lookup(self, fn: Callable[..., T], *args: Any) -> T:
+        """A read that may copy a file out of the database first (another replica received it): it runs in
+        the archive threads, never in the ones that the streams' database work (hellos, reports) needs."""
+
+        def run() -> T:
+            with self.db.read() as session:
+                return fn(session, *args)
+
+        return await archive_workers(self.settings.archive_workers).run(run)
+
     async def FetchBundle(
         self, request: pb.FetchBundleRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.BundleChunk]:
-        path = await self._read(
+        path = await self._read_file_lookup(
             agent_auth.bundle_for_agent, self.settings.bundle_dir, authenticated_agent_id(), request.digest
         )
         async for chunk in _file_chunks(path):
@@ -95,7 +105,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
     async def FetchCheckpoint(
         self, request: pb.FetchCheckpointRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.BundleChunk]:
-        path = await self._read(
+        path = await self._read_file_lookup(
             agent_auth.checkpoint_for_agent, self.settings.files_dir, authenticated_agent_id(), request.job_id
         )
         if path is None:
