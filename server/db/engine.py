@@ -39,7 +39,7 @@ class Database:
         """Connections of their own for the loops' advisory locks (server/live/pass_locks.py): a leader
         holds one per loop for as long as it leads, which must never starve the sessions' pool."""
         if self._lock_engine is None:
-            self._lock_engine = create_engine(self.url, pool_size=8, max_overflow=4, pool_pre_ping=True)
+            self._lock_engine = create_engine(self.url, pool_size=5, max_overflow=1, pool_pre_ping=True)
         return self._lock_engine
 
     @contextmanager

@@ -15,6 +15,7 @@ import logging
 from mwms.loop import run_every_async
 from server.db.engine import Database
 from server.db.models import utcnow
+from server.live.pass_locks import PassLocks
 from server.poison import count_poison, first_time, is_transient
 from server.services import device_telemetry
 from server.services.device_telemetry import IncomingSample, LatestSamples
@@ -29,9 +30,10 @@ RETENTION_PAUSE_S = 0.05
 class DeviceTelemetryWriter:
     """Checks and queues the device samples of every stream; `start()` runs the writing and purging loops."""
 
-    def __init__(self, db: Database, settings: Settings) -> None:
+    def __init__(self, db: Database, settings: Settings, passes: PassLocks | None = None) -> None:
         self._db = db
         self._settings = settings
+        self._passes = passes  # the purge runs on the replica leading "device-retention"
         self.latest = LatestSamples()
         self._rows: list[dict[str, object]] = []
         # The registered GPU indices of each agent, read once per stream (a new registration opens a new one).
@@ -43,8 +45,16 @@ class DeviceTelemetryWriter:
     def start(self) -> None:
         self._tasks = [
             asyncio.create_task(run_every_async(FLUSH_INTERVAL_S, self.flush, logger=log)),
-            asyncio.create_task(run_every_async(self._settings.retention_interval_s, self.purge, logger=log)),
+            asyncio.create_task(
+                run_every_async(self._settings.retention_interval_s, self._purge_once, logger=log)
+            ),
         ]
+
+    async def _purge_once(self) -> None:
+        if self._passes is None:
+            await self.purge()
+        else:
+            await self._passes.run("device-retention", self.purge)
 
     async def stop(self) -> None:
         for task in self._tasks:

@@ -95,7 +95,7 @@ def build_wiring(db: Database, settings: Settings, replica: ReplicaIdentity) -> 
         loops=loops,
         progress=progress,
         telemetry=telemetry,
-        devices=DeviceTelemetryWriter(db, settings),
+        devices=DeviceTelemetryWriter(db, settings, passes),
         stacks=stacks,
         hangs=HangDetector(db, settings, stacks, progress, hub.wake, loops.poke, passes=passes),
         replica=replica,
