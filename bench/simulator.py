@@ -16,6 +16,15 @@ saved"), unless the stop's grace runs out first, when it is killed (exit -9) and
 last checkpoint. Each job's training progress is simulated (`JobProgress`: steps at `steps_per_s`, resumed
 from the job's last saved step), so a benchmark can count the steps a preemption cost.
 
+With several coordinator replicas (`SimConfig.server` "a:1,b:2,c:3", or a list per agent from
+`Simulator(server_order=...)`), an agent behaves like `mwms agent --server a,b,c` (worker_agent/main.py):
+it starts on the first address, and when its stream breaks or registering fails it moves to the next one
+on a fresh channel, waits a backoff (0.5 s growing to 3 s, +-50 % jitter; reset after a connection that
+lasted 10 s), registers again with its credential and says hello, resending every log line and metric
+point not yet acknowledged. Each stream is recorded (`StreamSession`: which server, when it opened, when
+its first answer came: the hello was applied, since the coordinator reads a stream's messages in order and
+the simulator writes a heartbeat right behind its hello), so a benchmark can time a failover.
+
 Everything runs on one asyncio loop; `LoopLagMonitor` measures how late that loop runs, so a slow
 simulator is visible in the results instead of being blamed on the coordinator.
 """
@@ -27,11 +36,12 @@ import contextlib
 import socket
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import grpc
 
+from mwms.loop import Backoff
 from mwms.v1 import agent_pb2 as pb
 from mwms.v1 import agent_pb2_grpc
 
@@ -45,6 +55,20 @@ CHANNEL_OPTIONS = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
 ]
+# An agent given several replicas uses the real agent's channel (worker_agent/channel.py): a replica that
+# comes back is tried again within the agent's own backoff (not gRPC's default of up to 120 s), and the
+# minimum backoff is also the connect timeout (0.5 s: a handshake slower than that fails, UNAVAILABLE).
+REPLICA_CHANNEL_OPTIONS = [
+    *CHANNEL_OPTIONS,
+    ("grpc.initial_reconnect_backoff_ms", 500),
+    ("grpc.min_reconnect_backoff_ms", 500),
+    ("grpc.max_reconnect_backoff_ms", 3_000),
+]
+# The real agent's reconnect delays (worker_agent/main.py): 0.5 s after a break, growing to 3 s, +-50 %.
+RECONNECT_INITIAL_S = 0.5
+RECONNECT_MAXIMUM_S = 3.0
+HEALTHY_CONNECTION_S = 10.0
+REGISTER_AGAIN_TIMEOUT_S = 10.0  # the real agent's REGISTER_TIMEOUT_SECONDS
 
 
 @dataclass
@@ -52,6 +76,7 @@ class SimConfig:
     """How every simulated agent behaves."""
 
     join_token: str
+    # One coordinator address, or several replicas' "a:1,b:2,c:3" (each agent starts on the first).
     server: str
     heartbeat_interval_s: float = 1.0
     # Seconds between RUNNING and SUCCEEDED; None: the task runs until `SimTask.finish()` or a StopTask.
@@ -122,6 +147,25 @@ class TelemetryPlan:
     window_items: int = 4 * BATCH_MAX_ITEMS
 
 
+def server_list(server: str) -> list[str]:
+    """The addresses of `SimConfig.server`: one, or the comma-separated replicas."""
+    addresses = [address.strip() for address in server.split(",") if address.strip()]
+    if not addresses:
+        raise ValueError(f"no coordinator address in {server!r}")
+    return addresses
+
+
+@dataclass
+class StreamSession:
+    """One Connect stream of an agent: where, when it opened, when its first answer arrived, how it ended."""
+
+    server: str
+    opened_at: float
+    answered_at: float | None = None
+    ended_at: float | None = None
+    error: str = ""
+
+
 @dataclass
 class SimTask:
     """One task the coordinator started on a simulated agent."""
@@ -165,13 +209,22 @@ class SimAgent:
     """One simulated agent: its own channel, credential and Connect stream."""
 
     def __init__(
-        self, index: int, config: SimConfig, run_id: str, progress: JobProgress | None = None
+        self,
+        index: int,
+        config: SimConfig,
+        run_id: str,
+        progress: JobProgress | None = None,
+        servers: list[str] | None = None,
     ) -> None:
         self.index = index
         self.progress = progress if progress is not None else JobProgress()
         self.name = f"sim-{run_id}-{index:05d}"
         self.config = config
-        self.channel = grpc.aio.insecure_channel(config.server, options=CHANNEL_OPTIONS)
+        # The replicas in the order this agent tries them (the real agent's --server list).
+        self.servers = servers or server_list(config.server)
+        self.server_index = 0
+        self.channel_options = REPLICA_CHANNEL_OPTIONS if len(self.servers) > 1 else CHANNEL_OPTIONS
+        self.channel = grpc.aio.insecure_channel(self.servers[0], options=self.channel_options)
         self.stub = agent_pb2_grpc.AgentServiceStub(self.channel)
         self.agent_id = ""
         self.credential = ""
@@ -182,20 +235,35 @@ class SimAgent:
         self.telemetry: TelemetryPlan | None = None
         # (written at, round trip) of every acknowledged heartbeat, monotonic seconds.
         self.heartbeats: list[tuple[float, float]] = []
+        # The server each of `heartbeats` was answered by (same order).
+        self.heartbeat_servers: list[str] = []
         self.heartbeats_sent = 0
         self.stream_errors: list[str] = []
+        self.register_errors: list[str] = []
+        self.sessions: list[StreamSession] = []
+        # When each StartTask arrived (monotonic), by task id: read off the stream, before it is handled.
+        self.start_arrivals: dict[str, float] = {}
         self.refused_starts: list[str] = []
         self.connected = asyncio.Event()
         self._pending_heartbeats: deque[float] = deque()
         self._outbox: asyncio.Queue[pb.AgentMessage] = asyncio.Queue()
         self._bundles: set[str] = set()
         self._background: set[asyncio.Task[None]] = set()
+        self._closing: set[grpc.aio.Channel] = set()
+        # The heartbeat written right behind a hello, and when: its answer times the hello, not a beat.
+        self._probe: pb.AgentMessage | None = None
+        self._probe_sent_at: float | None = None
+
+    @property
+    def server(self) -> str:
+        """The address this agent talks to now."""
+        return self.servers[self.server_index]
 
     @property
     def metadata(self) -> tuple[tuple[str, str], ...]:
         return (("authorization", f"Bearer {self.credential}"),)
 
-    async def register(self) -> float:
+    async def register(self, timeout_s: float = 600) -> float:
         """Registers with the join token; returns the call's latency in seconds."""
         devices = [
             pb.Device(kind=pb.DEVICE_KIND_CPU_SLOT, index=i, name=f"cpu-slot-{i}")
@@ -212,34 +280,85 @@ class SimAgent:
             join_token=self.config.join_token,
         )
         start = time.monotonic()
-        response = await self.stub.Register(request, timeout=600)
-        self.agent_id, self.credential = response.agent_id, response.credential
+        # Registering again (after a reconnect) presents the credential, as the real agent does.
+        metadata = self.metadata if self.credential else None
+        response = await self.stub.Register(request, metadata=metadata, timeout=timeout_s)
+        self.agent_id = response.agent_id
+        self.credential = response.credential or self.credential  # none is issued on registering again
         return time.monotonic() - start
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Keeps a Connect stream open until `stop`; reconnects (recording why) when the stream ends."""
+        """Keeps a Connect stream open until `stop`; when it ends (recording why) reconnects like the real
+        agent: the next replica (when there are several), a backoff, registering again, a new hello."""
+        backoff = Backoff(initial=RECONNECT_INITIAL_S, maximum=RECONNECT_MAXIMUM_S)
+        registered = True  # by `register`, before `run`
         while not stop.is_set():
+            if not registered:
+                try:
+                    await self.register(timeout_s=REGISTER_AGAIN_TIMEOUT_S)
+                except grpc.aio.AioRpcError as error:
+                    if stop.is_set():
+                        return
+                    self.register_errors.append(f"{self.server} {error.code()}: {error.details()}")
+                    if error.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                        return  # refused: every replica would refuse it (they share one database)
+                    self._move_on()
+                    await asyncio.sleep(backoff.next_delay())
+                    continue
+            registered = False
+            opened_at = time.monotonic()
             try:
                 await self._session(stop)
             except (grpc.RpcError, grpc.aio.AioRpcError) as error:  # type: ignore[misc]
                 if stop.is_set():
                     return
                 code = error.code() if isinstance(error, grpc.aio.AioRpcError) else None
-                self.stream_errors.append(f"{code}: {getattr(error, 'details', lambda: '')()}")
+                why = f"{code}: {getattr(error, 'details', lambda: '')()}"
+                self.stream_errors.append(why)
+                if self.sessions:
+                    self.sessions[-1].error = why
                 if code == grpc.StatusCode.UNAUTHENTICATED:
                     return  # removed or refused: a real agent would need a new join token
-                await asyncio.sleep(0.5)
+                self._move_on()
+                if time.monotonic() - opened_at >= HEALTHY_CONNECTION_S:
+                    backoff.reset()
+                await asyncio.sleep(backoff.next_delay())
+
+    def _move_on(self) -> None:
+        """With several replicas: the next one, on a fresh channel (the old one closes in the background)."""
+        if len(self.servers) < 2:
+            return
+        self.server_index = (self.server_index + 1) % len(self.servers)
+        old, self.channel = self.channel, grpc.aio.insecure_channel(self.server, options=self.channel_options)
+        self.stub = agent_pb2_grpc.AgentServiceStub(self.channel)
+        self._closing.add(old)
+        self._spawn(self._close_channel(old))
+
+    async def _close_channel(self, channel: grpc.aio.Channel) -> None:
+        try:
+            await channel.close()
+        finally:
+            self._closing.discard(channel)
 
     async def _session(self, stop: asyncio.Event) -> None:
         call = self.stub.Connect(metadata=self.metadata)
         self._pending_heartbeats.clear()
         self._outbox = asyncio.Queue()
+        # What the last stream sent but nobody acknowledged goes again (the coordinator keeps each seq once).
+        for task in self.tasks.values():
+            task.sent_log_seq = min(task.sent_log_seq, task.acked_log_seq)
+            task.sent_metric_seq = min(task.sent_metric_seq, task.acked_metric_seq)
+        session = StreamSession(self.server, time.monotonic())
+        self.sessions.append(session)
         hello = pb.Hello(agent_id=self.agent_id, tasks=[self._report(t) for t in self.tasks.values()])
         await call.write(pb.AgentMessage(hello=hello))
+        self._probe = pb.AgentMessage(heartbeat=pb.Heartbeat(sent_unix_ms=int(time.time() * 1000)))
+        self._probe_sent_at = None
+        self._outbox.put_nowait(self._probe)
         writer = asyncio.create_task(self._write(call))
         beater = asyncio.create_task(self._heartbeat(stop))
         stopper = asyncio.create_task(stop.wait())
-        reader = asyncio.create_task(self._read(call))
+        reader = asyncio.create_task(self._read(call, session))
         self.connected.set()
         try:
             done, _ = await asyncio.wait({writer, reader, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -247,6 +366,7 @@ class SimAgent:
                 if task is not stopper:
                     task.result()
         finally:
+            session.ended_at = time.monotonic()
             self.connected.clear()
             for task in (writer, beater, stopper, reader):
                 task.cancel()
@@ -265,21 +385,28 @@ class SimAgent:
         while True:
             message = await self._outbox.get()
             if message.WhichOneof("body") == "heartbeat":
-                self._pending_heartbeats.append(time.monotonic())
-                self.heartbeats_sent += 1
+                now = time.monotonic()
+                self._pending_heartbeats.append(now)
+                if message is self._probe:
+                    self._probe_sent_at = now
+                else:
+                    self.heartbeats_sent += 1
             await call.write(message)
 
-    async def _read(self, call: grpc.aio.StreamStreamCall) -> None:
+    async def _read(self, call: grpc.aio.StreamStreamCall, session: StreamSession) -> None:
         while True:
             message = await call.read()
             if message is grpc.aio.EOF:
                 raise grpc.aio.AioRpcError(
                     grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "stream ended"
                 )
+            if session.answered_at is None:
+                session.answered_at = time.monotonic()  # the hello before it was applied
             body = message.WhichOneof("body")
             if body == "ack":
                 self._on_ack(message.ack)
             elif body == "start":
+                self.start_arrivals.setdefault(message.start.task_id, time.monotonic())
                 self._spawn(self._start(message.start))
             elif body == "stop":
                 self._on_stop(message.stop)
@@ -288,7 +415,11 @@ class SimAgent:
         if not ack.task_id and not ack.log_seq and not ack.metric_seq and not ack.final_state:
             if self._pending_heartbeats:  # one stream, handled in order: acks come back in send order
                 sent = self._pending_heartbeats.popleft()
+                if sent == self._probe_sent_at:  # the probe behind a hello: it timed the hello
+                    self._probe_sent_at = None
+                    return
                 self.heartbeats.append((sent, time.monotonic() - sent))
+                self.heartbeat_servers.append(self.server)
             return
         # From history: a batch's ack may follow the final ack (the coordinator stores batches on its own
         # schedule), and it still counts.
@@ -443,6 +574,8 @@ class SimAgent:
     async def close(self) -> None:
         for task in list(self._background):
             task.cancel()
+        for channel in list(self._closing):
+            await channel.close()
         await self.channel.close()
 
 
@@ -505,21 +638,43 @@ class LoopLagMonitor:
 class Simulator:
     """A fleet of simulated agents on one event loop."""
 
-    def __init__(self, config: SimConfig, count: int, run_id: str) -> None:
+    def __init__(
+        self,
+        config: SimConfig,
+        count: int,
+        run_id: str,
+        server_order: Callable[[int], list[str]] | None = None,
+    ) -> None:
+        """`server_order(i)`: agent i's replica addresses in the order it tries them (default: the
+        config's, the same for every agent)."""
         self.config = config
         self.progress = JobProgress()
-        self.agents = [SimAgent(i, config, run_id, self.progress) for i in range(count)]
+        self.agents = [
+            SimAgent(i, config, run_id, self.progress, server_order(i) if server_order else None)
+            for i in range(count)
+        ]
         self.stop = asyncio.Event()
         self.lag = LoopLagMonitor()
         self._runners: list[asyncio.Task[None]] = []
 
-    async def register_all(self, concurrency: int = 1000) -> list[float]:
-        """Registers every agent, `concurrency` calls at a time; returns each call's latency."""
+    async def register_all(self, concurrency: int = 1000, attempts: int = 5) -> list[float]:
+        """Registers every agent, `concurrency` calls at a time; returns each call's latency (of the
+        attempt that succeeded). A call that finds its server UNAVAILABLE (a connect that timed out) is
+        tried again after the real agent's backoff, at most `attempts` times in all."""
         gate = asyncio.Semaphore(concurrency)
 
         async def one(agent: SimAgent) -> float:
-            async with gate:
-                return await agent.register()
+            backoff = Backoff(initial=RECONNECT_INITIAL_S, maximum=RECONNECT_MAXIMUM_S)
+            for attempt in range(attempts):
+                try:
+                    async with gate:
+                        return await agent.register()
+                except grpc.aio.AioRpcError as error:
+                    if error.code() != grpc.StatusCode.UNAVAILABLE or attempt == attempts - 1:
+                        raise
+                    agent.register_errors.append(f"{agent.server} {error.code()}: {error.details()}")
+                await asyncio.sleep(backoff.next_delay())
+            raise AssertionError("unreachable")
 
         return list(await asyncio.gather(*(one(a) for a in self.agents)))
 

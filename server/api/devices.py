@@ -20,7 +20,7 @@ from server.schemas import (
     JobDevicesOut,
     TaskDevicesOut,
 )
-from server.services import device_series, jobs
+from server.services import device_series, device_telemetry, jobs
 from server.services.device_series import DeviceSeries
 from server.services.device_telemetry import LatestSample, LatestSamples
 
@@ -66,11 +66,13 @@ def _series_out(series: list[DeviceSeries]) -> list[DeviceSeriesOut]:
 
 
 @router.get("/devices", response_model=list[AgentLatestDevicesOut])
-def latest_devices(latest: Latest) -> list[AgentLatestDevicesOut]:
-    """The newest sample of every device of every agent that sent any since the coordinator started."""
+def latest_devices(session: ReadSession, wiring: WiringDep, latest: Latest) -> list[AgentLatestDevicesOut]:
+    """The newest sample of every device of every agent, whichever replica holds its stream: those this
+    replica heard since it started, and those other replicas stored in the last minute."""
+    readings = device_telemetry.newest_readings(session, latest, wiring.replica.id)
     return [
-        AgentLatestDevicesOut(agent_id=agent_id, devices=[_sample_out(s) for s in latest.of(agent_id)])
-        for agent_id in latest.agents()
+        AgentLatestDevicesOut(agent_id=agent_id, devices=[_sample_out(s) for s in devices])
+        for agent_id, devices in readings.items()
     ]
 
 
@@ -78,15 +80,18 @@ def latest_devices(latest: Latest) -> list[AgentLatestDevicesOut]:
 def agent_devices(
     agent: AgentReference,
     session: ReadSession,
+    wiring: WiringDep,
     latest: Latest,
     minutes: Annotated[int, Query(ge=1, le=24 * 60, description="how far back the series go")] = 30,
 ) -> AgentDevicesOut:
-    """An agent's devices: the newest sample of each, and each one's series over the last `minutes`."""
+    """An agent's devices: the newest sample of each (whichever replica holds its stream), and each one's
+    series over the last `minutes`; `refused` counts what this replica refused of its streams."""
     agent_id = device_series.agent_for_devices(session, agent).id
     width, series = device_series.agent_series(session, agent_id, minutes)
+    newest = device_telemetry.newest_readings(session, latest, wiring.replica.id, agent_id=agent_id)
     return AgentDevicesOut(
         agent_id=agent_id,
-        latest=[_sample_out(s) for s in latest.of(agent_id)],
+        latest=[_sample_out(s) for s in newest.get(agent_id, [])],
         bucket_seconds=width,
         series=_series_out(series),
         refused=latest.refused(agent_id),

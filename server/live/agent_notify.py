@@ -9,7 +9,8 @@ deciding replica died between its commit and the NOTIFY, or a listener was recon
 the hub sweeps every agent it holds every few seconds on PostgreSQL, and after the listener reconnects.
 
 Payloads: "agents:ID,ID,..." (at most PAYLOAD_BYTES each; more ids go in several), "agents:*" (every
-agent: a removal, a cancel through the REST API), "stacks:REQUEST_ID" (server/live/stack_collector.py).
+agent: a removal, a cancel through the REST API), "stacks:REQUEST_ID" (server/live/stack_collector.py),
+"scheduler:REPLICA_ID" (a poke on a replica that does not lead the scheduler: server/live/loops.py).
 """
 
 from __future__ import annotations

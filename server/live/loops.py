@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from mwms.loop import run_every_async
 from server.db.engine import Database
 from server.db.models import utcnow
+from server.live.agent_notify import Doorbell
 from server.live.hub import AgentHub
 from server.live.liveness import Liveness
 from server.live.pass_locks import PassLocks
@@ -48,6 +49,7 @@ class BackgroundLoops:
         replica: replicas.ReplicaIdentity,
         passes: PassLocks,
         progress: TaskProgress,
+        doorbell: Doorbell | None = None,
     ) -> None:
         self.db = db
         self.settings = settings
@@ -56,6 +58,10 @@ class BackgroundLoops:
         self.replica = replica
         self.passes = passes
         self.progress = progress
+        # A poke on a replica that does not lead the scheduler rings the one that does (agent_notify.py).
+        self._doorbell = doorbell if doorbell is not None and doorbell.enabled else None
+        self._ringing = self._ring_again = False
+        self._rings: set[asyncio.Task[None]] = set()
         self.sharing = SharingPolicy.of(settings)
         self.waiting = WaitingJobs()  # the scheduler's cache of waiting jobs
         self._pokes = self._pokes_seen = 0
@@ -85,9 +91,9 @@ class BackgroundLoops:
             )
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        for task in [*self._tasks, *self._rings]:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *self._rings, return_exceptions=True)
         try:
             await self.flush_liveness(stopping=True)  # a restart's grace then counts from what was last heard
         except Exception:  # noqa: BLE001 - shutting down either way
@@ -139,6 +145,35 @@ class BackgroundLoops:
     def _poked(self) -> None:
         self._pokes += 1
         self.scheduler_wake.set()
+        if self._doorbell is not None and "scheduler" not in self.passes.leads():
+            self._ring_leader()
+
+    def poked_by_ring(self, _items: list[str]) -> None:
+        """Another replica's poke (event loop only): a pass soon, if this replica leads the scheduler."""
+        self._pokes += 1
+        self.scheduler_wake.set()
+
+    def _ring_leader(self) -> None:
+        # One ring at a time; a poke while one is on its way rings once more after it, so a change
+        # committed meanwhile is never left for the leader's idle pass.
+        if self._ringing:
+            self._ring_again = True
+            return
+        self._ringing = True
+        task = asyncio.create_task(self._send_rings())
+        self._rings.add(task)
+        task.add_done_callback(self._rings.discard)
+
+    async def _send_rings(self) -> None:
+        assert self._doorbell is not None
+        try:
+            while True:
+                self._ring_again = False
+                await self._doorbell.ring("scheduler", [self.replica.id])
+                if not self._ring_again:
+                    return
+        finally:
+            self._ringing = False
 
     async def _schedule(self) -> None:
         # Every change that can let a job in pokes the scheduler (a submit, a task that ended, an agent
@@ -190,6 +225,7 @@ class BackgroundLoops:
                 targets = track_command_targets(session)
                 reconcile(
                     session,
+                    moving_grace_s=self.settings.reconnect_grace_s if self.db.is_postgres else 0.0,
                     backoff_base_s=self.settings.restart_backoff_s,
                     default_startup_timeout_s=self.settings.startup_timeout_s,
                     now=taken_at,

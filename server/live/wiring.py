@@ -84,7 +84,10 @@ def build_wiring(db: Database, settings: Settings, replica: ReplicaIdentity) -> 
     liveness = Liveness()
     passes = PassLocks(db, patient=settings.serve == "agents")
     progress = TaskProgress()
-    loops = BackgroundLoops(db, settings, hub, liveness, replica=replica, passes=passes, progress=progress)
+    loops = BackgroundLoops(
+        db, settings, hub, liveness, replica=replica, passes=passes, progress=progress, doorbell=doorbell
+    )
+    doorbell.on("scheduler", loops.poked_by_ring)
     telemetry = TelemetryWriter(db, hub.wake, loops.poke, progress=progress)
     stacks = StackCollector(db, hub, doorbell)
     return Wiring(

@@ -50,7 +50,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
 
     def _admit(self, session: Any, reg: Any, *, held: frozenset[str], **kwargs: Any) -> Any:
         # A name whose agent holds a stream here or on another live replica is taken.
-        connected = held | replicas.streams_elsewhere(session, self.wiring.replica.id)
+        connected = held | replicas.name_streaming_elsewhere(session, self.wiring.replica.id, reg.name)
         return agent_auth.admit_agent(session, reg, connected=connected, **kwargs)
 
     async def Register(

@@ -8,6 +8,11 @@ the rest are kept as the newest per device in memory (`LatestSamples`, for the a
 in batches by server/live/device_ingest.py, stamped with the time the coordinator received them, so an
 agent's clock never places a sample outside its task's window.
 
+Reading them back (`newest_readings`): the replica holding an agent's stream has its newest samples in
+memory; on PostgreSQL, where several replicas share the database, the agents whose streams other replicas
+hold (or none does) are read from the table instead (`stored_newest`): the newest sample per device within
+the last READINGS_WINDOW, in one query whatever the number of agents.
+
 Retention: samples older than MWMS_DEVICE_SAMPLE_RETENTION_HOURS (and never longer than
 MWMS_TELEMETRY_RETENTION_DAYS) are deleted agent by agent in bounded batches (`purge_before`).
 """
@@ -18,10 +23,11 @@ import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import delete, func, insert, select, true
 from sqlalchemy.orm import Session
+from sqlalchemy.sql import FromClause
 
-from server.db.models import Agent, DeviceSample
+from server.db.models import Agent, DeviceSample, utcnow
 
 # The memory columns are 32-bit integers on PostgreSQL; 2**31 MiB is 2 PiB, far above any device.
 MAX_MEMORY_MIB = 2**31 - 1
@@ -29,6 +35,11 @@ MAX_TEMPERATURE_C = 200.0
 MAX_DEVICES_PER_MESSAGE = 64
 PURGE_ROWS = 5000  # rows deleted per agent per transaction
 PURGE_AGENTS = 100  # agents per purge transaction
+# How far back `stored_newest` looks: 12 samples at the agents' default interval
+# (mwms/agent_defaults.py DEVICE_SAMPLE_INTERVAL_S, 5 s; `--device-sample-interval`), so a sample or two
+# lost, or a flush a second late, still shows. An agent sampling less often than this shows no readings
+# through a replica that does not hold its stream. Longer costs more: every sample in it is read.
+READINGS_WINDOW = timedelta(seconds=60)
 
 
 @dataclass(frozen=True)
@@ -140,6 +151,95 @@ class LatestSamples:
 
     def agents(self) -> list[str]:
         return sorted(self._latest)
+
+
+def stored_newest(
+    session: Session,
+    since: datetime,
+    *,
+    not_held_by: str | None = None,
+    agent_id: str | None = None,
+) -> dict[str, list[LatestSample]]:
+    """The newest stored sample of each device of each agent, among those received at or after `since`,
+    by agent id, each agent's by device index; one query whatever the number of agents.
+
+    `not_held_by`: leave out the agents whose stream that replica holds (it has them in memory);
+    `agent_id`: that agent only. Agents with no sample since `since` are absent.
+    """
+    agents = select(Agent.id)
+    if not_held_by is not None:
+        agents = agents.where(Agent.stream_replica.is_distinct_from(not_held_by))
+    if agent_id is not None:
+        agents = agents.where(Agent.id == agent_id)
+    columns = (
+        DeviceSample.device_index,
+        DeviceSample.utilization_pct,
+        DeviceSample.memory_used_mib,
+        DeviceSample.memory_total_mib,
+        DeviceSample.temperature_c,
+        DeviceSample.at,
+    )
+    rank = func.row_number().over(
+        partition_by=(DeviceSample.agent_id, DeviceSample.device_index),
+        order_by=(DeviceSample.at.desc(), DeviceSample.id.desc()),
+    )
+    recent = select(*columns, rank.label("rank")).where(DeviceSample.at >= since)
+    newest: FromClause
+    if session.get_bind().dialect.name == "postgresql":
+        # LATERAL: each agent's own range of ix_device_samples_agent_at (agent_id = a.id AND at >= since),
+        # about 100 rows at 8 GPUs every 5 s, whatever else the retention holds. The window function keeps
+        # the planner from flattening it into one scan of the table for `at >= since`, which the index
+        # cannot serve (measured: a plain join read every row of the table, 3 M rows for 30 minutes).
+        newest = recent.where(DeviceSample.agent_id == Agent.id).lateral()
+        query = agents.join(newest, true())
+    else:
+        # SQLite, one coordinator, reads memory instead (newest_readings); this form serves tests and tools.
+        newest = recent.add_columns(DeviceSample.agent_id).subquery()
+        query = agents.join(newest, newest.c.agent_id == Agent.id)
+    query = (
+        query.add_columns(*(newest.c[c.key] for c in columns))
+        .where(newest.c.rank == 1)
+        .order_by(Agent.id, newest.c.device_index)
+    )
+    found: dict[str, list[LatestSample]] = {}
+    for row in session.execute(query):
+        found.setdefault(row.id, []).append(
+            LatestSample(
+                row.device_index,
+                row.utilization_pct,
+                row.memory_used_mib,
+                row.memory_total_mib,
+                row.temperature_c,
+                row.at,
+            )
+        )
+    return found
+
+
+def newest_readings(
+    session: Session,
+    latest: LatestSamples,
+    replica_id: str,
+    *,
+    agent_id: str | None = None,
+    now: datetime | None = None,
+) -> dict[str, list[LatestSample]]:
+    """The newest sample of every device of every agent (or of `agent_id` only), by agent id, whichever
+    replica holds its stream.
+
+    From memory (`latest`) for the agents whose stream this replica holds; on PostgreSQL, the others from
+    the table (`stored_newest` over READINGS_WINDOW), and from memory only when the table has none of theirs
+    that recent (an agent this replica heard before it went away). On SQLite there is one coordinator,
+    whose memory holds every agent: the table is not read. Refused-sample counts are memory only
+    (`LatestSamples.refused`): they are not stored, so a replica counts only the streams it held.
+    """
+    agents = latest.agents() if agent_id is None else [agent_id]
+    readings = {a: devices for a in agents if (devices := latest.of(a))}
+    if session.get_bind().dialect.name == "sqlite":
+        return readings
+    since = (now or utcnow()) - READINGS_WINDOW
+    readings.update(stored_newest(session, since, not_held_by=replica_id, agent_id=agent_id))
+    return dict(sorted(readings.items()))
 
 
 def registered_gpu_indices(session: Session, agent_id: str) -> frozenset[int]:

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from server.db.models import Agent, Attempt, Job, Task, utcnow
 from server.poison import isolated
+from server.services import replicas
 from server.services.agents import newly_lost_agents
 from server.services.jobs import time_limit
 from server.services.lifecycle import end_job, fail_attempt, mark_task_lost, preempted_seconds
@@ -24,12 +25,30 @@ log = logging.getLogger("mwms.server.reconcile")
 
 
 def reconcile(
-    session: Session, *, backoff_base_s: float, default_startup_timeout_s: float, now: datetime | None = None
+    session: Session,
+    *,
+    backoff_base_s: float,
+    default_startup_timeout_s: float,
+    moving_grace_s: float = 0.0,
+    now: datetime | None = None,
 ) -> None:
-    """One pass over everything time can change."""
+    """One pass over everything time can change.
+
+    `moving_grace_s`: an agent gone silent because the replica holding its stream died is moving to
+    another replica: it gets this long to say hello there before it counts as lost (once per death)."""
     now = now or utcnow()
     for agent in newly_lost_agents(session, now):
         with isolated(session, log, "reconcile_agent", agent.id, f"lost agent {agent.name} ({agent.id})"):
+            if moving_grace_s > 0 and replicas.holder_gone(session, agent, now):
+                log.info(
+                    "agent %s went silent with its replica %s: %g s to reconnect to another before it is lost",
+                    agent.name,
+                    agent.stream_replica,
+                    moving_grace_s,
+                )
+                agent.online_until = now + timedelta(seconds=moving_grace_s)
+                agent.stream_replica = None
+                continue
             handle_lost_agent(session, agent, backoff_base_s, now)
     _check_startup_timeouts(session, backoff_base_s, default_startup_timeout_s, now)
     _check_max_runtime(session, now)

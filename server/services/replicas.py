@@ -15,11 +15,15 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.selectable import ScalarSelect
 
 from server.db.models import Agent, Replica, utcnow
 
 # A replica not seen for this long is gone (it beats about every second).
 REPLICA_TIMEOUT_S = 10.0
+# Its streams are trusted for placement, and its agents' silence taken as their own, only while its beats
+# are this fresh: a killed replica's agents are moving, so nothing waits on them and none counts as lost.
+REPLICA_FRESH_S = 3.0
 # Rows of replicas gone this long are deleted.
 FORGET_AFTER = timedelta(days=7)
 SERVE_ROLES = ("api", "agents", "both")
@@ -84,12 +88,12 @@ def beat(
 
 
 def stop(session: Session, me: ReplicaIdentity, now: datetime | None = None) -> None:
-    """A clean stop: the replica and the streams it held are gone at once (no timeout to wait)."""
+    """A clean stop: the replica is gone at once (no timeout to wait), and so are the streams it held;
+    their agents move to another replica with the grace of a replica's death (`holder_gone`)."""
     now = now or utcnow()
     session.execute(
         update(Replica).where(Replica.id == me.id).values(stopped_at=now, agents_held=0, loops=[])
     )
-    session.execute(update(Agent).where(Agent.stream_replica == me.id).values(stream_replica=None))
 
 
 def alive_cutoff(now: datetime) -> datetime:
@@ -109,19 +113,54 @@ def others_alive(session: Session, me: str, now: datetime | None = None) -> int:
     )
 
 
-def streams_elsewhere(session: Session, me: str, now: datetime | None = None) -> frozenset[str]:
-    """Agents whose stream another live replica holds: they take commands there (the scheduler's offer)."""
-    now = now or utcnow()
-    live = select(Replica.id).where(
-        Replica.id != me, Replica.stopped_at.is_(None), Replica.seen_at >= alive_cutoff(now)
+def _fresh_replicas(me: str, now: datetime) -> ScalarSelect[str]:
+    return (
+        select(Replica.id)
+        .where(
+            Replica.id != me,
+            Replica.stopped_at.is_(None),
+            Replica.seen_at >= now - timedelta(seconds=REPLICA_FRESH_S),
+        )
+        .scalar_subquery()
     )
+
+
+def streams_elsewhere(session: Session, me: str, now: datetime | None = None) -> frozenset[str]:
+    """Agents whose stream another replica holds, one beating now: they take commands there (the
+    scheduler's offer)."""
+    now = now or utcnow()
     return frozenset(
         session.scalars(
             select(Agent.id).where(
-                Agent.stream_replica.in_(live.scalar_subquery()), Agent.removed_at.is_(None)
+                Agent.stream_replica.in_(_fresh_replicas(me, now)), Agent.removed_at.is_(None)
             )
         ).all()
     )
+
+
+def name_streaming_elsewhere(
+    session: Session, me: str, name: str, now: datetime | None = None
+) -> frozenset[str]:
+    """The id of the agent named `name` if another replica beating now holds its stream (a registration
+    under that name from elsewhere is refused); one indexed row, whatever the number of agents."""
+    now = now or utcnow()
+    return frozenset(
+        session.scalars(
+            select(Agent.id).where(Agent.name == name, Agent.stream_replica.in_(_fresh_replicas(me, now)))
+        ).all()
+    )
+
+
+def holder_gone(session: Session, agent: Agent, now: datetime | None = None) -> bool:
+    """Whether the agent's stream was held by a replica that stopped or stopped beating: the agent's
+    silence is its replica's, and it is on its way to another."""
+    if agent.stream_replica is None:
+        return False
+    now = now or utcnow()
+    replica = session.get(Replica, agent.stream_replica)
+    if replica is None or replica.stopped_at is not None:
+        return True
+    return replica.seen_at < now - timedelta(seconds=REPLICA_FRESH_S)
 
 
 def claim_stream(session: Session, agent_id: str, me: str) -> int:

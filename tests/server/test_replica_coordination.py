@@ -23,6 +23,7 @@ from server.live.hub import AgentHub
 from server.live.pass_locks import PATIENT_TRY_S, PassLocks
 from server.services import replicas
 from server.services.agents import Registration, register_agent
+from server.services.reconcile import reconcile
 
 
 @pytest.fixture(scope="module")
@@ -252,19 +253,28 @@ def test_replicas_alive_and_the_streams_they_hold(two):
         replicas.beat(
             session, identity("dead"), 1, [], now - timedelta(seconds=replicas.REPLICA_TIMEOUT_S + 1)
         )
+        replicas.beat(
+            session, identity("stale"), 1, [], now - timedelta(seconds=replicas.REPLICA_FRESH_S + 1)
+        )
         replicas.claim_stream(session, held, "b")
         replicas.claim_stream(session, orphan, "dead")
     with first.read() as session:
-        assert replicas.others_alive(session, "a", now) == 1
+        assert replicas.others_alive(session, "a", now) == 2  # "stale" is alive, but not fresh
         assert replicas.streams_elsewhere(session, "a", now) == frozenset({held})
         views = {v.id: v for v in replicas.list_replicas(session, now)}
     assert views["a"].alive and views["a"].loops == ["scheduler"]
     assert not views["dead"].alive and views["dead"].agents_held == 0
+    with first.read() as session:
+        assert replicas.name_streaming_elsewhere(session, "a", "held-elsewhere", now) == frozenset({held})
+        assert replicas.name_streaming_elsewhere(session, "a", "held-by-the-dead", now) == frozenset()
+        assert replicas.holder_gone(session, session.get(Agent, orphan), now)
+        assert not replicas.holder_gone(session, session.get(Agent, held), now)
     with first.write() as session:
         replicas.stop(session, identity("b"))
     with first.read() as session:
-        assert replicas.others_alive(session, "a", now) == 0
-        assert session.get(Agent, held).stream_replica is None
+        assert replicas.others_alive(session, "a", now) == 1  # "stale": alive, not fresh
+        assert replicas.streams_elsewhere(session, "a", now) == frozenset()
+        assert replicas.holder_gone(session, session.get(Agent, held), now)  # its agent is moving
 
 
 def test_a_second_coordinator_on_one_sqlite_file_is_refused(tmp_path):
@@ -282,3 +292,29 @@ def test_a_second_coordinator_on_one_sqlite_file_is_refused(tmp_path):
     again.release()
     assert SingleInstanceLock("postgresql+psycopg://u@h/db").path is None
     assert SingleInstanceLock("sqlite://").path is None
+
+
+def test_an_agent_silent_with_its_dead_replica_gets_time_to_move_before_it_is_lost(two):
+    first, _ = two
+    moving = add_agent(first, "moving-agent")
+    silent = add_agent(first, "silent-agent")
+    now = utcnow()
+    with first.write() as session:
+        replicas.beat(session, identity("dead"), 1, [], now - timedelta(seconds=5))  # killed 5 s ago
+        replicas.beat(session, identity("live"), 1, [], now)
+        replicas.claim_stream(session, moving, "dead")
+        replicas.claim_stream(session, silent, "live")
+        for agent_id in (moving, silent):
+            session.get(Agent, agent_id).online_until = now - timedelta(seconds=1)
+    with first.write() as session:
+        reconcile(session, backoff_base_s=1, default_startup_timeout_s=60, moving_grace_s=20, now=now)
+    with first.read() as session:
+        agent = session.get(Agent, moving)
+        assert agent.lost_at is None and agent.online_until > now + timedelta(seconds=19)
+        assert agent.stream_replica is None  # granted once
+        assert session.get(Agent, silent).lost_at == now  # its replica is alive: its silence is its own
+    later = now + timedelta(seconds=21)
+    with first.write() as session:
+        reconcile(session, backoff_base_s=1, default_startup_timeout_s=60, moving_grace_s=20, now=later)
+    with first.read() as session:
+        assert session.get(Agent, moving).lost_at == later  # it never said hello anywhere
