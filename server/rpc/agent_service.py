@@ -56,15 +56,23 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
     async def Register(
         self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext
     ) -> pb.RegisterResponse:
+        registration = convert.registration(request)
+        presented = presented_credential(context.invocation_metadata())
+        known = await self._read(agent_auth.known_registration, registration, presented)
+        if known is not None:  # a reconnect: nothing changed, nothing to write
+            return self._registered(known, "")
         agent, credential = await self._write(
             self._admit,
-            convert.registration(request),
-            credential=presented_credential(context.invocation_metadata()),
+            registration,
+            credential=presented,
             join_token=request.join_token,
             bootstrap_join_token=self.settings.join_token.get_secret_value(),
             timeout_s=self.settings.agent_timeout_s,
             held=frozenset(self.wiring.hub.connected()),
         )
+        return self._registered(agent, credential)
+
+    def _registered(self, agent: Any, credential: str) -> pb.RegisterResponse:
         log.info(
             "agent %s %s (%s, %d devices)",
             agent.name,

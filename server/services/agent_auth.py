@@ -17,7 +17,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from server.db.models import Agent, Job, Task
-from server.errors import Forbidden, InvalidInput, NotFound, Unauthenticated
+from server.errors import DomainError, Forbidden, InvalidInput, NotFound, Unauthenticated
+from server.observability.instruments import count_registration
 from server.services import files
 from server.services.agents import Registration, register_agent, validate_registration
 from server.services.bundles import bundle_path
@@ -95,6 +96,45 @@ def authenticate_agent(session: Session, credential: str) -> str:
     if agent is None:
         raise Unauthenticated("the credential names an agent this coordinator does not know: register again")
     return agent.id
+
+
+def known_registration(session: Session, reg: Registration, credential: str) -> Agent | None:
+    """The agent `credential` proves when it registers again exactly as it is on record and is not lost
+    (a reconnect after a replica died, or after a coordinator restart): nothing to write, and its hello,
+    which follows at once, marks it alive. None: register it for real (admit_agent), which also gives
+    every refusal its proper error. With replicas, a failover's hundreds of reconnects each save one
+    serialised write this way."""
+    if not credential:
+        return None
+    validate_registration(reg)
+    try:
+        agent = _verified(session, credential)
+    except DomainError:
+        return None
+    if agent is None or agent.name != reg.name or agent.lost_at is not None:
+        return None
+    on_record = (
+        agent.hostname,
+        agent.advertise_address,
+        agent.port_low,
+        agent.port_high,
+        agent.devices,
+        agent.version,
+        agent.task_isolation,
+    )
+    wanted = (
+        reg.hostname,
+        reg.advertise_address,
+        reg.port_low,
+        reg.port_high,
+        reg.devices,
+        reg.version,
+        reg.task_isolation,
+    )
+    if on_record != wanted:
+        return None
+    count_registration(session)
+    return agent
 
 
 def admit_agent(
