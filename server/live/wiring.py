@@ -15,6 +15,7 @@ from server.db.engine import Database
 from server.live.agent_notify import Doorbell
 from server.live.device_ingest import DeviceTelemetryWriter
 from server.live.hang_detector import HangDetector
+from server.live.hello_writer import HelloWriter
 from server.live.hub import AgentHub
 from server.live.ingest import TelemetryWriter
 from server.live.liveness import Liveness
@@ -37,6 +38,7 @@ class Wiring:
     loops: BackgroundLoops
     progress: TaskProgress  # hang detection's clock, fed by the telemetry writer
     telemetry: TelemetryWriter
+    hellos: HelloWriter  # the agents' hellos, several to a transaction
     devices: DeviceTelemetryWriter  # also holds the newest device samples, for server/api/devices.py
     stacks: StackCollector  # stack dump requests waiting for the agents' answers
     hangs: HangDetector
@@ -58,6 +60,7 @@ class Wiring:
         self.doorbell.start()
         self.hub.start()
         self.telemetry.start()
+        self.hellos.start()
         self.devices.start()
         self.loops.start()
         self.hangs.start()
@@ -66,6 +69,7 @@ class Wiring:
         """Stops what `start` started; the database stays open (its owner disposes of it)."""
         await self.hangs.stop()
         await self.telemetry.stop()
+        await self.hellos.stop()
         await self.devices.stop()
         await self.hub.stop()
         await self.loops.stop()
@@ -98,6 +102,7 @@ def build_wiring(db: Database, settings: Settings, replica: ReplicaIdentity) -> 
         loops=loops,
         progress=progress,
         telemetry=telemetry,
+        hellos=HelloWriter(db, settings, replica.id, hub.wake, loops.poke),
         devices=DeviceTelemetryWriter(db, settings, passes),
         stacks=stacks,
         hangs=HangDetector(db, settings, stacks, progress, hub.wake, loops.poke, passes=passes),

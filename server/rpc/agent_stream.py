@@ -2,7 +2,8 @@
 
 Every message marks the agent alive in memory (server/live/liveness.py); a heartbeat is answered at once and
 writes nothing. Log and metric batches go through the shared telemetry writer (server/live/ingest.py)
-and are acknowledged once committed. Hellos and task reports are one transaction each; the agents their
+and are acknowledged once committed; hellos through the shared hello writer (server/live/hello_writer.py).
+Task reports are one transaction each; the agents their
 changes give commands to are woken, and only those.
 
 A message that cannot be applied never ends the stream (which would make the agent reconnect and resend
@@ -135,17 +136,6 @@ class AgentStream:
         self.wiring.background.add(task)
         task.add_done_callback(self.wiring.background.discard)
 
-    def _hello(self, session: Any, reports: list[Any]) -> tuple[agent_messages.Replies, int]:
-        settings = self.settings
-        replies = agent_messages.accept_hello(
-            session,
-            self.agent_id,
-            reports,
-            timeout_s=settings.agent_timeout_s,
-            backoff_base_s=settings.restart_backoff_s,
-        )
-        return replies, replicas.claim_stream(session, self.agent_id, self.wiring.replica.id)
-
     async def _read(self) -> None:
         while True:
             message = await self.context.read()
@@ -178,8 +168,9 @@ class AgentStream:
                 )
             reports = [r for r in map(convert.task_report, message.hello.tasks) if r is not None]
             try:
-                (answer, self.epoch), targets = await self._write_tracked(self._hello, reports)
-                replies = (answer, targets)
+                # Applied with the hellos of other streams that came at the same time (a failover).
+                answer, self.epoch = await wiring.hellos.submit(self.agent_id, reports)
+                replies = (answer, set[str]())  # the writer woke the agents its transaction gave commands to
             finally:
                 # Commands flow once the agent said what it already runs, even after a hello that failed.
                 self.sent_starts.clear()
