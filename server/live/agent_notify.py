@@ -25,6 +25,7 @@ from sqlalchemy.engine import make_url
 
 from mwms.loop import Backoff
 from server.db.engine import Database
+from server.services import replicas
 
 log = logging.getLogger("mwms.server.notify")
 CHANNEL = "mwms_wake"
@@ -52,9 +53,12 @@ def payloads(kind: str, items: Iterable[str]) -> list[str]:
 class Doorbell:
     """Publishes rings and listens for the others' on one PostgreSQL database; inert on SQLite."""
 
-    def __init__(self, db: Database, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, db: Database, loop: asyncio.AbstractEventLoop, replica_id: str = "") -> None:
         self._db = db
         self._loop = loop
+        # The listener's connection names the replica (pg_stat_activity.application_name): PostgreSQL drops
+        # it the moment the replica dies, which is how the others tell at once (services/replicas.py).
+        self._application_name = replicas.application_name(replica_id) if replica_id else "mwms-listener"
         self.enabled = db.is_postgres
         self._handlers: dict[str, Callable[[list[str]], None]] = {}
         self._on_reconnect: list[Callable[[], None]] = []
@@ -116,7 +120,12 @@ class Doorbell:
         first = True
         while not self._stop.is_set():
             try:
-                with psycopg.connect(self._conninfo(), autocommit=True, connect_timeout=5) as connection:
+                with psycopg.connect(
+                    self._conninfo(),
+                    autocommit=True,
+                    connect_timeout=5,
+                    application_name=self._application_name,
+                ) as connection:
                     connection.execute(f"LISTEN {CHANNEL}")
                     self.listening.set()
                     backoff.reset()

@@ -81,7 +81,7 @@ class Wiring:
 def build_wiring(db: Database, settings: Settings, replica: ReplicaIdentity) -> Wiring:
     """The coordinator's machinery for `db` and `settings`, not started; call inside the running loop."""
     loop = asyncio.get_running_loop()
-    doorbell = Doorbell(db, loop)
+    doorbell = Doorbell(db, loop, replica.id)
     hub = AgentHub(loop, db, replica_id=replica.id, doorbell=doorbell)
     doorbell.on("agents", hub.wake_local)
     doorbell.on_reconnect(lambda: hub.wake_local(["*"]))

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.selectable import ScalarSelect
 
@@ -24,6 +24,7 @@ REPLICA_TIMEOUT_S = 10.0
 # Its streams are trusted for placement, and its agents' silence taken as their own, only while its beats
 # are this fresh: a killed replica's agents are moving, so nothing waits on them and none counts as lost.
 REPLICA_FRESH_S = 3.0
+APPLICATION_PREFIX = "mwms-replica-"
 # Rows of replicas gone this long are deleted.
 FORGET_AFTER = timedelta(days=7)
 SERVE_ROLES = ("api", "agents", "both")
@@ -113,27 +114,44 @@ def others_alive(session: Session, me: str, now: datetime | None = None) -> int:
     )
 
 
-def _fresh_replicas(me: str, now: datetime) -> ScalarSelect[str]:
-    return (
-        select(Replica.id)
-        .where(
-            Replica.id != me,
-            Replica.stopped_at.is_(None),
-            Replica.seen_at >= now - timedelta(seconds=REPLICA_FRESH_S),
-        )
-        .scalar_subquery()
+def application_name(replica_id: str) -> str:
+    """What a replica's listening connection calls itself in pg_stat_activity (server/live/agent_notify.py)."""
+    return f"{APPLICATION_PREFIX}{replica_id}"
+
+
+def connected_replicas(session: Session) -> frozenset[str]:
+    """The replicas whose listening connection PostgreSQL holds now: a killed replica's ends with its
+    process, before its beats have had time to age (empty on SQLite, or where nobody listens)."""
+    if session.get_bind().dialect.name != "postgresql":
+        return frozenset()
+    names = session.scalars(
+        text("SELECT application_name FROM pg_stat_activity WHERE application_name LIKE :prefix"),
+        {"prefix": APPLICATION_PREFIX + "%"},
+    ).all()
+    return frozenset(name[len(APPLICATION_PREFIX) :] for name in names)
+
+
+def _fresh_replicas(me: str, now: datetime, connected: frozenset[str] | None = None) -> ScalarSelect[str]:
+    query = select(Replica.id).where(
+        Replica.id != me,
+        Replica.stopped_at.is_(None),
+        Replica.seen_at >= now - timedelta(seconds=REPLICA_FRESH_S),
     )
+    if connected is not None:
+        query = query.where(Replica.id.in_(connected))
+    return query.scalar_subquery()
 
 
 def streams_elsewhere(session: Session, me: str, now: datetime | None = None) -> frozenset[str]:
-    """Agents whose stream another replica holds, one beating now: they take commands there (the
-    scheduler's offer)."""
+    """Agents whose stream another replica holds, one beating now and, where this replica's own listening
+    connection shows the database can tell, still connected to it: they take commands there (the
+    scheduler's offer). A killed replica's agents are left out at once; they are on their way elsewhere."""
     now = now or utcnow()
+    connected = connected_replicas(session)
+    fresh = _fresh_replicas(me, now, connected if me in connected else None)
     return frozenset(
         session.scalars(
-            select(Agent.id).where(
-                Agent.stream_replica.in_(_fresh_replicas(me, now)), Agent.removed_at.is_(None)
-            )
+            select(Agent.id).where(Agent.stream_replica.in_(fresh), Agent.removed_at.is_(None))
         ).all()
     )
 

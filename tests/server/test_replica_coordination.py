@@ -318,3 +318,36 @@ def test_an_agent_silent_with_its_dead_replica_gets_time_to_move_before_it_is_lo
         reconcile(session, backoff_base_s=1, default_startup_timeout_s=60, moving_grace_s=20, now=later)
     with first.read() as session:
         assert session.get(Agent, moving).lost_at == later  # it never said hello anywhere
+
+
+def test_a_replica_whose_connection_is_gone_offers_no_agents_even_while_its_beats_are_fresh(two):
+    """PostgreSQL drops a killed replica's listening connection at once; its last beat is still fresh."""
+    first, second = two
+    on_b = add_agent(first, "on-b")
+    now = utcnow()
+    with first.write() as session:
+        replicas.beat(session, identity("a"), 0, [], now)
+        replicas.beat(session, identity("b"), 1, [], now)
+        replicas.claim_stream(session, on_b, "b")
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        mine, theirs = Doorbell(first, loop, "a"), Doorbell(second, loop, "b")
+        for bell in (mine, theirs):
+            bell.start()
+        try:
+            for bell in (mine, theirs):
+                await asyncio.to_thread(bell.listening.wait, 10)
+            with first.read() as session:
+                assert replicas.connected_replicas(session) >= {"a", "b"}
+                assert replicas.streams_elsewhere(session, "a", now) == frozenset({on_b})
+            await theirs.stop()  # as a kill -9 would end it
+            with first.read() as session:
+                assert "b" not in replicas.connected_replicas(session)
+                assert replicas.streams_elsewhere(session, "a", now) == frozenset()
+                # Where the database cannot tell (this replica does not listen), the beats decide.
+                assert replicas.streams_elsewhere(session, "c", now) == frozenset({on_b})
+        finally:
+            await mine.stop()
+
+    asyncio.run(scenario())
