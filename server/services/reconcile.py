@@ -34,12 +34,17 @@ def reconcile(
 ) -> None:
     """One pass over everything time can change.
 
-    `moving_grace_s`: an agent gone silent because the replica holding its stream died is moving to
-    another replica: it gets this long to say hello there before it counts as lost (once per death)."""
+    An agent whose liveness ran out is judged from the replica holding its stream
+    (replicas.silence_verdict): lost, not known yet (that replica has not flushed since), or moving
+    because that replica died; a moving agent gets `moving_grace_s` to say hello to another replica
+    before it counts as lost (once per death)."""
     now = now or utcnow()
     for agent in newly_lost_agents(session, now):
         with isolated(session, log, "reconcile_agent", agent.id, f"lost agent {agent.name} ({agent.id})"):
-            if moving_grace_s > 0 and replicas.holder_gone(session, agent, now):
+            verdict = replicas.silence_verdict(session, agent, now)
+            if verdict == "wait":
+                continue  # its replica has not written what it heard since: the next pass knows
+            if verdict == "moving" and moving_grace_s > 0:
                 log.info(
                     "agent %s went silent with its replica %s: %g s to reconnect to another before it is lost",
                     agent.name,

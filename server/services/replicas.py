@@ -90,7 +90,7 @@ def beat(
 
 def stop(session: Session, me: ReplicaIdentity, now: datetime | None = None) -> None:
     """A clean stop: the replica is gone at once (no timeout to wait), and so are the streams it held;
-    their agents move to another replica with the grace of a replica's death (`holder_gone`)."""
+    their agents move to another replica with the grace of a replica's death (`silence_verdict`)."""
     now = now or utcnow()
     session.execute(
         update(Replica).where(Replica.id == me.id).values(stopped_at=now, agents_held=0, loops=[])
@@ -169,16 +169,26 @@ def name_streaming_elsewhere(
     )
 
 
-def holder_gone(session: Session, agent: Agent, now: datetime | None = None) -> bool:
-    """Whether the agent's stream was held by a replica that stopped or stopped beating: the agent's
-    silence is its replica's, and it is on its way to another."""
+def silence_verdict(session: Session, agent: Agent, now: datetime | None = None) -> str:
+    """What an agent's expired liveness means, judged from the replica holding its stream:
+
+    - "moving": that replica stopped or stopped beating; the agent is on its way to another;
+    - "wait": that replica beats, but has not written what it heard since the agent's liveness ran out
+      (its flush waits for the writer lock): its silence is not known yet;
+    - "lost": no replica holds its stream, or the one holding it wrote its liveness since and had not
+      heard from it.
+    """
     if agent.stream_replica is None:
-        return False
+        return "lost"
     now = now or utcnow()
     replica = session.get(Replica, agent.stream_replica)
     if replica is None or replica.stopped_at is not None:
-        return True
-    return replica.seen_at < now - timedelta(seconds=REPLICA_FRESH_S)
+        return "moving"
+    if replica.seen_at < now - timedelta(seconds=REPLICA_FRESH_S):
+        return "moving"
+    if agent.online_until is not None and replica.seen_at <= agent.online_until:
+        return "wait"
+    return "lost"
 
 
 def claim_stream(session: Session, agent_id: str, me: str) -> int:

@@ -7,8 +7,8 @@ engine. Timings are the benchmark's business (bench/jobs_at_volume.py), not thes
 from __future__ import annotations
 
 import hashlib
-import threading
 import math
+import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass

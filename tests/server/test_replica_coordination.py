@@ -267,14 +267,14 @@ def test_replicas_alive_and_the_streams_they_hold(two):
     with first.read() as session:
         assert replicas.name_streaming_elsewhere(session, "a", "held-elsewhere", now) == frozenset({held})
         assert replicas.name_streaming_elsewhere(session, "a", "held-by-the-dead", now) == frozenset()
-        assert replicas.holder_gone(session, session.get(Agent, orphan), now)
-        assert not replicas.holder_gone(session, session.get(Agent, held), now)
+        assert replicas.silence_verdict(session, session.get(Agent, orphan), now) == "moving"
+        assert replicas.silence_verdict(session, session.get(Agent, held), now) != "moving"
     with first.write() as session:
         replicas.stop(session, identity("b"))
     with first.read() as session:
         assert replicas.others_alive(session, "a", now) == 1  # "stale": alive, not fresh
         assert replicas.streams_elsewhere(session, "a", now) == frozenset()
-        assert replicas.holder_gone(session, session.get(Agent, held), now)  # its agent is moving
+        assert replicas.silence_verdict(session, session.get(Agent, held), now) == "moving"
 
 
 def test_a_second_coordinator_on_one_sqlite_file_is_refused(tmp_path):
@@ -298,13 +298,16 @@ def test_an_agent_silent_with_its_dead_replica_gets_time_to_move_before_it_is_lo
     first, _ = two
     moving = add_agent(first, "moving-agent")
     silent = add_agent(first, "silent-agent")
+    unknown = add_agent(first, "not-known-yet")
     now = utcnow()
     with first.write() as session:
         replicas.beat(session, identity("dead"), 1, [], now - timedelta(seconds=5))  # killed 5 s ago
         replicas.beat(session, identity("live"), 1, [], now)
+        replicas.beat(session, identity("slow"), 1, [], now - timedelta(seconds=2))  # its flush waits
         replicas.claim_stream(session, moving, "dead")
         replicas.claim_stream(session, silent, "live")
-        for agent_id in (moving, silent):
+        replicas.claim_stream(session, unknown, "slow")
+        for agent_id in (moving, silent, unknown):
             session.get(Agent, agent_id).online_until = now - timedelta(seconds=1)
     with first.write() as session:
         reconcile(session, backoff_base_s=1, default_startup_timeout_s=60, moving_grace_s=20, now=now)
@@ -312,7 +315,9 @@ def test_an_agent_silent_with_its_dead_replica_gets_time_to_move_before_it_is_lo
         agent = session.get(Agent, moving)
         assert agent.lost_at is None and agent.online_until > now + timedelta(seconds=19)
         assert agent.stream_replica is None  # granted once
-        assert session.get(Agent, silent).lost_at == now  # its replica is alive: its silence is its own
+        assert session.get(Agent, silent).lost_at == now  # its replica wrote since: its silence is its own
+        # Its replica beats but has not written what it heard since the agent ran out: not judged yet.
+        assert session.get(Agent, unknown).lost_at is None
     later = now + timedelta(seconds=21)
     with first.write() as session:
         reconcile(session, backoff_base_s=1, default_startup_timeout_s=60, moving_grace_s=20, now=later)
