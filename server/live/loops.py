@@ -104,7 +104,7 @@ class BackgroundLoops:
         progress) and its beat (or, `stopping`, that it stopped)."""
         seen = self.liveness.take()
         progressed = self.progress.take_changed()
-        held = self.hub.connected_count()
+        held = self.hub.connected()
         ran = self.passes.leads()
 
         def run() -> None:
@@ -114,7 +114,7 @@ class BackgroundLoops:
                 if stopping:
                     replicas.stop(session, self.replica)
                 else:
-                    replicas.beat(session, self.replica, held, ran)
+                    replicas.beat(session, self.replica, len(held), ran, streams=held)
 
         try:
             await asyncio.to_thread(run)

@@ -39,6 +39,12 @@ def reconcile(
     because that replica died; a moving agent gets `moving_grace_s` to say hello to another replica
     before it counts as lost (once per death)."""
     now = now or utcnow()
+    if moving_grace_s > 0:
+        moving = replicas.release_streams_of_the_dead(session, moving_grace_s, now)
+        if moving:
+            log.info(
+                "%d agent(s) of replicas that died are moving: %g s to reconnect", moving, moving_grace_s
+            )
     for agent in newly_lost_agents(session, now):
         with isolated(session, log, "reconcile_agent", agent.id, f"lost agent {agent.name} ({agent.id})"):
             verdict = replicas.silence_verdict(session, agent, now)

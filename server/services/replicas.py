@@ -10,6 +10,7 @@ decides that an agent is lost.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -25,6 +26,9 @@ REPLICA_TIMEOUT_S = 10.0
 # are this fresh: a killed replica's agents are moving, so nothing waits on them and none counts as lost.
 REPLICA_FRESH_S = 3.0
 APPLICATION_PREFIX = "mwms-replica-"
+# A replica beats about every second: one whose last beat is older than this has missed one.
+MISSED_BEAT_S = 1.5
+RECLAIM_CHUNK = 5000  # agent ids per statement (PostgreSQL takes 65,535 parameters)
 # Rows of replicas gone this long are deleted.
 FORGET_AFTER = timedelta(days=7)
 SERVE_ROLES = ("api", "agents", "both")
@@ -56,10 +60,25 @@ class ReplicaView(ReplicaIdentity):
 
 
 def beat(
-    session: Session, me: ReplicaIdentity, agents_held: int, loops: list[str], now: datetime | None = None
+    session: Session,
+    me: ReplicaIdentity,
+    agents_held: int,
+    loops: list[str],
+    now: datetime | None = None,
+    streams: Collection[str] = (),
 ) -> None:
-    """Writes that `me` is alive now, with the streams it holds and the loops it leads."""
+    """Writes that `me` is alive now, with the streams it holds and the loops it leads.
+
+    `streams`: the agents whose streams it holds; one that the database says holds none (released as a
+    dead replica's while this one only looked dead, release_streams_of_the_dead) is claimed back."""
     now = now or utcnow()
+    ids = sorted(streams) if session.get_bind().dialect.name == "postgresql" else []
+    for start in range(0, len(ids), RECLAIM_CHUNK):
+        session.execute(
+            update(Agent)
+            .where(Agent.id.in_(ids[start : start + RECLAIM_CHUNK]), Agent.stream_replica.is_(None))
+            .values(stream_replica=me.id)
+        )
     row = session.get(Replica, me.id)
     if row is None:
         session.add(
@@ -167,6 +186,42 @@ def name_streaming_elsewhere(
             select(Agent.id).where(Agent.name == name, Agent.stream_replica.in_(_fresh_replicas(me, now)))
         ).all()
     )
+
+
+def release_streams_of_the_dead(session: Session, grace_s: float, now: datetime | None = None) -> int:
+    """The agents whose streams a replica that died held (its listening connection gone from PostgreSQL,
+    or its beats stale, or a clean stop) are moving: each stays online `grace_s` more to say hello to
+    another replica, and holds no stream until it does. Returns how many; a cheap read when none died.
+
+    Run by the reconciler's leader every pass, so a moving agent never reads as offline or lost for as
+    long as a failover takes."""
+    now = now or utcnow()
+    held = session.execute(
+        select(Replica.id, Replica.stopped_at, Replica.seen_at).where(
+            Replica.id.in_(select(Agent.stream_replica).where(Agent.stream_replica.is_not(None)).distinct())
+        )
+    ).all()
+    connected = connected_replicas(session)
+    listening = bool(connected)  # somebody listens: the database can tell who is connected
+    stale = now - timedelta(seconds=REPLICA_FRESH_S)
+    late = now - timedelta(seconds=MISSED_BEAT_S)
+    # Killed: its connection is gone and it has missed a beat (a listener that only reconnects still beats).
+    dead = [
+        replica_id
+        for replica_id, stopped_at, seen_at in held
+        if stopped_at is not None
+        or seen_at < stale
+        or (listening and replica_id not in connected and seen_at < late)
+    ]
+    if not dead:
+        return 0
+    until = now + timedelta(seconds=grace_s)
+    moving = session.scalars(select(Agent).where(Agent.stream_replica.in_(dead))).all()
+    for agent in moving:
+        agent.stream_replica = None
+        if agent.removed_at is None and agent.lost_at is None:
+            agent.online_until = max(agent.online_until or now, until)
+    return len(moving)
 
 
 def silence_verdict(session: Session, agent: Agent, now: datetime | None = None) -> str:

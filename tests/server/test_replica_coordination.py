@@ -356,3 +356,29 @@ def test_a_replica_whose_connection_is_gone_offers_no_agents_even_while_its_beat
             await mine.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_dead_replicas_agents_are_moving_at_once_and_a_live_one_takes_its_streams_back(two):
+    first, _ = two
+    on_dead = add_agent(first, "on-dead")
+    on_live = add_agent(first, "on-live")
+    now = utcnow()
+    with first.write() as session:
+        replicas.beat(session, identity("dead"), 1, [], now - timedelta(seconds=replicas.REPLICA_FRESH_S + 1))
+        replicas.beat(session, identity("live"), 1, [], now)
+        replicas.claim_stream(session, on_dead, "dead")
+        replicas.claim_stream(session, on_live, "live")
+        for agent_id in (on_dead, on_live):
+            session.get(Agent, agent_id).online_until = now + timedelta(seconds=2)
+    with first.write() as session:
+        assert replicas.release_streams_of_the_dead(session, 20, now) == 1
+    with first.read() as session:
+        moving = session.get(Agent, on_dead)
+        assert moving.stream_replica is None and moving.online_until >= now + timedelta(seconds=20)
+        assert session.get(Agent, on_live).stream_replica == "live"
+    with first.write() as session:
+        assert replicas.release_streams_of_the_dead(session, 20, now) == 0  # once per death
+        # A replica that only looked dead and still holds the stream claims it back with its next beat.
+        replicas.beat(session, identity("live"), 2, [], now, streams={on_live, on_dead})
+    with first.read() as session:
+        assert session.get(Agent, on_dead).stream_replica == "live"
