@@ -39,6 +39,8 @@ HEARTBEAT_ACK = pb.CoordinatorMessage(ack=pb.Ack())
 # Log and metric batches of one stream (both kinds together) being stored at once; past it the reader waits
 # (backpressure on the agent), so one agent cannot queue unbounded work and memory on the coordinator.
 MAX_UNACKED_BATCHES = 32
+# While the reader waits for one of those slots, the agent is marked alive this often.
+SLOT_WAIT_BEAT_S = 1.0
 
 
 class AgentStream:
@@ -213,13 +215,24 @@ class AgentStream:
                 self.agent_id, message.metrics.task_id, points=convert.metric_points(message.metrics)
             )
         # Converted first: a batch that cannot be converted is refused without ever holding a slot.
-        await self._unacked_slots.acquire()
+        await self._wait_for_a_slot()
         try:
             store = self.wiring.telemetry.submit(batch)
         except BaseException:
             self._unacked_slots.release()
             raise
         self._unacked.put_nowait((message, body, store))
+
+    async def _wait_for_a_slot(self) -> None:
+        """Waits for one of the stream's MAX_UNACKED_BATCHES slots. Meanwhile nothing more is read from the
+        stream, its heartbeats included; the agent is waiting on this coordinator, not silent, so it is
+        kept alive while it waits (a slow writer, a busy database, must never make its agents lost)."""
+        while True:
+            try:
+                await asyncio.wait_for(self._unacked_slots.acquire(), timeout=SLOT_WAIT_BEAT_S)
+                return
+            except TimeoutError:
+                self.wiring.liveness.seen(self.agent_id)
 
     async def _acknowledge(self) -> None:
         """Acknowledges stored batches in the order they came; a batch that could not be stored is

@@ -106,3 +106,48 @@ def test_log_batches_wait_for_acknowledgements_as_metric_batches_do(held_back, k
     stream.send(heartbeat=pb.Heartbeat(sent_unix_ms=1764500000000))
     stream.next("ack", where=lambda a: not a.task_id)
     stream.close()
+
+
+@pytest.fixture
+def held_back_short_timeout(tmp_path: Path) -> Iterator[tuple[Coordinator, threading.Event, list[Any]]]:
+    """The same, with a 2 s agent timeout: a reader waiting on the writer must not age its agent into lost."""
+    with ExitStack() as stack:
+        settings = Settings(
+            data_dir=tmp_path / "coordinator",
+            grpc_port=0,
+            join_token=JOIN_TOKEN,
+            admin_token=ADMIN_TOKEN,
+            agent_timeout_s=2,
+        )
+        coordinator = Coordinator.start(stack, settings, admin_token=ADMIN_TOKEN)
+        writer = coordinator.app.state.wiring.telemetry
+        release = threading.Event()
+        stack.callback(release.set)
+        store = writer._write
+
+        def held_store(batches: list[Any]) -> Any:
+            release.wait(30)
+            return store(batches)
+
+        writer._write = held_store
+        yield coordinator, release, []
+
+
+def test_an_agent_whose_stream_waits_on_a_slow_writer_stays_alive(held_back_short_timeout) -> None:
+    """Found by bench/replicas.py's kill storm: agents streaming metrics on a replica whose writer lagged were
+    marked lost, their heartbeats unread behind the backpressure, while the replica itself beat on."""
+    from server.db.models import Agent
+
+    coordinator, release, _ = held_back_short_timeout
+    agent_id, stream = coordinator.join("patient-agent")
+    task = coordinator.running_job(agent_id)
+    hello(stream, agent_id, task)
+    for i in range(MAX_UNACKED_BATCHES + 5):
+        stream.send(metrics=pb.MetricBatch(task_id=task.id, points=[point(i + 1, i, float(i))]))
+    time.sleep(4)  # twice the agent timeout, the reader blocked on the writer all along
+    with coordinator.db.read() as session:
+        agent = session.get(Agent, agent_id)
+        assert agent.lost_at is None, "marked lost while it waited on the coordinator"
+    release.set()
+    stream.next("ack", where=lambda a: a.metric_seq == MAX_UNACKED_BATCHES + 5)
+    stream.close()
