@@ -39,7 +39,10 @@ HEARTBEAT_ACK = pb.CoordinatorMessage(ack=pb.Ack())
 # Log and metric batches of one stream (both kinds together) being stored at once; past it the reader waits
 # (backpressure on the agent), so one agent cannot queue unbounded work and memory on the coordinator.
 MAX_UNACKED_BATCHES = 32
-# While the reader waits for one of those slots, the agent is marked alive this often.
+# Messages read and waiting to be applied, per stream; past it the reader waits.
+MAX_PENDING_MESSAGES = 64
+# While the reader waits (for a slot, or for room among the pending messages), the agent is marked alive
+# this often.
 SLOT_WAIT_BEAT_S = 1.0
 
 
@@ -63,6 +66,8 @@ class AgentStream:
             asyncio.Queue()
         )
         self._unacked_slots = asyncio.Semaphore(MAX_UNACKED_BATCHES)
+        # Messages read and not applied yet (all but heartbeats, which the reader answers itself).
+        self._pending: asyncio.Queue[pb.AgentMessage | None] = asyncio.Queue(MAX_PENDING_MESSAGES)
         self._closed = asyncio.Event()
         self._close_reason = ""
         self._close_code = grpc.StatusCode.UNAUTHENTICATED
@@ -139,14 +144,50 @@ class AgentStream:
         task.add_done_callback(self.wiring.background.discard)
 
     async def _read(self) -> None:
+        """Reads the stream and answers heartbeats at once; every other message is applied in order by
+        `_work`, so a heartbeat (and the agent's liveness) never waits behind a write that waits for the
+        database, however busy its writer lock is across the replicas."""
+        reading = asyncio.create_task(self._read_messages())
+        working = asyncio.create_task(self._work())
+        try:
+            done, _ = await asyncio.wait({reading, working}, return_when=asyncio.FIRST_COMPLETED)
+            if working in done:
+                working.result()  # a message the stream cannot outlive (a refused credential, the database)
+            reading.result()  # the agent ended the stream: what it sent before is applied first
+            await working
+        finally:
+            for task in (reading, working):
+                task.cancel()
+            await asyncio.gather(reading, working, return_exceptions=True)
+
+    async def _read_messages(self) -> None:
         while True:
             message = await self.context.read()
             if message is grpc.aio.EOF:
-                return
+                break
             if not self.wiring.hub.is_current(self.agent_id, self):
                 log.warning("agent %s opened a newer stream; closing this one", self.agent_id)
-                return
+                break
             self.wiring.liveness.seen(self.agent_id)  # any message proves the agent alive
+            if message.WhichOneof("body") == "heartbeat":
+                await self.send(HEARTBEAT_ACK)  # lets the agent tell a live stream from a dead one
+                observe_heartbeat_round_trip(message.heartbeat.last_round_trip_ms)
+                continue
+            await self._queue_for_work(message)
+        await self._queue_for_work(None)
+
+    async def _queue_for_work(self, message: pb.AgentMessage | None) -> None:
+        """Hands a message to `_work`; while MAX_PENDING_MESSAGES wait, the reader waits too (backpressure
+        on the agent), and the agent, waiting on this coordinator rather than silent, is kept alive."""
+        while True:
+            try:
+                await asyncio.wait_for(self._pending.put(message), timeout=SLOT_WAIT_BEAT_S)
+                return
+            except TimeoutError:
+                self.wiring.liveness.seen(self.agent_id)
+
+    async def _work(self) -> None:
+        while (message := await self._pending.get()) is not None:
             body = message.WhichOneof("body")
             try:
                 await self._apply(message, body)
@@ -160,10 +201,7 @@ class AgentStream:
     async def _apply(self, message: pb.AgentMessage, body: str | None) -> None:
         settings = self.settings
         wiring = self.wiring
-        if body == "heartbeat":
-            await self.send(HEARTBEAT_ACK)  # lets the agent tell a live stream from a dead one
-            observe_heartbeat_round_trip(message.heartbeat.last_round_trip_ms)
-        elif body == "hello":
+        if body == "hello":
             if message.hello.agent_id and message.hello.agent_id != self.agent_id:
                 log.warning(
                     "agent %s says hello as %r; its credential decides", self.agent_id, message.hello.agent_id
