@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from server.db.engine import Database
+from server.live import outcomes as outcomes_of
 from server.poison import is_transient
 from server.services import agent_messages, replicas
 from server.services.command_targets import track_command_targets
@@ -82,22 +83,13 @@ class HelloWriter:
             try:
                 outcomes, targets = await asyncio.to_thread(self._write, group)
             except asyncio.CancelledError:
-                for queued in group:
-                    queued.done.cancel()
+                outcomes_of.cancel(q.done for q in group)
                 raise
             except Exception as error:  # noqa: BLE001 - each stream decides (a transient error ends it)
-                for queued in group:
-                    if not queued.done.done():
-                        queued.done.set_exception(error)
+                outcomes_of.fail((q.done for q in group), error)
                 continue
             self.transactions += 1
-            for queued, outcome in zip(group, outcomes, strict=True):
-                if queued.done.done():
-                    continue
-                if isinstance(outcome, BaseException):
-                    queued.done.set_exception(outcome)
-                else:
-                    queued.done.set_result(outcome)
+            outcomes_of.settle([q.done for q in group], outcomes)
             if any(not isinstance(o, BaseException) and o[0].changed for o in outcomes):
                 self._on_change()
             if targets:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from server.db.engine import Database
+from server.live import outcomes as outcomes_of
 from server.live.task_progress import TaskProgress
 from server.observability.instruments import count_ingested
 from server.services.agent_messages import TelemetryBatch, accept_telemetry
@@ -98,13 +99,10 @@ class TelemetryWriter:
             try:
                 outcomes, targets, held_s = await asyncio.to_thread(self._write, [q.batch for q in group])
             except asyncio.CancelledError:
-                for queued in group:
-                    queued.done.cancel()
+                outcomes_of.cancel(q.done for q in group)
                 raise
             except Exception as error:  # noqa: BLE001 - each stream decides (a transient error ends it)
-                for queued in group:
-                    if not queued.done.done():
-                        queued.done.set_exception(error)
+                outcomes_of.fail((q.done for q in group), error)
                 continue
             self.transactions += 1
             self._items_cap = items_per_transaction(items, held_s)
@@ -115,13 +113,7 @@ class TelemetryWriter:
                     if isinstance(o, StoreOutcome) and q.size
                 )
             _count_ingested(group, outcomes)
-            for queued, outcome in zip(group, outcomes, strict=True):
-                if queued.done.done():
-                    continue
-                if isinstance(outcome, Exception):
-                    queued.done.set_exception(outcome)
-                else:
-                    queued.done.set_result(outcome)
+            outcomes_of.settle([q.done for q in group], outcomes)
             if any(isinstance(o, StoreOutcome) and o.changed for o in outcomes):
                 self._on_change()
             if targets:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +24,10 @@ from server.settings import Settings
 from cluster import wait_until
 
 
-@pytest.fixture
-def held_back(tmp_path: Path) -> Iterator[tuple[Coordinator, threading.Event, list[Any]]]:
+@contextmanager
+def coordinator_held_back(
+    tmp_path: Path, agent_timeout_s: float
+) -> Iterator[tuple[Coordinator, threading.Event, list[Any]]]:
     """A coordinator whose telemetry writer stores nothing until the event is set; and what was submitted."""
     with ExitStack() as stack:
         settings = Settings(
@@ -33,7 +35,7 @@ def held_back(tmp_path: Path) -> Iterator[tuple[Coordinator, threading.Event, li
             grpc_port=0,
             join_token=JOIN_TOKEN,
             admin_token=ADMIN_TOKEN,
-            agent_timeout_s=300,
+            agent_timeout_s=agent_timeout_s,
         )
         coordinator = Coordinator.start(stack, settings, admin_token=ADMIN_TOKEN)
         writer = coordinator.app.state.wiring.telemetry
@@ -52,6 +54,12 @@ def held_back(tmp_path: Path) -> Iterator[tuple[Coordinator, threading.Event, li
 
         writer._write, writer.submit = held_store, counted_submit
         yield coordinator, release, submitted
+
+
+@pytest.fixture
+def held_back(tmp_path: Path) -> Iterator[tuple[Coordinator, threading.Event, list[Any]]]:
+    with coordinator_held_back(tmp_path, agent_timeout_s=300) as held:
+        yield held
 
 
 def log_batch(task_id: str, first: int, count: int) -> pb.LogBatch:
@@ -110,27 +118,9 @@ def test_log_batches_wait_for_acknowledgements_as_metric_batches_do(held_back, k
 
 @pytest.fixture
 def held_back_short_timeout(tmp_path: Path) -> Iterator[tuple[Coordinator, threading.Event, list[Any]]]:
-    """The same, with a 2 s agent timeout: a reader waiting on the writer must not age its agent into lost."""
-    with ExitStack() as stack:
-        settings = Settings(
-            data_dir=tmp_path / "coordinator",
-            grpc_port=0,
-            join_token=JOIN_TOKEN,
-            admin_token=ADMIN_TOKEN,
-            agent_timeout_s=2,
-        )
-        coordinator = Coordinator.start(stack, settings, admin_token=ADMIN_TOKEN)
-        writer = coordinator.app.state.wiring.telemetry
-        release = threading.Event()
-        stack.callback(release.set)
-        store = writer._write
-
-        def held_store(batches: list[Any]) -> Any:
-            release.wait(30)
-            return store(batches)
-
-        writer._write = held_store
-        yield coordinator, release, []
+    """The same with a 2 s agent timeout: a reader waiting on the writer must not age its agent into lost."""
+    with coordinator_held_back(tmp_path, agent_timeout_s=2) as held:
+        yield held
 
 
 def test_an_agent_whose_stream_waits_on_a_slow_writer_stays_alive(held_back_short_timeout) -> None:
