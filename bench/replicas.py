@@ -267,6 +267,10 @@ class LossWatch:
         return {
             "agents_offline_max": max(offline, default=None),
             "offline_polls": len(offline),
+            # When agents read offline (seconds into the window) and how many: to tell which window it is.
+            "offline_at_s": [
+                (round(at - since, 1), n) for at, n in self.offline if since <= at <= until and n
+            ],
             "agents_lost_at_set": max(lost, default=None),
             "lost_at_polls": len(lost),
         }
@@ -667,6 +671,7 @@ async def scenario_kill_storm(
     results = {
         "kills_done": len(victims),
         "killed": victims,
+        "killed_at_s": [round(killed_at - started, 1) for killed_at, _ in moved],
         "storm_s": round(storm_s, 1),
         "restart_s_max": round(max(restart_times, default=0), 2),
         "jobs": jobs,
