@@ -47,6 +47,10 @@ def test_roles_and_ownership(cluster):
     upload = viewer.post("/api/v1/bundles", files={"file": ("b.tar.gz", pack({"x.py": "1"}))})
     assert upload.status_code == 403
     assert viewer.get("/api/v1/tokens").status_code == 403
+    # The replicas list names every coordinator's hosts and ports: admins only.
+    assert viewer.get("/api/v1/replicas").status_code == 403
+    assert alice.get("/api/v1/replicas").status_code == 403
+    assert cluster.http.get("/api/v1/replicas").status_code == 200
     assert alice.post("/api/v1/tokens", json={"user": "alice", "role": "admin"}).status_code == 403
     assert cluster.http.get("/api/v1/jobs").json()["total"] == total  # nothing was created
 
