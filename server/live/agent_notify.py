@@ -65,8 +65,6 @@ class Doorbell:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.listening = threading.Event()  # set while LISTEN is in place
-        self.rings_sent = 0
-        self.rings_heard = 0
 
     def on(self, kind: str, handler: Callable[[list[str]], None]) -> None:
         """Calls `handler(items)` in the event loop for every ring of `kind` ("*" stays an item)."""
@@ -92,7 +90,6 @@ class Doorbell:
 
         try:
             await asyncio.to_thread(send)
-            self.rings_sent += len(messages)
         except Exception as error:  # noqa: BLE001 - the sweep delivers what a lost ring did not
             log.warning(
                 "could not ring the other replicas (%s); their sweep delivers it", type(error).__name__
@@ -151,6 +148,5 @@ class Doorbell:
         handler = self._handlers.get(kind)
         if handler is None or not rest:
             return
-        self.rings_heard += 1
         items = rest.split(",")
         self._loop.call_soon_threadsafe(handler, items)

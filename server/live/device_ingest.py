@@ -33,7 +33,7 @@ class DeviceTelemetryWriter:
     def __init__(self, db: Database, settings: Settings, passes: PassLocks | None = None) -> None:
         self._db = db
         self._settings = settings
-        self._passes = passes  # the purge runs on the replica leading "device-retention"
+        self._passes = passes or PassLocks(db)  # the purge runs on the replica leading "device-retention"
         self.latest = LatestSamples()
         self._rows: list[dict[str, object]] = []
         # The registered GPU indices of each agent, read once per stream (a new registration opens a new one).
@@ -51,10 +51,7 @@ class DeviceTelemetryWriter:
         ]
 
     async def _purge_once(self) -> None:
-        if self._passes is None:
-            await self.purge()
-        else:
-            await self._passes.run("device-retention", self.purge)
+        await self._passes.run("device-retention", self.purge)
 
     async def stop(self) -> None:
         for task in self._tasks:

@@ -53,7 +53,7 @@ class HangDetector:
         clock: Callable[[], datetime] = utcnow,
         passes: PassLocks | None = None,
     ) -> None:
-        self._passes = passes
+        self._passes = passes or PassLocks(db)
         self._db = db
         self._settings = settings
         self._stacks = stacks
@@ -69,10 +69,7 @@ class HangDetector:
         self._runner = asyncio.create_task(run_every_async(CHECK_INTERVAL_S, self._check_once, logger=log))
 
     async def _check_once(self) -> None:
-        if self._passes is None:
-            await self.check()
-        else:
-            await self._passes.run("hang-detection", self.check)
+        await self._passes.run("hang-detection", self.check)
 
     async def stop(self) -> None:
         if self._runner is not None:

@@ -1,11 +1,13 @@
 """Coordinator replicas on one database: each one's beat, which agent streams each holds, who is alive.
 
 Every replica writes its row about once a second (`beat`, from server/live/loops.py); one not seen for
-REPLICA_TIMEOUT_S is gone, and so are the streams it held. An agent's stream belongs to the replica that
-accepted its newest hello (`claim_stream`, one more epoch each time): only that replica delivers the
-agent's commands, and a replica whose stream is older closes it (server/live/hub.py). Liveness of agents
-stays in `agents.online_until`, which every replica writes for the agents it hears from; nothing here
-decides that an agent is lost.
+REPLICA_TIMEOUT_S is listed as gone. An agent's stream belongs to the replica that accepted its newest hello
+(`claim_stream`, one more epoch each time): only that replica delivers the agent's commands, and a replica
+whose stream is older closes it (server/live/hub.py). A replica's streams count for placement only while it
+beats within REPLICA_FRESH_S and, where the database can tell, its listening connection is still there
+(`connected_replicas`); when it dies, its agents are moving (`release_streams_of_the_dead`). Liveness of
+agents stays in `agents.online_until`, which every replica writes for the agents it hears from;
+`silence_verdict` says what an agent's expired liveness means.
 """
 
 from __future__ import annotations
