@@ -21,8 +21,9 @@ Three replicas ("both"), N agents spread over them, one after another:
 Then, each on a fresh database, the same load on two set-ups:
   roles_split         one `--serve agents` replica holding every agent, one `--serve api` replica where ten
                       clients poll /agents, /jobs, /overview and /queue every 2 s each (as the dashboard
-                      does), 50 tasks streaming points and lines as fast as acks allow: heartbeat round
-                      trips on the agents-only replica.
+                      does, in a process of their own), 50 tasks streaming points and lines as fast as acks
+                      allow (on 50 of the agents, simulated in another process): heartbeat round trips on
+                      the agents-only replica.
   single_replica      the same on one `--serve both` replica (recorded, for comparison).
 "Lost" is watched throughout: GET /api/v1/agents through a live API replica every 2 s (agents offline) and
 `agents.lost_at` in the database every second.
@@ -47,7 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -213,10 +214,10 @@ class LossWatch:
     """Agents offline (GET /api/v1/agents through a live API replica, every 2 s) and agents with
     `lost_at` set (the database, every second), as samples over time."""
 
-    def __init__(self, plane: Plane, sim: Simulator) -> None:
+    def __init__(self, plane: Plane, names: set[str]) -> None:
         from sqlalchemy import create_engine
 
-        self.plane, self.sim = plane, sim
+        self.plane, self.names = plane, names
         self.engine = create_engine(plane.db_url, pool_size=1)
         self.offline: list[tuple[float, int]] = []
         self.lost: list[tuple[float, int]] = []
@@ -228,7 +229,7 @@ class LossWatch:
         self._tasks = [asyncio.create_task(self._poll_api()), asyncio.create_task(self._poll_db())]
 
     async def _poll_api(self) -> None:
-        names = {a.name for a in self.sim.agents}
+        names = self.names
         while True:
             for replica in self.plane.api_replicas():
                 try:
@@ -449,14 +450,17 @@ async def start_and_cancel(
     return starts, stops
 
 
-def cpu_snapshot(plane: Plane, database: BenchDatabase) -> dict[str, float]:
-    """CPU seconds so far of each live replica, the PostgreSQL server (its backends) and this process."""
+def cpu_snapshot(plane: Plane, database: BenchDatabase, fleet_pids: Iterable[int] = ()) -> dict[str, float]:
+    """CPU seconds so far of each live replica, the PostgreSQL server (its backends), this process and
+    the fleet processes simulating agents."""
     snapshot = {
         r.replica_name: scale.cpu_seconds(r.server.popen.pid) for r in plane.replicas if r.up and r.server
     }
     if database.pid:
         snapshot["postgres"] = scale.process_tree_cpu_seconds(database.pid)
     snapshot["simulator"] = scale.cpu_seconds("self")
+    if fleet_pids:
+        snapshot["fleet_processes"] = sum(scale.cpu_seconds(pid) for pid in fleet_pids)
     snapshot["machine"] = scale.machine_busy_seconds()
     return snapshot
 
@@ -694,7 +698,34 @@ async def scenario_kill_storm(
         "failover_max_s": seconds(failovers, 100),
     }
     results |= watch.figures(started, time.monotonic())
+    results["lost_agents"] = agent_stories(sim, watch.lost_names, started)
     return results
+
+
+def agent_stories(sim: Simulator, names: set[str], since: float) -> dict[str, dict[str, Any]]:
+    """What the simulator saw of each named agent (those marked lost): its streams (seconds from `since`)
+    and errors, to tell an agent that could not reconnect from one the coordinator misjudged."""
+    stories: dict[str, dict[str, Any]] = {}
+    for agent in sim.agents:
+        if agent.name not in names:
+            continue
+        stories[agent.name] = {
+            "sessions": [
+                (
+                    s.server,
+                    round(s.opened_at - since, 1),
+                    None if s.answered_at is None else round(s.answered_at - since, 1),
+                    None if s.ended_at is None else round(s.ended_at - since, 1),
+                    s.error,
+                )
+                for s in agent.sessions
+                if (s.ended_at or time.monotonic()) >= since
+            ],
+            "register_errors": agent.register_errors[-5:],
+            "stream_errors": agent.stream_errors[-5:],
+            "last_heartbeat_s": round(agent.heartbeats[-1][0] - since, 1) if agent.heartbeats else None,
+        }
+    return stories
 
 
 def stored_points(url: str, acked: dict[str, int]) -> dict[str, tuple[int, int, int, int]]:
@@ -776,7 +807,7 @@ async def three_replicas(
             task_run_s=None,
         )
         sim = await start_fleet(plane, args.agents, config, setup)
-        watch = LossWatch(plane, sim)
+        watch = LossWatch(plane, {a.name for a in sim.agents})
         watch.start()
         digest = await scale.upload_bundle(plane.any_http())
         await asyncio.sleep(args.settle_s)
@@ -868,51 +899,169 @@ def poll_dashboards(api: str, token: str, clients: int, seconds_: float) -> list
     return asyncio.run(every())
 
 
+INGEST_PORT_BASE = 32_000  # the ingest fleet's ports, clear of the idle fleets' (20,000 + 10 per agent)
+
+
+def fleet_process(
+    server: str, join_token: str, run_id: str, count: int, port_base: int, stream: bool, stop: Any, out: Any
+) -> None:
+    """`count` simulated agents in a process of their own, so that no event loop of the bench carries
+    more agents than it can answer in time (a loop 300 ms late reads as a 300 ms heartbeat). `stream`:
+    every task started on them streams points and lines as fast as acks allow. Runs until `stop` is set,
+    then lets heartbeats written before it be answered (15 s at most) and puts on `out`: samples
+    (monotonic seconds, items acked so far), every answered heartbeat (sent, round trip), the send times
+    of those still unanswered, and this loop's lag, all on CLOCK_MONOTONIC, which the machine's
+    processes share."""
+
+    async def run() -> dict[str, Any]:
+        config = SimConfig(join_token=join_token, server=server, task_run_s=None, port_base=port_base)
+        sim = Simulator(config, count, run_id=run_id)
+        plan = TelemetryPlan(metric_points_per_s=None, log_lines_per_s=None)
+        if stream:
+            for agent in sim.agents:
+                agent.telemetry = plan
+        samples: list[tuple[float, int]] = []
+        try:
+            await sim.register_all()
+            await sim.connect_all(timeout_s=300)
+            while not stop.is_set():
+                acked = sum(t.acked_metric_seq + t.acked_log_seq for t in sim.tasks())
+                samples.append((time.monotonic(), acked))
+                await asyncio.sleep(0.25)
+            plan.metric_points_per_s = plan.log_lines_per_s = 0
+            await scale.drain_heartbeats(sim, time.monotonic())
+            return {
+                "samples": samples,
+                "heartbeats": [h for a in sim.agents for h in a.heartbeats],
+                "unanswered": [sent for a in sim.agents for sent in a._pending_heartbeats],
+                "lags": sim.lag.lags,
+            }
+        finally:
+            await sim.close()
+
+    try:
+        out.put(asyncio.run(run()))
+    except Exception as error:  # noqa: BLE001 - the parent reports it
+        out.put({"error": f"{type(error).__name__}: {error}"})
+
+
+def fleet_heartbeats(results: list[dict[str, Any]], since: float, until: float) -> dict[str, Any]:
+    """Heartbeat round trips of fleet processes in [since, until); one never answered counts as endless."""
+    rtts = [rtt for r in results for sent, rtt in r["heartbeats"] if since <= sent < until]
+    unanswered = sum(1 for r in results for sent in r["unanswered"] if since <= sent < until)
+    everything = rtts + [float("inf")] * unanswered
+    lags = [lag for r in results for at, lag in r["lags"] if since <= at < until]
+
+    def ms(value: float | None) -> float | None:
+        return None if value is None or value == float("inf") else round(1000 * value, 2)
+
+    return {
+        "heartbeat_rtt_p50_ms": ms(scale.percentile(everything, 50)),
+        "heartbeat_rtt_p99_ms": ms(scale.percentile(everything, 99)),
+        "heartbeat_rtt_max_ms": ms(max(everything, default=None)),
+        "heartbeats_acked": len(rtts),
+        "heartbeats_unanswered": unanswered,
+        "simulator_loop_lag_p99_ms": ms(scale.percentile(lags, 99)),
+    }
+
+
+def acked_at(samples: list[tuple[float, int]], at: float) -> int:
+    """Items acked by `at`, from the ingest fleet's samples (the last sample at or before it)."""
+    return max((acked for when, acked in samples if when <= at), default=0)
+
+
+async def api_names_online(http: httpx.AsyncClient, names: set[str]) -> bool:
+    response = await http.get("/api/v1/agents", timeout=60)
+    response.raise_for_status()
+    return names <= {a["name"] for a in response.json() if a["online"]}
+
+
+async def all_running(http: httpx.AsyncClient, job_ids: list[str]) -> bool:
+    for job_id in job_ids:
+        response = await http.get(f"/api/v1/jobs/{job_id}", timeout=30)
+        if response.json()["state"] != "RUNNING":
+            return False
+    return True
+
+
+async def wait_for(check: Callable[[], Any], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not within {timeout_s:g} s")
+        await asyncio.sleep(0.5)
+
+
 async def loaded_plane(
     args: argparse.Namespace, database: BenchDatabase, db_url: str, root: Path, roles: list[tuple[str, str]]
 ) -> dict:
-    """N agents on the agents replica, 50 tasks streaming at full rate, ten dashboards polling the API
-    replica for the window: heartbeat round trips, poll latencies, ingest rate, CPU of each replica."""
+    """N agents on the agents replica, simulated in --fleet-processes processes (the tasks streaming at full
+    rate on `ingest_tasks` of them, in one more), ten dashboards polling the API replica for the window
+    (another process): heartbeat round trips of the idle agents and of the streaming ones, poll latencies,
+    ingest rate, CPU of each replica."""
     plane = Plane(root, db_url)
     results: dict[str, Any] = {"replicas": [f"{n} ({s})" for n, s in roles], "agents": args.agents}
-    sim: Simulator | None = None
     watch: LossWatch | None = None
     phases: dict[str, float] = {}
     mark = time.monotonic()
+    context = multiprocessing.get_context("spawn")
+    stop_fleets = context.Event()
+    fleets: list[tuple[Any, Any]] = []  # (process, its result queue); the ingest fleet last
 
     def phase(name: str) -> None:
         nonlocal mark
         phases[name] = round(time.monotonic() - mark, 1)
         mark = time.monotonic()
 
+    def spawn(run_id: str, count: int, port_base: int, stream: bool) -> list[str]:
+        out = context.Queue()
+        process = context.Process(
+            target=fleet_process,
+            args=(
+                agents_replica.grpc_address,
+                plane.join_token,
+                run_id,
+                count,
+                port_base,
+                stream,
+                stop_fleets,
+                out,
+            ),
+            daemon=True,
+        )
+        process.start()
+        fleets.append((process, out))
+        return [f"sim-{run_id}-{i:05d}" for i in range(count)]
+
     try:
         await plane.start(roles)
         phase("start_s")
         agents_replica = next(r for r in plane.replicas if r.serve != "api")
         api_replica = next(r for r in plane.replicas if r.serve != "agents")
-        config = SimConfig(join_token=plane.join_token, server=agents_replica.grpc_address, task_run_s=None)
-        sim = await start_fleet(plane, args.agents, config, results)
-        phase("fleet_s")
-        watch = LossWatch(plane, sim)
-        watch.start()
+        stamp = int(time.time()) % 100000
+        idle = args.agents - args.ingest_tasks
+        per = -(-idle // args.fleet_processes)
+        idle_names: list[str] = []
+        for number, first in enumerate(range(0, idle, per)):
+            count = min(per, idle - first)
+            idle_names += spawn(f"idle{number}x{stamp}", count, 20_000 + 10 * first, stream=False)
+        names = spawn(f"ingest{stamp}", args.ingest_tasks, INGEST_PORT_BASE, stream=True)
+        results["fleet_processes"] = len(fleets)
         http = plane.http(api_replica)
+        everyone = set(idle_names) | set(names)
+        await wait_for(lambda: api_names_online(http, everyone), 300, "every simulated agent online")
+        phase("fleet_s")
+        watch = LossWatch(plane, everyone)
+        watch.start()
         digest = await scale.upload_bundle(http)
-        plan = TelemetryPlan(metric_points_per_s=None, log_lines_per_s=None)
-        for agent in sim.agents:
-            agent.telemetry = plan
-        await asyncio.gather(
-            *(submit(http, digest, 1, f"bench-ingest-{i}") for i in range(args.ingest_tasks))
+        job_ids = list(
+            await asyncio.gather(
+                *(submit(http, digest, 1, f"bench-ingest-{i}", agents=[n]) for i, n in enumerate(names))
+            )
         )
-        await until(
-            lambda: sum(1 for t in sim.tasks() if t.running_at) >= args.ingest_tasks, 120, "streaming"
-        )
-        for agent in sim.agents:
-            agent.telemetry = None
+        await wait_for(lambda: all_running(http, job_ids), 120, "the ingest tasks running")
         phase("submit_and_running_s")
-        streaming = [a for a in sim.agents if a.tasks]
-        others = [a for a in sim.agents if not a.tasks]
         warmup_s = 3.0
-        context = multiprocessing.get_context("spawn")
         with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
             polls = asyncio.get_running_loop().run_in_executor(
                 pool,
@@ -923,23 +1072,29 @@ async def loaded_plane(
                 warmup_s + args.window_s + 1,
             )
             await asyncio.sleep(warmup_s)  # the child started and its pollers are in step
-            acked0 = sum(t.acked_metric_seq + t.acked_log_seq for t in sim.tasks())
-            cpu0 = cpu_snapshot(plane, database)
+            pids = [process.pid for process, _ in fleets]
+            cpu0 = cpu_snapshot(plane, database, pids)
             start, start_unix = time.monotonic(), time.time()
             await asyncio.sleep(args.window_s)
             end, end_unix = time.monotonic(), time.time()
-            acked1 = sum(t.acked_metric_seq + t.acked_log_seq for t in sim.tasks())
-            results["cpu"] = cpu_figures(cpu0, cpu_snapshot(plane, database), end - start)
-            plan.metric_points_per_s = plan.log_lines_per_s = 0
+            results["cpu"] = cpu_figures(cpu0, cpu_snapshot(plane, database, pids), end - start)
             requests = await polls
-        await scale.drain_heartbeats(sim, end)
-        results |= scale.heartbeat_figures(sim, start, end, others)
+        stop_fleets.set()
+        answers = []
+        for _, out in fleets:
+            answers.append(await asyncio.get_running_loop().run_in_executor(None, out.get, True, 120))
+        failed = [a["error"] for a in answers if "error" in a]
+        if failed:
+            raise RuntimeError(f"a fleet process failed: {failed[0]}")
+        *idle_answers, ingest = answers
+        results |= fleet_heartbeats(idle_answers, start, end)
         results |= {
             f"streaming_{k}": v
-            for k, v in scale.heartbeat_figures(sim, start, end, streaming).items()
-            if k.startswith("heartbeat_rtt")
+            for k, v in fleet_heartbeats([ingest], start, end).items()
+            if k.startswith("heartbeat_rtt") or k.startswith("simulator")
         }
-        results["ingest_items_per_s"] = round((acked1 - acked0) / (end - start))
+        acked = acked_at(ingest["samples"], end) - acked_at(ingest["samples"], start)
+        results["ingest_items_per_s"] = round(acked / (end - start))
         window = [(endpoint, took) for at, endpoint, took in requests if start_unix <= at <= end_unix]
         for endpoint in DASHBOARD_ENDPOINTS:
             key = endpoint.removeprefix("/api/v1/")
@@ -951,10 +1106,13 @@ async def loaded_plane(
         results |= watch.figures(start, time.monotonic())
         phase("window_and_drain_s")
     finally:
+        stop_fleets.set()
+        for process, _ in fleets:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
         if watch is not None:
             await watch.stop()
-        if sim is not None:
-            await sim.close()
         await plane.close()
         phase("stop_s")
         results["phases"] = phases
@@ -1008,6 +1166,9 @@ def main() -> int:
     parser.add_argument("--points-per-s", type=float, default=100, help="metric points per storm task")
     parser.add_argument("--restart-after-s", type=float, default=2.0, help="a killed replica's downtime")
     parser.add_argument("--ingest-tasks", type=int, default=50, help="full-rate streaming tasks (roles)")
+    parser.add_argument(
+        "--fleet-processes", type=int, default=4, help="processes simulating the idle agents (roles)"
+    )
     parser.add_argument("--logs", type=Path, help="keep every replica's log in this folder")
     parser.add_argument(
         "--py-spy", type=Path, help="py-spy record the survivors of `failover` into this folder"

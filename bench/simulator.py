@@ -364,7 +364,7 @@ class SimAgent:
             done, _ = await asyncio.wait({writer, reader, stopper}, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 if task is not stopper:
-                    task.result()
+                    _reraise_as_stream_error(task)
         finally:
             session.ended_at = time.monotonic()
             self.connected.clear()
@@ -577,6 +577,27 @@ class SimAgent:
         for channel in list(self._closing):
             await channel.close()
         await self.channel.close()
+
+
+def _reraise_as_stream_error(task: asyncio.Task[None]) -> None:
+    """A stream's reader or writer that ended: nothing when it returned, else a broken stream as an
+    AioRpcError. gRPC raises others when a stream breaks under a write (a write after the call ended:
+    InvalidStateError; one the channel cancelled: CancelledError); the agent must reconnect after those
+    too, as the real agent does, not end with them."""
+    if task.cancelled():
+        raise grpc.aio.AioRpcError(
+            grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "stream task cancelled"
+        )
+    error = task.exception()
+    if error is None or isinstance(error, grpc.aio.AioRpcError):
+        task.result()
+        return
+    raise grpc.aio.AioRpcError(
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.aio.Metadata(),
+        grpc.aio.Metadata(),
+        f"{type(error).__name__}: {error}",
+    ) from error
 
 
 def _due(rate: float | None, elapsed: float, sent: int) -> int:

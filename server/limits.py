@@ -242,3 +242,7 @@ def head_timeout_message(seconds: float) -> str:
 # counts; clients may add a few fields), each with at most this many bytes of part headers.
 MAX_MULTIPART_PARTS = 16
 MAX_PART_HEADER_BYTES = 8 * 1024
+
+# Threads of the coordinator's default executor (server/app.py): most wait on the database or the writer
+# lock, so more of them cost memory, not CPU; the database pool still bounds the connections they use.
+BLOCKING_THREADS = 32

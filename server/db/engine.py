@@ -61,6 +61,23 @@ class Database:
             yield session
 
     @contextmanager
+    def write_unserialised(self) -> Iterator[Session]:
+        """A write transaction that does not wait for the writer lock on PostgreSQL (on SQLite, `write`).
+
+        Only for writes that move a time forward and decide nothing (what a replica heard: agent liveness,
+        task progress, its beat), each a conditional UPDATE that never goes backwards, so they commute
+        with every decision; a decision that reads them locks the rows it judges (newly_lost_agents).
+        They must not queue behind decisions and telemetry: a replica's liveness flush that waited seconds
+        for the writer lock let its agents read offline while they were heartbeating.
+        """
+        if not self.is_postgres:
+            with self.write() as session:
+                yield session
+            return
+        with self._write() as session, session.begin():
+            yield session
+
+    @contextmanager
     def read(self) -> Iterator[Session]:
         """A read-only transaction."""
         with self._read() as session, session.begin():
@@ -88,3 +105,9 @@ def _tune_sqlite(engine: Engine) -> None:
     def on_begin(conn: Any) -> None:
         immediate = conn.get_execution_options().get("mwms_immediate", False)
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+def is_deadlock(error: BaseException) -> bool:
+    """PostgreSQL ended this transaction to break a lock cycle (SQLSTATE 40P01): repeating it is safe
+    where the transaction only moves times forward."""
+    return getattr(getattr(error, "orig", None), "sqlstate", None) == "40P01"

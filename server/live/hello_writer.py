@@ -97,10 +97,13 @@ class HelloWriter:
 
     def _write(self, group: list[_Queued]) -> tuple[list[Accepted | Exception], set[str]]:
         settings = self._settings
-        outcomes: list[Accepted | Exception] = []
+        outcomes: list[Accepted | Exception | None] = [None] * len(group)
         with self._db.write() as session:
             targets = track_command_targets(session)
-            for queued in group:
+            # In agent id order, as liveness flushes lock agents (BackgroundLoops.flush_liveness): they do
+            # not wait for the writer lock, and rows taken in two orders would deadlock.
+            for at in sorted(range(len(group)), key=lambda i: group[i].agent_id):
+                queued = group[at]
                 try:
                     with session.begin_nested():
                         replies = agent_messages.accept_hello(
@@ -114,7 +117,7 @@ class HelloWriter:
                 except Exception as error:  # noqa: BLE001 - this hello fails alone, as it would on its own
                     if is_transient(error):
                         raise
-                    outcomes.append(error)
+                    outcomes[at] = error
                 else:
-                    outcomes.append((replies, epoch))
-        return outcomes, targets
+                    outcomes[at] = (replies, epoch)
+        return [o for o in outcomes if o is not None], targets

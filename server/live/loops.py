@@ -10,10 +10,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 
+from sqlalchemy.exc import OperationalError
+
 from mwms.loop import run_every_async
-from server.db.engine import Database
+from server.db.engine import Database, is_deadlock
 from server.db.models import utcnow
 from server.live.agent_notify import Doorbell
 from server.live.hub import AgentHub
@@ -34,6 +37,9 @@ log = logging.getLogger("mwms.server.loops")
 RETENTION_PAUSE_S = 0.05
 # Progress flushed to the database is forgotten in memory after this long.
 PROGRESS_MEMORY = timedelta(minutes=10)
+# A flush slower than this is logged with where its time went.
+SLOW_FLUSH_S = 2.0
+FLUSH_ATTEMPTS = 3
 
 
 class BackgroundLoops:
@@ -71,6 +77,10 @@ class BackgroundLoops:
         self._tasks: list[asyncio.Task[None]] = []
         self._loop = asyncio.get_running_loop()
         self._purge_cursor = PurgeCursor()  # retention goes on where it stopped; a restart walks once more
+        # The flush's own thread: in the shared pool it queued for seconds behind writers waiting for the
+        # writer lock, and this replica's agents aged towards offline meanwhile.
+        self._flush_thread = ThreadPoolExecutor(1, thread_name_prefix="mwms-flush")
+        self._progress_write: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         self._tasks = [
@@ -98,30 +108,80 @@ class BackgroundLoops:
             await self.flush_liveness(stopping=True)  # a restart's grace then counts from what was last heard
         except Exception:  # noqa: BLE001 - shutting down either way
             log.exception("writing agent liveness at shutdown failed")
+        self._flush_thread.shutdown(wait=False)
 
     async def flush_liveness(self, stopping: bool = False) -> None:
-        """Writes, in one transaction, what this replica heard since the last flush (agent liveness, task
-        progress) and its beat (or, `stopping`, that it stopped)."""
+        """Writes, in one transaction, what this replica heard since the last flush (agent liveness) and its
+        beat (or, `stopping`, that it stopped); then, on its own, the progress its tasks reported.
+
+        The liveness transaction does not wait for the writer lock (Database.write_unserialised) and
+        updates agent rows only, in id order, as every other writer that locks several agents does (the
+        hello writer, the reconciler), so it never deadlocks with them. Progress is written under the
+        writer lock: decisions lock task rows in no set order. One progress write at a time; what comes
+        meanwhile waits for the next flush."""
         seen = self.liveness.take()
-        progressed = self.progress.take_changed()
         held = self.hub.connected()
         ran = self.passes.leads()
 
+        def run() -> tuple[float, float]:
+            began = time.monotonic()
+            for attempt in range(FLUSH_ATTEMPTS):
+                try:
+                    with self.db.write_unserialised() as session:
+                        locked = time.monotonic()
+                        record_heartbeats(session, seen, self.settings.agent_timeout_s)
+                        if stopping:
+                            replicas.stop(session, self.replica)
+                        else:
+                            replicas.beat(session, self.replica, len(held), ran, streams=held)
+                    return began, locked
+                except OperationalError as error:
+                    # A reconciler pass locking lost and moving agents in two batches can still meet
+                    # this flush in a cycle; PostgreSQL ends one, and this write is safe to repeat.
+                    if not is_deadlock(error) or attempt == FLUSH_ATTEMPTS - 1:
+                        raise
+            raise AssertionError("unreachable")
+
+        called = time.monotonic()
+        try:
+            began, locked = await self._loop.run_in_executor(self._flush_thread, run)
+        except BaseException:
+            self.liveness.restore(seen)
+            raise
+        done = time.monotonic()
+        if done - called > SLOW_FLUSH_S:
+            # Agents read offline once their liveness is older than the agent timeout: say why it aged.
+            log.warning(
+                "writing what this replica heard took %.1f s (%.1f s waiting for a thread, %.1f s for a "
+                "connection, %.1f s writing %d agents' liveness)",
+                done - called,
+                began - called,
+                locked - began,
+                done - locked,
+                len(seen),
+            )
+        if stopping:
+            if self._progress_write is not None:
+                await asyncio.gather(self._progress_write, return_exceptions=True)
+            await self._write_progress()
+        elif self._progress_write is None or self._progress_write.done():
+            self._progress_write = asyncio.create_task(self._write_progress())
+
+    async def _write_progress(self) -> None:
+        progressed = self.progress.take_changed()
+        if not progressed:
+            return
+
         def run() -> None:
             with self.db.write() as session:
-                record_heartbeats(session, seen, self.settings.agent_timeout_s)
                 record_progress(session, progressed)
-                if stopping:
-                    replicas.stop(session, self.replica)
-                else:
-                    replicas.beat(session, self.replica, len(held), ran, streams=held)
 
         try:
             await asyncio.to_thread(run)
-        except BaseException:
-            self.liveness.restore(seen)
+        except Exception:  # noqa: BLE001 - written with the next flush's
             self.progress.restore(progressed)
-            raise
+            log.exception("writing task progress failed; it goes with the next flush")
+            return
         self.progress.forget_before(utcnow() - PROGRESS_MEMORY)
 
     async def _purge_old_telemetry(self) -> None:

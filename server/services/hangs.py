@@ -91,7 +91,7 @@ def record_progress(session: Session, seen: dict[str, datetime]) -> None:
         )
         .values(progress_at=bindparam("at"))
     )
-    session.connection().execute(statement, [{"task_id": t, "at": at} for t, at in seen.items()])
+    session.connection().execute(statement, [{"task_id": t, "at": at} for t, at in sorted(seen.items())])
 
 
 def act_on_hang(

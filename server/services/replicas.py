@@ -218,7 +218,10 @@ def release_streams_of_the_dead(session: Session, grace_s: float, now: datetime 
     if not dead:
         return 0
     until = now + timedelta(seconds=grace_s)
-    moving = session.scalars(select(Agent).where(Agent.stream_replica.in_(dead))).all()
+    # Locked up front in id order, as liveness flushes take agents (they do not wait for the writer lock).
+    moving = session.scalars(
+        select(Agent).where(Agent.stream_replica.in_(dead)).order_by(Agent.id).with_for_update()
+    ).all()
     for agent in moving:
         agent.stream_replica = None
         if agent.removed_at is None and agent.lost_at is None:

@@ -22,7 +22,7 @@ from server.live.agent_notify import PAYLOAD_BYTES, Doorbell, payloads
 from server.live.hub import AgentHub
 from server.live.pass_locks import PATIENT_TRY_S, PassLocks
 from server.services import replicas
-from server.services.agents import Registration, register_agent
+from server.services.agents import Registration, record_heartbeats, register_agent
 from server.services.reconcile import reconcile
 
 
@@ -382,3 +382,41 @@ def test_a_dead_replicas_agents_are_moving_at_once_and_a_live_one_takes_its_stre
         replicas.beat(session, identity("live"), 2, [], now, streams={on_live, on_dead})
     with first.read() as session:
         assert session.get(Agent, on_dead).stream_replica == "live"
+
+
+def test_a_liveness_flush_committing_while_the_reconciler_judges_keeps_the_agent(two):
+    """Flushes do not wait for the writer lock (Database.write_unserialised): a replica's flush that
+    writes an agent's heartbeat while the reconciler's leader judges that agent either comes first or
+    waits for the verdict; the agent is never marked lost on the liveness the flush replaced."""
+    first, second = two
+    agent_id = add_agent(first, "heard-just-now")
+    now = utcnow()
+    with first.write() as session:
+        replicas.beat(session, identity("live"), 1, [], now)
+        replicas.claim_stream(session, agent_id, "live")
+        session.get(Agent, agent_id).online_until = now - timedelta(seconds=1)  # ran out, on its own
+    written, release = threading.Event(), threading.Event()
+
+    def flush() -> None:
+        with second.write_unserialised() as session:
+            record_heartbeats(session, {agent_id: now}, 30)
+            written.set()
+            release.wait(10)
+
+    def judge() -> None:
+        with first.write() as session:
+            reconcile(session, backoff_base_s=1, default_startup_timeout_s=60, moving_grace_s=20, now=now)
+
+    flusher = threading.Thread(target=flush)
+    flusher.start()
+    assert written.wait(10)
+    judging = threading.Thread(target=judge)
+    judging.start()
+    judging.join(0.5)
+    assert judging.is_alive()  # waits on the agent's row, which the flush holds
+    release.set()
+    flusher.join(10)
+    judging.join(10)
+    with first.read() as session:
+        agent = session.get(Agent, agent_id)
+        assert agent.lost_at is None and agent.online_until == now + timedelta(seconds=30)
