@@ -11,7 +11,13 @@ MAX_SERVERS = 32  # coordinator replicas one --server may list
 WORK_DIR = "~/.mwms-agent"
 SLOTS = 1  # CPU tasks at once
 PORT_LOW, PORT_HIGH = 20000, 20999  # ports tasks may listen on, inclusive
-STOP_GRACE_S = 10.0  # between SIGTERM and SIGKILL when the agent stops its tasks
+# Under systemd (`mwms agent --systemd-unit`): the unit's StateDirectory=, never the caller's home.
+SERVICE_WORK_DIR = "/var/lib/mwms-agent"
+STOP_GRACE_S = 10.0  # between SIGTERM and SIGKILL when the agent stops its tasks (--stop-grace-seconds)
+MAX_STOP_GRACE_S = 3600.0
+# The unit's TimeoutStopSec= is the stop grace plus this: the agent's own shutdown after the grace
+# (worker_agent/systemd.py says what it is spent on).
+UNIT_STOP_MARGIN_S = 30
 DEVICE_SAMPLE_INTERVAL_S = 5.0  # GPU samples; 0: none
 SANDBOX = "auto"
 SANDBOX_MODES = ("auto", "bwrap", "off")

@@ -7,6 +7,7 @@ import logging
 import os
 import socket
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 import grpc
@@ -19,9 +20,10 @@ from mwms.agent_link import server_keepalive_options
 from mwms.v1 import agent_pb2_grpc
 from server.admin_token import bootstrap_admin_token
 from server.api import agents, bundles, dashboard, devices, health, jobs, login, tokens
-from server.api.auth import AuthMiddleware
+from server.api.auth import DOCS_PATH, AuthMiddleware
 from server.api.body_limit import BodyLimitMiddleware
 from server.api.errors import install_error_handlers
+from server.api.openapi_document import install_openapi, operation_id
 from server.api.preflight import router as preflight_router
 from server.api.replicas import router as replicas_router
 from server.api.security_headers import SecurityHeadersMiddleware
@@ -32,6 +34,7 @@ from server.db.migrate import upgrade_to_head
 from server.db.models import new_id
 from server.db.single_instance import SingleInstanceLock
 from server.limits import (
+    BLOCKING_THREADS,
     GRPC_ABSOLUTE_MAX_METADATA_BYTES,
     GRPC_HANDSHAKE_TIMEOUT_MS,
     GRPC_MAX_CONNECTION_IDLE_MS,
@@ -42,6 +45,7 @@ from server.observability.cluster_gauges import cluster_registry
 from server.observability.request_latency import RequestLatencyMiddleware
 from server.rpc.agent_service import AgentService
 from server.rpc.auth import AgentAuthInterceptor
+from server.rpc.health import GrpcHealth
 from server.services import replicas
 from server.services.agents import grant_reconnect_grace
 from server.services.follows import FollowSlots
@@ -88,6 +92,11 @@ def replica_identity(settings: Settings) -> replicas.ReplicaIdentity:
 async def serving(app: FastAPI, settings: Settings) -> AsyncIterator[None]:
     """The coordinator's life inside the app's lifespan: migrations, this replica's first beat, the
     admin token, gRPC for agents (unless it serves the API only), then the live machinery."""
+    # Blocking work runs in threads that mostly wait (for the writer lock, a row, the database): Python's
+    # default of cores + 4 let a handful of waiting writers hold up every credential check and read.
+    asyncio.get_running_loop().set_default_executor(
+        ThreadPoolExecutor(max_workers=BLOCKING_THREADS, thread_name_prefix="mwms")
+    )
     db = Database(settings.database_url)
     me = replica_identity(settings)
     await asyncio.to_thread(upgrade_to_head, db.engine)
@@ -97,19 +106,27 @@ async def serving(app: FastAPI, settings: Settings) -> AsyncIterator[None]:
     app.state.wiring = wiring  # routers get it through server/api/deps.py
     app.state.cluster_metrics = cluster_registry(db, wiring.hub.connected_count, wiring.passes.leads)
     app.state.grpc_port = 0
-    grpc_server = await start_grpc(app, settings, wiring) if settings.serve != "api" else None
+    grpc_health = GrpcHealth() if settings.serve != "api" else None
+    app.state.grpc_health = grpc_health  # /healthz reports it (server/api/health.py)
+    grpc_server = None if grpc_health is None else await start_grpc(app, settings, wiring, grpc_health)
     wiring.start()
+    if grpc_health is not None:
+        await grpc_health.serving()
     try:
         yield
     finally:
-        if grpc_server is not None:
+        if grpc_server is not None and grpc_health is not None:
+            await grpc_health.stopping()  # before the grace period: probes and Watch streams see it
             await grpc_server.stop(grace=2)
         await wiring.stop()
         db.dispose()
 
 
-async def start_grpc(app: FastAPI, settings: Settings, wiring: Wiring) -> grpc.aio.Server:
-    """Serves the agents' gRPC on settings.grpc_port (TLS when a certificate is configured)."""
+async def start_grpc(
+    app: FastAPI, settings: Settings, wiring: Wiring, grpc_health: GrpcHealth
+) -> grpc.aio.Server:
+    """Serves the agents' gRPC on settings.grpc_port (TLS when a certificate is configured), with
+    grpc.health.v1 and, unless settings.grpc_reflection is off, server reflection."""
     db = wiring.db
     grpc_server = grpc.aio.server(
         interceptors=[AgentAuthInterceptor(db)],
@@ -129,6 +146,7 @@ async def start_grpc(app: FastAPI, settings: Settings, wiring: Wiring) -> grpc.a
         AgentService(wiring),
         grpc_server,
     )
+    await grpc_health.add_to(grpc_server, reflection_on=settings.grpc_reflection)
     bound = bind_grpc_port(grpc_server, settings)  # TLS when a certificate is configured
     if bound == 0:
         raise RuntimeError(
@@ -165,14 +183,16 @@ def create_app(settings: Settings, *, single_instance: bool = True) -> FastAPI:
         lifespan=lifespan,
         docs_url=None,  # served below from the vendored Swagger UI: training clusters are often offline
         redoc_url=None,
+        generate_unique_id_function=operation_id,  # `list_jobs`, not `list_jobs_api_v1_jobs_get`
     )
 
-    @app.get("/docs", include_in_schema=False)
+    @app.get(DOCS_PATH, include_in_schema=False)
     def swagger_ui() -> HTMLResponse:
         # FastAPI's own page starts Swagger UI with an inline script, which the CSP forbids.
         return HTMLResponse(SWAGGER_PAGE)
 
     install_error_handlers(app)
+    install_openapi(app, settings)  # the bearer scheme, 401/403 on protected operations, our 422 shape
     app.state.follow_slots = FollowSlots(settings.max_follows_per_user, settings.max_follows_total)
     app.include_router(health.router)  # every role: load balancers and Prometheus look at each replica
     if settings.serve != "agents":  # an agents-only replica serves gRPC, /healthz and /metrics only

@@ -13,11 +13,13 @@ from pathlib import Path
 import uvicorn
 from fastapi import FastAPI
 
+from mwms.log_setup import configure_logging
 from server.app import create_app
 from server.db.single_instance import AlreadyRunning, SingleInstanceLock
 from server.heap import settle_heap
 from server.http_protocol import bounded_http_protocol
 from server.limits import HttpBounds
+from server.open_files import raise_open_files_limit
 from server.settings import Settings
 from server.tls import TlsError, TlsPlan, plan_tls, warn_if_clear_text
 
@@ -28,7 +30,9 @@ SHUTDOWN_GRACE_S = 3
 
 def serve(settings: Settings) -> None:
     """Blocks serving the coordinator; SIGINT/SIGTERM stop it cleanly."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # One handler and format for every logger, uvicorn's and gRPC's included (mwms/log_setup.py).
+    configure_logging(settings.log_format, settings.log_level)
+    raise_open_files_limit()  # one descriptor per agent stream (server/open_files.py)
     try:
         tls = plan_tls(settings)
     except TlsError as error:
@@ -49,7 +53,10 @@ def serve(settings: Settings) -> None:
         app,
         host=settings.http_host,
         port=settings.http_port,
-        log_level="info",
+        # uvicorn's loggers keep no handlers or levels of their own: they write through configure_logging's.
+        # No access log: request lines would carry query strings, and the dashboard's login paths.
+        log_config=None,
+        log_level=None,
         access_log=False,
         lifespan="on",
         # httptools, held to a bound on request heads and to timeouts for slow clients (issue 16).
@@ -97,6 +104,14 @@ class PortsReportingServer(uvicorn.Server):
         if self.settings.ports_file is not None:
             write_ports_file(self.settings.ports_file, http_port, grpc_port)
 
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # gRPC health says NOT_SERVING as the stop begins, not after REST has drained (up to
+        # SHUTDOWN_GRACE_S): probes and load balancers stop sending agents here at once.
+        grpc_health = getattr(self.app.state, "grpc_health", None)  # None: an `--serve api` replica
+        if grpc_health is not None:
+            await grpc_health.stopping()
+        await super().shutdown(sockets)
+
 
 def write_ports_file(path: Path, http_port: int, grpc_port: int) -> None:
     """Writes {"http": N, "grpc": M} to `path` atomically: a reader sees no file or the whole of it."""
@@ -123,21 +138,23 @@ def log_tls(settings: Settings, tls: TlsPlan) -> None:
     ca = signed.ca_cert.resolve()
     made = f"made now: {', '.join(signed.made)}" if signed.made else "reused"
     http_host, grpc_host = _reachable(settings.http_host), _reachable(settings.grpc_host)
+    # One record per line: log shippers and the one-line formats (mwms/log_setup.py) keep each readable.
+    log.info("self-signed TLS (%s): CA certificate %s", made, ca)
+    log.info("self-signed TLS: CA SHA-256 fingerprint: %s", signed.ca_fingerprint)
     log.info(
-        "self-signed TLS (%s): CA certificate %s\n"
-        "  CA SHA-256 fingerprint: %s\n"
-        "  agents:   mwms agent --server %s:%d --ca-file %s ...\n"
-        "  CLI:      MWMS_CA_FILE=%s MWMS_API=https://%s:%d mwms ... (or --ca-file, --api)\n"
-        "  browsers: trust %s (SHA-256 %s) for mwms only: its name constraints limit it to %s",
-        made,
-        ca,
-        signed.ca_fingerprint,
+        "self-signed TLS: agents: mwms agent --server %s:%d --ca-file %s ...",
         grpc_host,
         settings.grpc_port,
         ca,
+    )
+    log.info(
+        "self-signed TLS: CLI: MWMS_CA_FILE=%s MWMS_API=https://%s:%d mwms ... (or --ca-file, --api)",
         ca,
         http_host,
         settings.http_port,
+    )
+    log.info(
+        "self-signed TLS: browsers: trust %s (SHA-256 %s) for mwms only: its name constraints limit it to %s",
         signed.browser_ca_cert.resolve(),
         signed.browser_ca_fingerprint,
         ", ".join(signed.permitted),

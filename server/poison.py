@@ -23,6 +23,33 @@ POISON = Counter(
     "Bad rows and messages that a coordinator loop or agent stream skipped or refused (by kind)",
     ["kind"],
 )
+# Every kind the coordinator counts, each at 0 from the start: a dashboard shows 0 rather than "No data",
+# and increase() in an alert sees the first bad item (tests/deploy/test_alert_rules.py finds every kind the
+# code names and holds this list to it). `agent_<body>` is a stream message of that body that could not
+# be applied (server/rpc/agent_stream.py); heartbeats are answered on the reader and never refused.
+KNOWN_KINDS = (
+    "agent_capacity",
+    "agent_devices",
+    "agent_goodbye",
+    "agent_hello",
+    "agent_logs",
+    "agent_metrics",
+    "agent_preflight",
+    "agent_stacks",
+    "agent_task",
+    "device_sample",
+    "log_line",
+    "metric_point",
+    "preempt_job",
+    "reconcile_agent",
+    "reconcile_job",
+    "restart_job",
+    "schedule_job",
+    "start_task",
+    "task_report",
+)
+for _kind in KNOWN_KINDS:
+    POISON.labels(kind=_kind)
 
 _logged: set[tuple[str, str]] = set()
 _logged_lock = threading.Lock()

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
+import re
 from datetime import datetime
 from enum import Enum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -13,6 +14,9 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    JsonValue,
+    Strict,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -20,9 +24,28 @@ from pydantic import (
 from mwms import task_environment
 from mwms.metrics_line import NonFinite
 from server.limits import INT64_MAX, MAX_NAME_CHARS, MAX_WORKERS
+from server.schema_types import (
+    NAME_RULE,
+    NO_NUL_PATTERN,
+    NOT_BLANK_PATTERN,
+    OPTIONAL_NAME_PATTERN,
+    PRINTABLE_PATTERN,
+    WHOLE_FLOATS_AS_INT,
+    Integer,
+    PrintableName,
+    StrictBool,
+    matching,
+    pattern_in_schema,
+)
 from server.states import JobState
 
 DIGEST_PATTERN = r"^[0-9a-f]{64}$"
+ENV_NAME_PATTERN = r"^[^=\u0000]+$"
+# Names the agent sets or the spec derives (mwms/task_environment.py).
+_REFUSED_ENV_NAMES: list[JsonValue] = [
+    name for name in sorted(task_environment.RESERVED_ENV | task_environment.SPEC_ENV.keys())
+]
+_ENV_NAME = re.compile(ENV_NAME_PATTERN)
 
 
 def _no_nul(value: str) -> str:
@@ -39,12 +62,40 @@ def _finite(value: object) -> object:
     return value
 
 
-Text = Annotated[str, AfterValidator(_no_nul)]
-Name = Annotated[str, Field(max_length=MAX_NAME_CHARS), AfterValidator(_no_nul)]
+Text = Annotated[str, pattern_in_schema(NO_NUL_PATTERN), AfterValidator(_no_nul)]
+Name = Annotated[
+    str, Field(max_length=MAX_NAME_CHARS), pattern_in_schema(NO_NUL_PATTERN), AfterValidator(_no_nul)
+]
 TIMEOUT_HELP = "a finite number of seconds, at most MWMS_MAX_TIMEOUT_SECONDS (default 30 days)"
-Timeout = Annotated[float, BeforeValidator(_finite), Field(gt=0, description=TIMEOUT_HELP)]
+# A limit of the coordinator's settings in the document: server/api/openapi_document.py writes the
+# setting's value in for the keyword (check_job_spec refuses what is over it).
+SETTING_LIMIT = "x-mwms-setting-limit"
+_TIMEOUT_LIMIT = {SETTING_LIMIT: {"maximum": "max_timeout_seconds"}}
+Timeout = Annotated[
+    float,
+    Field(gt=0, description=TIMEOUT_HELP, json_schema_extra=_TIMEOUT_LIMIT),
+    Strict(),
+    BeforeValidator(_finite),
+]
 # Like Timeout, but 0 is allowed: it turns hang detection off for a job when the coordinator's default is on.
-HangTimeout = Annotated[float, BeforeValidator(_finite), Field(ge=0, description=TIMEOUT_HELP)]
+HangTimeout = Annotated[
+    float,
+    Field(ge=0, description="a finite number of seconds"),
+    Strict(),
+    BeforeValidator(_finite),
+]
+
+
+MAX_GRACE_SECONDS = 3600
+# A SIGTERM-to-SIGKILL grace: the document states this coordinator's MWMS_MAX_PREEMPTION_GRACE_S too.
+GraceSeconds = Annotated[
+    int,
+    Field(
+        ge=0, le=MAX_GRACE_SECONDS, json_schema_extra={SETTING_LIMIT: {"maximum": "max_preemption_grace_s"}}
+    ),
+    Strict(),
+    WHOLE_FLOATS_AS_INT,
+]
 
 
 class CommunicationImplementation(str, Enum):
@@ -62,7 +113,7 @@ class CommunicationOptions(BaseModel):
         default=None, description="AUTO, RING or NCCL; default NCCL when tasks have GPUs, else AUTO"
     )
     timeout_seconds: Timeout | None = None
-    bytes_per_pack: int | None = Field(default=None, ge=0, le=INT64_MAX)
+    bytes_per_pack: Annotated[int, Field(ge=0, le=INT64_MAX), Strict(), WHOLE_FLOATS_AS_INT] | None = None
 
 
 class RestartOn(str, Enum):
@@ -73,7 +124,7 @@ class RestartOn(str, Enum):
 class RestartPolicy(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    max_restarts: int = Field(default=3, ge=0, le=1000)
+    max_restarts: Integer = Field(default=3, ge=0, le=1000)
     restart_on: RestartOn = RestartOn.RETRYABLE
     fail_on_nan: list[Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS)]] = Field(
         default_factory=list,
@@ -87,21 +138,37 @@ MAX_PRIORITY = 1000
 DEFAULT_PRIORITY = 500
 
 
+# A band's name in any case, spaces around it allowed: spelled out letter by letter, since ECMA regexes
+# have no inline flags.
+PRIORITY_NAME_PATTERN = r"^ *(?:[lL][oO][wW]|[nN][oO][rR][mM][aA][lL]|[hH][iI][gG][hH]) *$"
+_PRIORITY_NAME = re.compile(PRIORITY_NAME_PATTERN)
+PRIORITY_HELP = (
+    "0-1000, higher first; or low (250), normal (500), high (750). Users may give at most "
+    "MWMS_USER_PRIORITY_CEILING (default 500); admins any"
+)
+
+
 def _priority_value(value: Any) -> Any:
     """A priority band name (low, normal, high) as its number; numbers pass through to be bounded."""
-    if isinstance(value, str) and value.strip().lower() in PRIORITY_NAMES:
+    if isinstance(value, str) and _PRIORITY_NAME.fullmatch(value):
         return PRIORITY_NAMES[value.strip().lower()]
     return value
 
 
 Priority = Annotated[
     int,
+    Field(ge=0, le=MAX_PRIORITY),
+    Strict(),
+    WHOLE_FLOATS_AS_INT,
     BeforeValidator(_priority_value),
-    Field(
-        ge=0,
-        le=MAX_PRIORITY,
-        description="0-1000, higher first; or low (250), normal (500), high (750). Users may give at most "
-        "MWMS_USER_PRIORITY_CEILING (default 500); admins any",
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "integer", "minimum": 0, "maximum": MAX_PRIORITY},
+                {"type": "string", "pattern": PRIORITY_NAME_PATTERN},
+            ],
+            "description": PRIORITY_HELP,
+        }
     ),
 ]
 
@@ -115,15 +182,28 @@ class JobCreate(BaseModel):
     bundle_digest: str = Field(pattern=DIGEST_PATTERN, description="sha256 of an uploaded bundle")
     command: list[Text] = Field(
         min_length=1,
-        description="argv run in the bundle's directory; at most MWMS_MAX_COMMAND_ARGS arguments and "
-        "MWMS_MAX_COMMAND_BYTES bytes",
+        description="argv run in the bundle's directory, its first word a program; at most "
+        "MWMS_MAX_COMMAND_ARGS arguments and MWMS_MAX_COMMAND_BYTES bytes",
+        json_schema_extra={
+            "prefixItems": [{"type": "string", "pattern": NOT_BLANK_PATTERN}],
+            SETTING_LIMIT: {"maxItems": "max_command_args"},
+        },
     )
-    workers: int = Field(ge=1, le=MAX_WORKERS, description="number of MWMS workers (tasks)")
-    gpus_per_worker: int = Field(default=0, ge=0, le=64, description="0 runs on CPU slots")
+    workers: Integer = Field(ge=1, le=MAX_WORKERS, description="number of MWMS workers (tasks)")
+    gpus_per_worker: Integer = Field(default=0, ge=0, le=64, description="0 runs on CPU slots")
     env: dict[str, Text] = Field(
         default_factory=dict,
         description="at most MWMS_MAX_ENV_VARS variables; names, values and their total bounded by "
-        "MWMS_MAX_ENV_NAME_BYTES, MWMS_MAX_ENV_VALUE_BYTES and MWMS_MAX_ENV_TOTAL_BYTES",
+        "MWMS_MAX_ENV_NAME_BYTES, MWMS_MAX_ENV_VALUE_BYTES and MWMS_MAX_ENV_TOTAL_BYTES; names the agent "
+        "sets or the spec derives are refused",
+        json_schema_extra={
+            SETTING_LIMIT: {"maxProperties": "max_env_vars"},
+            "propertyNames": {
+                "minLength": 1,
+                "pattern": ENV_NAME_PATTERN,
+                "not": {"enum": _REFUSED_ENV_NAMES},
+            },
+        },
     )
     communication: CommunicationOptions = Field(default_factory=CommunicationOptions)
     restart: RestartPolicy = Field(default_factory=RestartPolicy)
@@ -135,21 +215,19 @@ class JobCreate(BaseModel):
         "flagged as hung: its stacks are dumped and the restart policy applies (retryable); default "
         "MWMS_HANG_TIMEOUT_S, 0 turns detection off",
     )
-    preflight: bool | None = Field(
+    preflight: StrictBool | None = Field(
         default=None,
         description="run the gang's preflight check (peers reachable, all-reduce of 1 MB and 64 MB) before "
         "the program; default MWMS_PREFLIGHT",
     )
     priority: Priority = DEFAULT_PRIORITY
-    preemptible: bool = Field(
+    preemptible: StrictBool = Field(
         default=True,
         description="false: never preempted (then it never borrows idle capacity over its team's quota); "
         "admins may keep users from opting out (MWMS_USERS_MAY_OPT_OUT_OF_PREEMPTION)",
     )
-    preemption_grace_seconds: int | None = Field(
+    preemption_grace_seconds: GraceSeconds | None = Field(
         default=None,
-        ge=0,
-        le=3600,
         description="seconds between the SIGTERM that preempts the job's workers and the SIGKILL; default "
         "MWMS_PREEMPTION_GRACE_S, at most MWMS_MAX_PREEMPTION_GRACE_S",
     )
@@ -157,7 +235,8 @@ class JobCreate(BaseModel):
         default=None,
         min_length=1,
         max_length=MAX_WORKERS,
-        description="pins worker i to agents[i] (an agent's id, else its name), one entry per worker; the "
+        description="pins worker i to agents[i] (an agent's id, else its name), one entry per worker (as "
+        "many as workers); the "
         "job stays PENDING, saying why, while a named agent is offline or busy; a value that is one agent's "
         "id and another's name is refused (400)",
     )
@@ -182,8 +261,8 @@ class JobCreate(BaseModel):
     @classmethod
     def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
         for key in value:
-            if not key or "=" in key or "\x00" in key:
-                raise ValueError(f"invalid environment variable name {key!r}")
+            if not _ENV_NAME.fullmatch(key):
+                raise ValueError(f"invalid environment variable name {key!r}: no '=' or NUL, not empty")
         # Names the agent sets or the spec derives (mwms/task_environment.py), all named at once.
         refused = task_environment.refused_names(value)
         if refused is not None:
@@ -339,6 +418,13 @@ class AgentOut(BaseModel):
         "", description="How the agent confines its tasks, e.g. 'bwrap sandbox; a uid per task'"
     )
     online: bool
+    state: Literal["online", "stopped", "lost", "removed"] = Field(
+        "online",
+        description="online (heard from within the agent timeout); stopped (it said goodbye: a clean stop "
+        "such as `systemctl stop`); lost (silent past the agent timeout without a goodbye); removed by an admin",
+    )
+    stopped_at: datetime | None = Field(None, description="when it said goodbye; null unless stopped")
+    lost_at: datetime | None = Field(None, description="when the coordinator handled it as lost; null if not")
     last_heartbeat_at: datetime | None
     devices: list[DeviceOut]
     devices_used: int
@@ -372,6 +458,7 @@ class ArtifactOut(BaseModel):
 class Overview(BaseModel):
     agents_online: int
     agents_lost: int
+    agents_stopped: int = Field(0, description="agents that said goodbye (a clean stop): not counted as lost")
     devices_busy: int
     devices_free: int
     jobs_running: int
@@ -404,6 +491,8 @@ class RoleName(str, Enum):
 
 
 MAX_TOKEN_LIFETIME_S = 10 * 365 * 86400
+MAX_TOKEN_NAME_CHARS = 200
+Lifetime = Annotated[int, Field(gt=0, le=MAX_TOKEN_LIFETIME_S), Strict(), WHOLE_FLOATS_AS_INT]
 
 
 class TokenCreate(BaseModel):
@@ -411,10 +500,22 @@ class TokenCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    user: str = Field(min_length=1, max_length=200, description="who the token belongs to; owns their jobs")
+    user: PrintableName = Field(
+        min_length=1,
+        max_length=MAX_TOKEN_NAME_CHARS,
+        description=f"who the token belongs to; owns their jobs: {NAME_RULE}",
+    )
     role: RoleName = RoleName.USER
-    name: str = Field(default="", max_length=200, description="a label, e.g. the machine it is used on")
-    expires_in_seconds: int | None = Field(default=None, gt=0, le=MAX_TOKEN_LIFETIME_S)
+    name: Annotated[
+        str,
+        Field(json_schema_extra={"pattern": OPTIONAL_NAME_PATTERN}),
+        matching(OPTIONAL_NAME_PATTERN, "empty or " + NAME_RULE),
+    ] = Field(
+        default="",
+        max_length=MAX_TOKEN_NAME_CHARS,
+        description="a label, e.g. the machine it is used on; default: the user",
+    )
+    expires_in_seconds: Lifetime | None = None
 
 
 class JoinTokenCreate(BaseModel):
@@ -422,8 +523,10 @@ class JoinTokenCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(default="agents", min_length=1, max_length=200)
-    expires_in_seconds: int | None = Field(default=None, gt=0, le=MAX_TOKEN_LIFETIME_S)
+    name: PrintableName = Field(
+        default="agents", min_length=1, max_length=MAX_TOKEN_NAME_CHARS, description=NAME_RULE
+    )
+    expires_in_seconds: Lifetime | None = None
 
 
 class TokenOut(BaseModel):
@@ -595,20 +698,18 @@ class StackDumpsOut(BaseModel):
 # --- sharing a cluster (issue 18): the queue, teams and quotas, cordons and drains ---
 
 MAX_CORDON_REASON_CHARS = 500
-MAX_DRAIN_GRACE_SECONDS = 3600
+MAX_DRAIN_GRACE_SECONDS = MAX_GRACE_SECONDS
 MAX_QUOTA_DEVICES = 1_000_000
-
-
-def _printable(value: str) -> str:
-    if not value.isprintable():
-        raise ValueError("must be printable: no newlines or control characters")
-    return value
 
 
 CordonReason = Annotated[
     str,
-    Field(max_length=MAX_CORDON_REASON_CHARS, description="why, for whoever looks at `mwms agents`"),
-    AfterValidator(_printable),
+    Field(
+        max_length=MAX_CORDON_REASON_CHARS,
+        json_schema_extra={"pattern": PRINTABLE_PATTERN},
+        description="why, for whoever looks at `mwms agents`",
+    ),
+    matching(PRINTABLE_PATTERN, "printable: no newlines, control characters or emoji"),
 ]
 
 
@@ -654,13 +755,16 @@ class TeamOut(BaseModel):
     in_use: DeviceCounts
 
 
+QuotaCount = Annotated[int, Field(ge=0, le=MAX_QUOTA_DEVICES), Strict(), WHOLE_FLOATS_AS_INT]
+
+
 class QuotaIn(BaseModel):
     """What `PUT /api/v1/teams/{team}/quota` takes; null (or leaving a kind out) sets no cap for it."""
 
     model_config = ConfigDict(extra="forbid")
 
-    gpus: int | None = Field(default=None, ge=0, le=MAX_QUOTA_DEVICES)
-    cpu_slots: int | None = Field(default=None, ge=0, le=MAX_QUOTA_DEVICES)
+    gpus: QuotaCount | None = None
+    cpu_slots: QuotaCount | None = None
 
 
 class TeamMemberOut(BaseModel):
@@ -684,14 +788,12 @@ class DrainIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     reason: CordonReason = ""
-    grace_seconds: int | None = Field(
+    grace_seconds: GraceSeconds | None = Field(
         default=None,
-        ge=0,
-        le=MAX_DRAIN_GRACE_SECONDS,
         description="SIGTERM-to-SIGKILL grace for the preempted jobs; default: each job's "
         "preemption_grace_seconds, else MWMS_PREEMPTION_GRACE_S; at most MWMS_MAX_PREEMPTION_GRACE_S",
     )
-    let_finish: bool = Field(
+    let_finish: StrictBool = Field(
         default=False, description="true: preempt nothing, let the jobs it runs finish; only cordon it"
     )
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import AfterValidator, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from mwms.archive import DEFAULT_LIMITS, ArchiveLimits
+from mwms.log_setup import DEFAULT_FORMAT, DEFAULT_LEVEL, parse_format, parse_level
 from mwms.loopback import is_loopback
 from server.limits import AGENT_RECEIVE_LIMIT_BYTES, ARG_STRLEN_MAX, SpecLimits, start_task_bound
 
@@ -27,6 +28,9 @@ class Settings(BaseSettings):
     # whoever started the coordinator with port 0 learns them.
     ports_file: Path | None = None
     data_dir: Path = Path("mwms-data")
+    # How the coordinator logs to stderr (mwms/log_setup.py): "text" or "json" lines, at this level or above.
+    log_format: Annotated[str, AfterValidator(parse_format)] = DEFAULT_FORMAT
+    log_level: Annotated[str, AfterValidator(parse_level)] = DEFAULT_LEVEL
     # Replicas (several coordinators on one PostgreSQL database): what this one serves ("api": REST and
     # the dashboard; "agents": the agents' gRPC, with /healthz and /metrics; "both"), the name it is
     # listed under (default: host:pid) and the host others reach it by (default: the bound host).
@@ -48,6 +52,8 @@ class Settings(BaseSettings):
     grpc_tls_key: Path | None = None
     # Make a CA and a server certificate in data_dir/tls and serve both protocols with them.
     tls_self_signed: bool = False
+    # gRPC server reflection (grpcurl lists the agents' service and grpc.health.v1, which is always on).
+    grpc_reflection: bool = True
     heartbeat_interval_s: float = 2.0
     # An agent that has not been heard from for this long is lost; its attempts end.
     agent_timeout_s: float = 10.0

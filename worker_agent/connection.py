@@ -10,6 +10,10 @@ connection but forwards nothing). A coordinator that answers heartbeats (an Ack 
 expected to keep doing so: once one answer has been seen, 3 heartbeat intervals + 5 s without any message
 end the connection, and the agent reconnects. A coordinator that never answers heartbeats is not held to it;
 gRPC keepalive pings still notice a dead network under it.
+
+On a clean stop (`close(goodbye=...)`, after the tasks' final reports) the last message is a Goodbye and the
+agent half-closes the stream; the coordinator stores it (the agent then reads as stopped, not lost) and
+ends the call. A coordinator that does not within GOODBYE_WAIT_SECONDS has its call cancelled.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ BATCH_MAX_ITEMS = 500
 MAX_BATCHES_PER_PASS = 20
 # Silence allowed on a stream beyond 3 heartbeat intervals before it is treated as dead.
 SILENCE_GRACE_SECONDS = 5.0
+# On a clean stop, how long to wait for the coordinator to store the Goodbye and end the call.
+GOODBYE_WAIT_SECONDS = 2.0
 
 
 class AgentConnection:
@@ -59,6 +65,8 @@ class AgentConnection:
         self._last_received = time.monotonic()
         self._call: grpc.Future | None = None
         self._closing = threading.Event()
+        # The last message to send once closing, on a clean stop only (set by `close` before `_closing`).
+        self._goodbye: agent_pb2.Goodbye | None = None
         # Set once the stream has ended, whatever the cause.
         self.ended = threading.Event()
         # The highest seq sent on this stream, per task; a new connection starts from the last ack.
@@ -80,10 +88,16 @@ class AgentConnection:
         self._call = call
         threading.Thread(target=self._read_commands, args=(call,), name="stream-reader", daemon=True).start()
 
-    def close(self) -> None:
-        """Ends the stream (the coordinator sees a cancelled call)."""
+    def close(self, goodbye: str | None = None) -> None:
+        """Ends the stream. With `goodbye` (a clean stop), a Goodbye with that reason goes last and the
+        coordinator gets GOODBYE_WAIT_SECONDS to store it and end the call; otherwise, or after that, the
+        call is cancelled."""
+        if goodbye is not None and self._call is not None and not self._closing.is_set():
+            self._goodbye = agent_pb2.Goodbye(reason=goodbye)
         self._closing.set()
         self._tasks.reports_ready.set()
+        if self._goodbye is not None and self.ended.wait(GOODBYE_WAIT_SECONDS):
+            log.info("said goodbye to the coordinator")
         if self._call is not None:
             self._call.cancel()
         self.ended.wait(5.0)
@@ -174,6 +188,9 @@ class AgentConnection:
                 continue  # more to send, with a heartbeat in between when one is due
             wait = min(BATCH_INTERVAL_SECONDS, max(0.0, next_heartbeat - time.monotonic()))
             self._tasks.reports_ready.wait(wait)
+        if self._goodbye is not None:
+            # After every report sent above; ending the iterator then half-closes the stream.
+            yield agent_pb2.AgentMessage(goodbye=self._goodbye)
 
     def _queue_answer(self, message: agent_pb2.AgentMessage) -> None:
         self._answers.put(message)

@@ -51,6 +51,8 @@ RECONNECT_INITIAL_SECONDS = 0.5
 RECONNECT_MAXIMUM_SECONDS = 3.0
 # On shutdown, how long to wait for the coordinator to acknowledge the final reports.
 FINAL_ACK_WAIT_SECONDS = 5.0
+# The Goodbye's reason: the coordinator then holds the agent as stopped, not lost.
+GOODBYE_REASON = "the agent was told to stop (SIGTERM or SIGINT: systemctl stop, Ctrl-C); its tasks ended"
 # Codes after which registering again cannot help.
 REFUSAL_CODES = frozenset(
     {
@@ -210,7 +212,8 @@ def build_confinement(config: AgentConfig) -> Confinement:
 
 
 def _shut_down(config: AgentConfig, tasks: TaskManager, connection: AgentConnection | None) -> None:
-    """Stops every task; while still connected, gives the coordinator a moment to store the final reports."""
+    """Stops every task; while still connected, gives the coordinator a moment to store the final reports,
+    then says goodbye, so the coordinator holds this agent as stopped rather than lost."""
     if tasks.records():
         log.info("stopping %d task(s)", len(tasks.records()))
     tasks.stop_all(config.stop_grace)
@@ -219,7 +222,7 @@ def _shut_down(config: AgentConfig, tasks: TaskManager, connection: AgentConnect
     deadline = time.monotonic() + FINAL_ACK_WAIT_SECONDS
     while tasks.records() and not connection.ended.is_set() and time.monotonic() < deadline:
         time.sleep(0.05)
-    connection.close()
+    connection.close(goodbye=GOODBYE_REASON)
 
 
 def _describe(error: grpc.RpcError) -> str:

@@ -5,7 +5,6 @@ Heavy imports (the coordinator, the agent, TensorFlow) happen inside commands so
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import socket
@@ -17,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from mwms import __version__, agent_defaults
+from mwms import __version__, agent_defaults, log_setup
 from mwms.cli import admin_commands, auth_commands, job_commands, quickstart, sharing_commands, submit
 from mwms.cli.doctor import doctor
 from mwms.cli.errors import EXIT_CODES_HELP, CliError, ExitCode, handles_errors
@@ -56,6 +55,7 @@ def root(
 @app.command()
 @handles_errors(api_param=None)
 def server(
+    ctx: typer.Context,
     host: Annotated[
         str | None,
         typer.Option(help="Address both servers bind to [default: 127.0.0.1]; see --http-host, --grpc-host."),
@@ -126,6 +126,23 @@ def server(
             show_default=False,
         ),
     ] = None,
+    log_format: Annotated[
+        str | None,
+        typer.Option(
+            help="How the coordinator logs to stderr: text, or json (one object a line, with job and agent "
+            f"ids as keys, for journald, Loki and other log shippers) [default: {log_setup.DEFAULT_FORMAT}] "
+            "(MWMS_LOG_FORMAT).",
+            show_default=False,
+        ),
+    ] = None,
+    log_level: Annotated[
+        str | None,
+        typer.Option(
+            help="Log records at this level or above: debug, info, warning or error "
+            f"[default: {log_setup.DEFAULT_LEVEL}] (MWMS_LOG_LEVEL).",
+            show_default=False,
+        ),
+    ] = None,
     serve_role: Annotated[
         str | None,
         typer.Option(
@@ -151,6 +168,31 @@ def server(
             show_default=False,
         ),
     ] = None,
+    grpc_reflection: Annotated[
+        bool | None,
+        typer.Option(
+            "--grpc-reflection/--no-grpc-reflection",
+            help="gRPC server reflection on the agents' port, for grpcurl; grpc.health.v1 is served either "
+            "way [default: on] (MWMS_GRPC_REFLECTION).",
+            show_default=False,
+        ),
+    ] = None,
+    systemd_unit: Annotated[
+        bool,
+        typer.Option(
+            "--systemd-unit",
+            help="Print a mwms-server.service unit that runs the coordinator with these options, and exit: "
+            "mwms server ... --systemd-unit | sudo tee /etc/systemd/system/mwms-server.service. Secrets "
+            "(MWMS_DB_URL, MWMS_ADMIN_TOKEN, MWMS_JOIN_TOKEN) go in /etc/mwms/server.env (root, mode 0600), "
+            "which the unit reads; the data dir defaults to /var/lib/mwms.",
+        ),
+    ] = False,
+    service_user: Annotated[
+        str | None,
+        typer.Option(
+            help="With --systemd-unit: the user the service runs as [default: mwms].", show_default=False
+        ),
+    ] = None,
 ) -> None:
     """Run the coordinator: REST API + dashboard over HTTP(S), agent connections over gRPC.
 
@@ -158,6 +200,9 @@ def server(
     default. On the first start an admin token is written to <data dir>/admin-token (or MWMS_ADMIN_TOKEN
     is made one).
     """
+    if systemd_unit:
+        _print_server_unit(ctx, service_user)
+        return
     try:
         from server.main import serve
         from server.settings import Settings
@@ -182,10 +227,44 @@ def server(
         "grpc_tls_cert": grpc_tls_cert,
         "grpc_tls_key": grpc_tls_key,
         "tls_self_signed": tls_self_signed,
+        "grpc_reflection": grpc_reflection,
         "hang_timeout_s": hang_timeout,
         "ports_file": ports_file,
+        "log_format": log_format,
+        "log_level": log_level,
     }
     serve(_settings(Settings, {key: value for key, value in given.items() if value is not None}))
+
+
+def _print_server_unit(ctx: typer.Context, service_user: str | None) -> None:
+    """Prints mwms-server.service for the `mwms server` flags on this command line (server/systemd_unit.py)."""
+    from server.systemd_unit import DEFAULT_SERVICE_USER, exec_arguments, render_unit
+    from worker_agent.systemd import UnitError
+
+    given: list[tuple[str, object]] = []
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name or "")
+        if param.name in ("systemd_unit", "service_user") or value is None:
+            continue
+        if value is False:  # a --no-x of an --x/--no-x pair; a plain flag left off says nothing
+            if param.secondary_opts:
+                given.append((param.secondary_opts[0], True))
+            continue
+        # ctx.params holds click's values, before typer makes Path options Paths.
+        given.append((param.opts[0], Path(value) if param.type.name == "path" else value))
+    try:
+        args = ["server", *exec_arguments(given)]
+        print(render_unit(*_unit_command(args), service_user or DEFAULT_SERVICE_USER), end="")
+    except UnitError as error:
+        raise CliError(str(error)) from None
+
+
+def _unit_command(args: list[str]) -> tuple[str, list[str]]:
+    """(executable, args) of a unit's ExecStart= that runs this `mwms` with `args`."""
+    launcher = Path(sys.argv[0])
+    if launcher.name == "mwms":
+        return str(launcher.resolve()), args
+    return sys.executable, ["-m", "mwms.cli.main", *args]  # run as `python -m mwms.cli.main`
 
 
 def _settings(settings_class: Any, given: dict[str, object]) -> Any:
@@ -323,6 +402,17 @@ def agent(
     user: Annotated[
         str | None, typer.Option(help="With --systemd-unit: the user the service runs as.")
     ] = None,
+    stop_grace_seconds: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            max=agent_defaults.MAX_STOP_GRACE_S,
+            help="When the agent shuts down, the seconds its tasks get between SIGTERM (to checkpoint and "
+            "exit) and SIGKILL; the unit of --systemd-unit waits this long plus "
+            f"{agent_defaults.UNIT_STOP_MARGIN_S} s [default: {agent_defaults.STOP_GRACE_S:g}].",
+            show_default=False,
+        ),
+    ] = None,
     ca_file: Annotated[
         Path | None,
         typer.Option(
@@ -380,6 +470,24 @@ def agent(
             show_default=False,
         ),
     ] = None,
+    log_format: Annotated[
+        str | None,
+        typer.Option(
+            envvar="MWMS_AGENT_LOG_FORMAT",
+            help="How the agent logs to stderr: text, or json (one object a line, for journald, Loki and "
+            f"other log shippers) [default: {log_setup.DEFAULT_FORMAT}].",
+            show_default=False,
+        ),
+    ] = None,
+    log_level: Annotated[
+        str | None,
+        typer.Option(
+            envvar="MWMS_AGENT_LOG_LEVEL",
+            help="Log records at this level or above: debug, info, warning or error "
+            f"[default: {log_setup.DEFAULT_LEVEL}].",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run an agent on this machine: it joins the coordinator and runs the tasks placed on it.
 
@@ -394,12 +502,21 @@ def agent(
         return  # cordon, uncordon or drain: the options above are this machine's agent's, not theirs
     if join_token is not None:
         raise CliError(JOIN_TOKEN_FLAG_REFUSED)
+    try:
+        logs_as = log_setup.parse_format(log_format or log_setup.DEFAULT_FORMAT)
+        logs_from = log_setup.parse_level(log_level or log_setup.DEFAULT_LEVEL)
+    except ValueError as error:
+        raise CliError(
+            f"{error}: give --log-format text|json and --log-level debug|info|warning|error"
+        ) from None
     port_low, port_high = parse_port_range(agent_defaults.port_range() if port_range is None else port_range)
     sandbox_mode = (agent_defaults.SANDBOX if sandbox is None else sandbox).strip().lower()
     if sandbox_mode not in agent_defaults.SANDBOX_MODES:
         raise CliError(f"--sandbox {sandbox!r} is not one of {', '.join(agent_defaults.SANDBOX_MODES)}")
     uid_low, uid_high = parse_uid_range(agent_defaults.task_uid_range() if task_uids is None else task_uids)
     server_address = agent_defaults.SERVER if server_address is None else server_address
+    if systemd_unit and work_dir is None:  # the service's StateDirectory=, not the caller's home
+        work_dir = Path(agent_defaults.SERVICE_WORK_DIR)
     work_dir = Path(agent_defaults.WORK_DIR) if work_dir is None else work_dir
     from worker_agent.config import parse_servers  # standard library only: no agent extras needed
 
@@ -418,9 +535,11 @@ def agent(
             raise CliError(
                 f"--ca-file {ca_file} holds no PEM certificate: give the coordinator's CA certificate"
             )
+    grace = agent_defaults.STOP_GRACE_S if stop_grace_seconds is None else stop_grace_seconds
     if systemd_unit:
-        from worker_agent.systemd import render_unit
+        from worker_agent.systemd import UnitError, render_unit
 
+        unit_work_dir = str(work_dir.expanduser().resolve())
         args = [
             "agent",
             "--server",
@@ -428,7 +547,7 @@ def agent(
             "--name",
             name or socket.gethostname(),
             "--work-dir",
-            str(work_dir.expanduser().resolve()),
+            unit_work_dir,
             "--slots",
             str(agent_defaults.SLOTS if slots is None else slots),
             "--port-range",
@@ -439,6 +558,11 @@ def agent(
         if device_sample_interval is not None:
             args += ["--device-sample-interval", str(device_sample_interval)]
         args += ["--sandbox", sandbox_mode, "--task-uids", f"{uid_low}-{uid_high}"]
+        args += ["--stop-grace-seconds", f"{grace:g}"]
+        if log_format is not None:
+            args += ["--log-format", logs_as]
+        if log_level is not None:
+            args += ["--log-level", logs_from]
         if task_user:
             args += ["--task-user", task_user]
         if join_token_file is not None:  # not read here: it may well be root's alone
@@ -447,11 +571,11 @@ def agent(
             args += ["--ca-file", str(ca_file)]
         elif tls:
             args += ["--tls"]
-        launcher = Path(sys.argv[0])
-        if launcher.name == "mwms":
-            print(render_unit(str(launcher.resolve()), args, user), end="")
-        else:  # run as `python -m mwms.cli.main`
-            print(render_unit(sys.executable, ["-m", "mwms.cli.main", *args], user), end="")
+        try:
+            unit = render_unit(*_unit_command(args), user, work_dir=unit_work_dir, stop_grace_seconds=grace)
+        except UnitError as error:
+            raise CliError(str(error)) from None
+        print(unit, end="")
         return
     try:
         from worker_agent.config import AgentConfig, local_address_towards
@@ -467,6 +591,7 @@ def agent(
         "device_sample_interval": device_sample_interval,
         "sandbox": None if sandbox is None else sandbox_mode,
         "task_uids": None if task_uids is None else (uid_low, uid_high),
+        "stop_grace": stop_grace_seconds,
     }
     config = AgentConfig(
         server=server_address,
@@ -479,9 +604,9 @@ def agent(
         task_user=task_user or None,
         **{field: value for field, value in given.items() if value is not None},
     )
-    # As `mwms server` does: the agent's INFO lines (registered as, no device telemetry, tasks started and
+    # As `mwms server` does: the agent's lines (registered as, no device telemetry, tasks started and
     # stopped) go to stderr, which systemd's journal or the quickstart's log file keeps.
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_setup.configure_logging(logs_as, logs_from)
     stop_event = threading.Event()
 
     def request_stop(signum: int, _frame: object) -> None:

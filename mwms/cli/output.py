@@ -197,7 +197,7 @@ def agents_table(agents: list[dict[str, Any]]) -> Table:
                 agent.get("name", ""),
                 agent.get("id", ""),
                 agent.get("address", ""),
-                Text("online", style="green") if agent.get("online") else Text("lost", style="red"),
+                agent_status_text(agent),
                 cordon_text(agent) if agent.get("cordoned") else "-",
                 ", ".join(f"{count}×{kind}" for kind, count in kinds.items()) or "-",
                 agent.get("devices_used", "-"),
@@ -208,6 +208,16 @@ def agents_table(agents: list[dict[str, Any]]) -> Table:
             )
         )
     return table
+
+
+# An agent's state (AgentOut.state) as the agents table shows it; an older coordinator sends only `online`.
+AGENT_STATE_STYLES = {"online": "green", "stopped": "dim", "lost": "red", "removed": "dim"}
+
+
+def agent_status_text(agent: dict[str, Any]) -> Text:
+    """online, stopped (a clean stop), lost or removed."""
+    state = agent.get("state") or ("online" if agent.get("online") else "lost")
+    return safe_text(state, style=AGENT_STATE_STYLES.get(state, ""))
 
 
 def tasks_table(tasks: list[dict[str, Any]]) -> Table:

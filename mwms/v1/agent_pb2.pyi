@@ -519,6 +519,32 @@ class DeviceTelemetry(_message.Message):
 Global___DeviceTelemetry: _TypeAlias = DeviceTelemetry  # noqa: Y015
 
 @_typing.final
+class Goodbye(_message.Message):
+    """The agent's last message on a clean shutdown (`systemctl stop`): its tasks have ended and their final
+    reports were sent (and acknowledged, unless that took too long) before it. The coordinator then holds the
+    agent as stopped, not lost, until it registers or says hello again. A coordinator that predates it
+    ignores it (an unknown field of the oneof), and the agent reads as lost there, as it always did.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REASON_FIELD_NUMBER: _builtins.int
+    reason: _builtins.str
+    """Why the agent stopped, for people ("stopped by SIGTERM"); the coordinator keeps at most 200 characters."""
+    def __init__(
+        self,
+        *,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Goodbye: _TypeAlias = Goodbye  # noqa: Y015
+
+@_typing.final
 class AgentMessage(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -530,6 +556,7 @@ class AgentMessage(_message.Message):
     STACKS_FIELD_NUMBER: _builtins.int
     PREFLIGHT_FIELD_NUMBER: _builtins.int
     DEVICES_FIELD_NUMBER: _builtins.int
+    GOODBYE_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def hello(self) -> Global___Hello: ...
     @_builtins.property
@@ -546,6 +573,8 @@ class AgentMessage(_message.Message):
     def preflight(self) -> Global___PreflightResult: ...
     @_builtins.property
     def devices(self) -> Global___DeviceTelemetry: ...
+    @_builtins.property
+    def goodbye(self) -> Global___Goodbye: ...
     def __init__(
         self,
         *,
@@ -557,12 +586,13 @@ class AgentMessage(_message.Message):
         stacks: Global___StackDump | None = ...,
         preflight: Global___PreflightResult | None = ...,
         devices: Global___DeviceTelemetry | None = ...,
+        goodbye: Global___Goodbye | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "devices", b"devices", "heartbeat", b"heartbeat", "hello", b"hello", "logs", b"logs", "metrics", b"metrics", "preflight", b"preflight", "stacks", b"stacks", "task", b"task"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "devices", b"devices", "goodbye", b"goodbye", "heartbeat", b"heartbeat", "hello", b"hello", "logs", b"logs", "metrics", b"metrics", "preflight", b"preflight", "stacks", b"stacks", "task", b"task"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "devices", b"devices", "heartbeat", b"heartbeat", "hello", b"hello", "logs", b"logs", "metrics", b"metrics", "preflight", b"preflight", "stacks", b"stacks", "task", b"task"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "devices", b"devices", "goodbye", b"goodbye", "heartbeat", b"heartbeat", "hello", b"hello", "logs", b"logs", "metrics", b"metrics", "preflight", b"preflight", "stacks", b"stacks", "task", b"task"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["hello", "heartbeat", "task", "logs", "metrics", "stacks", "preflight", "devices"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["hello", "heartbeat", "task", "logs", "metrics", "stacks", "preflight", "devices", "goodbye"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 

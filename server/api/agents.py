@@ -45,11 +45,12 @@ def delete_agent(agent: AgentReference, _admin: AdminOnly, wiring: WiringDep) ->
 
 @router.get("/overview", response_model=Overview)
 def overview(session: ReadSession) -> Overview:
-    """Agents online/lost, devices busy/free, jobs running/pending."""
+    """Agents online/lost/stopped, devices busy/free, jobs running/pending."""
     counts = count_overview(session)
     return Overview(
         agents_online=counts.agents_online,
         agents_lost=counts.agents_lost,
+        agents_stopped=counts.agents_stopped,
         devices_busy=counts.devices_busy,
         devices_free=counts.devices_free,
         jobs_running=counts.jobs_running,

@@ -26,6 +26,8 @@ PUBLIC_EXACT = frozenset(
     {("GET", "/healthz"), ("HEAD", "/healthz"), ("GET", "/"), ("POST", "/api/v1/session")}
 )
 PUBLIC_PREFIXES = ("/static/",)
+DOCS_PATH = "/docs"  # Swagger UI (server/app.py)
+LOGIN_PAGE = "/"  # the dashboard shows its login form until a login exists
 # Non-safe requests that a viewer may make: logging out.
 VIEWER_WRITES = frozenset({("DELETE", "/api/v1/session")})
 CROSS_SITE_REFUSED = (
@@ -113,6 +115,23 @@ async def _refuse(send: Send, status: int, detail: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+def wants_login_page(scope: Scope) -> bool:
+    """A browser (it asks for HTML) opening the API docs: it is sent to the dashboard to log in, since a
+    401 in JSON tells a person nothing."""
+    return (
+        scope["method"] == "GET" and scope["path"] == DOCS_PATH and "text/html" in _header(scope, b"accept")
+    )
+
+
+async def _refuse_unauthenticated(scope: Scope, send: Send, detail: str) -> None:
+    if not wants_login_page(scope):
+        await _refuse(send, 401, detail)
+        return
+    headers = [(b"location", LOGIN_PAGE.encode()), (b"content-length", b"0"), (b"cache-control", b"no-store")]
+    await send({"type": "http.response.start", "status": 303, "headers": headers})
+    await send({"type": "http.response.body", "body": b""})
+
+
 class AuthMiddleware:
     """Authenticates every HTTP request but the public ones and applies the role that its method needs."""
 
@@ -133,13 +152,13 @@ class AuthMiddleware:
             secret = _cookie(scope, LOGIN_COOKIE)
             via_cookie = bool(secret)
         if not secret:
-            await _refuse(send, 401, UNAUTHENTICATED_HELP)
+            await _refuse_unauthenticated(scope, send, UNAUTHENTICATED_HELP)
             return
         wiring = scope["app"].state.wiring
         try:
             principal = await asyncio.to_thread(_authenticate, wiring, secret)
         except Unauthenticated as error:
-            await _refuse(send, 401, str(error))
+            await _refuse_unauthenticated(scope, send, str(error))
             return
         if via_cookie and method not in SAFE_METHODS and not same_origin(scope):
             await _refuse(send, 403, CROSS_SITE_REFUSED)

@@ -1,7 +1,8 @@
 """The one mapping from domain errors to HTTP responses, readable validation errors, and their schema.
 
 Every 422 has one shape, `ValidationErrorOut` ({"detail": str, "errors": [...]}), whether pydantic or a
-request limit refused the request, and the OpenAPI document says so for every operation.
+request limit refused the request, or the body was no JSON at all; server/api/openapi_document.py documents
+it for every operation. A 405 names, in `Allow`, every method its path takes.
 """
 
 from __future__ import annotations
@@ -12,8 +13,11 @@ from contextlib import contextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from server.errors import (
     Conflict,
@@ -46,8 +50,9 @@ _STATUS: list[tuple[type[Exception], int]] = [
 # not drained (an upload over the limit is not read to its end to be thrown away).
 _CLOSE = {"Connection": "close"}
 _CLOSE_AFTER_REFUSAL = "close_after_refusal"
-_FASTAPI_422 = "#/components/schemas/HTTPValidationError"
-_OUR_422 = "#/components/schemas/ValidationErrorOut"
+# FastAPI answers a body it cannot decode (not UTF-8) with a 400 of this detail; invalid JSON is a 422.
+_BODY_NOT_DECODED = "There was an error parsing the body"
+_METHODS = ("DELETE", "GET", "HEAD", "PATCH", "POST", "PUT")
 
 
 def http_status(error: Exception) -> int:
@@ -85,6 +90,32 @@ def _loc_part(part: Any) -> str | int:
     return part if isinstance(part, int) and not isinstance(part, bool) else str(part)
 
 
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route of the app takes on this request's path (Starlette's 405 names only the
+    first route's, and FastAPI makes one route per method)."""
+    routes = request.app.router.routes
+    allowed = []
+    for method in _METHODS:  # asked of the routes themselves: FastAPI nests the included routers' routes
+        probe = {**request.scope, "method": method}
+        if any(route.matches(probe)[0] is Match.FULL for route in routes):
+            allowed.append(method)
+    return allowed
+
+
+async def http_error(request: Request, error: Exception) -> Response:
+    """Starlette's and FastAPI's own refusals: a 405 lists all the path's methods, an undecodable body is a 422."""
+    assert isinstance(error, StarletteHTTPException)
+    if error.status_code == 405:
+        allowed = ", ".join(allowed_methods(request))
+        detail = f"{request.method} is not a method of {request.url.path}: use {allowed}"
+        return JSONResponse(status_code=405, content={"detail": detail}, headers={"Allow": allowed})
+    if error.status_code == 400 and error.detail == _BODY_NOT_DECODED:
+        detail = "the request body is not valid JSON: it is not UTF-8 text"
+        issue = {"loc": ["body"], "msg": "not UTF-8 text", "type": "json_invalid"}
+        return JSONResponse(status_code=422, content=validation_body(detail, [issue]))
+    return await http_exception_handler(request, error)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     async def domain_error(request: Request, error: Exception) -> JSONResponse:
         if isinstance(error, LimitExceeded):
@@ -116,32 +147,4 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(DomainError, domain_error)
     app.add_exception_handler(InvalidTransition, domain_error)
     app.add_exception_handler(RequestValidationError, validation_error)
-    _document_validation_errors(app)
-
-
-def _document_validation_errors(app: FastAPI) -> None:
-    """Makes /openapi.json describe the 422 body the handler above sends, not FastAPI's default one."""
-    generate = app.openapi
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is not None:
-            return app.openapi_schema
-        schema = generate()
-        components = schema.setdefault("components", {}).setdefault("schemas", {})
-        model = ValidationErrorOut.model_json_schema(ref_template="#/components/schemas/{model}")
-        components.update(model.pop("$defs", {}))
-        components["ValidationErrorOut"] = model
-        for path in schema.get("paths", {}).values():
-            for operation in path.values():
-                response = operation.get("responses", {}).get("422")
-                if response is None:
-                    continue
-                for content in response.get("content", {}).values():
-                    if content.get("schema", {}).get("$ref") == _FASTAPI_422:
-                        content["schema"] = {"$ref": _OUR_422}
-        for unused in ("HTTPValidationError", "ValidationError"):
-            components.pop(unused, None)
-        app.openapi_schema = schema
-        return schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
+    app.add_exception_handler(StarletteHTTPException, http_error)

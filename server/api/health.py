@@ -13,10 +13,15 @@ router = APIRouter(tags=["health"])
 
 
 @router.get("/healthz")
-def healthz(session: ReadSession) -> dict[str, str]:
-    """ok when the coordinator can reach its database."""
+def healthz(session: ReadSession, request: Request) -> dict[str, str]:
+    """ok when the coordinator can reach its database; where this process serves the agents' gRPC,
+    "grpc" says what its grpc.health.v1 answers (SERVING, or NOT_SERVING while it starts or stops)."""
     session.execute(text("SELECT 1"))
-    return {"status": "ok"}
+    answer = {"status": "ok"}
+    grpc_health = getattr(request.app.state, "grpc_health", None)  # None: an `--serve api` replica
+    if grpc_health is not None:
+        answer["grpc"] = grpc_health.status
+    return answer
 
 
 @router.get("/metrics", include_in_schema=False)

@@ -49,6 +49,18 @@ FOLLOW_BUSY: dict[int | str, dict[str, Any]] = {
 BODY_TOO_LARGE: dict[int | str, dict[str, Any]] = {
     413: {"model": ErrorOut, "description": "the body is over MWMS_MAX_REQUEST_BODY_BYTES"}
 }
+FOLLOWED_LINES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "a page of lines; with follow=true, NDJSON: one LogLineOut a line",
+        "content": {"application/x-ndjson": {"schema": {"$ref": "#/components/schemas/LogLineOut"}}},
+    }
+}
+ARTIFACT_FILE: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "the file's bytes",
+        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    }
+}
 Offset = Annotated[int, Query(ge=0, le=INT64_MAX)]
 Cursor = Annotated[int, Query(ge=0, le=INT64_MAX, description="only lines newer than this cursor")]
 AttemptNumber = Annotated[int | None, Query(ge=1, le=INT64_MAX)]
@@ -160,7 +172,7 @@ def set_priority(job_id: str, change: PriorityChange, wiring: WiringDep, caller:
     return out
 
 
-@router.get("/{job_id}/logs", response_model=LogPage, responses=ERRORS | FOLLOW_BUSY)
+@router.get("/{job_id}/logs", response_model=LogPage, responses=ERRORS | FOLLOW_BUSY | FOLLOWED_LINES)
 async def job_logs(
     job_id: str,
     request: Request,
@@ -251,7 +263,7 @@ def job_artifacts(job_id: str, session: ReadSession) -> list[ArtifactOut]:
     return [artifact_out(r) for r in files.list_artifacts(session, jobs.get_job(session, job_id))]
 
 
-@router.get("/{job_id}/artifacts/{path:path}", response_class=FileResponse, responses=ERRORS)
+@router.get("/{job_id}/artifacts/{path:path}", response_class=FileResponse, responses=ERRORS | ARTIFACT_FILE)
 def job_artifact(
     job_id: str, path: str, session: ReadSession, wiring: WiringDep, attempt: AttemptNumber = None
 ) -> FileResponse:

@@ -14,6 +14,7 @@ from server.api.auth import AdminOnly
 from server.api.deps import ReadSession, WiringDep
 from server.api.views import agent_out
 from server.limits import INT64_MAX, MAX_NAME_CHARS
+from server.schema_types import NAME_PATTERN, NAME_RULE, matching
 from server.schemas import (
     AgentOut,
     CordonIn,
@@ -39,8 +40,22 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     422: {"model": ValidationErrorOut},
 }
 MAX_QUEUE_PAGE = 500
-TeamName = Annotated[str, Path(min_length=1, max_length=MAX_NAME_CHARS, description="the team's name")]
-UserName = Annotated[str, Path(min_length=1, max_length=MAX_NAME_CHARS, description="the user's name")]
+# Printable and not blank (server/services/teams.py), said in the schema so that clients know.
+_PRINTABLE = {"pattern": NAME_PATTERN}
+TeamName = Annotated[
+    str,
+    Path(
+        min_length=1, max_length=MAX_NAME_CHARS, json_schema_extra=_PRINTABLE, description="the team's name"
+    ),
+    matching(NAME_PATTERN, NAME_RULE),
+]
+UserName = Annotated[
+    str,
+    Path(
+        min_length=1, max_length=MAX_NAME_CHARS, json_schema_extra=_PRINTABLE, description="the user's name"
+    ),
+    matching(NAME_PATTERN, NAME_RULE),
+]
 
 
 def queue_entry(row: QueueRow) -> QueueEntry:

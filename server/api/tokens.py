@@ -17,6 +17,9 @@ from server.services.tokens import Role, TokenKind
 
 router = APIRouter(prefix="/api/v1", tags=["tokens"])
 ERRORS: dict[int | str, dict[str, Any]] = {403: {"model": ErrorOut}, 404: {"model": ErrorOut}}
+LAST_ADMIN: dict[int | str, dict[str, Any]] = {
+    409: {"model": ErrorOut, "description": "the token is the last usable admin token"}
+}
 
 
 def _created(token: Token, secret: str) -> TokenCreated:
@@ -49,11 +52,12 @@ def create_api_token(body: TokenCreate, admin: AdminTokenOnly, wiring: WiringDep
         return _created(token, secret)
 
 
-@router.delete("/tokens/{token_id}", response_model=TokenOut, responses=ERRORS)
+@router.delete("/tokens/{token_id}", response_model=TokenOut, responses=ERRORS | LAST_ADMIN)
 def revoke_api_token(token_id: str, _admin: AdminOnly, wiring: WiringDep) -> TokenOut:
-    """Revokes an API token at once; dashboard logins it opened end with it."""
+    """Revokes an API token at once; dashboard logins it opened end with it. The last usable admin token
+    is not revoked (409): create another admin token first."""
     with wiring.db.write() as session:
-        return token_out(tokens.revoke_token(session, token_id, TokenKind.API))
+        return token_out(tokens.revoke_api_token(session, token_id))
 
 
 @router.get("/agent-tokens", response_model=list[TokenOut], responses=ERRORS)

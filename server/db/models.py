@@ -77,6 +77,9 @@ class Agent(Base):
     online_until: Mapped[datetime | None] = mapped_column(default=None)
     # Set when the reconciler has acted on this agent being lost; cleared when it comes back.
     lost_at: Mapped[datetime | None] = mapped_column(default=None)
+    # Set when the agent said goodbye (a clean stop, e.g. `systemctl stop`): it reads as stopped, not online
+    # and never lost; cleared when it registers, says hello or is heard from on a later stream.
+    stopped_at: Mapped[datetime | None] = mapped_column(default=None)
     # sha256 (hex) of the secret half of the credential issued at registration; None: none issued.
     credential_hash: Mapped[str | None] = mapped_column(String(64), default=None)
     # Set when an admin removed the agent: its credential is void until it joins again with a join token.

@@ -2,11 +2,17 @@
 
 `ClusterGauges` is a custom collector over services.cluster_counts (a fixed number of aggregate queries,
 whatever the number of jobs and agents) plus what the coordinator holds in memory (connected agent
-streams). The queue and the teams' use of the cluster (services.cluster_counts.count_sharing) are read
-in the same transaction; their `team` label is bounded: at most MAX_TEAMS_LABELLED teams get series of
+streams). The queue and the teams' use of the cluster (services.cluster_counts.count_sharing) and the lost
+agents by name (observability.lost_agents, at most MAX_LOST_AGENTS_LABELLED) are read in the same
+transaction. The `team` label is bounded: at most MAX_TEAMS_LABELLED teams get series of
 their own (those with a quota first, then the biggest users of the cluster and of the queue), the rest
-are summed under team="other". It lives in a registry of the app's own, not the process-wide one: every app (tests start
-several in one process) reads its own database. `render` joins both registries into one /metrics page.
+are summed under team="other".
+
+Every replica on one database exports the same cluster gauges (all but mwms_agent_streams,
+mwms_replica_leads_loop and the scrape's own two), so queries over several replicas take them once with
+`max` rather than `sum` (deploy/prometheus/mwms-alerts.yml, the Grafana dashboard). The collector lives in a
+registry of the app's own, not the process-wide one: every app (tests start several in one process) reads
+its own database. `render` joins both registries into one /metrics page.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from prometheus_client.registry import Collector
 
 from server.db.engine import Database
 from server.live.pass_locks import LOOPS
+from server.observability.lost_agents import MAX_LOST_AGENTS_LABELLED, lost_agent_gauge, lost_agent_names
+from server.services.agents import AGENT_STATES
 from server.services.cluster_counts import (
     LIVE_TASK_STATES,
     PRIORITY_BANDS,
@@ -32,7 +40,7 @@ from server.services.replicas import ReplicaView, list_replicas
 from server.states import JobState
 
 log = logging.getLogger("mwms.server.metrics")
-LIVENESS_STATES = ("online", "lost", "removed")
+LIVENESS_STATES = AGENT_STATES  # online, stopped (said goodbye), lost, removed
 DEVICE_KINDS = ("cpu", "gpu")
 # Series per team-labelled gauge stay bounded however many teams (users without one) there are.
 MAX_TEAMS_LABELLED = 200
@@ -162,6 +170,7 @@ class ClusterGauges(Collector):
             with self._db.read() as session:
                 counts = count_cluster(session)
                 sharing = count_sharing(session)
+                lost = lost_agent_names(session, MAX_LOST_AGENTS_LABELLED)
                 replicas = list_replicas(session)
         except Exception:  # noqa: BLE001 - a scrape still shows the process and counter metrics
             log.exception("counting the cluster for /metrics failed")
@@ -179,11 +188,13 @@ class ClusterGauges(Collector):
         )
         yield _gauge(
             "mwms_agents",
-            "Agents by liveness: online (heard from within the agent timeout), lost, removed by an admin",
+            "Agents by liveness: online (heard from within the agent timeout), stopped (said goodbye: a clean "
+            "stop), lost, removed by an admin",
             "state",
             counts.agents_by_liveness,
             LIVENESS_STATES,
         )
+        yield from lost_agent_gauge(lost)
         yield _gauge(
             "mwms_devices",
             "Devices of online agents by kind (CPU slots, GPUs)",

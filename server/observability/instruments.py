@@ -9,14 +9,17 @@ or one increment per committed transaction, never one per item.
 
 from __future__ import annotations
 
+import platform
 from datetime import datetime
 
-from prometheus_client import Counter, Histogram, disable_created_metrics
+from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+import mwms
 from server.db.models import Job, JobEvent
 from server.observability.on_commit import on_commit
+from server.services.cluster_counts import PRIORITY_BANDS
 from server.states import TERMINAL_JOB_STATES, JobState
 
 # No `<name>_created` series: nothing reads them, they double the series and the text format shows them
@@ -88,6 +91,13 @@ AGENT_COMMANDS = Counter(
     "mwms_agent_commands_sent", "Commands sent to agents on their streams, by kind (start, stop)", ["kind"]
 )
 
+BUILD_INFO = Gauge(
+    "mwms_build_info",
+    "1, labelled with the coordinator's version and the Python it runs on (alerts and dashboards join on it)",
+    ["version", "python"],
+)
+BUILD_INFO.labels(version=mwms.__version__, python=platform.python_version()).set(1)
+
 RESTART_CAUSES = ("agent_lost", "signal", "exit_code", "startup_timeout", "hang", "other")
 # Series that exist from the start (at 0), so dashboards and alerts see them before the first event.
 for _cause in RESTART_CAUSES:
@@ -98,6 +108,8 @@ for _state in TERMINAL_JOB_STATES:
     JOB_DURATION.labels(state=_state.value)
 for _attempt in ("first", "restart"):
     SCHEDULING_LATENCY.labels(attempt=_attempt)
+for _band in PRIORITY_BANDS:
+    QUEUE_WAIT.labels(band=_band)
 
 
 def observe_job_transition(

@@ -3,7 +3,8 @@
 A state change is observed where it is made (in the transaction), but a transaction can still roll back,
 whole or in part (a savepoint of server.poison.isolated). `on_commit` keeps the action with the session and
 runs it after the outermost commit; a rollback of the transaction or savepoint it was recorded in (or of
-one around it) drops it, so a metric never counts a change that did not happen.
+one around it) drops it, so a metric never counts a change that did not happen. An action that raises is
+logged and counted in mwms_metric_update_failures_total (the exporter's own errors, which an alert watches).
 """
 
 from __future__ import annotations
@@ -11,11 +12,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from prometheus_client import Counter
 from sqlalchemy import event
 from sqlalchemy.orm import Session, SessionTransaction
 
 log = logging.getLogger("mwms.server.metrics")
 _PENDING = "mwms_on_commit"
+METRIC_UPDATE_FAILURES = Counter(
+    "mwms_metric_update_failures",
+    "Metric updates after a commit that raised (a bug in the coordinator's metrics; its log has the traceback)",
+)
 
 
 def on_commit(session: Session, action: Callable[[], None]) -> None:
@@ -31,6 +37,7 @@ def _run(action: Callable[[], None]) -> None:
     try:
         action()
     except Exception:  # noqa: BLE001 - a metric must never fail what was committed
+        METRIC_UPDATE_FAILURES.inc()
         log.exception("a metric update after commit failed")
 
 

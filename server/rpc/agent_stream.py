@@ -4,7 +4,10 @@ Every message marks the agent alive in memory (server/live/liveness.py); a heart
 writes nothing. Log and metric batches go through the shared telemetry writer (server/live/ingest.py)
 and are acknowledged once committed; hellos through the shared hello writer (server/live/hello_writer.py).
 Task reports are one transaction each; the agents their
-changes give commands to are woken, and only those.
+changes give commands to are woken, and only those. A goodbye (the agent's last message on a clean stop)
+is applied in order like a report, after everything the agent sent before it: the agent then reads as
+stopped, not lost, and this stream takes no more commands. A message of a kind this coordinator does not
+know (from a newer agent) is ignored, and logged once per stream.
 
 A message that cannot be applied never ends the stream (which would make the agent reconnect and resend
 it forever): a log or metric batch is acknowledged with what was refused and why, so the agent drops it;
@@ -58,6 +61,7 @@ class AgentStream:
         self.sent_stops: set[str] = set()
         self.ready = False  # commands flow once the agent said hello (it then knows what it runs)
         self.epoch: int | None = None  # the stream epoch its hello claimed (server/services/replicas.py)
+        self._unknown_logged = False
         self.write_lock = asyncio.Lock()
         self._deliver_lock = asyncio.Lock()
         # Batches handed to the telemetry writer, acknowledged in order once committed; the reader reads
@@ -240,6 +244,20 @@ class AgentStream:
             await wiring.devices.accept(self, self.agent_id, convert.device_samples(message.devices))
         elif body == "stacks":
             await wiring.stacks.accept(self.agent_id, convert.stack_dump(message.stacks))
+        elif body == "goodbye":
+            stopped, _ = await self._write_tracked(
+                agent_messages.accept_goodbye,
+                self.agent_id,
+                message.goodbye.reason,
+                replica_id=wiring.replica.id,
+                epoch=self.epoch,
+            )
+            if stopped:
+                self.ready = False  # it is stopping: no more commands on this stream
+        elif not self._unknown_logged:
+            # A newer agent's message (an unknown field of the oneof reads as no body): nothing to apply.
+            self._unknown_logged = True
+            log.info("agent %s sent a message this coordinator does not know; ignoring those", self.agent_id)
 
     async def _submit_batch(self, message: pb.AgentMessage, body: str) -> None:
         """Hands a log or metric batch to the telemetry writer, once fewer than MAX_UNACKED_BATCHES of this

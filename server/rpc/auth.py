@@ -20,13 +20,15 @@ import grpc
 
 from server.db.engine import Database
 from server.errors import DomainError, Forbidden, Unauthenticated
+from server.rpc import health
 from server.rpc.status import grpc_status
 from server.services.agent_auth import authenticate_agent
 
 log = logging.getLogger("mwms.server.rpc.auth")
 
 METADATA_KEY = "authorization"
-PUBLIC_METHODS = frozenset({"/mwms.v1.AgentService/Register"})
+# Register, and the standard health and reflection services (probes and grpcurl carry no credential).
+PUBLIC_METHODS = frozenset({"/mwms.v1.AgentService/Register", *health.PUBLIC_METHODS})
 INTERNAL_MESSAGE = "internal error in the coordinator; its log has the details"
 
 _agent_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("mwms_agent_id", default=None)

@@ -1,7 +1,7 @@
 """What the coordinator does with each kind of message on an agent's session, and the commands it holds.
 
-Hellos and task reports are one transaction each; log and metric batches of many agents share one
-(accept_telemetry); heartbeats write nothing here (server/live/liveness.py).
+Hellos, task reports and goodbyes are one transaction each; log and metric batches of many agents share
+one (accept_telemetry); heartbeats write nothing here (server/live/liveness.py).
 
 Items of a message are contained on their own: a task report of a Hello that cannot be applied is
 skipped (server.poison), a log line or metric point that cannot be stored is refused with a reason in the
@@ -17,8 +17,10 @@ from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
 from server.db.models import Agent, Job, Task, utcnow
+from server.observability.event_log import log_after_commit
 from server.poison import is_transient, isolated
-from server.services.agents import get_agent, touch_agent
+from server.services import replicas
+from server.services.agents import get_agent, mark_stopped, touch_agent
 from server.services.lifecycle import end_job, fail_on_nan_metric, mark_task_lost
 from server.services.tasks import (
     ReportOutcome,
@@ -80,6 +82,43 @@ def accept_hello(
             )
             replies.changed = True
     return replies
+
+
+# A goodbye's reason is for people (the coordinator's log): cut to this many characters, unprintable ones
+# replaced, so an agent cannot fill the log or write control sequences into it.
+MAX_GOODBYE_REASON = 200
+
+
+def goodbye_reason(text: str) -> str:
+    """The reason of a Goodbye as the coordinator logs it: printable, at most MAX_GOODBYE_REASON characters."""
+    cut = text if len(text) <= MAX_GOODBYE_REASON else text[: MAX_GOODBYE_REASON - 3] + "..."
+    return "".join(c if c.isprintable() else "?" for c in cut).strip() or "no reason given"
+
+
+def accept_goodbye(
+    session: Session, agent_id: str, reason: str, *, replica_id: str, epoch: int | None
+) -> bool:
+    """The agent stopped cleanly (its last message, after its tasks' final reports): it reads as stopped,
+    not online and never lost, until it registers, says hello or is heard from on a later stream; the
+    stream (`epoch` on `replica_id`) holds it no more. Tasks still open on it are ended by the reconciler
+    (reconcile.end_tasks_of_stopped_agents). False, and nothing written, for a stream a newer one of the
+    agent superseded: the agent is talking elsewhere."""
+    agent = get_agent(session, agent_id)
+    if epoch is not None and agent.stream_epoch != epoch:
+        return False
+    mark_stopped(agent)
+    if epoch is not None:
+        replicas.release_stream(session, agent_id, replica_id, epoch)
+    reason = goodbye_reason(reason)
+    log_after_commit(
+        session,
+        f"agent {agent.name} ({agent.id}) stopped cleanly: {reason}",
+        event="agent_stopped",
+        agent=agent.name,
+        agent_id=agent.id,
+        reason=reason,
+    )
+    return True
 
 
 def accept_report(session: Session, agent_id: str, report: TaskReport, *, backoff_base_s: float) -> Replies:

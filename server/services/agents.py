@@ -6,14 +6,15 @@ import logging
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal, get_args
 
 from sqlalchemy import Table, bindparam, or_, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, object_session
 
 from mwms.agent_references import NAME_WITH_ID_FORM_HELP, name_has_id_form
 from server.db.models import Agent, Task, utcnow
 from server.errors import InvalidInput, NameTaken, NotFound, Unauthenticated
+from server.observability.event_log import log_after_commit
 from server.observability.instruments import count_registration
 from server.poison import contain
 from server.services.agent_references import find_agent
@@ -132,9 +133,33 @@ def register_agent(
 def touch_agent(agent: Agent, timeout_s: float, now: datetime | None = None) -> None:
     """Records that the agent was heard from: it stays online for `timeout_s` more."""
     now = now or utcnow()
+    if agent.lost_at is not None:
+        _log_back(object_session(agent), agent.id, agent.name, rejoined=agent.removed_at is not None)
     agent.last_heartbeat_at = now
     agent.online_until = now + timedelta(seconds=timeout_s)
     agent.lost_at = None
+    agent.stopped_at = None
+
+
+def mark_stopped(agent: Agent, now: datetime | None = None) -> None:
+    """Records that the agent said goodbye (a clean stop): offline at once, for every check that reads
+    online_until (placement, the API, the gauges), and never judged lost (newly_lost_agents).
+
+    Heard from now: a liveness flush of what was heard before the goodbye is older and writes nothing
+    (record_heartbeats never moves liveness backwards), so only a later stream brings it back. One judged
+    lost meanwhile (its stream was stalled) was alive after all, and is stopped now, not lost."""
+    now = now or utcnow()
+    agent.stopped_at = now
+    agent.last_heartbeat_at = now
+    agent.online_until = now
+    agent.lost_at = None
+
+
+def _log_back(session: Session | None, agent_id: str, name: str, rejoined: bool = False) -> None:
+    how = "joined again after an admin removed it" if rejoined else "is back"
+    log_after_commit(
+        session, f"agent {name} ({agent_id}) {how}", event="agent_back", agent=name, agent_id=agent_id
+    )
 
 
 def record_heartbeats(session: Session, seen: dict[str, datetime], timeout_s: float) -> None:
@@ -158,10 +183,23 @@ def record_heartbeats(session: Session, seen: dict[str, datetime], timeout_s: fl
             last_heartbeat_at=bindparam("seen_at"),
             online_until=bindparam("until"),
             lost_at=None,
+            stopped_at=None,
         )
     )
+    # Lost agents heard from again come back with this write: one read by primary key says which.
+    lost = session.execute(
+        select(Agent.id, Agent.name, Agent.last_heartbeat_at).where(
+            Agent.id.in_(list(seen)), Agent.lost_at.is_not(None), Agent.removed_at.is_(None)
+        )
+    ).all()
+    for agent_id, name, heard_at in lost:
+        if heard_at is None or heard_at < seen[agent_id]:
+            _log_back(session, agent_id, name)
     timeout = timedelta(seconds=timeout_s)
-    rows = [{"agent_id": agent_id, "seen_at": at, "until": at + timeout} for agent_id, at in seen.items()]
+    # In id order, as every writer that updates several agents takes their rows, so two never deadlock.
+    rows = [
+        {"agent_id": agent_id, "seen_at": at, "until": at + timeout} for agent_id, at in sorted(seen.items())
+    ]
     session.connection().execute(statement, rows)
 
 
@@ -190,6 +228,15 @@ def remove_agent(
     open_tasks = session.scalars(
         select(Task).where(Task.agent_id == agent.id, Task.state.not_in(_TERMINAL_TASK_STATES))
     ).all()
+    log_after_commit(
+        session,
+        f"agent {agent.name} ({agent.id}) removed by an admin: its credential is void; "
+        f"{len(open_tasks)} task(s) on it lost",
+        event="agent_removed",
+        agent=agent.name,
+        agent_id=agent.id,
+        tasks_lost=len(open_tasks),
+    )
     for task in open_tasks:
         mark_task_lost(session, agent, task, "lost (its agent was removed by an admin)", backoff_base_s, now)
     session.flush()
@@ -200,6 +247,21 @@ def is_online(agent: Agent, now: datetime | None = None) -> bool:
     """Derived liveness: online while now < online_until."""
     now = now or utcnow()
     return agent.online_until is not None and now < agent.online_until
+
+
+# An agent's state as the API, the CLI and mwms_agents{state} name it (cluster_counts counts the same rule).
+AgentState = Literal["online", "stopped", "lost", "removed"]
+AGENT_STATES: tuple[AgentState, ...] = get_args(AgentState)
+
+
+def agent_state(agent: Agent, now: datetime | None = None) -> AgentState:
+    """removed (by an admin), online (heard from within the agent timeout), stopped (said goodbye), or
+    lost (silent past the timeout without a goodbye)."""
+    if agent.removed_at is not None:
+        return "removed"
+    if is_online(agent, now):
+        return "online"
+    return "stopped" if agent.stopped_at is not None else "lost"
 
 
 def device_kind(agent: Agent) -> str:
@@ -296,12 +358,24 @@ def capacities(
 
 
 def newly_lost_agents(session: Session, now: datetime | None = None) -> list[Agent]:
-    """Agents whose online_until has passed and that have not been handled as lost yet."""
+    """Agents whose online_until has passed and that have not been handled as lost yet; an agent that
+    stopped cleanly (said goodbye, stopped_at) is never lost.
+
+    Their rows are locked (PostgreSQL) until the caller's transaction ends: a replica's liveness flush
+    does not wait for the writer lock (Database.write_unserialised), so one that commits while this pass
+    judges either comes first (the row no longer matches and is skipped) or waits for the verdict; its
+    beat, written after its agents in the same transaction, is then not seen either."""
     now = now or utcnow()
     rows = session.scalars(
-        select(Agent).where(
-            Agent.online_until.is_not(None), Agent.online_until < now, Agent.lost_at.is_(None)
+        select(Agent)
+        .where(
+            Agent.online_until.is_not(None),
+            Agent.online_until < now,
+            Agent.lost_at.is_(None),
+            Agent.stopped_at.is_(None),
         )
+        .order_by(Agent.id)
+        .with_for_update()
     ).all()
     return list(rows)
 
@@ -310,10 +384,13 @@ def grant_reconnect_grace(session: Session, timeout_s: float, now: datetime | No
     """At coordinator start, gives every agent that was online a full timeout to reconnect.
 
     Without this, agents whose heartbeats stopped only because the coordinator was down would be
-    declared lost, and their healthy attempts ended, before they had a chance to reconnect.
+    declared lost, and their healthy attempts ended, before they had a chance to reconnect. Agents that
+    stopped cleanly stay stopped: they were not online.
     """
     now = now or utcnow()
-    rows = session.scalars(select(Agent).where(Agent.lost_at.is_(None), Agent.removed_at.is_(None))).all()
+    rows = session.scalars(
+        select(Agent).where(Agent.lost_at.is_(None), Agent.removed_at.is_(None), Agent.stopped_at.is_(None))
+    ).all()
     for agent in rows:
         agent.online_until = max(agent.online_until or now, now + timedelta(seconds=timeout_s))
     session.flush()

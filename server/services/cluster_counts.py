@@ -46,7 +46,7 @@ MAX_QUOTAS_COUNTED = 10_000
 
 @dataclass(frozen=True)
 class ClusterOverview:
-    """Agents online/lost, devices of online agents busy/free, jobs running (or placed)/pending."""
+    """Agents online/lost/stopped, devices of online agents busy/free, jobs running (or placed)/pending."""
 
     agents_online: int
     agents_lost: int
@@ -54,13 +54,14 @@ class ClusterOverview:
     devices_free: int
     jobs_running: int
     jobs_pending: int
+    agents_stopped: int = 0  # said goodbye (a clean stop): neither online nor lost
 
 
 @dataclass
 class ClusterCounts:
     jobs_by_state: dict[str, int] = field(default_factory=dict)
     tasks_by_state: dict[str, int] = field(default_factory=dict)  # live ones: ASSIGNED, STARTING, RUNNING
-    agents_by_liveness: dict[str, int] = field(default_factory=dict)  # online, lost, removed
+    agents_by_liveness: dict[str, int] = field(default_factory=dict)  # services.agents.AGENT_STATES
     # Devices of online agents, and those of them that live tasks hold, by kind ("gpu", "cpu").
     devices_by_kind: dict[str, int] = field(default_factory=dict)
     devices_used_by_kind: dict[str, int] = field(default_factory=dict)
@@ -90,9 +91,13 @@ def count_cluster(session: Session, now: datetime | None = None) -> ClusterCount
     )
 
     online = Agent.removed_at.is_(None) & Agent.online_until.is_not(None) & (Agent.online_until > now)
-    liveness = case((Agent.removed_at.is_not(None), "removed"), (online, "online"), else_="lost").label(
-        "liveness"
-    )
+    # services.agents.agent_state as SQL: removed, online, stopped (said goodbye), else lost.
+    liveness = case(
+        (Agent.removed_at.is_not(None), "removed"),
+        (online, "online"),
+        (Agent.stopped_at.is_not(None), "stopped"),
+        else_="lost",
+    ).label("liveness")
     # An agent's devices are all of one kind (the first names it, as in services.agents.device_kind).
     kind = func.coalesce(Agent.devices[0]["kind"].as_string(), "cpu").label("kind")
     device_count = func.coalesce(func.json_array_length(Agent.devices), 0)
@@ -163,6 +168,7 @@ def count_overview(session: Session) -> ClusterOverview:
 
     agents = agents_view(session)
     online = [a for a in agents if a.online]
+    stopped = sum(1 for a in agents if a.state == "stopped")
     counts = dict(
         session.execute(
             select(Job.state, func.count())
@@ -172,7 +178,8 @@ def count_overview(session: Session) -> ClusterOverview:
     )
     return ClusterOverview(
         agents_online=len(online),
-        agents_lost=len(agents) - len(online),
+        agents_lost=len(agents) - len(online) - stopped,
+        agents_stopped=stopped,
         devices_busy=sum(a.devices_used for a in online),
         devices_free=sum(a.devices_free for a in online),
         jobs_running=sum(counts.get(s, 0) for s in _JOBS_RUNNING),

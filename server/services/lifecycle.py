@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 
 from mwms.task_environment import PREEMPTED_AND_SAVED_EXIT_CODE
 from server.db.models import Agent, Attempt, Job, LogLine, Preemption, Task, utcnow
+from server.observability.event_log import log_after_commit, reason_summary
 from server.observability.instruments import count_preemption, count_restart
 from server.schemas import RestartOn, RestartPolicy
 from server.services.transitions import transition_attempt, transition_job, transition_task
@@ -185,6 +186,19 @@ def preempt_job(
         )
     )
     count_preemption(session, cause)
+    log_after_commit(
+        session,
+        f"job {job.id} attempt {attempt.number} preempted ({cause}"
+        + (f", for job {preemptor.id}" if preemptor is not None else "")
+        + f"): {reason_summary(why)}; its workers have {grace_s} s to save",
+        event="job_preempted",
+        job_id=job.id,
+        attempt=attempt.number,
+        cause=cause,
+        preemptor_job_id=preemptor.id if preemptor is not None else None,
+        grace_s=grace_s,
+        reason=reason_summary(why),
+    )
     transition_job(
         session,
         job,
@@ -310,6 +324,19 @@ def fail_attempt(
         job.restarts += 1
         job.not_before = now + timedelta(seconds=delay)
         count_restart(session, cause)
+        log_after_commit(
+            session,
+            f"job {job.id} restarts its whole gang after attempt {attempt.number} ({cause}): restart "
+            f"{job.restarts} of {max_restarts} in {delay:.0f} s: {reason_summary(reason)}",
+            event="job_restart",
+            job_id=job.id,
+            attempt=attempt.number,
+            cause=cause,
+            restart=job.restarts,
+            max_restarts=max_restarts,
+            delay_s=delay,
+            reason=reason_summary(reason),
+        )
         transition_job(
             session,
             job,

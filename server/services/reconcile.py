@@ -1,4 +1,5 @@
-"""The reconciler pass: acts on lost agents, start-up timeouts and runtime limits.
+"""The reconciler pass: acts on lost agents, tasks left on agents that stopped cleanly, start-up timeouts
+and runtime limits.
 
 Each agent and job is handled in its own savepoint (server.poison.isolated): a row that cannot be
 handled (a limit the datetime arithmetic cannot take, a damaged option) is logged once, counted and
@@ -14,6 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from server.db.models import Agent, Attempt, Job, Task, utcnow
+from server.observability.event_log import log_after_commit
 from server.poison import isolated
 from server.services import replicas
 from server.services.agents import newly_lost_agents
@@ -61,6 +63,7 @@ def reconcile(
                 agent.stream_replica = None
                 continue
             handle_lost_agent(session, agent, backoff_base_s, now)
+    end_tasks_of_stopped_agents(session, backoff_base_s, now)
     _check_startup_timeouts(session, backoff_base_s, default_startup_timeout_s, now)
     _check_max_runtime(session, now)
 
@@ -71,6 +74,15 @@ def handle_lost_agent(session: Session, agent: Agent, backoff_base_s: float, now
     tasks = session.scalars(
         select(Task).where(Task.agent_id == agent.id, Task.state.not_in(_terminal()))
     ).all()
+    log_after_commit(
+        session,
+        f"agent {agent.name} ({agent.id}) lost: no heartbeat for {timeout_hint(agent)}; "
+        f"{len(tasks)} task(s) on it lost",
+        event="agent_lost",
+        agent=agent.name,
+        agent_id=agent.id,
+        tasks_lost=len(tasks),
+    )
     for task in tasks:
         mark_task_lost(
             session,
@@ -82,6 +94,31 @@ def handle_lost_agent(session: Session, agent: Agent, backoff_base_s: float, now
         )
 
 
+def end_tasks_of_stopped_agents(session: Session, backoff_base_s: float, now: datetime) -> None:
+    """Ends, as a lost agent's, the tasks still open on agents that said goodbye (a clean stop): those whose
+    final report did not come, and any placed on it while its goodbye was on its way. The agent itself is
+    stopped, never lost (newly_lost_agents leaves it out). One query on the open tasks, whatever the number
+    of stopped agents."""
+    rows = session.execute(
+        select(Task, Agent)
+        .join(Agent, Agent.id == Task.agent_id)
+        .where(Task.state.in_(_open()), Agent.stopped_at.is_not(None), Agent.removed_at.is_(None))
+        .order_by(Task.agent_id, Task.id)
+    ).all()
+    for task, agent in rows:
+        with isolated(
+            session, log, "reconcile_agent", task.id, f"task {task.id} of stopped agent {agent.name}"
+        ):
+            mark_task_lost(
+                session,
+                agent,
+                task,
+                "lost (its agent was stopped and no longer runs it)",
+                backoff_base_s,
+                now,
+            )
+
+
 def timeout_hint(agent: Agent) -> str:
     """How long the agent has been silent, for the reason people read."""
     if agent.last_heartbeat_at is None or agent.lost_at is None:
@@ -91,6 +128,10 @@ def timeout_hint(agent: Agent) -> str:
 
 def _terminal() -> list[str]:
     return [s.value for s in TaskState if s.terminal]
+
+
+def _open() -> list[str]:
+    return [s.value for s in TaskState if not s.terminal]
 
 
 def _check_startup_timeouts(session: Session, backoff_base_s: float, default_s: float, now: datetime) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
+import re
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -19,13 +20,16 @@ from sqlalchemy.orm import Session
 
 from server.db.models import Token, utcnow
 from server.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthenticated
+from server.schema_types import NAME_PATTERN, NAME_RULE
+from server.schemas import MAX_TOKEN_NAME_CHARS
 
 API_PREFIX = "mwms_"
 SESSION_PREFIX = "mwmss_"
 JOIN_PREFIX = "mwmsj_"
 SECRET_BYTES = 32
 SESSION_LIFETIME = timedelta(hours=12)
-MAX_NAME = 200
+MAX_NAME = MAX_TOKEN_NAME_CHARS
+_NAME = re.compile(NAME_PATTERN)
 
 
 class Role(enum.IntEnum):
@@ -83,10 +87,11 @@ def same_secret_hash(a: str, b: str) -> bool:
 
 
 def _check_name(value: str, what: str) -> str:
-    value = value.strip()
-    if not value or len(value) > MAX_NAME or any(ord(c) < 32 for c in value):
-        raise InvalidInput(f"{what} must be 1-{MAX_NAME} printable characters")
-    return value
+    """The name stripped, or InvalidInput: the API schema's rule (server/schemas.py NAME_PATTERN)."""
+    stripped = value.strip()
+    if not _NAME.fullmatch(value) or len(stripped) > MAX_NAME:
+        raise InvalidInput(f"{what} must be {NAME_RULE}, got {value[:MAX_NAME]!r}")
+    return stripped
 
 
 def _usable(token: Token, now: datetime) -> bool:
@@ -257,6 +262,27 @@ def revoke_token(session: Session, token_id: str, kind: TokenKind, now: datetime
         token.revoked_at = now or utcnow()
         session.flush()
     return token
+
+
+def revoke_api_token(session: Session, token_id: str, now: datetime | None = None) -> Token:
+    """Revokes an API token, unless it is the last usable admin token: then nobody could administer the
+    coordinator any more (Conflict, saying what to do instead)."""
+    now = now or utcnow()
+    # Locked (PostgreSQL), so that two admins revoking each other's tokens at once cannot both succeed.
+    admins = session.scalars(
+        select(Token)
+        .where(Token.kind == TokenKind.API.value, Token.role == Role.ADMIN.label)
+        .with_for_update()
+    ).all()
+    token = next((t for t in admins if t.id == token_id), None)
+    others = [t for t in admins if t.id != token_id and _usable(t, now)]
+    if token is not None and _usable(token, now) and not others:
+        raise Conflict(
+            f"token {token.id} ({token.name!r} of {token.user!r}) is the last usable admin token: revoking it "
+            "would leave nobody able to administer the coordinator. Create another admin token first "
+            "(mwms token create --user NAME --role admin), then revoke this one"
+        )
+    return revoke_token(session, token_id, TokenKind.API, now)
 
 
 def create_join_token(

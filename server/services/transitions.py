@@ -11,6 +11,7 @@ from datetime import datetime
 from sqlalchemy.orm import Session
 
 from server.db.models import Attempt, AttemptEvent, Job, JobEvent, Task, utcnow
+from server.observability.event_log import log_after_commit, reason_summary
 from server.observability.instruments import observe_job_transition
 from server.services import device_claims
 from server.states import (
@@ -38,6 +39,17 @@ def transition_job(
     if to.terminal:
         job.finished_at = now
     observe_job_transition(session, job, current, to, now)  # counted once committed
+    summary = reason_summary(reason)
+    log_after_commit(
+        session,
+        f"job {job.id}: {current.value if current else 'new'} -> {to.value}"
+        + (f": {summary}" if summary else ""),
+        event="job_state",
+        job_id=job.id,
+        state=to.value,
+        from_state=current.value if current else None,
+        reason=summary,
+    )
     session.add(
         JobEvent(
             job_id=job.id,
@@ -64,6 +76,19 @@ def transition_attempt(
     if to.terminal:
         attempt.reason = reason
         attempt.ended_at = now
+    summary = reason_summary(reason)
+    log_after_commit(
+        session,
+        f"job {attempt.job_id} attempt {attempt.number}: {current.value if current else 'new'} -> {to.value}"
+        + (f": {summary}" if summary else ""),
+        event="attempt_state",
+        job_id=attempt.job_id,
+        attempt=attempt.number,
+        attempt_id=attempt.id,
+        state=to.value,
+        from_state=current.value if current else None,
+        reason=summary,
+    )
     session.add(
         AttemptEvent(
             attempt_id=attempt.id,

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from server.db.models import Agent, Job, StackDump, StackRequest, Task
 from server.services import stacks, teams
-from server.services.agents import is_online, live_tasks_by_agent
+from server.services.agents import AgentState, agent_state, live_tasks_by_agent
 from server.services.jobs import read_job
 from server.services.stack_text import ThreadStack, parse_threads
 from server.services.teams import Quota
@@ -26,6 +26,7 @@ class AgentView:
     agent: Agent
     online: bool
     tasks: list[Task]
+    state: AgentState  # online, stopped (said goodbye), lost or removed
     job_names: dict[str, str]  # job id -> name, for the jobs of `tasks`
 
     @property
@@ -122,7 +123,10 @@ def agents_view(session: Session, agent_id: str | None = None) -> list[AgentView
     for agent in session.scalars(query).all():
         tasks = held.get(agent.id, [])
         names = {t.job_id: jobs.get(t.job_id, "") for t in tasks}
-        views.append(AgentView(agent=agent, online=is_online(agent), tasks=tasks, job_names=names))
+        state = agent_state(agent)
+        views.append(
+            AgentView(agent=agent, online=state == "online", tasks=tasks, job_names=names, state=state)
+        )
     return views
 
 

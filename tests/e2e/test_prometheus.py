@@ -1,27 +1,49 @@
 """/metrics of a real coordinator (the shared cluster: `mwms server` and two real agents on loopback).
 
-A scrape needs a token (any role); every query of the Grafana dashboard in deploy/grafana names a metric
-that /metrics exports; the README's metric list is the exported list; and a real two-worker job moves
-the numbers: jobs by state, agents online, heartbeat round trips, ingested points and lines, scheduling
-latency, job duration, commands sent and request latency by route template.
+A scrape needs a token (any role) and passes `promtool check metrics`; every query of the Grafana dashboard
+in deploy/grafana and of the alerting rules in deploy/prometheus names a metric that /metrics exports; the
+dashboard imports with a data-source input and shows the coordinators chosen, never summing a cluster gauge
+over replicas; the README's metric list is the exported list; labelled series and the build info are
+there before any event; and a real two-worker job moves the numbers: jobs by state, agents online,
+heartbeat round trips, ingested points and lines, scheduling latency, job duration, commands sent and
+request latency by route template.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import platform
 import re
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+import yaml  # PyYAML: a dependency of schemathesis (the dev extra)
 from prometheus_client.parser import text_string_to_metric_families
 
-from cluster import wait_until
+import mwms
+from server import poison
+
+from cluster import free_port, wait_until
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "mwms-dashboard.json"
+ALERT_RULES = ROOT / "deploy" / "prometheus" / "mwms-alerts.yml"
+# Series Prometheus makes for every target it scrapes; queries may read them too.
+PROMETHEUS_SERIES = {"up"}
+# Cluster gauges that describe the replica that answers; the other gauges are the same on every replica.
+PER_REPLICA_GAUGES = {
+    "mwms_agent_streams",
+    "mwms_replica_leads_loop",
+    "mwms_cluster_scrape_ok",
+    "mwms_cluster_scrape_duration_seconds",
+}
 README = ROOT / "README.md"
 SUFFIXES = {
     "counter": ("_total", "_created"),
@@ -109,6 +131,29 @@ def dashboard_queries() -> Iterator[tuple[str, str]]:
     yield from walk(json.loads(DASHBOARD.read_text())["panels"])
 
 
+def alert_expressions() -> Iterator[tuple[str, str]]:
+    for group in yaml.safe_load(ALERT_RULES.read_text())["groups"]:
+        for rule in group["rules"]:
+            yield rule["alert"], rule["expr"]
+
+
+def prometheus_tool(name: str = "promtool") -> str:
+    """Prometheus's `promtool` or `prometheus` binary; a skip where it is missing, but a failure in CI
+    (.ci/run installs it)."""
+    found = shutil.which(name)
+    if found is None:
+        hint = f"{name} is not installed: apt-get install prometheus (Debian's package brings both binaries)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(hint + "; .ci/run installs it")
+        pytest.skip(hint)
+    return found
+
+
+def dashboard_promql(expr: str, job: str) -> str:
+    """A dashboard query as Grafana sends it with `job` and every coordinator chosen."""
+    return expr.replace("$__rate_interval", "1m").replace('"$job"', f'"{job}"').replace('"$instance"', '".*"')
+
+
 def test_the_name_extraction_reads_what_the_dashboard_writes() -> None:
     expr = (
         'histogram_quantile(0.95, sum by (le, route) (rate(mwms_api_request_duration_seconds_bucket{route!="a{b}"}'
@@ -145,15 +190,179 @@ def test_every_exported_mwms_metric_has_help_text(cluster: Any) -> None:
 
 def test_every_dashboard_query_names_a_metric_that_metrics_exports(cluster: Any) -> None:
     _, text = scrape(cluster)
-    exported = series_names(text) | defined_elsewhere_and_not_started()
+    exported = series_names(text) | defined_elsewhere_and_not_started() | PROMETHEUS_SERIES
     queries = list(dashboard_queries())
     assert len(queries) >= 20
+    assert any(metric_names(expr) == {"up"} for _, expr in queries), "no panel shows Prometheus's `up`"
     missing = []
     for title, expr in queries:
         names = metric_names(expr)
         assert names, f"panel {title!r}: no metric in {expr!r}"
         missing += [f"{title!r}: {name}" for name in sorted(names) if name not in exported]
     assert not missing, "dashboard queries name metrics /metrics does not export:\n" + "\n".join(missing)
+
+
+def test_every_alert_rule_names_a_metric_that_metrics_exports(cluster: Any) -> None:
+    _, text = scrape(cluster)
+    exported = series_names(text) | defined_elsewhere_and_not_started() | PROMETHEUS_SERIES
+    rules = list(alert_expressions())
+    assert len(rules) >= 10
+    missing = [f"{alert}: {name}" for alert, expr in rules for name in sorted(metric_names(expr) - exported)]
+    assert not missing, "alert rules name metrics /metrics does not export:\n" + "\n".join(missing)
+
+
+def test_the_scrape_passes_promtool_and_has_its_series_before_any_event(cluster: Any) -> None:
+    """What a fresh coordinator shows: the build info, and a series for each known label value (values may
+    have moved: the cluster is shared with the other end-to-end tests)."""
+    _, text = scrape(cluster)
+    result = subprocess.run(
+        [prometheus_tool(), "check", "metrics"],
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0 and not (result.stdout + result.stderr).strip(), (
+        result.stdout + result.stderr
+    )
+    build = (("python", platform.python_version()), ("version", mwms.__version__))
+    assert samples(text)[("mwms_build_info", build)] == 1
+    present = samples(text)
+    expected = [("mwms_poison_total", (("kind", kind),)) for kind in poison.KNOWN_KINDS]
+    expected += [("mwms_job_queue_wait_seconds_count", (("band", b),)) for b in ("low", "normal", "high")]
+    expected += [("mwms_metric_update_failures_total", ())]
+    missing = [f"{name}{dict(labels)}" for name, labels in expected if (name, labels) not in present]
+    assert not missing, "no series on a fresh coordinator: " + ", ".join(missing)
+    assert families(text)["mwms_agent_lost"] == "gauge"  # a family without series while no agent is lost
+
+
+def test_the_dashboard_imports_with_a_data_source_input() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    inputs = {i["name"]: i for i in dashboard["__inputs"]}
+    assert [(i["type"], i["pluginId"]) for i in inputs.values()] == [("datasource", "prometheus")]
+    used = set(re.findall(r"\$\{(DS_\w+)\}", DASHBOARD.read_text()))
+    assert used == set(inputs), f"inputs {sorted(inputs)}, referenced {sorted(used)}"
+    required = {(r["type"], r["id"]) for r in dashboard["__requires"]}
+    assert {("grafana", "grafana"), ("datasource", "prometheus")} <= required
+
+    def panel_types(panels: list[dict[str, Any]]) -> set[str]:
+        return {p["type"] for p in panels} | {t for p in panels for t in panel_types(p.get("panels", []))}
+
+    missing = {("panel", kind) for kind in panel_types(dashboard["panels"]) - {"row"}} - required
+    assert not missing, f"__requires misses {sorted(missing)}"
+
+
+def test_every_dashboard_query_shows_the_chosen_coordinators(cluster: Any) -> None:
+    """The `instance` variable picks one replica or all; a gauge that every replica exports alike is never
+    summed over them (taken with max), so two coordinators do not show twice the cluster."""
+    variables = {v["name"]: v for v in json.loads(DASHBOARD.read_text())["templating"]["list"]}
+    instance = variables["instance"]
+    assert instance["type"] == "query" and instance["includeAll"] and instance["allValue"] == ".*"
+    assert "mwms_build_info" in instance["definition"] and "$job" in instance["definition"]
+    _, text = scrape(cluster)
+    cluster_wide = {
+        name for name, kind in families(text).items() if kind == "gauge" and name.startswith("mwms_")
+    } - PER_REPLICA_GAUGES
+    summed = re.compile(r"\bsum\s*(?:by\s*\([^)]*\)\s*)?\(\s*(\w+)\{")
+    for title, expr in dashboard_queries():
+        for match in re.finditer(r"\b(\w+)\{([^}]*)\}", expr):
+            assert 'instance=~"$instance"' in match.group(2), f"{title!r}: {match.group(0)} ignores $instance"
+            assert 'job=~"$job"' in match.group(2), f"{title!r}: {match.group(0)} ignores $job"
+        doubled = [name for name in summed.findall(expr) if name in cluster_wide]
+        assert not doubled, f"{title!r}: {doubled} summed over replicas that export the same value"
+
+
+def test_a_real_prometheus_loads_the_rules_and_answers_every_dashboard_query(
+    cluster: Any, tmp_path: Path
+) -> None:
+    """Prometheus scrapes the coordinator as the README says (job mwms, a viewer token in a file) with the
+    rules file loaded: every rule evaluates without error, the dashboard's variables find the coordinator
+    and each panel's query is valid PromQL that returns series (lost agents aside: there may be none)."""
+    binary = prometheus_tool("prometheus")
+    token_file = tmp_path / "mwms-token"
+    token_file.write_text(cluster.create_token("prometheus", role="viewer"))
+    token_file.chmod(0o600)
+    shutil.copy(ALERT_RULES, tmp_path / ALERT_RULES.name)
+    target = f"127.0.0.1:{cluster.http_port}"
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        json.dumps(  # JSON is YAML
+            {
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                "rule_files": [ALERT_RULES.name],
+                "scrape_configs": [
+                    {
+                        "job_name": "mwms",
+                        "authorization": {"type": "Bearer", "credentials_file": str(token_file)},
+                        "static_configs": [{"targets": [target]}],
+                    }
+                ],
+            }
+        )
+    )
+    port = free_port()
+    log_path = tmp_path / "prometheus.log"
+    with log_path.open("wb") as log:
+        prometheus = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    api = f"http://127.0.0.1:{port}/api/v1"
+
+    def get(path: str, **params: Any) -> Any:
+        try:
+            response = httpx.get(f"{api}/{path}", params=params, timeout=10, trust_env=False)
+        except httpx.TransportError:
+            return None
+        body = response.json()
+        assert body["status"] == "success", f"{path} {params}: {body}"
+        return body["data"]
+
+    def log_tail() -> str:
+        return "\n".join(log_path.read_text(errors="replace").splitlines()[-30:])
+
+    try:
+        up = 'up{job="mwms"}'
+
+        def scraped_twice() -> bool:
+            data = get("query", query=f"count_over_time({up}[1m])")
+            return bool(data and data["result"] and float(data["result"][0]["value"][1]) >= 3)
+
+        wait_until(scraped_twice, 60, "three scrapes of the coordinator", observed=log_tail)
+        assert float(get("query", query=up)["result"][0]["value"][1]) == 1, get("targets")
+
+        def evaluated() -> list[dict[str, Any]] | None:
+            rules = [rule for group in get("rules")["groups"] for rule in group["rules"]]
+            done = all(not rule["lastEvaluation"].startswith("0001") for rule in rules)
+            return rules if rules and done else None
+
+        rules = wait_until(evaluated, 30, "every rule evaluated once", observed=log_tail)
+        assert {rule["name"] for rule in rules} == {alert for alert, _ in alert_expressions()}
+        unhealthy = [(rule["name"], rule.get("lastError")) for rule in rules if rule["health"] != "ok"]
+        assert not unhealthy, unhealthy
+        instances = get("label/instance/values", **{"match[]": 'mwms_build_info{job=~"mwms"}'})
+        assert instances == [target]
+        assert get("label/job/values", **{"match[]": "mwms_build_info"}) == ["mwms"]
+        empty = []
+        for title, expr in dashboard_queries():
+            result = get("query", query=dashboard_promql(expr, "mwms"))["result"]
+            if not result and "mwms_agent_lost" not in expr:
+                empty.append(f"{title!r}: {expr}")
+        assert not empty, "dashboard queries with no data:\n" + "\n".join(empty)
+    finally:
+        prometheus.terminate()
+        try:
+            prometheus.wait(10)
+        except subprocess.TimeoutExpired:
+            prometheus.kill()
+            prometheus.wait()
 
 
 def test_the_readme_lists_exactly_the_exported_metrics(cluster: Any) -> None:

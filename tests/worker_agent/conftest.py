@@ -120,6 +120,8 @@ class FakeCoordinator(agent_pb2_grpc.AgentServiceServicer):
         self.streams.append(stream)
         threading.Thread(target=self._read, args=(stream, request_iterator), daemon=True).start()
         while context.is_active() and not stream.closed.is_set():
+            if stream.reader_done.is_set() and stream.commands.empty():
+                return  # the agent half-closed (it said goodbye): the call ends, as the coordinator ends it
             if self.silent:
                 time.sleep(0.02)
                 continue

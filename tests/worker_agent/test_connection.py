@@ -294,6 +294,12 @@ def test_stopping_the_agent_stops_its_tasks_and_reports_them(coordinator, start_
     final = fake.reports("task-1")[-1]
     assert (final.state, final.exit_code) == (S.TASK_STATE_STOPPED, 137)
     assert not _alive(pid)
+    # A clean stop: the last message, after the final report, is a Goodbye (the coordinator holds the agent
+    # as stopped, not lost), and then the agent half-closed the stream.
+    kinds = [m.WhichOneof("body") for m in stream.received]
+    assert kinds.count("goodbye") == 1 and kinds[-1] == "goodbye", kinds[-5:]
+    assert "told to stop" in stream.of_kind("goodbye")[0].reason
+    assert stream.reader_done.is_set()
 
 
 def test_a_refused_join_token_ends_the_agent_with_code_2(coordinator, start_agent, wait_for) -> None:  # type: ignore[no-untyped-def]

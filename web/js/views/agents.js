@@ -69,12 +69,18 @@ function cordonStatus(agent) {
   );
 }
 
+// online, stopped (it said goodbye: a clean stop), lost or removed (AgentOut.state); from `online` without one.
+function agentState(agent) {
+  return agent.state || (agent.online ? "online" : "lost");
+}
+
 function agentRow(agent, readings) {
+  const state = agentState(agent);
   return h(
     "tr",
-    { dataset: { agentId: agent.id, online: String(agent.online) }, class: agent.online ? null : "row-lost" },
+    { dataset: { agentId: agent.id, online: String(agent.online), state }, class: agent.online ? null : "row-lost" },
     h("td", { class: "cell-name" }, h("div", { class: "strong" }, agent.name), h("div", { class: "muted small" }, agent.hostname)),
-    h("td", { class: "cell-status" }, h("span", { class: ["badge", agent.online ? "state-online" : "state-lost"] }, agent.online ? "online" : "lost"), cordonStatus(agent)),
+    h("td", { class: "cell-status" }, h("span", { class: ["badge", `state-${state}`] }, state), cordonStatus(agent)),
     h("td", { class: "nowrap" }, h("div", { class: "mono" }, agent.address), h("div", { class: "muted small" }, agent.port_range ? `ports ${agent.port_range}` : "")),
     h("td", null, describeDevices(agent.devices), deviceReadings(readings)),
     h("td", null, usageBar(agent.devices_used, agent.devices_free)),
