@@ -150,10 +150,13 @@ def configure_logging(
     root.addHandler(handler)
     root.setLevel(parse_level(level).upper())
     # Loggers that libraries may have given handlers of their own write through ours instead.
-    for name in ("uvicorn", "uvicorn.error", "uvicorn.access", "grpc", "asyncio"):
+    # A dictConfig run before (uvicorn's own) may have disabled them or set levels of their own.
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access", "grpc", "asyncio", "py.warnings"):
         library = logging.getLogger(name)
         library.handlers = [h for h in library.handlers if isinstance(h, logging.NullHandler)]
         library.propagate = True
+        library.disabled = False
+        library.setLevel(logging.NOTSET)
     logging.captureWarnings(True)
     sys.excepthook = _log_uncaught
     threading.excepthook = _log_uncaught_in_thread
