@@ -157,6 +157,9 @@ def configure_logging(
         library.propagate = True
         library.disabled = False
         library.setLevel(logging.NOTSET)
+    # Off, then on: if an earlier call captured and something put warnings.showwarning back since
+    # (warnings.catch_warnings does), logging still believes it captures and a plain True does nothing.
+    logging.captureWarnings(False)
     logging.captureWarnings(True)
     sys.excepthook = _log_uncaught
     threading.excepthook = _log_uncaught_in_thread

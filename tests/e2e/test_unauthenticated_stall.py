@@ -300,9 +300,25 @@ def test_a_128_mb_grpc_metadata_value_is_refused_and_the_event_loop_stays_free(
     for outcome in outcomes:
         # gRPC skips the value as it arrives, then refuses the call (or the connection).
         assert outcome["answer"] == b"" or b"metadata size exceeds hard limit" in outcome["answer"], report
-    # Its read buffers come and go (up to +120 MiB seen while the calls arrive); nothing is kept.
-    wait_until(lambda: rss_mib(target) - before < 50, 10, f"the coordinator's RSS back near {before:.0f} MiB")
     assert_fast(report, healthz_p99, heartbeat_p99)
+    # Its read buffers come and go (up to +120 MiB seen while the calls arrive). The allocator may keep
+    # the freed pages (glibc's per-thread arenas do, on a loaded machine), so "nothing is kept" is
+    # checked as: a second flood as long as the first adds nothing, and neither holds more than a call's.
+    after_first = settled_rss_mib(target, before)
+    probes.during(lambda: again_and_again(attempt))
+    after_second = settled_rss_mib(target, before)
+    grown = f"RSS {before:.0f} MiB before, {after_first:.0f} after one flood, {after_second:.0f} after two"
+    assert after_first - before < 200 and after_second - after_first < 50, f"{report}\n{grown}"
+
+
+def settled_rss_mib(cluster: Cluster, before: float, seconds: float = 10) -> float:
+    """The coordinator's lowest RSS (MiB) over `seconds`, or sooner once it is back within 50 MiB of `before`."""
+    lowest = rss_mib(cluster)
+    deadline = time.monotonic() + seconds
+    while lowest - before >= 50 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        lowest = min(lowest, rss_mib(cluster))
+    return lowest
 
 
 def closed_after(connection: socket.socket, drip: bytes | None, limit: float) -> tuple[float, bytes]:
