@@ -23,10 +23,11 @@ test: install
 test-fast: install
 	$(BIN)/python -m pytest -ra -m "not e2e and not tf and not browser" $(PYTEST_ARGS)
 
+# mypy reaches server/ and worker_agent/ through the links mwms/server and mwms/worker_agent.
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy server worker_agent mwms_runtime mwms
+	$(BIN)/mypy mwms mwms_runtime
 	$(BIN)/lint-imports
 
 proto: install

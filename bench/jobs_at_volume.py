@@ -34,8 +34,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 import httpx  # noqa: E402
 from databases import CHOICES, BenchDatabase, bench_database  # noqa: E402
 
-from server.db.engine import Database  # noqa: E402
-from server.db.migrate import upgrade_to_head  # noqa: E402
+from mwms.server.db.engine import Database  # noqa: E402
+from mwms.server.db.migrate import upgrade_to_head  # noqa: E402
 
 from cluster import Cluster, free_port  # noqa: E402
 

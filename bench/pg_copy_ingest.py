@@ -31,11 +31,11 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 from pg_insert_ways import placed_task  # noqa: E402
 from postgres_server import postgres_server  # noqa: E402
 
-from server.db.engine import Database  # noqa: E402
-from server.db.migrate import upgrade_to_head  # noqa: E402
-from server.db.models import Task  # noqa: E402
-from server.services import telemetry  # noqa: E402
-from server.services.telemetry import IncomingLine, IncomingPoint  # noqa: E402
+from mwms.server.db.engine import Database  # noqa: E402
+from mwms.server.db.migrate import upgrade_to_head  # noqa: E402
+from mwms.server.db.models import Task  # noqa: E402
+from mwms.server.services import telemetry  # noqa: E402
+from mwms.server.services.telemetry import IncomingLine, IncomingPoint  # noqa: E402
 
 BATCH, BATCHES_PER_TRANSACTION = 500, 20
 SMALL_BATCHES, SMALL_BATCHES_PER_TRANSACTION = (1, 2, 4, 8, 16, 32), 200

@@ -36,13 +36,13 @@ from sqlalchemy import text  # noqa: E402
 from sqlalchemy.dialects.postgresql import insert as pg_insert  # noqa: E402
 from sqlalchemy.orm import Session  # noqa: E402
 
-from server.db.engine import Database  # noqa: E402
-from server.db.migrate import upgrade_to_head  # noqa: E402
-from server.db.models import Bundle, Job, MetricPoint  # noqa: E402
-from server.schemas import JobCreate  # noqa: E402
-from server.services.agents import Registration, register_agent  # noqa: E402
-from server.services.jobs import create_job  # noqa: E402
-from server.services.scheduling import schedule_pending  # noqa: E402
+from mwms.server.db.engine import Database  # noqa: E402
+from mwms.server.db.migrate import upgrade_to_head  # noqa: E402
+from mwms.server.db.models import Bundle, Job, MetricPoint  # noqa: E402
+from mwms.server.schemas import JobCreate  # noqa: E402
+from mwms.server.services.agents import Registration, register_agent  # noqa: E402
+from mwms.server.services.jobs import create_job  # noqa: E402
+from mwms.server.services.scheduling import schedule_pending  # noqa: E402
 
 BATCH, BATCHES_PER_TRANSACTION = 500, 20
 COLUMNS = ("job_id", "task_id", "attempt", "seq", "name", "step", "value", "wall_time")

@@ -82,7 +82,7 @@ SEED_PAUSE_S = 0.1
 # coordinator's code is unchanged.
 PASS_TIMER = """
 import functools, os, sys, time
-import server.live.loops as loops
+import mwms.server.live.loops as loops
 log = open(os.environ["MWMS_BENCH_PASS_LOG"], "a", buffering=1)
 profile_path = os.environ.get("MWMS_BENCH_PASS_PROFILE")
 if profile_path:
@@ -178,10 +178,10 @@ def seed_waiting_jobs(url: str, digest: str, jobs: list[dict[str, Any]]) -> floa
 
     Each entry: workers, priority, team, preemptible and the run time its simulated tasks take.
     """
-    from server.db.engine import Database
-    from server.schemas import JobCreate
-    from server.services import teams
-    from server.services.jobs import create_job
+    from mwms.server.db.engine import Database
+    from mwms.server.schemas import JobCreate
+    from mwms.server.services import teams
+    from mwms.server.services.jobs import create_job
 
     database = Database(url)
     start = time.monotonic()

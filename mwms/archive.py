@@ -16,6 +16,7 @@ import asyncio
 import os
 import shutil
 import stat
+import sys
 import tarfile
 import threading
 import time
@@ -351,6 +352,11 @@ def _extract_tar(archive: Path, dest: Path, limits: ArchiveLimits) -> None:
             _check_link_target(member.name, member.linkname, relative_to_entry=True, symlinks=symlinks)
         elif member.islnk():
             _check_link_target(member.name, member.linkname, relative_to_entry=False, symlinks=symlinks)
+    if not hasattr(tarfile, "data_filter"):  # added in 3.10.12 and 3.11.4; requires-python cannot say so
+        raise ArchiveError(
+            f"this Python ({sys.version.split()[0]}) has no tarfile extraction filters: "
+            "use Python 3.10.12, 3.11.4 or later to unpack bundles"
+        )
     try:
         with tarfile.open(archive, "r:gz") as tar:
             # The members found above (their offsets hold in this file too): one more pass, forward only.

@@ -6,9 +6,9 @@ import logging
 import os
 from pathlib import Path
 
-from server.db.engine import Database
-from server.services.tokens import Role, create_api_token, ensure_admin_token, has_usable_admin
-from server.settings import Settings
+from mwms.server.db.engine import Database
+from mwms.server.services.tokens import Role, create_api_token, ensure_admin_token, has_usable_admin
+from mwms.server.settings import Settings
 
 log = logging.getLogger("mwms.server")
 

@@ -17,40 +17,40 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 import mwms
 from mwms.agent_link import server_keepalive_options
-from mwms.v1 import agent_pb2_grpc
-from server.admin_token import bootstrap_admin_token
-from server.api import agents, bundles, dashboard, devices, health, jobs, login, tokens
-from server.api.auth import DOCS_PATH, AuthMiddleware
-from server.api.body_limit import BodyLimitMiddleware
-from server.api.errors import install_error_handlers
-from server.api.openapi_document import install_openapi, operation_id
-from server.api.preflight import router as preflight_router
-from server.api.replicas import router as replicas_router
-from server.api.security_headers import SecurityHeadersMiddleware
-from server.api.sharing import router as sharing_router
-from server.api.stacks import router as stacks_router
-from server.db.engine import Database
-from server.db.migrate import upgrade_to_head
-from server.db.models import new_id
-from server.db.single_instance import SingleInstanceLock
-from server.limits import (
+from mwms.server.admin_token import bootstrap_admin_token
+from mwms.server.api import agents, bundles, dashboard, devices, health, jobs, login, tokens
+from mwms.server.api.auth import DOCS_PATH, AuthMiddleware
+from mwms.server.api.body_limit import BodyLimitMiddleware
+from mwms.server.api.errors import install_error_handlers
+from mwms.server.api.openapi_document import install_openapi, operation_id
+from mwms.server.api.preflight import router as preflight_router
+from mwms.server.api.replicas import router as replicas_router
+from mwms.server.api.security_headers import SecurityHeadersMiddleware
+from mwms.server.api.sharing import router as sharing_router
+from mwms.server.api.stacks import router as stacks_router
+from mwms.server.db.engine import Database
+from mwms.server.db.migrate import upgrade_to_head
+from mwms.server.db.models import new_id
+from mwms.server.db.single_instance import SingleInstanceLock
+from mwms.server.limits import (
     BLOCKING_THREADS,
     GRPC_ABSOLUTE_MAX_METADATA_BYTES,
     GRPC_HANDSHAKE_TIMEOUT_MS,
     GRPC_MAX_CONNECTION_IDLE_MS,
     GRPC_MAX_METADATA_BYTES,
 )
-from server.live.wiring import Wiring, build_wiring
-from server.observability.cluster_gauges import cluster_registry
-from server.observability.request_latency import RequestLatencyMiddleware
-from server.rpc.agent_service import AgentService
-from server.rpc.auth import AgentAuthInterceptor
-from server.rpc.health import GrpcHealth
-from server.services import replicas
-from server.services.agents import grant_reconnect_grace
-from server.services.follows import FollowSlots
-from server.settings import Settings
-from server.tls import bind_grpc_port
+from mwms.server.live.wiring import Wiring, build_wiring
+from mwms.server.observability.cluster_gauges import cluster_registry
+from mwms.server.observability.request_latency import RequestLatencyMiddleware
+from mwms.server.rpc.agent_service import AgentService
+from mwms.server.rpc.auth import AgentAuthInterceptor
+from mwms.server.rpc.health import GrpcHealth
+from mwms.server.services import replicas
+from mwms.server.services.agents import grant_reconnect_grace
+from mwms.server.services.follows import FollowSlots
+from mwms.server.settings import Settings
+from mwms.server.tls import bind_grpc_port
+from mwms.v1 import agent_pb2_grpc
 
 log = logging.getLogger("mwms.server")
 GRPC_MAX_MESSAGE = 16 * 1024 * 1024

@@ -31,7 +31,7 @@ from typing import ClassVar
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from server.limits import HttpBounds, head_timeout_message, head_too_large_message
+from mwms.server.limits import HttpBounds, head_timeout_message, head_too_large_message
 
 # The request line and the blank line after the headers, besides the URL (the method, spaces, version).
 REQUEST_LINE_BYTES = 16

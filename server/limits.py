@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Protocol
 # Re-exported: the settings check start_task_bound against the agents' receive limit.
 from mwms.agent_link import AGENT_RECEIVE_LIMIT_BYTES as AGENT_RECEIVE_LIMIT_BYTES
 from mwms.metrics_line import MAX_NAME_LENGTH
-from server.errors import DomainError
+from mwms.server.errors import DomainError
 
 if TYPE_CHECKING:
-    from server.schemas import JobCreate
+    from mwms.server.schemas import JobCreate
 
 INT64_MAX = 2**63 - 1
 INT64_MIN = -(2**63)

@@ -14,14 +14,14 @@ import uvicorn
 from fastapi import FastAPI
 
 from mwms.log_setup import configure_logging
-from server.app import create_app
-from server.db.single_instance import AlreadyRunning, SingleInstanceLock
-from server.heap import settle_heap
-from server.http_protocol import bounded_http_protocol
-from server.limits import HttpBounds
-from server.open_files import raise_open_files_limit
-from server.settings import Settings
-from server.tls import TlsError, TlsPlan, plan_tls, warn_if_clear_text
+from mwms.server.app import create_app
+from mwms.server.db.single_instance import AlreadyRunning, SingleInstanceLock
+from mwms.server.heap import settle_heap
+from mwms.server.http_protocol import bounded_http_protocol
+from mwms.server.limits import HttpBounds
+from mwms.server.open_files import raise_open_files_limit
+from mwms.server.settings import Settings
+from mwms.server.tls import TlsError, TlsPlan, plan_tls, warn_if_clear_text
 
 log = logging.getLogger("mwms.server")
 # Seconds a stop waits for open requests (log follows) before closing them.

@@ -23,8 +23,8 @@ from pydantic import (
 
 from mwms import task_environment
 from mwms.metrics_line import NonFinite
-from server.limits import INT64_MAX, MAX_NAME_CHARS, MAX_WORKERS
-from server.schema_types import (
+from mwms.server.limits import INT64_MAX, MAX_NAME_CHARS, MAX_WORKERS
+from mwms.server.schema_types import (
     NAME_RULE,
     NO_NUL_PATTERN,
     NOT_BLANK_PATTERN,
@@ -37,7 +37,7 @@ from server.schema_types import (
     matching,
     pattern_in_schema,
 )
-from server.states import JobState
+from mwms.server.states import JobState
 
 DIGEST_PATTERN = r"^[0-9a-f]{64}$"
 ENV_NAME_PATTERN = r"^[^=\u0000]+$"

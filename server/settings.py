@@ -11,7 +11,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from mwms.archive import DEFAULT_LIMITS, ArchiveLimits
 from mwms.log_setup import DEFAULT_FORMAT, DEFAULT_LEVEL, parse_format, parse_level
 from mwms.loopback import is_loopback
-from server.limits import AGENT_RECEIVE_LIMIT_BYTES, ARG_STRLEN_MAX, SpecLimits, start_task_bound
+from mwms.server.limits import AGENT_RECEIVE_LIMIT_BYTES, ARG_STRLEN_MAX, SpecLimits, start_task_bound
 
 
 class Settings(BaseSettings):

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
-from worker_agent.systemd import (
+from mwms.worker_agent.systemd import (
     HOME_DIRS,
     UnitError,
     check_lasting_dir,

@@ -1,7 +1,7 @@
 """TLS for the coordinator: which certificate REST and gRPC serve, the self-signed CA kept in <data dir>/tls,
 and the checks that turn a missing, unreadable or mismatched file into one message that says what to fix.
 
-`plan_tls` is the one place that reads the TLS settings; `server.main` hands its REST pair to uvicorn and
+`plan_tls` is the one place that reads the TLS settings; `mwms.server.main` hands its REST pair to uvicorn and
 `bind_grpc_port` (called in the app's lifespan) gives the gRPC pair to grpc.aio.
 """
 
@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from server.settings import Settings, is_loopback
+from mwms.server.settings import Settings, is_loopback
 
 log = logging.getLogger("mwms.server.tls")
 

@@ -8,11 +8,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from mwms.server.db.engine import Database
+from mwms.server.db.migrate import upgrade_to_head
+from mwms.server.db.models import Attempt, Bundle, Job, Task, utcnow
+from mwms.server.services.agents import Registration, register_agent
 from mwms.v1 import agent_pb2 as pb
-from server.db.engine import Database
-from server.db.migrate import upgrade_to_head
-from server.db.models import Attempt, Bundle, Job, Task, utcnow
-from server.services.agents import Registration, register_agent
 
 
 def register_request(

@@ -13,10 +13,10 @@ import grpc
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from mwms.server.app import create_app
+from mwms.server.db.engine import Database
+from mwms.server.settings import Settings
 from mwms.v1 import agent_pb2_grpc
-from server.app import create_app
-from server.db.engine import Database
-from server.settings import Settings
 
 CoordinatorType = TypeVar("CoordinatorType", bound="InProcessCoordinator")
 

@@ -14,10 +14,10 @@ from typer.testing import CliRunner
 from mwms import agent_defaults, agent_link, metrics_line
 from mwms.cli.main import app
 from mwms.loopback import host_of, is_loopback, is_loopback_address
-from server import limits
-from server.settings import Settings
-from worker_agent.channel import CHANNEL_OPTIONS, ChannelFactory
-from worker_agent.config import AgentConfig
+from mwms.server import limits
+from mwms.server.settings import Settings
+from mwms.worker_agent.channel import CHANNEL_OPTIONS, ChannelFactory
+from mwms.worker_agent.config import AgentConfig
 
 # --- the gRPC link ---
 
@@ -60,7 +60,7 @@ def test_both_sides_use_the_one_receive_limit() -> None:
     assert dict(CHANNEL_OPTIONS)["grpc.max_receive_message_length"] == agent_link.AGENT_RECEIVE_LIMIT_BYTES
     assert limits.AGENT_RECEIVE_LIMIT_BYTES is agent_link.AGENT_RECEIVE_LIMIT_BYTES
     # The coordinator refuses a start command the agents could not receive (services/start_commands.py).
-    from server.services import start_commands
+    from mwms.server.services import start_commands
 
     assert start_commands.AGENT_RECEIVE_LIMIT_BYTES is agent_link.AGENT_RECEIVE_LIMIT_BYTES
     assert start_commands.oversize_reason(agent_link.AGENT_RECEIVE_LIMIT_BYTES) is None
@@ -95,7 +95,7 @@ def test_the_channel_options_are_the_contracts() -> None:
 )
 def test_one_loopback_rule_for_both_sides(host: str, loopback: bool) -> None:
     assert is_loopback(host) is loopback
-    from server import settings
+    from mwms.server import settings
 
     assert settings.is_loopback(host) is loopback  # the coordinator's hosts
     port = f"[{host.strip('[]')}]:50051" if ":" in host else f"{host}:50051"
@@ -124,7 +124,7 @@ def test_the_coordinator_answers_loopback_hosts_only_when_bound_to_loopback() ->
 def test_the_agent_warns_of_clear_text_off_loopback_only(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from worker_agent.credentials import CredentialStore
+    from mwms.worker_agent.credentials import CredentialStore
 
     store = CredentialStore(tmp_path)
     with caplog.at_level(logging.WARNING, logger="mwms.agent.channel"):
@@ -152,7 +152,7 @@ def started_config(monkeypatch: pytest.MonkeyPatch) -> Any:
     """Runs `mwms agent ARGS` up to run_agent and returns the AgentConfig it was given."""
     import signal
 
-    from worker_agent import main
+    from mwms.worker_agent import main
 
     seen: list[AgentConfig] = []
     monkeypatch.setattr(main, "run_agent", lambda config, stop: seen.append(config) or 0)
@@ -223,7 +223,7 @@ def test_help_shows_the_agents_defaults() -> None:
 def test_one_name_length_for_metrics_jobs_and_agents() -> None:
     from pydantic import ValidationError
 
-    from server.schemas import JobCreate
+    from mwms.server.schemas import JobCreate
 
     assert limits.MAX_NAME_CHARS == metrics_line.MAX_NAME_LENGTH == 200
     longest = "n" * metrics_line.MAX_NAME_LENGTH
@@ -236,7 +236,7 @@ def test_one_name_length_for_metrics_jobs_and_agents() -> None:
 
 
 def test_the_cli_and_the_sandbox_know_the_same_modes() -> None:
-    from worker_agent import sandbox
+    from mwms.worker_agent import sandbox
 
     assert sandbox.SANDBOX_MODES == agent_defaults.SANDBOX_MODES
     assert agent_defaults.SANDBOX in agent_defaults.SANDBOX_MODES

@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from worker_agent.outbox import write_atomically
+from mwms.worker_agent.outbox import write_atomically
 
 log = logging.getLogger("mwms.agent.state")
 

@@ -21,8 +21,8 @@ import grpc
 
 from mwms.agent_link import channel_options
 from mwms.loopback import is_loopback_address
-from worker_agent.config import AgentConfig
-from worker_agent.credentials import CredentialInterceptor, CredentialStore
+from mwms.worker_agent.config import AgentConfig
+from mwms.worker_agent.credentials import CredentialInterceptor, CredentialStore
 
 log = logging.getLogger("mwms.agent.channel")
 

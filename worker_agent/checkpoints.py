@@ -24,8 +24,8 @@ import grpc
 
 from mwms.archive import DEFAULT_LIMITS, ArchiveLimits, archive_format, extract_archive, limit_exceeded
 from mwms.v1 import agent_pb2, agent_pb2_grpc
-from worker_agent import artifacts
-from worker_agent.task_files import pack_beneath
+from mwms.worker_agent import artifacts
+from mwms.worker_agent.task_files import pack_beneath
 
 log = logging.getLogger("mwms.agent.checkpoints")
 

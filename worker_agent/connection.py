@@ -27,9 +27,9 @@ from collections.abc import Generator, Iterator
 import grpc
 
 from mwms.v1 import agent_pb2, agent_pb2_grpc
-from worker_agent.device_telemetry import DeviceTelemetry
-from worker_agent.stacks import answer_dump_stacks, dump_targets, preferred_method
-from worker_agent.tasks import TaskManager
+from mwms.worker_agent.device_telemetry import DeviceTelemetry
+from mwms.worker_agent.stacks import answer_dump_stacks, dump_targets, preferred_method
+from mwms.worker_agent.tasks import TaskManager
 
 log = logging.getLogger("mwms.agent.connection")
 

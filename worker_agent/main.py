@@ -25,16 +25,16 @@ import grpc
 import mwms
 from mwms.loop import Backoff
 from mwms.v1 import agent_pb2, agent_pb2_grpc
-from worker_agent.channel import CHANNEL_OPTIONS, ChannelFactory, ServerRotation
-from worker_agent.config import AgentConfig, local_address_towards
-from worker_agent.connection import AgentConnection
-from worker_agent.credentials import CredentialStore
-from worker_agent.device_telemetry import start_device_telemetry
-from worker_agent.devices import detect_devices
-from worker_agent.sandbox import Confinement, SandboxError, find_bwrap
-from worker_agent.task_users import TaskUserError, TaskUsers
-from worker_agent.tasks import TaskManager
-from worker_agent.work_dir import prepare_work_dir
+from mwms.worker_agent.channel import CHANNEL_OPTIONS, ChannelFactory, ServerRotation
+from mwms.worker_agent.config import AgentConfig, local_address_towards
+from mwms.worker_agent.connection import AgentConnection
+from mwms.worker_agent.credentials import CredentialStore
+from mwms.worker_agent.device_telemetry import start_device_telemetry
+from mwms.worker_agent.devices import detect_devices
+from mwms.worker_agent.sandbox import Confinement, SandboxError, find_bwrap
+from mwms.worker_agent.task_users import TaskUserError, TaskUsers
+from mwms.worker_agent.tasks import TaskManager
+from mwms.worker_agent.work_dir import prepare_work_dir
 
 log = logging.getLogger("mwms.agent")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from mwms import metrics_line
 from mwms.v1 import agent_pb2
-from worker_agent.task_files import read_beneath
+from mwms.worker_agent.task_files import read_beneath
 
 # Read at most this much per poll, so one huge file cannot stall the task's other work.
 MAX_READ_BYTES = 4 * 1024 * 1024

@@ -17,10 +17,10 @@ from typing import Any
 
 from mwms.preflight_contract import REPORT_ENV, parse_report
 from mwms.v1 import agent_pb2
-from worker_agent import agent_state
-from worker_agent.runner import TaskProcess
-from worker_agent.task_files import read_beneath
-from worker_agent.task_record import TaskRecord
+from mwms.worker_agent import agent_state
+from mwms.worker_agent.runner import TaskProcess
+from mwms.worker_agent.task_files import read_beneath
+from mwms.worker_agent.task_record import TaskRecord
 
 log = logging.getLogger("mwms.agent.preflight")
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from worker_agent.stacks import group_members
+from mwms.worker_agent.stacks import group_members
 
 log = logging.getLogger("mwms.agent.runner")
 

@@ -34,9 +34,9 @@ from pathlib import Path
 import mwms
 import mwms_runtime
 from mwms import agent_defaults
-from worker_agent.stacks import HANDLER_DIR
-from worker_agent.task_env import TaskPaths
-from worker_agent.task_users import TaskIdentity, TaskUsers
+from mwms.worker_agent.stacks import HANDLER_DIR
+from mwms.worker_agent.task_env import TaskPaths
+from mwms.worker_agent.task_users import TaskIdentity, TaskUsers
 
 log = logging.getLogger("mwms.agent.sandbox")
 

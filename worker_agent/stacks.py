@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING
 from mwms import stack_dumps, task_environment
 from mwms.stack_dumps import MAX_STACK_BYTES
 from mwms.v1 import agent_pb2
-from worker_agent.task_files import open_beneath, read_beneath
+from mwms.worker_agent.task_files import open_beneath, read_beneath
 
 if TYPE_CHECKING:
-    from worker_agent.task_record import TaskRecord
+    from mwms.worker_agent.task_record import TaskRecord
 
 log = logging.getLogger("mwms.agent.stacks")
 

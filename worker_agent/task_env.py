@@ -12,8 +12,8 @@ from pathlib import Path
 
 from mwms import task_environment
 from mwms.v1 import agent_pb2
-from worker_agent.stacks import handler_environment
-from worker_agent.task_files import hand_over
+from mwms.worker_agent.stacks import handler_environment
+from mwms.worker_agent.task_files import hand_over
 
 # Commands starting with one of these run with the agent's own interpreter (and so its TensorFlow).
 PYTHON_NAMES = ("python", "python3")

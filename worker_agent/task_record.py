@@ -8,12 +8,12 @@ import time
 from pathlib import Path
 
 from mwms.v1 import agent_pb2
-from worker_agent import agent_state
-from worker_agent.agent_state import TaskEntry
-from worker_agent.outbox import Outbox
-from worker_agent.runner import TaskProcess
-from worker_agent.task_env import TaskPaths
-from worker_agent.task_users import TaskIdentity
+from mwms.worker_agent import agent_state
+from mwms.worker_agent.agent_state import TaskEntry
+from mwms.worker_agent.outbox import Outbox
+from mwms.worker_agent.runner import TaskProcess
+from mwms.worker_agent.task_env import TaskPaths
+from mwms.worker_agent.task_users import TaskIdentity
 
 State = agent_pb2.TaskState
 TERMINAL_STATES = frozenset(

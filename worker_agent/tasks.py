@@ -23,23 +23,23 @@ from typing import Any
 
 from mwms.archive import ArchiveError, extract_archive
 from mwms.v1 import agent_pb2, agent_pb2_grpc
-from worker_agent import agent_state, artifacts, checkpoints, preflight
-from worker_agent.agent_state import AgentStateFile
-from worker_agent.bundles import BundleCache, BundleError
-from worker_agent.checkpoints import CheckpointWatcher, RestoreError
-from worker_agent.metrics import MetricsTail
-from worker_agent.runner import TaskProcess, describe_exit
-from worker_agent.sandbox import Confinement
-from worker_agent.task_env import TaskPaths, child_environment, resolve_command
-from worker_agent.task_files import pack_beneath
-from worker_agent.task_record import (
+from mwms.worker_agent import agent_state, artifacts, checkpoints, preflight
+from mwms.worker_agent.agent_state import AgentStateFile
+from mwms.worker_agent.bundles import BundleCache, BundleError
+from mwms.worker_agent.checkpoints import CheckpointWatcher, RestoreError
+from mwms.worker_agent.metrics import MetricsTail
+from mwms.worker_agent.runner import TaskProcess, describe_exit
+from mwms.worker_agent.sandbox import Confinement
+from mwms.worker_agent.task_env import TaskPaths, child_environment, resolve_command
+from mwms.worker_agent.task_files import pack_beneath
+from mwms.worker_agent.task_record import (
     TERMINAL_STATES,
     State,
     TaskRecord,
     port_is_free,
     recovered_outcome,
 )
-from worker_agent.task_users import TaskUserError, TaskUsers, end_processes_of
+from mwms.worker_agent.task_users import TaskUserError, TaskUsers, end_processes_of
 
 log = logging.getLogger("mwms.agent.tasks")
 # Keyword arguments of TaskProcess for the identity switch, and the confined argv.

@@ -204,8 +204,8 @@ def server(
         _print_server_unit(ctx, service_user)
         return
     try:
-        from server.main import serve
-        from server.settings import Settings
+        from mwms.server.main import serve
+        from mwms.server.settings import Settings
     except ImportError as error:
         raise CliError(
             f"the coordinator cannot be loaded ({error}); install it with: pip install 'mwms[server]'"
@@ -238,8 +238,8 @@ def server(
 
 def _print_server_unit(ctx: typer.Context, service_user: str | None) -> None:
     """Prints mwms-server.service for the `mwms server` flags on this command line (server/systemd_unit.py)."""
-    from server.systemd_unit import DEFAULT_SERVICE_USER, exec_arguments, render_unit
-    from worker_agent.systemd import UnitError
+    from mwms.server.systemd_unit import DEFAULT_SERVICE_USER, exec_arguments, render_unit
+    from mwms.worker_agent.systemd import UnitError
 
     given: list[tuple[str, object]] = []
     for param in ctx.command.params:
@@ -518,7 +518,7 @@ def agent(
     if systemd_unit and work_dir is None:  # the service's StateDirectory=, not the caller's home
         work_dir = Path(agent_defaults.SERVICE_WORK_DIR)
     work_dir = Path(agent_defaults.WORK_DIR) if work_dir is None else work_dir
-    from worker_agent.config import parse_servers  # standard library only: no agent extras needed
+    from mwms.worker_agent.config import parse_servers  # standard library only: no agent extras needed
 
     try:
         servers = parse_servers(server_address)
@@ -537,7 +537,7 @@ def agent(
             )
     grace = agent_defaults.STOP_GRACE_S if stop_grace_seconds is None else stop_grace_seconds
     if systemd_unit:
-        from worker_agent.systemd import UnitError, render_unit
+        from mwms.worker_agent.systemd import UnitError, render_unit
 
         unit_work_dir = str(work_dir.expanduser().resolve())
         args = [
@@ -578,8 +578,8 @@ def agent(
         print(unit, end="")
         return
     try:
-        from worker_agent.config import AgentConfig, local_address_towards
-        from worker_agent.main import run_agent
+        from mwms.worker_agent.config import AgentConfig, local_address_towards
+        from mwms.worker_agent.main import run_agent
     except ImportError as error:
         raise CliError(
             f"the agent cannot be loaded ({error}); install it with: pip install 'mwms[agent]'"

@@ -15,6 +15,7 @@ import secrets
 import signal
 import sys
 import time
+from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -22,7 +23,6 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-import mwms
 from mwms.cli.errors import CliError, ExitCode, handles_errors
 from mwms.cli.follow import first_failed_task, tail_of_task_logs, watch_job
 from mwms.cli.job_commands import download_artifacts
@@ -69,8 +69,8 @@ def quickstart_admin_token(path: Path) -> str:
 
 
 def example_dir() -> Path:
-    """The repository's examples/keras_fit, next to the mwms package."""
-    return Path(mwms.__file__).resolve().parent.parent / "examples" / "keras_fit"
+    """examples/keras_fit, shipped inside the mwms package (mwms/examples; in a source checkout a link)."""
+    return Path(str(resources.files("mwms") / "examples" / "keras_fit"))
 
 
 def _wait_until(predicate: Any, timeout_s: float, interval_s: float = 0.25) -> bool:
@@ -277,7 +277,7 @@ def quickstart(
     data_dir = data_dir.resolve()
     example = example_dir()
     if not (example / "train.py").is_file():
-        raise CliError(f"the example program is missing: {example / 'train.py'} (run from a source checkout)")
+        raise CliError(f"the example program is missing: {example / 'train.py'} (reinstall mwms)")
     data_dir.mkdir(parents=True, exist_ok=True)
     cluster = LocalCluster(data_dir)
     # SIGTERM to us should tidy up like Ctrl-C does.

@@ -6,13 +6,13 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path
 
-from server.api.auth import AdminOnly
-from server.api.deps import ReadSession, WiringDep
-from server.api.views import agent_out
-from server.schemas import AgentOut, ErrorOut, Overview
-from server.services.agents import remove_agent
-from server.services.cluster_counts import count_overview
-from server.services.views import agents_view
+from mwms.server.api.auth import AdminOnly
+from mwms.server.api.deps import ReadSession, WiringDep
+from mwms.server.api.views import agent_out
+from mwms.server.schemas import AgentOut, ErrorOut, Overview
+from mwms.server.services.agents import remove_agent
+from mwms.server.services.cluster_counts import count_overview
+from mwms.server.services.views import agents_view
 
 router = APIRouter(prefix="/api/v1", tags=["agents"])
 ERRORS: dict[int | str, dict[str, Any]] = {

@@ -16,8 +16,8 @@ from urllib.parse import urlsplit
 from fastapi import Depends, Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from server.errors import Forbidden, Unauthenticated
-from server.services.tokens import Principal, Role, authenticate, check_may_mint
+from mwms.server.errors import Forbidden, Unauthenticated
+from mwms.server.services.tokens import Principal, Role, authenticate, check_may_mint
 
 LOGIN_COOKIE = "mwms_session"  # the dashboard login's cookie; the name is the HTTP contract
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})

@@ -19,13 +19,13 @@ from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from mwms.archive import ArchiveWorkers, archive_workers
-from server.api.deps import WiringDep
-from server.api.errors import closing_on_refusal
-from server.errors import InvalidInput
-from server.limits import MAX_MULTIPART_PARTS, MAX_PART_HEADER_BYTES
-from server.schemas import BundleOut, ErrorOut
-from server.services.bundles import check_bundle, record_bundle, share_bundle
-from server.services.uploads import UploadSpool, check_body_size
+from mwms.server.api.deps import WiringDep
+from mwms.server.api.errors import closing_on_refusal
+from mwms.server.errors import InvalidInput
+from mwms.server.limits import MAX_MULTIPART_PARTS, MAX_PART_HEADER_BYTES
+from mwms.server.schemas import BundleOut, ErrorOut
+from mwms.server.services.bundles import check_bundle, record_bundle, share_bundle
+from mwms.server.services.uploads import UploadSpool, check_body_size
 
 router = APIRouter(prefix="/api/v1/bundles", tags=["bundles"])
 

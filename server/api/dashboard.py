@@ -8,15 +8,20 @@ HTML can never execute. The shell and its files are public; the data they show n
 
 from __future__ import annotations
 
+import logging
 import mimetypes
+from importlib import resources
 from pathlib import Path
 
 from fastapi import APIRouter
 from fastapi.responses import FileResponse, Response
 
-from server.errors import NotFound
+from mwms.server.errors import NotFound
 
-WEB_DIR = Path(__file__).resolve().parents[2] / "web"
+# The dashboard ships inside the mwms package (mwms/web; in a source checkout a link to web/).
+WEB_DIR = Path(str(resources.files("mwms") / "web"))
+
+log = logging.getLogger("mwms.server")
 
 # Browsers refuse ES modules served with a non-JavaScript type under nosniff, and the platform's
 # mimetypes table varies, so the types the dashboard uses are fixed here.
@@ -64,7 +69,8 @@ def dashboard_index() -> Response:
     """The single-page dashboard; its hash routes (#/jobs, #/jobs/<id>, #/agents) are handled in the browser."""
     index = WEB_DIR / "index.html"
     if not index.is_file():
-        raise NotFound(f"dashboard not found: {index} is missing")
+        log.error("the dashboard's index.html is missing: %s", index)
+        raise NotFound("the dashboard's files are missing from this installation; reinstall mwms[server]")
     return FileResponse(index, media_type=_MEDIA_TYPES[".html"])
 
 

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
-from server.live.wiring import Wiring
+from mwms.server.live.wiring import Wiring
 
 
 def wiring(request: Request) -> Wiring:

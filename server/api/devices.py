@@ -6,11 +6,11 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query
 
-from server.api.agents import ERRORS as AGENT_ERRORS
-from server.api.agents import AgentReference
-from server.api.deps import ReadSession, WiringDep
-from server.limits import INT64_MAX
-from server.schemas import (
+from mwms.server.api.agents import ERRORS as AGENT_ERRORS
+from mwms.server.api.agents import AgentReference
+from mwms.server.api.deps import ReadSession, WiringDep
+from mwms.server.limits import INT64_MAX
+from mwms.server.schemas import (
     AgentDevicesOut,
     AgentLatestDevicesOut,
     DevicePointOut,
@@ -20,9 +20,9 @@ from server.schemas import (
     JobDevicesOut,
     TaskDevicesOut,
 )
-from server.services import device_series, device_telemetry, jobs
-from server.services.device_series import DeviceSeries
-from server.services.device_telemetry import LatestSample, LatestSamples
+from mwms.server.services import device_series, device_telemetry, jobs
+from mwms.server.services.device_series import DeviceSeries
+from mwms.server.services.device_telemetry import LatestSample, LatestSamples
 
 router = APIRouter(prefix="/api/v1", tags=["devices"])
 ERRORS: dict[int | str, dict[str, Any]] = {404: {"model": ErrorOut}}

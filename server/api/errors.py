@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from server.errors import (
+from mwms.server.errors import (
     Conflict,
     DomainError,
     Forbidden,
@@ -28,9 +28,9 @@ from server.errors import (
     Unauthenticated,
     UploadTooLarge,
 )
-from server.limits import LimitExceeded, TooManyRequests
-from server.schemas import ValidationErrorOut
-from server.states import InvalidTransition
+from mwms.server.limits import LimitExceeded, TooManyRequests
+from mwms.server.schemas import ValidationErrorOut
+from mwms.server.states import InvalidTransition
 
 log = logging.getLogger("mwms.server.api")
 INTERNAL_ERROR = "internal error: the coordinator logged the cause; try again, and report it if it persists"

@@ -6,8 +6,8 @@ from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy import text
 
-from server.api.deps import ReadSession
-from server.observability.cluster_gauges import render
+from mwms.server.api.deps import ReadSession
+from mwms.server.observability.cluster_gauges import render
 
 router = APIRouter(tags=["health"])
 

@@ -10,13 +10,13 @@ from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import FileResponse, StreamingResponse
 from starlette.background import BackgroundTask
 
-from server.api.auth import Caller
-from server.api.deps import ReadSession, WiringDep
-from server.api.views import artifact_out, job_listing_out, job_out, log_line_out
-from server.errors import NotFound
-from server.limits import INT64_MAX, INT64_MIN, MAX_NAME_CHARS, MAX_WORKERS, SpecLimits, check_job_spec
-from server.live.wiring import Wiring
-from server.schemas import (
+from mwms.server.api.auth import Caller
+from mwms.server.api.deps import ReadSession, WiringDep
+from mwms.server.api.views import artifact_out, job_listing_out, job_out, log_line_out
+from mwms.server.errors import NotFound
+from mwms.server.limits import INT64_MAX, INT64_MIN, MAX_NAME_CHARS, MAX_WORKERS, SpecLimits, check_job_spec
+from mwms.server.live.wiring import Wiring
+from mwms.server.schemas import (
     ArtifactOut,
     ErrorOut,
     JobCreate,
@@ -29,10 +29,10 @@ from server.schemas import (
     PriorityChange,
     ValidationErrorOut,
 )
-from server.services import files, idempotency, jobs, log_pages, telemetry, views
-from server.services.follows import FollowSlots, follow_lines
-from server.services.tokens import Principal, Role
-from server.states import JobState
+from mwms.server.services import files, idempotency, jobs, log_pages, telemetry, views
+from mwms.server.services.follows import FollowSlots, follow_lines
+from mwms.server.services.tokens import Principal, Role
+from mwms.server.states import JobState
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 ERRORS: dict[int | str, dict[str, Any]] = {

@@ -10,12 +10,12 @@ import asyncio
 
 from fastapi import APIRouter, Request, Response
 
-from server.api.auth import LOGIN_COOKIE, Caller, same_origin
-from server.api.deps import WiringDep
-from server.errors import Forbidden
-from server.schemas import ErrorOut, LoginRequest, RoleName, WhoAmI
-from server.services import tokens
-from server.services.tokens import Principal
+from mwms.server.api.auth import LOGIN_COOKIE, Caller, same_origin
+from mwms.server.api.deps import WiringDep
+from mwms.server.errors import Forbidden
+from mwms.server.schemas import ErrorOut, LoginRequest, RoleName, WhoAmI
+from mwms.server.services import tokens
+from mwms.server.services.tokens import Principal
 
 router = APIRouter(prefix="/api/v1", tags=["session"])
 

@@ -14,10 +14,10 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
-from server.api.auth import is_public
-from server.limits import INT64_MAX, INT64_MIN
-from server.schemas import SETTING_LIMIT, ErrorOut, ValidationErrorOut
-from server.settings import Settings
+from mwms.server.api.auth import is_public
+from mwms.server.limits import INT64_MAX, INT64_MIN
+from mwms.server.schemas import SETTING_LIMIT, ErrorOut, ValidationErrorOut
+from mwms.server.settings import Settings
 
 BEARER_SCHEME = "bearer"  # the name of the scheme in components.securitySchemes
 SECURITY_SCHEMES = {

@@ -6,10 +6,10 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from server.api.deps import ReadSession
-from server.db.models import PreflightResult
-from server.schemas import ErrorOut, PreflightAttemptOut, PreflightOut, PreflightResultOut
-from server.services import preflight
+from mwms.server.api.deps import ReadSession
+from mwms.server.db.models import PreflightResult
+from mwms.server.schemas import ErrorOut, PreflightAttemptOut, PreflightOut, PreflightResultOut
+from mwms.server.services import preflight
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 ERRORS: dict[int | str, dict[str, Any]] = {401: {"model": ErrorOut}, 404: {"model": ErrorOut}}

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from server.api.auth import AdminOnly
-from server.api.deps import ReadSession
-from server.schemas import ReplicaOut
-from server.services.replicas import list_replicas
+from mwms.server.api.auth import AdminOnly
+from mwms.server.api.deps import ReadSession
+from mwms.server.schemas import ReplicaOut
+from mwms.server.services.replicas import list_replicas
 
 router = APIRouter(prefix="/api/v1", tags=["replicas"])
 

@@ -9,13 +9,13 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query
 
-from server.api.agents import AgentReference
-from server.api.auth import AdminOnly
-from server.api.deps import ReadSession, WiringDep
-from server.api.views import agent_out
-from server.limits import INT64_MAX, MAX_NAME_CHARS
-from server.schema_types import NAME_PATTERN, NAME_RULE, matching
-from server.schemas import (
+from mwms.server.api.agents import AgentReference
+from mwms.server.api.auth import AdminOnly
+from mwms.server.api.deps import ReadSession, WiringDep
+from mwms.server.api.views import agent_out
+from mwms.server.limits import INT64_MAX, MAX_NAME_CHARS
+from mwms.server.schema_types import NAME_PATTERN, NAME_RULE, matching
+from mwms.server.schemas import (
     AgentOut,
     CordonIn,
     DeviceCounts,
@@ -27,9 +27,9 @@ from server.schemas import (
     TeamOut,
     ValidationErrorOut,
 )
-from server.services import cordons, queue_view, teams
-from server.services.queue_view import QueueRow
-from server.services.views import TeamView, agents_view, teams_view
+from mwms.server.services import cordons, queue_view, teams
+from mwms.server.services.queue_view import QueueRow
+from mwms.server.services.views import TeamView, agents_view, teams_view
 
 router = APIRouter(prefix="/api/v1", tags=["sharing"])
 ERRORS: dict[int | str, dict[str, Any]] = {

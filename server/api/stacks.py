@@ -7,12 +7,12 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from server.api.auth import Caller
-from server.api.deps import ReadSession, WiringDep
-from server.schemas import ErrorOut, StackDumpsOut, StackThreadOut, TaskStacksOut, ValidationErrorOut
-from server.services import views
-from server.services.tokens import Role
-from server.services.views import StackDumpsView
+from mwms.server.api.auth import Caller
+from mwms.server.api.deps import ReadSession, WiringDep
+from mwms.server.schemas import ErrorOut, StackDumpsOut, StackThreadOut, TaskStacksOut, ValidationErrorOut
+from mwms.server.services import views
+from mwms.server.services.tokens import Role
+from mwms.server.services.views import StackDumpsView
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 ERRORS: dict[int | str, dict[str, Any]] = {

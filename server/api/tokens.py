@@ -7,13 +7,13 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from server.api.auth import AdminOnly, AdminTokenOnly
-from server.api.deps import ReadSession, WiringDep
-from server.api.views import token_out
-from server.db.models import Token, utcnow
-from server.schemas import ErrorOut, JoinTokenCreate, TokenCreate, TokenCreated, TokenOut
-from server.services import tokens
-from server.services.tokens import Role, TokenKind
+from mwms.server.api.auth import AdminOnly, AdminTokenOnly
+from mwms.server.api.deps import ReadSession, WiringDep
+from mwms.server.api.views import token_out
+from mwms.server.db.models import Token, utcnow
+from mwms.server.schemas import ErrorOut, JoinTokenCreate, TokenCreate, TokenCreated, TokenOut
+from mwms.server.services import tokens
+from mwms.server.services.tokens import Role, TokenKind
 
 router = APIRouter(prefix="/api/v1", tags=["tokens"])
 ERRORS: dict[int | str, dict[str, Any]] = {403: {"model": ErrorOut}, 404: {"model": ErrorOut}}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from server.db.models import Attempt, Job, StoredFile, Task, Token
-from server.schemas import (
+from mwms.server.db.models import Attempt, Job, StoredFile, Task, Token
+from mwms.server.schemas import (
     AgentOut,
     AgentTaskOut,
     ArtifactOut,
@@ -21,11 +21,11 @@ from server.schemas import (
     TaskOut,
     TokenOut,
 )
-from server.services.jobs import JobListing
-from server.services.log_pages import LogEntry
-from server.services.telemetry import Progress
-from server.services.views import AgentView, JobView
-from server.states import JobState
+from mwms.server.services.jobs import JobListing
+from mwms.server.services.log_pages import LogEntry
+from mwms.server.services.telemetry import Progress
+from mwms.server.services.views import AgentView, JobView
+from mwms.server.states import JobState
 
 
 def task_out(task: Task, names: dict[str, str]) -> TaskOut:

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
-from server.db import locks
+from mwms.server.db import locks
 
 
 class Database:

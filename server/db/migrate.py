@@ -13,7 +13,7 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine
 
-from server.db import locks
+from mwms.server.db import locks
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 

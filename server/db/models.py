@@ -202,7 +202,7 @@ class Attempt(Base):
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     number: Mapped[int] = mapped_column(Integer)
-    state: Mapped[str] = mapped_column(String(20))  # server.states.AttemptState
+    state: Mapped[str] = mapped_column(String(20))  # mwms.server.states.AttemptState
     reason: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     ended_at: Mapped[datetime | None] = mapped_column(default=None)
@@ -411,7 +411,7 @@ class Preemption(Base):
     attempt_id: Mapped[str] = mapped_column(ForeignKey("attempts.id", ondelete="CASCADE"), unique=True)
     # The job it made room for; None for a drain.
     preemptor_job_id: Mapped[str | None] = mapped_column(String(32), default=None)
-    cause: Mapped[str] = mapped_column(String(20))  # server.services.preemption.CAUSES
+    cause: Mapped[str] = mapped_column(String(20))  # mwms.server.services.preemption.CAUSES
     at: Mapped[datetime] = mapped_column(default=utcnow)
     # Set when every task has ended: True when all exited PREEMPTED_AND_SAVED_EXIT_CODE.
     ended_at: Mapped[datetime | None] = mapped_column(default=None)

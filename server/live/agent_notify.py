@@ -24,8 +24,8 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 
 from mwms.loop import Backoff
-from server.db.engine import Database
-from server.services import replicas
+from mwms.server.db.engine import Database
+from mwms.server.services import replicas
 
 log = logging.getLogger("mwms.server.notify")
 CHANNEL = "mwms_wake"

@@ -13,13 +13,13 @@ import asyncio
 import logging
 
 from mwms.loop import run_every_async
-from server.db.engine import Database
-from server.db.models import utcnow
-from server.live.pass_locks import PassLocks
-from server.poison import count_poison, first_time, is_transient
-from server.services import device_telemetry
-from server.services.device_telemetry import IncomingSample, LatestSamples
-from server.settings import Settings
+from mwms.server.db.engine import Database
+from mwms.server.db.models import utcnow
+from mwms.server.live.pass_locks import PassLocks
+from mwms.server.poison import count_poison, first_time, is_transient
+from mwms.server.services import device_telemetry
+from mwms.server.services.device_telemetry import IncomingSample, LatestSamples
+from mwms.server.settings import Settings
 
 log = logging.getLogger("mwms.server.devices")
 FLUSH_INTERVAL_S = 1.0

@@ -18,15 +18,15 @@ from datetime import datetime
 from prometheus_client import Counter
 
 from mwms.loop import run_every_async
-from server.db.engine import Database
-from server.db.models import utcnow
-from server.errors import DomainError
-from server.live.pass_locks import PassLocks
-from server.live.stack_collector import StackCollector
-from server.live.task_progress import TaskProgress
-from server.services import hangs
-from server.services.command_targets import track_command_targets
-from server.settings import Settings
+from mwms.server.db.engine import Database
+from mwms.server.db.models import utcnow
+from mwms.server.errors import DomainError
+from mwms.server.live.pass_locks import PassLocks
+from mwms.server.live.stack_collector import StackCollector
+from mwms.server.live.task_progress import TaskProgress
+from mwms.server.services import hangs
+from mwms.server.services.command_targets import track_command_targets
+from mwms.server.settings import Settings
 
 log = logging.getLogger("mwms.server.hangs")
 CHECK_INTERVAL_S = 1.0

@@ -16,13 +16,13 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from server.db.engine import Database
-from server.live import outcomes as outcomes_of
-from server.poison import is_transient
-from server.services import agent_messages, replicas
-from server.services.command_targets import track_command_targets
-from server.services.tasks import TaskReport
-from server.settings import Settings
+from mwms.server.db.engine import Database
+from mwms.server.live import outcomes as outcomes_of
+from mwms.server.poison import is_transient
+from mwms.server.services import agent_messages, replicas
+from mwms.server.services.command_targets import track_command_targets
+from mwms.server.services.tasks import TaskReport
+from mwms.server.settings import Settings
 
 log = logging.getLogger("mwms.server.rpc")
 MAX_HELLOS_PER_TRANSACTION = 200

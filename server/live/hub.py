@@ -23,10 +23,10 @@ import logging
 from collections.abc import Iterable
 from typing import Protocol
 
+from mwms.server.db.engine import Database
+from mwms.server.live.agent_notify import Doorbell
+from mwms.server.services import agent_messages
 from mwms.v1 import agent_pb2 as pb
-from server.db.engine import Database
-from server.live.agent_notify import Doorbell
-from server.services import agent_messages
 
 log = logging.getLogger("mwms.server.rpc")
 SWEEP_ALONE_S = 30.0

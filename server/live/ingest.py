@@ -16,13 +16,13 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from server.db.engine import Database
-from server.live import outcomes as outcomes_of
-from server.live.task_progress import TaskProgress
-from server.observability.instruments import count_ingested
-from server.services.agent_messages import TelemetryBatch, accept_telemetry
-from server.services.command_targets import track_command_targets
-from server.services.telemetry import StoreOutcome
+from mwms.server.db.engine import Database
+from mwms.server.live import outcomes as outcomes_of
+from mwms.server.live.task_progress import TaskProgress
+from mwms.server.observability.instruments import count_ingested
+from mwms.server.services.agent_messages import TelemetryBatch, accept_telemetry
+from mwms.server.services.command_targets import track_command_targets
+from mwms.server.services.telemetry import StoreOutcome
 
 log = logging.getLogger("mwms.server.rpc")
 # Bounds one transaction, so a burst is committed (and acknowledged) in steps the agents can see.

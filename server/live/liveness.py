@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from server.db.models import utcnow
+from mwms.server.db.models import utcnow
 
 
 class Liveness:

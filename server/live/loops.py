@@ -16,22 +16,22 @@ from datetime import datetime, timedelta
 from sqlalchemy.exc import OperationalError
 
 from mwms.loop import run_every_async
-from server.db.engine import Database, is_deadlock
-from server.db.models import utcnow
-from server.live.agent_notify import Doorbell
-from server.live.hub import AgentHub
-from server.live.liveness import Liveness
-from server.live.pass_locks import PassLocks
-from server.live.task_progress import TaskProgress
-from server.services import replicas
-from server.services.agents import record_heartbeats
-from server.services.command_targets import track_command_targets
-from server.services.hangs import record_progress
-from server.services.reconcile import reconcile
-from server.services.retention import PurgeCursor, cutoff, purge_batch
-from server.services.scheduling import SharingPolicy, schedule_pass
-from server.services.waiting_jobs import WaitingJobs
-from server.settings import Settings
+from mwms.server.db.engine import Database, is_deadlock
+from mwms.server.db.models import utcnow
+from mwms.server.live.agent_notify import Doorbell
+from mwms.server.live.hub import AgentHub
+from mwms.server.live.liveness import Liveness
+from mwms.server.live.pass_locks import PassLocks
+from mwms.server.live.task_progress import TaskProgress
+from mwms.server.services import replicas
+from mwms.server.services.agents import record_heartbeats
+from mwms.server.services.command_targets import track_command_targets
+from mwms.server.services.hangs import record_progress
+from mwms.server.services.reconcile import reconcile
+from mwms.server.services.retention import PurgeCursor, cutoff, purge_batch
+from mwms.server.services.scheduling import SharingPolicy, schedule_pass
+from mwms.server.services.waiting_jobs import WaitingJobs
+from mwms.server.settings import Settings
 
 log = logging.getLogger("mwms.server.loops")
 RETENTION_PAUSE_S = 0.05

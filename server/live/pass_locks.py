@@ -28,8 +28,8 @@ from collections.abc import Awaitable, Callable
 
 from sqlalchemy import Connection, text
 
-from server.db import locks
-from server.db.engine import Database
+from mwms.server.db import locks
+from mwms.server.db.engine import Database
 
 log = logging.getLogger("mwms.server.loops")
 PATIENT_TRY_S = 2.0

@@ -15,12 +15,12 @@ import logging
 from collections.abc import Callable
 from typing import TypeVar
 
+from mwms.server.db.engine import Database
+from mwms.server.live.agent_notify import Doorbell
+from mwms.server.live.hub import AgentHub
+from mwms.server.services import stacks
+from mwms.server.services.stacks import IncomingStackDump, OpenedRequest
 from mwms.v1 import agent_pb2 as pb
-from server.db.engine import Database
-from server.live.agent_notify import Doorbell
-from server.live.hub import AgentHub
-from server.services import stacks
-from server.services.stacks import IncomingStackDump, OpenedRequest
 
 log = logging.getLogger("mwms.server.stacks")
 T = TypeVar("T")

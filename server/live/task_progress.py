@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime
 
-from server.db.models import utcnow
+from mwms.server.db.models import utcnow
 
 
 class TaskProgress:

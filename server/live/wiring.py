@@ -11,20 +11,20 @@ import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from server.db.engine import Database
-from server.live.agent_notify import Doorbell
-from server.live.device_ingest import DeviceTelemetryWriter
-from server.live.hang_detector import HangDetector
-from server.live.hello_writer import HelloWriter
-from server.live.hub import AgentHub
-from server.live.ingest import TelemetryWriter
-from server.live.liveness import Liveness
-from server.live.loops import BackgroundLoops
-from server.live.pass_locks import PassLocks
-from server.live.stack_collector import StackCollector
-from server.live.task_progress import TaskProgress
-from server.services.replicas import ReplicaIdentity
-from server.settings import Settings
+from mwms.server.db.engine import Database
+from mwms.server.live.agent_notify import Doorbell
+from mwms.server.live.device_ingest import DeviceTelemetryWriter
+from mwms.server.live.hang_detector import HangDetector
+from mwms.server.live.hello_writer import HelloWriter
+from mwms.server.live.hub import AgentHub
+from mwms.server.live.ingest import TelemetryWriter
+from mwms.server.live.liveness import Liveness
+from mwms.server.live.loops import BackgroundLoops
+from mwms.server.live.pass_locks import PassLocks
+from mwms.server.live.stack_collector import StackCollector
+from mwms.server.live.task_progress import TaskProgress
+from mwms.server.services.replicas import ReplicaIdentity
+from mwms.server.settings import Settings
 
 
 @dataclass

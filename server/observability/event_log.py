@@ -3,7 +3,7 @@
 Job and attempt state changes, agents lost, back or removed, whole-gang restarts and preemptions each log
 one line on the `mwms.server.events` logger, with their ids as fields (`event`, `job_id`, `attempt`,
 `state`, `agent`, ...): `--log-format json` writes them as keys of the line (mwms/log_setup.py). The line
-is held with the session (server.observability.on_commit), so a decision that rolls back logs nothing.
+is held with the session (mwms.server.observability.on_commit), so a decision that rolls back logs nothing.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from server.observability.on_commit import on_commit
+from mwms.server.observability.on_commit import on_commit
 
 log = logging.getLogger("mwms.server.events")
 # A reason is logged up to its first line (a failure's reason goes on with the task's last log lines,

@@ -3,7 +3,7 @@ functions the services call to feed them.
 
 Names are stable (`mwms_...`), documented in the README's metric list (a test keeps it true) and used by
 deploy/grafana/mwms-dashboard.json. State changes are observed only once their transaction commits
-(server.observability.on_commit). The hot paths (heartbeats, telemetry) pay one observation per message
+(mwms.server.observability.on_commit). The hot paths (heartbeats, telemetry) pay one observation per message
 or one increment per committed transaction, never one per item.
 """
 
@@ -17,10 +17,10 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 import mwms
-from server.db.models import Job, JobEvent
-from server.observability.on_commit import on_commit
-from server.services.cluster_counts import PRIORITY_BANDS
-from server.states import TERMINAL_JOB_STATES, JobState
+from mwms.server.db.models import Job, JobEvent
+from mwms.server.observability.on_commit import on_commit
+from mwms.server.services.cluster_counts import PRIORITY_BANDS
+from mwms.server.states import TERMINAL_JOB_STATES, JobState
 
 # No `<name>_created` series: nothing reads them, they double the series and the text format shows them
 # as gauges of their own. Process-wide, so mwms_poison_total and the hang detector's counter lose theirs too.

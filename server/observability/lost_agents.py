@@ -21,7 +21,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from server.db.models import Agent, utcnow
+from mwms.server.db.models import Agent, utcnow
 
 # Far above the agents an operator looks at one by one; bounds the series a mass outage creates.
 MAX_LOST_AGENTS_LABELLED = 100

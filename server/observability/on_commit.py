@@ -1,7 +1,7 @@
 """Actions that run only once a session's transaction commits: metrics count what is durable.
 
 A state change is observed where it is made (in the transaction), but a transaction can still roll back,
-whole or in part (a savepoint of server.poison.isolated). `on_commit` keeps the action with the session and
+whole or in part (a savepoint of mwms.server.poison.isolated). `on_commit` keeps the action with the session and
 runs it after the outermost commit; a rollback of the transaction or savepoint it was recorded in (or of
 one around it) drops it, so a metric never counts a change that did not happen. An action that raises is
 logged and counted in mwms_metric_update_failures_total (the exporter's own errors, which an alert watches).

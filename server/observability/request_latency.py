@@ -12,7 +12,7 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.observability.instruments import API_REQUEST_LATENCY
+from mwms.server.observability.instruments import API_REQUEST_LATENCY
 
 UNMATCHED = "unmatched"
 KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})

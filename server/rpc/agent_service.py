@@ -15,14 +15,14 @@ from typing import Any, TypeVar
 import grpc
 
 from mwms.archive import archive_workers
+from mwms.server.live.wiring import Wiring
+from mwms.server.rpc import convert
+from mwms.server.rpc.agent_stream import AgentStream
+from mwms.server.rpc.auth import authenticated_agent_id, presented_credential
+from mwms.server.services import agent_auth, agent_uploads, replicas
+from mwms.server.services.bundles import CHUNK
 from mwms.v1 import agent_pb2 as pb
 from mwms.v1 import agent_pb2_grpc
-from server.live.wiring import Wiring
-from server.rpc import convert
-from server.rpc.agent_stream import AgentStream
-from server.rpc.auth import authenticated_agent_id, presented_credential
-from server.services import agent_auth, agent_uploads, replicas
-from server.services.bundles import CHUNK
 
 log = logging.getLogger("mwms.server.rpc")
 T = TypeVar("T")

@@ -12,7 +12,7 @@ know (from a newer agent) is ignored, and logged once per stream.
 A message that cannot be applied never ends the stream (which would make the agent reconnect and resend
 it forever): a log or metric batch is acknowledged with what was refused and why, so the agent drops it;
 a task report is skipped. A start command that cannot be built or would not fit the agent's receive limit
-fails its job with the reason. Each is logged and counted (server.poison). Only a refused credential and
+fails its job with the reason. Each is logged and counted (mwms.server.poison). Only a refused credential and
 database trouble end the stream.
 """
 
@@ -25,16 +25,16 @@ from typing import Any, TypeVar
 
 import grpc
 
+from mwms.server.errors import DomainError
+from mwms.server.live.wiring import Wiring
+from mwms.server.observability.instruments import count_command, observe_heartbeat_round_trip
+from mwms.server.poison import contain, count_poison, is_transient
+from mwms.server.rpc import convert
+from mwms.server.rpc.status import grpc_status
+from mwms.server.services import agent_messages, preflight, replicas, start_commands
+from mwms.server.services.command_targets import track_command_targets
+from mwms.server.services.telemetry import StoreOutcome
 from mwms.v1 import agent_pb2 as pb
-from server.errors import DomainError
-from server.live.wiring import Wiring
-from server.observability.instruments import count_command, observe_heartbeat_round_trip
-from server.poison import contain, count_poison, is_transient
-from server.rpc import convert
-from server.rpc.status import grpc_status
-from server.services import agent_messages, preflight, replicas, start_commands
-from server.services.command_targets import track_command_targets
-from server.services.telemetry import StoreOutcome
 
 log = logging.getLogger("mwms.server.rpc")
 T = TypeVar("T")

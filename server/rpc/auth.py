@@ -18,11 +18,11 @@ from typing import Any, NoReturn
 
 import grpc
 
-from server.db.engine import Database
-from server.errors import DomainError, Forbidden, Unauthenticated
-from server.rpc import health
-from server.rpc.status import grpc_status
-from server.services.agent_auth import authenticate_agent
+from mwms.server.db.engine import Database
+from mwms.server.errors import DomainError, Forbidden, Unauthenticated
+from mwms.server.rpc import health
+from mwms.server.rpc.status import grpc_status
+from mwms.server.services.agent_auth import authenticate_agent
 
 log = logging.getLogger("mwms.server.rpc.auth")
 

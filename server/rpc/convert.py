@@ -5,17 +5,17 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from mwms.preflight_contract import parse_report
+from mwms.server.db.models import Task
+from mwms.server.services.agent_uploads import StoredUpload, UploadChunk
+from mwms.server.services.agents import Registration
+from mwms.server.services.device_telemetry import IncomingSample
+from mwms.server.services.preflight import IncomingPreflight
+from mwms.server.services.stacks import IncomingStackDump
+from mwms.server.services.start_commands import StartSpec
+from mwms.server.services.tasks import TaskReport
+from mwms.server.services.telemetry import IncomingLine, IncomingPoint, StoreOutcome
+from mwms.server.states import TaskState
 from mwms.v1 import agent_pb2 as pb
-from server.db.models import Task
-from server.services.agent_uploads import StoredUpload, UploadChunk
-from server.services.agents import Registration
-from server.services.device_telemetry import IncomingSample
-from server.services.preflight import IncomingPreflight
-from server.services.stacks import IncomingStackDump
-from server.services.start_commands import StartSpec
-from server.services.tasks import TaskReport
-from server.services.telemetry import IncomingLine, IncomingPoint, StoreOutcome
-from server.states import TaskState
 
 # A preflight report longer than this is stored as {} (the agent sends at most 64 KiB).
 MAX_REPORT_CHARS = 64 * 1024

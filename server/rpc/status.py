@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import grpc
 
-from server.errors import (
+from mwms.server.errors import (
     DomainError,
     Forbidden,
     InvalidInput,

@@ -16,20 +16,20 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from server.db.models import Agent, Job, Task
-from server.errors import DomainError, Forbidden, InvalidInput, NotFound, Unauthenticated
-from server.observability.instruments import count_registration
-from server.services import files
-from server.services.agents import Registration, register_agent, validate_registration
-from server.services.bundles import bundle_path
-from server.services.tokens import (
+from mwms.server.db.models import Agent, Job, Task
+from mwms.server.errors import DomainError, Forbidden, InvalidInput, NotFound, Unauthenticated
+from mwms.server.observability.instruments import count_registration
+from mwms.server.services import files
+from mwms.server.services.agents import Registration, register_agent, validate_registration
+from mwms.server.services.bundles import bundle_path
+from mwms.server.services.tokens import (
     SECRET_BYTES,
     has_usable_join_token,
     hash_secret,
     join_token_valid,
     same_secret_hash,
 )
-from server.states import TaskState
+from mwms.server.states import TaskState
 
 CREDENTIAL_PREFIX = "mwmsa_"
 # Where the agent keeps its credential, for messages (the agent owns the file: worker_agent/credentials.py).

@@ -4,7 +4,7 @@ Hellos, task reports and goodbyes are one transaction each; log and metric batch
 one (accept_telemetry); heartbeats write nothing here (server/live/liveness.py).
 
 Items of a message are contained on their own: a task report of a Hello that cannot be applied is
-skipped (server.poison), a log line or metric point that cannot be stored is refused with a reason in the
+skipped (mwms.server.poison), a log line or metric point that cannot be stored is refused with a reason in the
 acknowledgement; the other items of the message are applied.
 """
 
@@ -16,26 +16,26 @@ from dataclasses import dataclass, field
 from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
-from server.db.models import Agent, Job, Task, utcnow
-from server.observability.event_log import log_after_commit
-from server.poison import is_transient, isolated
-from server.services import replicas
-from server.services.agents import get_agent, mark_stopped, touch_agent
-from server.services.lifecycle import end_job, fail_on_nan_metric, mark_task_lost
-from server.services.tasks import (
+from mwms.server.db.models import Agent, Job, Task, utcnow
+from mwms.server.observability.event_log import log_after_commit
+from mwms.server.poison import is_transient, isolated
+from mwms.server.services import replicas
+from mwms.server.services.agents import get_agent, mark_stopped, touch_agent
+from mwms.server.services.lifecycle import end_job, fail_on_nan_metric, mark_task_lost
+from mwms.server.services.tasks import (
     ReportOutcome,
     TaskReport,
     active_tasks_on_agent,
     apply_report,
 )
-from server.services.telemetry import (
+from mwms.server.services.telemetry import (
     IncomingLine,
     IncomingPoint,
     StoreOutcome,
     store_log_lines,
     store_metric_points,
 )
-from server.states import JobState, TaskState
+from mwms.server.states import JobState, TaskState
 
 log = logging.getLogger("mwms.server.agent_messages")
 

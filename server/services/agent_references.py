@@ -14,8 +14,8 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from mwms.agent_references import AmbiguousAgent, UnknownAgent, resolve_agent_reference
-from server.db.models import Agent
-from server.errors import InvalidInput, NotFound
+from mwms.server.db.models import Agent
+from mwms.server.errors import InvalidInput, NotFound
 
 
 def _candidates(session: Session, references: Sequence[str]) -> list[Agent]:

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar
 
 from mwms.archive import ArchiveLimits, ArchiveWorkers
-from server.errors import InvalidInput
-from server.services import agent_auth, files, shared_files
-from server.services.uploads import UploadSpool
+from mwms.server.errors import InvalidInput
+from mwms.server.services import agent_auth, files, shared_files
+from mwms.server.services.uploads import UploadSpool
 
 T = TypeVar("T")
 FileKind = Literal["artifacts", "checkpoint"]

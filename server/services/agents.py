@@ -12,15 +12,15 @@ from sqlalchemy import Table, bindparam, or_, select, update
 from sqlalchemy.orm import Session, object_session
 
 from mwms.agent_references import NAME_WITH_ID_FORM_HELP, name_has_id_form
-from server.db.models import Agent, Task, utcnow
-from server.errors import InvalidInput, NameTaken, NotFound, Unauthenticated
-from server.observability.event_log import log_after_commit
-from server.observability.instruments import count_registration
-from server.poison import contain
-from server.services.agent_references import find_agent
-from server.services.lifecycle import mark_task_lost
-from server.services.placement import AgentCapacity
-from server.states import DEVICE_HOLDING_TASK_STATES, TaskState
+from mwms.server.db.models import Agent, Task, utcnow
+from mwms.server.errors import InvalidInput, NameTaken, NotFound, Unauthenticated
+from mwms.server.observability.event_log import log_after_commit
+from mwms.server.observability.instruments import count_registration
+from mwms.server.poison import contain
+from mwms.server.services.agent_references import find_agent
+from mwms.server.services.lifecycle import mark_task_lost
+from mwms.server.services.placement import AgentCapacity
+from mwms.server.states import DEVICE_HOLDING_TASK_STATES, TaskState
 
 log = logging.getLogger("mwms.server.agents")
 

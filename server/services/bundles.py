@@ -8,10 +8,10 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 from mwms.archive import ArchiveError, ArchiveLimits, UnsupportedArchiveError, inspect_archive
-from server.db.models import Bundle
-from server.errors import InvalidInput, NotFound
-from server.services import shared_files
-from server.services.uploads import UploadSpool
+from mwms.server.db.models import Bundle
+from mwms.server.errors import InvalidInput, NotFound
+from mwms.server.services import shared_files
+from mwms.server.services.uploads import UploadSpool
 
 CHUNK = 1024 * 1024
 

@@ -20,8 +20,8 @@ from datetime import datetime
 from sqlalchemy import Integer, case, func, select
 from sqlalchemy.orm import Session
 
-from server.db.models import Agent, Job, Task, TeamQuota, utcnow
-from server.states import DEVICE_HOLDING_TASK_STATES, JobState, TaskState
+from mwms.server.db.models import Agent, Job, Task, TeamQuota, utcnow
+from mwms.server.states import DEVICE_HOLDING_TASK_STATES, JobState, TaskState
 
 # Tasks not ended: what the cluster runs now. Ended tasks are history (every attempt of every job) and
 # would make each scrape read the whole table; jobs by state and the histograms cover what ended.
@@ -164,7 +164,7 @@ def count_sharing(session: Session) -> SharingCounts:
 
 def count_overview(session: Session) -> ClusterOverview:
     """The overview: devices as the agents list counts them (services.views.agents_view), jobs by state."""
-    from server.services.views import agents_view  # views imports jobs -> teams -> states; kept local
+    from mwms.server.services.views import agents_view  # views imports jobs -> teams -> states; kept local
 
     agents = agents_view(session)
     online = [a for a in agents if a.online]

@@ -12,8 +12,8 @@ from typing import Any
 from sqlalchemy import event, inspect
 from sqlalchemy.orm import Session
 
-from server.db.models import Task
-from server.states import TaskState
+from mwms.server.db.models import Task
+from mwms.server.states import TaskState
 
 _COMMAND_STATES = (TaskState.ASSIGNED.value, TaskState.LOST.value)
 

@@ -14,13 +14,13 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from server.db.models import Agent, Job, Task, utcnow
-from server.errors import Conflict, InvalidInput
-from server.limits import LimitExceeded
-from server.schemas import MAX_CORDON_REASON_CHARS
-from server.services.agent_references import find_agent
-from server.services.lifecycle import preempt_job
-from server.states import JobState, TaskState
+from mwms.server.db.models import Agent, Job, Task, utcnow
+from mwms.server.errors import Conflict, InvalidInput
+from mwms.server.limits import LimitExceeded
+from mwms.server.schemas import MAX_CORDON_REASON_CHARS
+from mwms.server.services.agent_references import find_agent
+from mwms.server.services.lifecycle import preempt_job
+from mwms.server.states import JobState, TaskState
 
 _LIVE_TASK_STATES = [state.value for state in TaskState if not state.terminal]
 _PREEMPTIBLE_JOB_STATES = (JobState.SCHEDULED.value, JobState.RUNNING.value)

@@ -14,8 +14,8 @@ from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from server.db.models import DeviceClaim, Task
-from server.states import DEVICE_HOLDING_TASK_STATES
+from mwms.server.db.models import DeviceClaim, Task
+from mwms.server.states import DEVICE_HOLDING_TASK_STATES
 
 
 def claim(session: Session, tasks: Iterable[Task]) -> None:

@@ -17,8 +17,8 @@ from typing import Any
 from sqlalchemy import BigInteger, ColumnElement, cast, func, literal_column, select
 from sqlalchemy.orm import Session
 
-from server.db.models import Agent, Attempt, DeviceSample, Job, Task, utcnow
-from server.services.agent_references import find_agent
+from mwms.server.db.models import Agent, Attempt, DeviceSample, Job, Task, utcnow
+from mwms.server.services.agent_references import find_agent
 
 MAX_POINTS = 240
 MIN_BUCKET_SECONDS = 5

@@ -27,7 +27,7 @@ from sqlalchemy import delete, func, insert, select, true
 from sqlalchemy.orm import Session
 from sqlalchemy.sql import FromClause
 
-from server.db.models import Agent, DeviceSample, utcnow
+from mwms.server.db.models import Agent, DeviceSample, utcnow
 
 # The memory columns are 32-bit integers on PostgreSQL; 2**31 MiB is 2 PiB, far above any device.
 MAX_MEMORY_MIB = 2**31 - 1

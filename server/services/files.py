@@ -11,9 +11,9 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from mwms.archive import ArchiveError, ArchiveLimits, archive_format, extract_archive, inspect_archive
-from server.db.models import Attempt, Job, StoredFile, Task
-from server.errors import Conflict, InvalidInput, NotFound
-from server.services import shared_files
+from mwms.server.db.models import Attempt, Job, StoredFile, Task
+from mwms.server.errors import Conflict, InvalidInput, NotFound
+from mwms.server.services import shared_files
 
 ARTIFACT = "artifact"
 CHECKPOINT = "checkpoint"

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
-from server.limits import TooManyRequests
+from mwms.server.limits import TooManyRequests
 
 # Empty polls after the job has ended before the follow ends: the agents' last lines may still be on
 # their way.

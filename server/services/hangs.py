@@ -16,11 +16,11 @@ from typing import Any
 from sqlalchemy import Table, bindparam, or_, select, update
 from sqlalchemy.orm import Session, selectinload
 
-from server.db.models import Attempt, Job, Task, utcnow
-from server.services.jobs import NEVER_S
-from server.services.lifecycle import fail_attempt
-from server.services.stacks import describe_workers_outside_collectives
-from server.states import AttemptState, JobState
+from mwms.server.db.models import Attempt, Job, Task, utcnow
+from mwms.server.services.jobs import NEVER_S
+from mwms.server.services.lifecycle import fail_attempt
+from mwms.server.services.stacks import describe_workers_outside_collectives
+from mwms.server.states import AttemptState, JobState
 
 OPTION = "hang_timeout_seconds"
 

@@ -13,10 +13,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from server.db.models import Job
-from server.errors import Conflict
-from server.schemas import JobCreate
-from server.services import jobs
+from mwms.server.db.models import Job
+from mwms.server.errors import Conflict
+from mwms.server.schemas import JobCreate
+from mwms.server.services import jobs
 
 IDEMPOTENCY_KEY_MAX_LENGTH = 100  # jobs.idempotency_key is String(100)
 # What clients send in practice (UUIDs, ULIDs, "<pipeline-run>:<step>"); nothing that needs quoting.

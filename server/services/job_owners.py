@@ -4,8 +4,8 @@ a running job or its processes (cancel, stack dumps), so a new one cannot forget
 
 from __future__ import annotations
 
-from server.db.models import Job
-from server.errors import Forbidden
+from mwms.server.db.models import Job
+from mwms.server.errors import Forbidden
 
 
 def check_job_owner(job: Job, user: str, any_owner: bool, action: str) -> None:

@@ -13,16 +13,16 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
 from mwms import task_environment
-from server.db.models import Attempt, Bundle, Job, JobEvent
-from server.errors import Conflict, Forbidden, InvalidInput, NotFound
-from server.schemas import JobCreate
-from server.services import teams, telemetry
-from server.services.agent_references import check_pins
-from server.services.job_owners import check_job_owner
-from server.services.lifecycle import current_attempt as current_attempt  # read here by services.stacks
-from server.services.lifecycle import end_job
-from server.services.transitions import transition_job
-from server.states import JobState
+from mwms.server.db.models import Attempt, Bundle, Job, JobEvent
+from mwms.server.errors import Conflict, Forbidden, InvalidInput, NotFound
+from mwms.server.schemas import JobCreate
+from mwms.server.services import teams, telemetry
+from mwms.server.services.agent_references import check_pins
+from mwms.server.services.job_owners import check_job_owner
+from mwms.server.services.lifecycle import current_attempt as current_attempt  # read here by services.stacks
+from mwms.server.services.lifecycle import end_job
+from mwms.server.services.transitions import transition_job
+from mwms.server.states import JobState
 
 # A time limit this long is never reached; past it the datetime arithmetic would overflow instead.
 NEVER_S = 100 * 365 * 86400.0

@@ -19,14 +19,14 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from mwms.server.db.models import Agent, Attempt, Job, LogLine, Preemption, Task, utcnow
+from mwms.server.observability.event_log import log_after_commit, reason_summary
+from mwms.server.observability.instruments import count_preemption, count_restart
+from mwms.server.schemas import RestartOn, RestartPolicy
+from mwms.server.services.transitions import transition_attempt, transition_job, transition_task
+from mwms.server.services.wording import count
+from mwms.server.states import AttemptState, JobState, TaskState
 from mwms.task_environment import PREEMPTED_AND_SAVED_EXIT_CODE
-from server.db.models import Agent, Attempt, Job, LogLine, Preemption, Task, utcnow
-from server.observability.event_log import log_after_commit, reason_summary
-from server.observability.instruments import count_preemption, count_restart
-from server.schemas import RestartOn, RestartPolicy
-from server.services.transitions import transition_attempt, transition_job, transition_task
-from server.services.wording import count
-from server.states import AttemptState, JobState, TaskState
 
 FAILURE_LOG_LINES = 10
 # A port can be busy by chance; a bundle or command that cannot start will not start on the next try either.
@@ -307,7 +307,7 @@ def fail_attempt(
 
     An attempt that is no longer ACTIVE is left as it is. The reason people read is `reason`, then what
     happens next, then the failing task's last log lines. `cause` labels a restart in
-    mwms_job_restarts_total (server.observability.instruments.RESTART_CAUSES).
+    mwms_job_restarts_total (mwms.server.observability.instruments.RESTART_CAUSES).
     """
     now = now or utcnow()
     if attempt.state != AttemptState.ACTIVE.value:

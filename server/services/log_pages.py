@@ -9,8 +9,8 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from server.services import jobs, telemetry
-from server.states import JobState
+from mwms.server.services import jobs, telemetry
+from mwms.server.states import JobState
 
 # How many lines a follow reads per poll.
 FOLLOW_BATCH = 1000

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from mwms.agent_references import AmbiguousAgent, UnknownAgent, resolve_agent_reference
-from server.services.wording import count as wcount
+from mwms.server.services.wording import count as wcount
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from server.db.models import Job, PreflightResult, Task
-from server.errors import NotFound
+from mwms.server.db.models import Job, PreflightResult, Task
+from mwms.server.errors import NotFound
 
 MAX_MESSAGE_CHARS = 2000
 

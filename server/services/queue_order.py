@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from server.services.placement import devices_needed
+from mwms.server.services.placement import devices_needed
 
 KINDS = ("gpu", "cpu")
 

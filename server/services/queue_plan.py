@@ -23,8 +23,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from server.services import wait_reasons
-from server.services.placement import (
+from mwms.server.services import wait_reasons
+from mwms.server.services.placement import (
     AgentCapacity,
     NoFit,
     TaskPlacement,
@@ -32,7 +32,7 @@ from server.services.placement import (
     place_gang,
     place_pinned,
 )
-from server.services.queue_order import WaitingJob
+from mwms.server.services.queue_order import WaitingJob
 
 # Blocked jobs per pass that may look for victims, and that may try for the reservation (one whose gang
 # could not fit even on an idle cluster gets none): each is a few placement tries.

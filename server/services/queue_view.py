@@ -13,10 +13,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from server.db.models import Job, utcnow
-from server.services.queue_order import WaitingJob
-from server.services.scheduling import SharingPolicy, read_inputs
-from server.services.wait_reasons import not_placeable
+from mwms.server.db.models import Job, utcnow
+from mwms.server.services.queue_order import WaitingJob
+from mwms.server.services.scheduling import SharingPolicy, read_inputs
+from mwms.server.services.wait_reasons import not_placeable
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The reconciler pass: acts on lost agents, tasks left on agents that stopped cleanly, start-up timeouts
 and runtime limits.
 
-Each agent and job is handled in its own savepoint (server.poison.isolated): a row that cannot be
+Each agent and job is handled in its own savepoint (mwms.server.poison.isolated): a row that cannot be
 handled (a limit the datetime arithmetic cannot take, a damaged option) is logged once, counted and
 skipped, and every other agent and job is still handled on this pass.
 """
@@ -14,14 +14,14 @@ from datetime import datetime, timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from server.db.models import Agent, Attempt, Job, Task, utcnow
-from server.observability.event_log import log_after_commit
-from server.poison import isolated
-from server.services import replicas
-from server.services.agents import newly_lost_agents
-from server.services.jobs import time_limit
-from server.services.lifecycle import end_job, fail_attempt, mark_task_lost, preempted_seconds
-from server.states import AttemptState, JobState, TaskState
+from mwms.server.db.models import Agent, Attempt, Job, Task, utcnow
+from mwms.server.observability.event_log import log_after_commit
+from mwms.server.poison import isolated
+from mwms.server.services import replicas
+from mwms.server.services.agents import newly_lost_agents
+from mwms.server.services.jobs import time_limit
+from mwms.server.services.lifecycle import end_job, fail_attempt, mark_task_lost, preempted_seconds
+from mwms.server.states import AttemptState, JobState, TaskState
 
 log = logging.getLogger("mwms.server.reconcile")
 

@@ -20,7 +20,7 @@ from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.selectable import ScalarSelect
 
-from server.db.models import Agent, Replica, utcnow
+from mwms.server.db.models import Agent, Replica, utcnow
 
 # A replica not seen for this long is gone (it beats about every second).
 REPLICA_TIMEOUT_S = 10.0

@@ -14,8 +14,8 @@ from datetime import datetime, timedelta
 from sqlalchemy import and_, delete, or_, select
 from sqlalchemy.orm import Session
 
-from server.db.models import Job, LogLine, MetricPoint, utcnow
-from server.states import JobState
+from mwms.server.db.models import Job, LogLine, MetricPoint, utcnow
+from mwms.server.states import JobState
 
 BATCH_ROWS = 5000
 JOBS_PER_BATCH = 200

@@ -3,7 +3,7 @@
 Restarts whose backoff has passed and preempted jobs whose workers have all exited go back to PENDING
 first (the rules are in server/services/lifecycle.py). The waiting jobs are read as plain rows, not
 ORM objects, so a backlog of thousands costs one query; only jobs the plan places or preempts are
-loaded. Each placement and preemption is applied in its own savepoint (server.poison.isolated): a
+loaded. Each placement and preemption is applied in its own savepoint (mwms.server.poison.isolated): a
 job whose row cannot be handled is logged once, counted and skipped, and the others still are.
 """
 
@@ -20,28 +20,35 @@ from sqlalchemy import String, bindparam, case, func, select, type_coerce, updat
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from server.db.engine import Database
-from server.db.models import Agent, Attempt, Job, Preemption, Task, utcnow
-from server.observability.instruments import observe_queue_wait
-from server.poison import contain, isolated
-from server.services import device_claims, teams
-from server.services.agents import capacities
-from server.services.jobs import NEVER_S
-from server.services.lifecycle import (
+from mwms.server.db.engine import Database
+from mwms.server.db.models import Agent, Attempt, Job, Preemption, Task, utcnow
+from mwms.server.observability.instruments import observe_queue_wait
+from mwms.server.poison import contain, isolated
+from mwms.server.services import device_claims, teams
+from mwms.server.services.agents import capacities
+from mwms.server.services.jobs import NEVER_S
+from mwms.server.services.lifecycle import (
     attempt_placed,
     open_attempt,
     preempt_job,
     release_preempted,
     release_restart,
 )
-from server.services.placement import AgentCapacity
-from server.services.queue_order import WaitingJob, queue_order
-from server.services.queue_plan import Placement, Plan, PlanInputs, PreemptionDecision, RunningJob, plan_pass
-from server.services.tf_config import build_tf_config
-from server.states import DEVICE_HOLDING_TASK_STATES, AttemptState, JobState, TaskState
+from mwms.server.services.placement import AgentCapacity
+from mwms.server.services.queue_order import WaitingJob, queue_order
+from mwms.server.services.queue_plan import (
+    Placement,
+    Plan,
+    PlanInputs,
+    PreemptionDecision,
+    RunningJob,
+    plan_pass,
+)
+from mwms.server.services.tf_config import build_tf_config
+from mwms.server.states import DEVICE_HOLDING_TASK_STATES, AttemptState, JobState, TaskState
 
 if TYPE_CHECKING:
-    from server.services.waiting_jobs import WaitingJobs
+    from mwms.server.services.waiting_jobs import WaitingJobs
 
 log = logging.getLogger("mwms.server.scheduling")
 WAITING_STATES = (JobState.PENDING.value, JobState.RESTARTING.value, JobState.PREEMPTING.value)

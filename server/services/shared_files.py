@@ -61,8 +61,8 @@ from typing import BinaryIO, Protocol
 from sqlalchemy import Connection, Engine, delete, insert, select
 from sqlalchemy.orm import Session
 
-from server.db import locks
-from server.db.models import SharedFile, SharedFileChunk, utcnow
+from mwms.server.db import locks
+from mwms.server.db.models import SharedFile, SharedFileChunk, utcnow
 
 CHUNK_BYTES = 1024 * 1024
 # Chunks per INSERT (executemany) and per SELECT: at most this many MiB of a file in memory at once.

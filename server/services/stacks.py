@@ -15,14 +15,14 @@ from datetime import datetime, timedelta
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, selectinload
 
+from mwms.server.db.models import Agent, StackDump, StackRequest, utcnow
+from mwms.server.errors import Conflict, NotFound
+from mwms.server.limits import TooManyRequests
+from mwms.server.services.job_owners import check_job_owner
+from mwms.server.services.jobs import current_attempt, get_job
+from mwms.server.services.stack_text import dump_in_collective, main_thread_frame, parse_threads
+from mwms.server.states import AttemptState, JobState, TaskState
 from mwms.stack_dumps import bounded
-from server.db.models import Agent, StackDump, StackRequest, utcnow
-from server.errors import Conflict, NotFound
-from server.limits import TooManyRequests
-from server.services.job_owners import check_job_owner
-from server.services.jobs import current_attempt, get_job
-from server.services.stack_text import dump_in_collective, main_thread_frame, parse_threads
-from server.states import AttemptState, JobState, TaskState
 
 CAUSES = ("request", "hang")
 # Dumps on request pause every task of a job (py-spy) or make it write its stacks (faulthandler) and store up

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from mwms import task_environment
 from mwms.agent_link import AGENT_RECEIVE_LIMIT_BYTES
 from mwms.preflight_contract import ALLREDUCE_ENV
-from server.db.models import Job, Task
-from server.services.jobs import job_env
-from server.services.preflight import allreduce_wanted, preflight_wanted
+from mwms.server.db.models import Job, Task
+from mwms.server.services.jobs import job_env
+from mwms.server.services.preflight import allreduce_wanted, preflight_wanted
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,10 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from server.db.models import Agent, Task, utcnow
-from server.services.lifecycle import after_task_change
-from server.services.transitions import transition_task
-from server.states import TASK_TRANSITIONS, TaskState
+from mwms.server.db.models import Agent, Task, utcnow
+from mwms.server.services.lifecycle import after_task_change
+from mwms.server.services.transitions import transition_task
+from mwms.server.states import TASK_TRANSITIONS, TaskState
 
 log = logging.getLogger("mwms.server.tasks")
 

@@ -13,11 +13,11 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from server.db.models import Job, Task, TeamMember, TeamQuota, utcnow
-from server.errors import InvalidInput, NotFound
-from server.limits import MAX_NAME_CHARS
-from server.schemas import MAX_QUOTA_DEVICES
-from server.states import DEVICE_HOLDING_TASK_STATES
+from mwms.server.db.models import Job, Task, TeamMember, TeamQuota, utcnow
+from mwms.server.errors import InvalidInput, NotFound
+from mwms.server.limits import MAX_NAME_CHARS
+from mwms.server.schemas import MAX_QUOTA_DEVICES
+from mwms.server.states import DEVICE_HOLDING_TASK_STATES
 
 MAX_TEAMS_LISTED = 10_000
 

@@ -29,8 +29,8 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import InstrumentedAttribute, Session, aliased
 
 from mwms import metrics_line
-from server.db.models import Job, LogLine, MetricPoint, Task
-from server.poison import count_poison, is_transient
+from mwms.server.db.models import Job, LogLine, MetricPoint, Task
+from mwms.server.poison import count_poison, is_transient
 
 log = logging.getLogger("mwms.server.telemetry")
 

@@ -18,10 +18,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from server.db.models import Token, utcnow
-from server.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthenticated
-from server.schema_types import NAME_PATTERN, NAME_RULE
-from server.schemas import MAX_TOKEN_NAME_CHARS
+from mwms.server.db.models import Token, utcnow
+from mwms.server.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthenticated
+from mwms.server.schema_types import NAME_PATTERN, NAME_RULE
+from mwms.server.schemas import MAX_TOKEN_NAME_CHARS
 
 API_PREFIX = "mwms_"
 SESSION_PREFIX = "mwmss_"

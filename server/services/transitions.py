@@ -10,11 +10,11 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from server.db.models import Attempt, AttemptEvent, Job, JobEvent, Task, utcnow
-from server.observability.event_log import log_after_commit, reason_summary
-from server.observability.instruments import observe_job_transition
-from server.services import device_claims
-from server.states import (
+from mwms.server.db.models import Attempt, AttemptEvent, Job, JobEvent, Task, utcnow
+from mwms.server.observability.event_log import log_after_commit, reason_summary
+from mwms.server.observability.instruments import observe_job_transition
+from mwms.server.services import device_claims
+from mwms.server.states import (
     DEVICE_HOLDING_TASK_STATES,
     AttemptState,
     JobState,

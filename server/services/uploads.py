@@ -8,7 +8,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from server.errors import UploadTooLarge
+from mwms.server.errors import UploadTooLarge
 
 UPLOAD_LIMIT_SETTING = "MWMS_MAX_UPLOAD_BYTES"
 # Room for the multipart boundaries and part headers around an uploaded archive.

@@ -10,13 +10,13 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from server.db.models import Agent, Job, StackDump, StackRequest, Task
-from server.services import stacks, teams
-from server.services.agents import AgentState, agent_state, live_tasks_by_agent
-from server.services.jobs import read_job
-from server.services.stack_text import ThreadStack, parse_threads
-from server.services.teams import Quota
-from server.services.telemetry import Progress, latest_progress
+from mwms.server.db.models import Agent, Job, StackDump, StackRequest, Task
+from mwms.server.services import stacks, teams
+from mwms.server.services.agents import AgentState, agent_state, live_tasks_by_agent
+from mwms.server.services.jobs import read_job
+from mwms.server.services.stack_text import ThreadStack, parse_threads
+from mwms.server.services.teams import Quota
+from mwms.server.services.telemetry import Progress, latest_progress
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from server.services.queue_order import WaitingJob
-from server.services.wording import count
+from mwms.server.services.queue_order import WaitingJob
+from mwms.server.services.wording import count
 
 
 def _unit(job: WaitingJob) -> str:

@@ -19,9 +19,9 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from server.db.models import Job, JobEvent
-from server.services.queue_order import WaitingJob
-from server.services.scheduling import WAITING_STATES, hold_of, read_holds, read_waiting
+from mwms.server.db.models import Job, JobEvent
+from mwms.server.services.queue_order import WaitingJob
+from mwms.server.services.scheduling import WAITING_STATES, hold_of, read_holds, read_waiting
 
 FULL_READ_S = 600.0
 REREAD_EVENTS = 200

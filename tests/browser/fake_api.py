@@ -24,8 +24,8 @@ from fastapi import FastAPI, HTTPException, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel
 
-from server.api import dashboard
-from server.api.security_headers import SecurityHeadersMiddleware
+from mwms.server.api import dashboard
+from mwms.server.api.security_headers import SecurityHeadersMiddleware
 
 XSS_NAME = "<img src=x onerror=alert(1)>"
 XSS_LOG = "<script>alert('log')</script><b>bold?</b>"

@@ -10,8 +10,8 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from server.api import dashboard
-from server.api.security_headers import SecurityHeadersMiddleware
+from mwms.server.api import dashboard
+from mwms.server.api.security_headers import SecurityHeadersMiddleware
 
 WEB = Path(dashboard.__file__).resolve().parents[2] / "web"
 

@@ -1,6 +1,6 @@
 """A small, real HTTP stand-in for the coordinator's REST API, served by uvicorn on a free port.
 
-It speaks the API contract (request bodies are validated with server.schemas.JobCreate) so the CLI can be
+It speaks the API contract (request bodies are validated with mwms.server.schemas.JobCreate) so the CLI can be
 tested over real HTTP before, and independently of, the real coordinator. Jobs move one state per GET:
 PENDING -> RUNNING (twice, with step/loss) -> SUCCEEDED, or FAILED when the command contains "fail".
 
@@ -26,7 +26,7 @@ import uvicorn
 from fastapi import FastAPI, File, HTTPException, Query, Request, UploadFile
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from server.schemas import JobCreate
+from mwms.server.schemas import JobCreate
 
 DIGEST_OF_EMPTY = hashlib.sha256(b"").hexdigest()
 ADMIN_TOKEN = "mwms_fake-admin-secret-0123456789"

@@ -22,11 +22,11 @@ from typer.testing import CliRunner
 
 from mwms.cli import connect, sharing_commands
 from mwms.cli.main import app
+from mwms.server.app import create_app
+from mwms.server.db.engine import Database
+from mwms.server.db.models import Job, Task, utcnow
+from mwms.server.services.tokens import Role, create_api_token
 from mwms.v1 import agent_pb2_grpc
-from server.app import create_app
-from server.db.engine import Database
-from server.db.models import Job, Task, utcnow
-from server.services.tokens import Role, create_api_token
 
 from cluster import wait_until
 

@@ -16,10 +16,10 @@ from in_process_coordinator import coordinator_settings
 
 from mwms.client import Client, QueueEntry, Team
 from mwms.errors import Conflict, Forbidden
+from mwms.server.app import create_app
+from mwms.server.db.engine import Database
+from mwms.server.services.tokens import Role, create_api_token
 from mwms.v1 import agent_pb2_grpc
-from server.app import create_app
-from server.db.engine import Database
-from server.services.tokens import Role, create_api_token
 
 from cluster import wait_until
 

@@ -19,15 +19,15 @@ import yaml  # PyYAML: a dependency of schemathesis (the dev extra)
 from prometheus_client.parser import text_string_to_metric_families
 
 import mwms
+from mwms.server import poison
+from mwms.server.db.engine import Database
+from mwms.server.db.models import Agent, utcnow
+from mwms.server.observability.cluster_gauges import cluster_registry, render
+from mwms.server.observability.instruments import RESTART_CAUSES
+from mwms.server.observability.lost_agents import MAX_LOST_AGENTS_LABELLED
+from mwms.server.services.agents import Registration, register_agent, remove_agent, touch_agent
+from mwms.server.states import TERMINAL_JOB_STATES
 from mwms.v1 import agent_pb2 as pb
-from server import poison
-from server.db.engine import Database
-from server.db.models import Agent, utcnow
-from server.observability.cluster_gauges import cluster_registry, render
-from server.observability.instruments import RESTART_CAUSES
-from server.observability.lost_agents import MAX_LOST_AGENTS_LABELLED
-from server.services.agents import Registration, register_agent, remove_agent, touch_agent
-from server.states import TERMINAL_JOB_STATES
 
 REPO = Path(__file__).resolve().parents[2]
 RULES_DIR = REPO / "deploy" / "prometheus"
@@ -83,7 +83,7 @@ def read_metrics(expr: str) -> set[str]:
 def metrics_page(db: Database) -> str:
     """The coordinator's /metrics page over `db`: the process-wide instruments (the hang detector's counter
     included) and the cluster gauges of an app's own registry, as server/api/health.py renders it."""
-    import server.live.hang_detector  # noqa: F401 - registers mwms_hang_detections_total, as the app does
+    import mwms.server.live.hang_detector  # noqa: F401 - registers mwms_hang_detections_total, as the app does
 
     return render(cluster_registry(db, lambda: 0)).decode()
 

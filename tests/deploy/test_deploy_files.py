@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from server.settings import Settings
+from mwms.server.settings import Settings
 
 from cluster import MWMS, Cluster, Process, free_port, wait_until
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from server.open_files import WANTED_OPEN_FILES
-from server.systemd_unit import SERVER_ENV_FILE
-from worker_agent.systemd import OMITTED, STOP_MARGIN_SECONDS
+from mwms.server.open_files import WANTED_OPEN_FILES
+from mwms.server.systemd_unit import SERVER_ENV_FILE
+from mwms.worker_agent.systemd import OMITTED, STOP_MARGIN_SECONDS
 
 from cluster import MWMS
 
@@ -235,7 +235,7 @@ def lifted_open_files_limit(soft: int, hard: int) -> subprocess.CompletedProcess
     limit after that, and logs to stderr (the limit is the process's own; lowered here it would stay low)."""
     program = (
         "import resource, sys\n"
-        "from server.open_files import raise_open_files_limit\n"
+        "from mwms.server.open_files import raise_open_files_limit\n"
         f"resource.setrlimit(resource.RLIMIT_NOFILE, ({soft}, {hard}))\n"
         "print(raise_open_files_limit())\n"
     )

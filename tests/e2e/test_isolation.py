@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from worker_agent.sandbox import needed_paths
+from mwms.worker_agent.sandbox import needed_paths
 
 from cluster import TERMINAL, pack, wait_until
 

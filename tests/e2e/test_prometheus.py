@@ -27,7 +27,7 @@ import yaml  # PyYAML: a dependency of schemathesis (the dev extra)
 from prometheus_client.parser import text_string_to_metric_families
 
 import mwms
-from server import poison
+from mwms.server import poison
 
 from cluster import free_port, wait_until
 

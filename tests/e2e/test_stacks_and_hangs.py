@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from worker_agent.stacks import py_spy_executable
+from mwms.worker_agent.stacks import py_spy_executable
 
 from cluster import MWMS, Cluster, pack_dir, wait_until
 

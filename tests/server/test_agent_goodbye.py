@@ -22,23 +22,23 @@ from in_process_coordinator import InProcessCoordinator, coordinator_settings
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 
-from mwms.v1 import agent_pb2 as pb
-from server.db.engine import Database
-from server.db.models import Agent, Job, Task, utcnow
-from server.observability.lost_agents import lost_agent_names
-from server.schemas import JobCreate
-from server.services.agent_messages import MAX_GOODBYE_REASON, accept_goodbye, goodbye_reason
-from server.services.agents import (
+from mwms.server.db.engine import Database
+from mwms.server.db.models import Agent, Job, Task, utcnow
+from mwms.server.observability.lost_agents import lost_agent_names
+from mwms.server.schemas import JobCreate
+from mwms.server.services.agent_messages import MAX_GOODBYE_REASON, accept_goodbye, goodbye_reason
+from mwms.server.services.agents import (
     Registration,
     agent_state,
     capacities,
     record_heartbeats,
     register_agent,
 )
-from server.services.cluster_counts import count_cluster
-from server.services.jobs import create_job
-from server.services.reconcile import reconcile
-from server.services.scheduling import schedule_pending
+from mwms.server.services.cluster_counts import count_cluster
+from mwms.server.services.jobs import create_job
+from mwms.server.services.reconcile import reconcile
+from mwms.server.services.scheduling import schedule_pending
+from mwms.v1 import agent_pb2 as pb
 
 from cluster import wait_until
 

@@ -21,15 +21,15 @@ from mwms.agent_references import (
 )
 from mwms.cli.admin_commands import find_agent as cli_find_agent
 from mwms.cli.errors import CliError, ExitCode
-from server.db.engine import Database
-from server.db.models import Agent, Bundle, Job, Task, new_id
-from server.errors import InvalidInput, NotFound
-from server.schemas import JobCreate
-from server.services.agent_references import find_agent
-from server.services.agents import remove_agent, touch_agent
-from server.services.jobs import create_job
-from server.services.placement import AgentCapacity, NoFit, place_pinned
-from server.services.scheduling import schedule_pending
+from mwms.server.db.engine import Database
+from mwms.server.db.models import Agent, Bundle, Job, Task, new_id
+from mwms.server.errors import InvalidInput, NotFound
+from mwms.server.schemas import JobCreate
+from mwms.server.services.agent_references import find_agent
+from mwms.server.services.agents import remove_agent, touch_agent
+from mwms.server.services.jobs import create_job
+from mwms.server.services.placement import AgentCapacity, NoFit, place_pinned
+from mwms.server.services.scheduling import schedule_pending
 
 DIGEST = "d" * 64
 SLOT = [{"kind": "cpu", "index": 0, "name": "s"}]

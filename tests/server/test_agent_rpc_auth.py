@@ -20,12 +20,12 @@ from coordinator_rows import place_task, register_request
 from in_process_coordinator import InProcessCoordinator, coordinator_settings
 from sqlalchemy import func, select
 
+from mwms.server.db.models import Agent, Job, LogLine, StoredFile, Task
+from mwms.server.rpc.auth import INTERNAL_MESSAGE
+from mwms.server.services import files
+from mwms.server.services.tokens import Role, create_api_token, hash_secret
 from mwms.v1 import agent_pb2 as pb
 from mwms.v1 import agent_pb2_grpc
-from server.db.models import Agent, Job, LogLine, StoredFile, Task
-from server.rpc.auth import INTERNAL_MESSAGE
-from server.services import files
-from server.services.tokens import Role, create_api_token, hash_secret
 
 JOIN_TOKEN = "join-token-for-agent-auth-tests-0123456789"
 ADMIN_TOKEN = "mwms_admin-token-for-agent-auth-tests-0123"

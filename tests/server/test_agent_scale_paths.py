@@ -24,11 +24,11 @@ from test_poison_containment import (
     point,
 )
 
+from mwms.server.db.models import Agent, LogLine, MetricPoint, Task, utcnow
+from mwms.server.services import agent_messages
+from mwms.server.services.agents import record_heartbeats
+from mwms.server.settings import Settings
 from mwms.v1 import agent_pb2 as pb
-from server.db.models import Agent, LogLine, MetricPoint, Task, utcnow
-from server.services import agent_messages
-from server.services.agents import record_heartbeats
-from server.settings import Settings
 
 from cluster import wait_until
 
@@ -245,7 +245,7 @@ def test_a_flush_never_moves_liveness_back_behind_a_registration(cluster: tuple[
 
 
 def test_telemetry_transactions_are_sized_to_hold_the_write_lock_briefly() -> None:
-    from server.live.ingest import (
+    from mwms.server.live.ingest import (
         MAX_ITEMS_PER_TRANSACTION,
         MIN_ITEMS_PER_TRANSACTION,
         TARGET_TRANSACTION_S,

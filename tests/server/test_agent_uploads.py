@@ -16,11 +16,11 @@ from coordinator_rows import place_task, seeded_database
 from sqlalchemy import select
 
 from mwms.archive import ArchiveWorkers
-from server.db.engine import Database
-from server.db.models import Agent, Attempt, StoredFile
-from server.errors import Conflict, Forbidden, InvalidInput, UploadTooLarge
-from server.services.agent_uploads import StoredUpload, UploadChunk, UploadPlaces, receive_task_files
-from server.settings import Settings
+from mwms.server.db.engine import Database
+from mwms.server.db.models import Agent, Attempt, StoredFile
+from mwms.server.errors import Conflict, Forbidden, InvalidInput, UploadTooLarge
+from mwms.server.services.agent_uploads import StoredUpload, UploadChunk, UploadPlaces, receive_task_files
+from mwms.server.settings import Settings
 
 T = TypeVar("T")
 DIGEST = "f" * 64

@@ -6,7 +6,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy.exc import OperationalError
 
-from server.api.errors import INTERNAL_ERROR, install_error_handlers
+from mwms.server.api.errors import INTERNAL_ERROR, install_error_handlers
 
 
 def test_an_unexpected_error_gives_a_plain_500():

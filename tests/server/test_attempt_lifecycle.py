@@ -6,15 +6,15 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from server.db.engine import Database
-from server.db.models import Agent, Attempt, AttemptEvent, Job
-from server.schemas import JobCreate
-from server.services.jobs import cancel_job, create_job
-from server.services.lifecycle import end_job, restart_policy_value
-from server.services.scheduling import schedule_pending
-from server.services.tasks import TaskReport, apply_report
-from server.services.transitions import transition_attempt
-from server.states import AttemptState, InvalidTransition, JobState, TaskState
+from mwms.server.db.engine import Database
+from mwms.server.db.models import Agent, Attempt, AttemptEvent, Job
+from mwms.server.schemas import JobCreate
+from mwms.server.services.jobs import cancel_job, create_job
+from mwms.server.services.lifecycle import end_job, restart_policy_value
+from mwms.server.services.scheduling import schedule_pending
+from mwms.server.services.tasks import TaskReport, apply_report
+from mwms.server.services.transitions import transition_attempt
+from mwms.server.states import AttemptState, InvalidTransition, JobState, TaskState
 
 BACKOFF = 0.0
 

@@ -14,19 +14,19 @@ from postgres_server import PostgresUnavailable, postgres_server
 from prometheus_client import REGISTRY
 from sqlalchemy import event, select, update
 
-from server.db.engine import Database
-from server.db.migrate import upgrade_to_head
-from server.db.models import Agent, Bundle, Job, Task, utcnow
-from server.observability.on_commit import on_commit
-from server.schemas import JobCreate
-from server.services.agents import Registration, register_agent, remove_agent
-from server.services.cluster_counts import count_cluster
-from server.services.jobs import create_job
-from server.services.reconcile import reconcile
-from server.services.scheduling import schedule_pending
-from server.services.tasks import TaskReport, apply_report
-from server.services.transitions import transition_job
-from server.states import JobState, TaskState
+from mwms.server.db.engine import Database
+from mwms.server.db.migrate import upgrade_to_head
+from mwms.server.db.models import Agent, Bundle, Job, Task, utcnow
+from mwms.server.observability.on_commit import on_commit
+from mwms.server.schemas import JobCreate
+from mwms.server.services.agents import Registration, register_agent, remove_agent
+from mwms.server.services.cluster_counts import count_cluster
+from mwms.server.services.jobs import create_job
+from mwms.server.services.reconcile import reconcile
+from mwms.server.services.scheduling import schedule_pending
+from mwms.server.services.tasks import TaskReport, apply_report
+from mwms.server.services.transitions import transition_job
+from mwms.server.states import JobState, TaskState
 
 DIGEST = "e" * 64
 

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from sqlalchemy import event, update
 
-from server.db.engine import Database
-from server.db.migrate import upgrade_to_head
-from server.db.models import Agent
-from server.services.agents import Registration, register_agent
-from server.services.device_telemetry import (
+from mwms.server.db.engine import Database
+from mwms.server.db.migrate import upgrade_to_head
+from mwms.server.db.models import Agent
+from mwms.server.services.agents import Registration, register_agent
+from mwms.server.services.device_telemetry import (
     READINGS_WINDOW,
     IncomingSample,
     LatestSamples,

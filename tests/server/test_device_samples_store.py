@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from server.db.engine import Database
-from server.db.migrate import upgrade_to_head
-from server.db.models import Attempt, Bundle, DeviceSample, Job, Task
-from server.services.agents import Registration, register_agent
-from server.services.device_series import MAX_POINTS, agent_series, bucket_seconds, job_series
-from server.services.device_telemetry import (
+from mwms.server.db.engine import Database
+from mwms.server.db.migrate import upgrade_to_head
+from mwms.server.db.models import Attempt, Bundle, DeviceSample, Job, Task
+from mwms.server.services.agents import Registration, register_agent
+from mwms.server.services.device_series import MAX_POINTS, agent_series, bucket_seconds, job_series
+from mwms.server.services.device_telemetry import (
     MAX_DEVICES_PER_MESSAGE,
     IncomingSample,
     LatestSamples,
@@ -274,8 +274,8 @@ def test_retention_deletes_old_samples_agent_by_agent_in_batches(db: Database) -
 def test_the_writer_checks_batches_and_purges(tmp_path: Path) -> None:
     import asyncio
 
-    from server.live.device_ingest import DeviceTelemetryWriter
-    from server.settings import Settings
+    from mwms.server.live.device_ingest import DeviceTelemetryWriter
+    from mwms.server.settings import Settings
 
     database = Database(f"sqlite:///{tmp_path / 'writer.db'}")
     upgrade_to_head(database.engine)

@@ -10,16 +10,16 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select
 
-from server.db.engine import Database
-from server.db.models import Agent, Job, utcnow
-from server.schemas import JobCreate
-from server.services.agents import Registration, record_heartbeats, register_agent, remove_agent
-from server.services.jobs import create_job
-from server.services.lifecycle import preempt_job
-from server.services.reconcile import reconcile
-from server.services.scheduling import schedule_pending
-from server.services.tasks import TaskReport, apply_report
-from server.states import TaskState
+from mwms.server.db.engine import Database
+from mwms.server.db.models import Agent, Job, utcnow
+from mwms.server.schemas import JobCreate
+from mwms.server.services.agents import Registration, record_heartbeats, register_agent, remove_agent
+from mwms.server.services.jobs import create_job
+from mwms.server.services.lifecycle import preempt_job
+from mwms.server.services.reconcile import reconcile
+from mwms.server.services.scheduling import schedule_pending
+from mwms.server.services.tasks import TaskReport, apply_report
+from mwms.server.states import TaskState
 
 BACKOFF = 1.0
 pytestmark = pytest.mark.db_seed("e" * 64, agents=("a", "b"))

@@ -18,9 +18,9 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 from in_process_coordinator import InProcessCoordinator, coordinator_settings
 
+from mwms.server.rpc.auth import PUBLIC_METHODS
+from mwms.server.settings import Settings
 from mwms.v1 import agent_pb2 as pb
-from server.rpc.auth import PUBLIC_METHODS
-from server.settings import Settings
 
 AGENT_SERVICE = "mwms.v1.AgentService"
 SERVING = health_pb2.HealthCheckResponse.SERVING

@@ -10,20 +10,20 @@ from pathlib import Path
 
 import pytest
 
-from server.db.engine import Database
-from server.db.models import Agent, Job, StackDump, StackRequest, utcnow
-from server.errors import Conflict
-from server.live.hang_detector import HANG_DETECTIONS, HangDetector
-from server.live.hub import AgentHub
-from server.live.stack_collector import StackCollector
-from server.live.task_progress import TaskProgress
-from server.schemas import JobCreate
-from server.services import hangs, stacks
-from server.services.jobs import create_job
-from server.services.scheduling import schedule_pending
-from server.services.tasks import TaskReport, apply_report
-from server.settings import Settings
-from server.states import TaskState
+from mwms.server.db.engine import Database
+from mwms.server.db.models import Agent, Job, StackDump, StackRequest, utcnow
+from mwms.server.errors import Conflict
+from mwms.server.live.hang_detector import HANG_DETECTIONS, HangDetector
+from mwms.server.live.hub import AgentHub
+from mwms.server.live.stack_collector import StackCollector
+from mwms.server.live.task_progress import TaskProgress
+from mwms.server.schemas import JobCreate
+from mwms.server.services import hangs, stacks
+from mwms.server.services.jobs import create_job
+from mwms.server.services.scheduling import schedule_pending
+from mwms.server.services.tasks import TaskReport, apply_report
+from mwms.server.settings import Settings
+from mwms.server.states import TaskState
 
 DUMPS = Path(__file__).parent / "stack_dumps"
 WAITING = (DUMPS / "py_spy_worker0_step_in_tf_function.txt").read_text()

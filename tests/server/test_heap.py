@@ -9,7 +9,7 @@ import sys
 def test_settle_heap_freezes_what_exists_and_raises_the_young_threshold() -> None:
     # In a process of its own: freezing the test process's heap would outlive this test.
     program = (
-        "import gc; from server.heap import YOUNG_THRESHOLD, settle_heap; import server.app; "
+        "import gc; from mwms.server.heap import YOUNG_THRESHOLD, settle_heap; import mwms.server.app; "
         "before = gc.get_threshold(); settle_heap(); after = gc.get_threshold(); "
         "assert gc.get_freeze_count() > 10_000, gc.get_freeze_count(); "
         "assert after == (YOUNG_THRESHOLD, before[1], before[2]), after; print('ok')"

@@ -6,15 +6,15 @@ from datetime import timedelta
 
 import pytest
 
-from server.db.engine import Database
-from server.db.models import Agent, Job, utcnow
-from server.schemas import JobCreate
-from server.services.agents import Registration, register_agent
-from server.services.jobs import cancel_job, create_job
-from server.services.reconcile import reconcile
-from server.services.scheduling import schedule_pending
-from server.services.tasks import TaskReport, apply_report
-from server.states import TaskState
+from mwms.server.db.engine import Database
+from mwms.server.db.models import Agent, Job, utcnow
+from mwms.server.schemas import JobCreate
+from mwms.server.services.agents import Registration, register_agent
+from mwms.server.services.jobs import cancel_job, create_job
+from mwms.server.services.reconcile import reconcile
+from mwms.server.services.scheduling import schedule_pending
+from mwms.server.services.tasks import TaskReport, apply_report
+from mwms.server.states import TaskState
 
 BACKOFF = 1.0
 
@@ -224,7 +224,7 @@ def test_agents_refusing_a_job_again_and_again_fail_it(db):
 
 
 def test_lost_tasks_hold_their_devices_until_the_agent_confirms(db):
-    from server.services.agents import capacities
+    from mwms.server.services.agents import capacities
 
     job_id = submit(db)
     run_all(db, job_id)
@@ -254,8 +254,8 @@ def test_only_connected_agents_get_work_when_told(db):
 
 
 def test_checkpoint_from_an_older_attempt_is_refused(db):
-    from server.errors import Conflict
-    from server.services.files import ensure_current_attempt
+    from mwms.server.errors import Conflict
+    from mwms.server.services.files import ensure_current_attempt
 
     job_id = submit(db)
     run_all(db, job_id)
@@ -272,7 +272,7 @@ def test_checkpoint_from_an_older_attempt_is_refused(db):
 
 
 def test_a_name_held_by_a_connected_agent_on_another_host_is_refused(db):
-    from server.errors import NameTaken
+    from mwms.server.errors import NameTaken
 
     with db.write() as session:
         holder = session.query(Agent).filter_by(name="a").one()

@@ -16,8 +16,8 @@ from coordinator_rows import place_task, register_request
 from in_process_coordinator import InProcessCoordinator, coordinator_settings
 from sqlalchemy import func, select
 
-from server.db.models import Job, StackRequest
-from server.services.tokens import Role, create_api_token
+from mwms.server.db.models import Job, StackRequest
+from mwms.server.services.tokens import Role, create_api_token
 
 JOIN_TOKEN = "join-token-for-owner-check-tests-0123456789"
 ADMIN_TOKEN = "mwms_admin-token-for-owner-check-tests-0123"

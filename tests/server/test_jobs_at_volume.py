@@ -21,13 +21,13 @@ from in_process_coordinator import InProcessCoordinator, coordinator_settings
 from sqlalchemy import event, func, select
 from test_postgres import postgres_url  # noqa: F401 - the real PostgreSQL the suite starts
 
-from server.db.engine import Database
-from server.db.migrate import upgrade_to_head
-from server.db.models import Agent, Attempt, Bundle, Job, LogLine, MetricPoint, Task, utcnow
-from server.services.jobs import list_jobs, read_job
-from server.services.retention import PurgeCursor, cutoff, purge_batch
-from server.services.telemetry import latest_progress
-from server.states import JobState
+from mwms.server.db.engine import Database
+from mwms.server.db.migrate import upgrade_to_head
+from mwms.server.db.models import Agent, Attempt, Bundle, Job, LogLine, MetricPoint, Task, utcnow
+from mwms.server.services.jobs import list_jobs, read_job
+from mwms.server.services.retention import PurgeCursor, cutoff, purge_batch
+from mwms.server.services.telemetry import latest_progress
+from mwms.server.states import JobState
 
 ADMIN_TOKEN = "mwms_admin-token-for-volume-tests-0123456"
 DIGEST = hashlib.sha256(b"volume").hexdigest()

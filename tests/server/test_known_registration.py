@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from server.db.models import Agent, utcnow
-from server.services.agent_auth import admit_agent, known_registration
-from server.services.agents import Registration
+from mwms.server.db.models import Agent, utcnow
+from mwms.server.services.agent_auth import admit_agent, known_registration
+from mwms.server.services.agents import Registration
 
 REG = Registration(
     "kr-1", "host-a", "127.0.0.1", 20000, 20010, [{"kind": "cpu", "index": 0, "name": "s"}], "t"

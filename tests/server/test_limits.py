@@ -10,10 +10,9 @@ import grpc
 import pytest
 from pydantic import ValidationError
 
-from mwms.v1 import agent_pb2 as pb
-from server.app import GRPC_MAX_MESSAGE, create_app
-from server.db.models import Job, Task
-from server.limits import (
+from mwms.server.app import GRPC_MAX_MESSAGE, create_app
+from mwms.server.db.models import Job, Task
+from mwms.server.limits import (
     AGENT_RECEIVE_LIMIT_BYTES,
     ARG_STRLEN_MAX,
     MAX_WORKER_ADDRESS_CHARS,
@@ -23,13 +22,14 @@ from server.limits import (
     check_job_spec,
     start_task_bound,
 )
-from server.rpc.convert import start_task
-from server.schemas import JobCreate
-from server.services.follows import FollowSlots, follow_lines
-from server.services.start_commands import StartDefaults, start_spec
-from server.services.tf_config import build_tf_config
-from server.settings import Settings
-from worker_agent.channel import CHANNEL_OPTIONS
+from mwms.server.rpc.convert import start_task
+from mwms.server.schemas import JobCreate
+from mwms.server.services.follows import FollowSlots, follow_lines
+from mwms.server.services.start_commands import StartDefaults, start_spec
+from mwms.server.services.tf_config import build_tf_config
+from mwms.server.settings import Settings
+from mwms.v1 import agent_pb2 as pb
+from mwms.worker_agent.channel import CHANNEL_OPTIONS
 
 GRPC_DEFAULT_RECEIVE = 4 * 1024 * 1024
 

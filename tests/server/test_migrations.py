@@ -6,9 +6,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect
 
-from server.db.engine import Database
-from server.db.migrate import downgrade_to, upgrade_to_head
-from server.db.models import Base
+from mwms.server.db.engine import Database
+from mwms.server.db.migrate import downgrade_to, upgrade_to_head
+from mwms.server.db.models import Base
 
 
 def test_upgrade_check_downgrade(tmp_path):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from in_process_coordinator import InProcessCoordinator, coordinator_settings
 
-from server.api.auth import LOGIN_COOKIE
+from mwms.server.api.auth import LOGIN_COOKIE
 
 ADMIN_TOKEN = "mwms_admin-token-for-openapi-tests-012345"
 BROWSER = {"Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"}

@@ -13,16 +13,16 @@ import pytest
 from fastapi.routing import APIRoute
 from pydantic import ValidationError
 
-import server.api
-from server.api.auth import is_public
-from server.api.openapi_document import BEARER_SCHEME
-from server.app import create_app
-from server.errors import InvalidInput
-from server.schema_types import NAME_PATTERN, PRINTABLE_PATTERN
-from server.schemas import JoinTokenCreate, TokenCreate
-from server.services import teams, tokens
-from server.services.tokens import Role
-from server.settings import Settings
+import mwms.server.api
+from mwms.server.api.auth import is_public
+from mwms.server.api.openapi_document import BEARER_SCHEME
+from mwms.server.app import create_app
+from mwms.server.errors import InvalidInput
+from mwms.server.schema_types import NAME_PATTERN, PRINTABLE_PATTERN
+from mwms.server.schemas import JoinTokenCreate, TokenCreate
+from mwms.server.services import teams, tokens
+from mwms.server.services.tokens import Role
+from mwms.server.settings import Settings
 
 METHODS = {"get", "put", "post", "delete", "patch"}
 # Strings at the edges of the name rule: blank, whitespace around, control characters, line breaks.
@@ -61,8 +61,8 @@ def document(app: Any) -> dict[str, Any]:
 def api_routes() -> list[APIRoute]:
     """Every route of the REST routers (server/api/*.py `router`)."""
     found = []
-    for module in pkgutil.iter_modules(server.api.__path__):
-        router = getattr(importlib.import_module(f"server.api.{module.name}"), "router", None)
+    for module in pkgutil.iter_modules(mwms.server.api.__path__):
+        router = getattr(importlib.import_module(f"mwms.server.api.{module.name}"), "router", None)
         if router is not None:
             found += [route for route in router.routes if isinstance(route, APIRoute)]
     return found

@@ -7,8 +7,8 @@ import random
 import pytest
 from pydantic import ValidationError
 
-from server.schemas import JobCreate
-from server.services.placement import AgentCapacity, NoFit, place_pinned
+from mwms.server.schemas import JobCreate
+from mwms.server.services.placement import AgentCapacity, NoFit, place_pinned
 
 DIGEST = "0" * 64
 

@@ -22,15 +22,15 @@ from coordinator_rows import place_task, register_request
 from in_process_coordinator import InProcessCoordinator, coordinator_settings
 from sqlalchemy import select, update
 
+from mwms.server.db.engine import Database
+from mwms.server.db.models import Agent, Job, Task, utcnow
+from mwms.server.poison import POISON
+from mwms.server.schemas import JobCreate
+from mwms.server.services.jobs import create_job
+from mwms.server.services.reconcile import reconcile
+from mwms.server.services.scheduling import schedule_pending
 from mwms.v1 import agent_pb2 as pb
 from mwms.v1 import agent_pb2_grpc
-from server.db.engine import Database
-from server.db.models import Agent, Job, Task, utcnow
-from server.poison import POISON
-from server.schemas import JobCreate
-from server.services.jobs import create_job
-from server.services.reconcile import reconcile
-from server.services.scheduling import schedule_pending
 
 from cluster import wait_until
 

@@ -12,20 +12,20 @@ from alembic.migration import MigrationContext
 from postgres_server import PostgresUnavailable, postgres_server
 from sqlalchemy import func, inspect, select
 
-from server.app import replica_identity
-from server.db.engine import Database
-from server.db.migrate import downgrade_to, upgrade_to_head
-from server.db.models import Agent, Base, Bundle, Job, LogLine, MetricPoint
-from server.live.hub import AgentHub
-from server.live.liveness import Liveness
-from server.live.loops import BackgroundLoops
-from server.live.pass_locks import PassLocks
-from server.live.task_progress import TaskProgress
-from server.schemas import JobCreate
-from server.services.agents import Registration, register_agent
-from server.services.jobs import cancel_job, create_job
-from server.services.scheduling import schedule_pending
-from server.services.telemetry import (
+from mwms.server.app import replica_identity
+from mwms.server.db.engine import Database
+from mwms.server.db.migrate import downgrade_to, upgrade_to_head
+from mwms.server.db.models import Agent, Base, Bundle, Job, LogLine, MetricPoint
+from mwms.server.live.hub import AgentHub
+from mwms.server.live.liveness import Liveness
+from mwms.server.live.loops import BackgroundLoops
+from mwms.server.live.pass_locks import PassLocks
+from mwms.server.live.task_progress import TaskProgress
+from mwms.server.schemas import JobCreate
+from mwms.server.services.agents import Registration, register_agent
+from mwms.server.services.jobs import cancel_job, create_job
+from mwms.server.services.scheduling import schedule_pending
+from mwms.server.services.telemetry import (
     IncomingLine,
     IncomingPoint,
     read_metrics,
@@ -33,7 +33,7 @@ from server.services.telemetry import (
     store_metric_points,
     value_out,
 )
-from server.settings import Settings
+from mwms.server.settings import Settings
 
 
 @pytest.fixture(scope="module")

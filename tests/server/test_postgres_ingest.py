@@ -19,15 +19,15 @@ from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 from mwms import metrics_line
-from server.db.engine import Database
-from server.db.migrate import upgrade_to_head
-from server.db.models import Bundle, Job, LogLine, MetricPoint, Task
-from server.schemas import JobCreate
-from server.services import telemetry
-from server.services.agents import Registration, register_agent
-from server.services.jobs import create_job
-from server.services.scheduling import schedule_pending
-from server.services.telemetry import (
+from mwms.server.db.engine import Database
+from mwms.server.db.migrate import upgrade_to_head
+from mwms.server.db.models import Bundle, Job, LogLine, MetricPoint, Task
+from mwms.server.schemas import JobCreate
+from mwms.server.services import telemetry
+from mwms.server.services.agents import Registration, register_agent
+from mwms.server.services.jobs import create_job
+from mwms.server.services.scheduling import schedule_pending
+from mwms.server.services.telemetry import (
     IncomingLine,
     IncomingPoint,
     StoreOutcome,

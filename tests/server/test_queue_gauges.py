@@ -17,15 +17,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import event, select
 from sqlalchemy.orm import Session
 
-from server.app import create_app
-from server.db.engine import Database
-from server.db.migrate import upgrade_to_head
-from server.db.models import Agent, Attempt, Bundle, Job, Task, TeamQuota, utcnow
-from server.observability.cluster_gauges import MAX_TEAMS_LABELLED, OTHER_TEAMS
-from server.observability.instruments import priority_band
-from server.services.agents import Registration, register_agent
-from server.services.cluster_counts import count_sharing
-from server.settings import Settings
+from mwms.server.app import create_app
+from mwms.server.db.engine import Database
+from mwms.server.db.migrate import upgrade_to_head
+from mwms.server.db.models import Agent, Attempt, Bundle, Job, Task, TeamQuota, utcnow
+from mwms.server.observability.cluster_gauges import MAX_TEAMS_LABELLED, OTHER_TEAMS
+from mwms.server.observability.instruments import priority_band
+from mwms.server.services.agents import Registration, register_agent
+from mwms.server.services.cluster_counts import count_sharing
+from mwms.server.settings import Settings
 
 DIGEST = "9" * 64
 ADMIN_TOKEN = "mwms_admin-token-for-queue-gauge-tests-01"

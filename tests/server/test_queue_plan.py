@@ -6,9 +6,9 @@ from __future__ import annotations
 import random
 from datetime import datetime, timedelta, timezone
 
-from server.services.placement import AgentCapacity
-from server.services.queue_order import WaitingJob, queue_order
-from server.services.queue_plan import PlanInputs, RunningJob, plan_pass
+from mwms.server.services.placement import AgentCapacity
+from mwms.server.services.queue_order import WaitingJob, queue_order
+from mwms.server.services.queue_plan import PlanInputs, RunningJob, plan_pass
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=timezone.utc)
 

@@ -14,17 +14,17 @@ from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from server.api.errors import closing_on_refusal, install_error_handlers
-from server.app import create_app
-from server.db.engine import Database
-from server.db.models import Agent, Task, utcnow
-from server.errors import InvalidInput, NotFound, UploadTooLarge
-from server.services import stacks, telemetry
-from server.services.cluster_counts import ClusterOverview, count_overview
-from server.services.log_pages import read_log_page
-from server.services.uploads import MULTIPART_OVERHEAD, check_body_size
-from server.services.views import agents_view, read_job_view, read_stacks_view
-from server.settings import Settings
+from mwms.server.api.errors import closing_on_refusal, install_error_handlers
+from mwms.server.app import create_app
+from mwms.server.db.engine import Database
+from mwms.server.db.models import Agent, Task, utcnow
+from mwms.server.errors import InvalidInput, NotFound, UploadTooLarge
+from mwms.server.services import stacks, telemetry
+from mwms.server.services.cluster_counts import ClusterOverview, count_overview
+from mwms.server.services.log_pages import read_log_page
+from mwms.server.services.uploads import MULTIPART_OVERHEAD, check_body_size
+from mwms.server.services.views import agents_view, read_job_view, read_stacks_view
+from mwms.server.settings import Settings
 
 DIGEST = "d" * 64
 ADMIN_TOKEN = "mwms_admin-token-for-read-view-tests-0123"

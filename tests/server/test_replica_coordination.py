@@ -13,17 +13,17 @@ import pytest
 from postgres_server import PostgresUnavailable, postgres_server
 from sqlalchemy import inspect, text
 
-from server.db.engine import Database
-from server.db.locks import lock_key
-from server.db.migrate import upgrade_to_head
-from server.db.models import Agent, utcnow
-from server.db.single_instance import AlreadyRunning, SingleInstanceLock
-from server.live.agent_notify import PAYLOAD_BYTES, Doorbell, payloads
-from server.live.hub import AgentHub
-from server.live.pass_locks import PATIENT_TRY_S, PassLocks
-from server.services import replicas
-from server.services.agents import Registration, record_heartbeats, register_agent
-from server.services.reconcile import reconcile
+from mwms.server.db.engine import Database
+from mwms.server.db.locks import lock_key
+from mwms.server.db.migrate import upgrade_to_head
+from mwms.server.db.models import Agent, utcnow
+from mwms.server.db.single_instance import AlreadyRunning, SingleInstanceLock
+from mwms.server.live.agent_notify import PAYLOAD_BYTES, Doorbell, payloads
+from mwms.server.live.hub import AgentHub
+from mwms.server.live.pass_locks import PATIENT_TRY_S, PassLocks
+from mwms.server.services import replicas
+from mwms.server.services.agents import Registration, record_heartbeats, register_agent
+from mwms.server.services.reconcile import reconcile
 
 
 @pytest.fixture(scope="module")

@@ -7,12 +7,12 @@ from typing import Any
 from coordinator_rows import seeded_database
 from sqlalchemy import event
 
-from server.db.engine import Database
-from server.db.models import Job
-from server.schemas import JobCreate
-from server.services.jobs import create_job
-from server.services.scheduling import schedule_pending
-from server.states import JobState
+from mwms.server.db.engine import Database
+from mwms.server.db.models import Job
+from mwms.server.schemas import JobCreate
+from mwms.server.services.jobs import create_job
+from mwms.server.services.scheduling import schedule_pending
+from mwms.server.states import JobState
 
 
 def _statements_of_a_pass(db: Database) -> tuple[int, list[str]]:

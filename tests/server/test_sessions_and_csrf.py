@@ -15,11 +15,11 @@ from fastapi.testclient import TestClient
 from in_process_coordinator import InProcessCoordinator, coordinator_settings
 from sqlalchemy import func, select
 
-from server.api.auth import LOGIN_COOKIE, same_origin
-from server.app import create_app
-from server.db.models import Token
-from server.services.tokens import Role, create_api_token
-from server.settings import Settings
+from mwms.server.api.auth import LOGIN_COOKIE, same_origin
+from mwms.server.app import create_app
+from mwms.server.db.models import Token
+from mwms.server.services.tokens import Role, create_api_token
+from mwms.server.settings import Settings
 
 ADMIN_TOKEN = "mwms_admin-token-for-session-tests-0123456"
 ORIGIN = {"Origin": "http://127.0.0.1"}

@@ -15,12 +15,12 @@ import pytest
 from postgres_server import PostgresUnavailable, postgres_server
 from sqlalchemy import func, select, update
 
-from server.db.engine import Database
-from server.db.migrate import upgrade_to_head
-from server.db.models import Bundle, SharedFile, SharedFileChunk, Task
-from server.errors import NotFound
-from server.services import bundles, files, shared_files
-from server.services.shared_files import CHUNK_BYTES, SharedFileDamaged
+from mwms.server.db.engine import Database
+from mwms.server.db.migrate import upgrade_to_head
+from mwms.server.db.models import Bundle, SharedFile, SharedFileChunk, Task
+from mwms.server.errors import NotFound
+from mwms.server.services import bundles, files, shared_files
+from mwms.server.services.shared_files import CHUNK_BYTES, SharedFileDamaged
 
 MIB = 1024 * 1024
 

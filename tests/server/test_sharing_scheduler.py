@@ -8,14 +8,14 @@ from datetime import timedelta
 from coordinator_rows import seeded_database
 from sqlalchemy import select
 
+from mwms.server.db.models import Agent, Job, Preemption, Task, utcnow
+from mwms.server.schemas import JobCreate
+from mwms.server.services.jobs import create_job
+from mwms.server.services.reconcile import reconcile
+from mwms.server.services.scheduling import SharingPolicy, schedule_pending
+from mwms.server.services.tasks import TaskReport, apply_report
+from mwms.server.states import JobState, TaskState
 from mwms.task_environment import PREEMPTED_AND_SAVED_EXIT_CODE
-from server.db.models import Agent, Job, Preemption, Task, utcnow
-from server.schemas import JobCreate
-from server.services.jobs import create_job
-from server.services.reconcile import reconcile
-from server.services.scheduling import SharingPolicy, schedule_pending
-from server.services.tasks import TaskReport, apply_report
-from server.states import JobState, TaskState
 
 DIGEST = "c" * 64
 NOW_POLICY = SharingPolicy(grace_s=15, min_runtime_s=0, max_preemptions_per_hour=4)

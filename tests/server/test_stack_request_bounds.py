@@ -8,10 +8,10 @@ import pytest
 from sqlalchemy import func, select
 from test_hangs import SLEEPING, answer, running_job
 
+from mwms.server.db.models import StackDump, StackRequest, utcnow
+from mwms.server.limits import TooManyRequests
+from mwms.server.services import stacks
 from mwms.stack_dumps import MAX_STACK_BYTES
-from server.db.models import StackDump, StackRequest, utcnow
-from server.limits import TooManyRequests
-from server.services import stacks
 
 # What the shared `db` fixture (tests/conftest.py) holds.
 pytestmark = pytest.mark.db_seed("c" * 64, agents=("a", "b"))

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from mwms.agent_link import AGENT_RECEIVE_LIMIT_BYTES
 from mwms.preflight_contract import ALLREDUCE_ENV
+from mwms.server.db.models import Job, Task
+from mwms.server.rpc.convert import start_task
+from mwms.server.services.start_commands import StartDefaults, oversize_reason, start_spec, unbuildable_reason
 from mwms.task_environment import COMMUNICATION, PREEMPTION_GRACE_S
-from server.db.models import Job, Task
-from server.rpc.convert import start_task
-from server.services.start_commands import StartDefaults, oversize_reason, start_spec, unbuildable_reason
 
 
 def job(workers: int = 2, env: dict[str, str] | None = None, **options: object) -> Job:

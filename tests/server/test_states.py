@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.states import (
+from mwms.server.states import (
     ATTEMPT_TRANSITIONS,
     JOB_TRANSITIONS,
     TASK_TRANSITIONS,

@@ -1,4 +1,4 @@
-"""server.tls on real files: the self-signed CA and server certificate, the checks on given certificates,
+"""mwms.server.tls on real files: the self-signed CA and server certificate, the checks on given certificates,
 and real TLS handshakes (Python's ssl and gRPC) against what it makes."""
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509 import verification
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from server import tls
-from server.main import log_tls
-from server.settings import Settings
+from mwms.server import tls
+from mwms.server.main import log_tls
+from mwms.server.settings import Settings
 
 MWMS = str(Path(sys.executable).parent / "mwms")
 

@@ -7,10 +7,10 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select
 
-from server.db.models import Token, utcnow
-from server.errors import InvalidInput, NotFound, Unauthenticated
-from server.services import tokens
-from server.services.tokens import Role, TokenKind
+from mwms.server.db.models import Token, utcnow
+from mwms.server.errors import InvalidInput, NotFound, Unauthenticated
+from mwms.server.services import tokens
+from mwms.server.services.tokens import Role, TokenKind
 
 
 def test_secrets_are_random_and_stored_only_as_hashes(db):

@@ -16,10 +16,10 @@ import pytest
 from sqlalchemy import func, select
 from test_poison_containment import ADMIN_TOKEN, JOIN_TOKEN, Coordinator, hello, point
 
+from mwms.server.db.models import LogLine, MetricPoint
+from mwms.server.rpc.agent_stream import MAX_UNACKED_BATCHES
+from mwms.server.settings import Settings
 from mwms.v1 import agent_pb2 as pb
-from server.db.models import LogLine, MetricPoint
-from server.rpc.agent_stream import MAX_UNACKED_BATCHES
-from server.settings import Settings
 
 from cluster import wait_until
 
@@ -126,7 +126,7 @@ def held_back_short_timeout(tmp_path: Path) -> Iterator[tuple[Coordinator, threa
 def test_an_agent_whose_stream_waits_on_a_slow_writer_stays_alive(held_back_short_timeout) -> None:
     """Found by bench/replicas.py's kill storm: agents streaming metrics on a replica whose writer lagged were
     marked lost, their heartbeats unread behind the backpressure, while the replica itself beat on."""
-    from server.db.models import Agent
+    from mwms.server.db.models import Agent
 
     coordinator, release, _ = held_back_short_timeout
     agent_id, stream = coordinator.join("patient-agent")

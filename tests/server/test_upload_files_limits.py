@@ -17,8 +17,8 @@ from coordinator_rows import place_task, register_request
 from in_process_coordinator import InProcessCoordinator, coordinator_settings
 from sqlalchemy import select
 
+from mwms.server.db.models import StoredFile
 from mwms.v1 import agent_pb2 as pb
-from server.db.models import StoredFile
 
 JOIN_TOKEN = "join-token-for-upload-limit-tests-0123456789"
 ADMIN_TOKEN = "mwms_admin-token-for-upload-limit-tests-01"

@@ -8,12 +8,12 @@ from typing import Any
 from coordinator_rows import seeded_database
 from sqlalchemy import event
 
-from server.db.models import Job, utcnow
-from server.schemas import JobCreate
-from server.services.jobs import SubmitPolicy, cancel_job, create_job, set_priority
-from server.services.scheduling import SharingPolicy, read_waiting, schedule_pass
-from server.services.waiting_jobs import WaitingJobs
-from server.states import JobState
+from mwms.server.db.models import Job, utcnow
+from mwms.server.schemas import JobCreate
+from mwms.server.services.jobs import SubmitPolicy, cancel_job, create_job, set_priority
+from mwms.server.services.scheduling import SharingPolicy, read_waiting, schedule_pass
+from mwms.server.services.waiting_jobs import WaitingJobs
+from mwms.server.states import JobState
 
 DIGEST = "e" * 64
 

@@ -16,9 +16,9 @@ import grpc
 import pytest
 
 from mwms.v1 import agent_pb2, agent_pb2_grpc
-from worker_agent.config import AgentConfig
-from worker_agent.credentials import CredentialInterceptor, CredentialStore
-from worker_agent.main import run_agent
+from mwms.worker_agent.config import AgentConfig
+from mwms.worker_agent.credentials import CredentialInterceptor, CredentialStore
+from mwms.worker_agent.main import run_agent
 
 from cluster import wait_until
 

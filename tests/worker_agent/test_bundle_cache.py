@@ -13,7 +13,7 @@ import pytest
 from builders import connected, start_task
 
 from mwms.v1 import agent_pb2
-from worker_agent.bundles import BundleCache
+from mwms.worker_agent.bundles import BundleCache
 
 from cluster import pack
 

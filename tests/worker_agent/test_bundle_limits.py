@@ -12,8 +12,8 @@ from bombs import GIB, gzip_bomb
 
 from mwms.archive import ArchiveLimitError, ArchiveLimits
 from mwms.v1 import agent_pb2
-from worker_agent.bundles import BundleCache, BundleError
-from worker_agent.checkpoints import RestoreError, restore_checkpoint
+from mwms.worker_agent.bundles import BundleCache, BundleError
+from mwms.worker_agent.checkpoints import RestoreError, restore_checkpoint
 
 SMALL = ArchiveLimits(max_archive_bytes=3 * 1024 * 1024)
 

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from mwms.v1 import agent_pb2
-from worker_agent.metrics import MetricsTail
-from worker_agent.sandbox import Confinement, SandboxError, closed_ancestor, find_bwrap
-from worker_agent.task_env import TaskPaths
-from worker_agent.task_files import pack_beneath, read_beneath
-from worker_agent.task_users import TaskIdentity, TaskUserError, TaskUsers
+from mwms.worker_agent.metrics import MetricsTail
+from mwms.worker_agent.sandbox import Confinement, SandboxError, closed_ancestor, find_bwrap
+from mwms.worker_agent.task_env import TaskPaths
+from mwms.worker_agent.task_files import pack_beneath, read_beneath
+from mwms.worker_agent.task_users import TaskIdentity, TaskUserError, TaskUsers
 
 ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not ROOT, reason="changing a task's uid needs root")

@@ -18,10 +18,10 @@ from builders import connected
 
 from mwms.cli.errors import CliError
 from mwms.cli.main import read_join_token
-from server.tls import ensure_self_signed
-from worker_agent.config import AgentConfig
-from worker_agent.credentials import CREDENTIAL_FILE, CredentialStore
-from worker_agent.work_dir import prepare_work_dir
+from mwms.server.tls import ensure_self_signed
+from mwms.worker_agent.config import AgentConfig
+from mwms.worker_agent.credentials import CREDENTIAL_FILE, CredentialStore
+from mwms.worker_agent.work_dir import prepare_work_dir
 
 # What tests/worker_agent/conftest.py's fake coordinator issues (fixtures only there, so it is repeated here).
 FAKE_CREDENTIAL = "mwmsa_agent-1.fake-secret-for-tests"

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from mwms.v1 import agent_pb2
-from worker_agent import device_telemetry
-from worker_agent.device_telemetry import (
+from mwms.worker_agent import device_telemetry
+from mwms.worker_agent.device_telemetry import (
     MAX_DEVICES_PER_MESSAGE,
     DeviceTelemetry,
     NvmlSampler,

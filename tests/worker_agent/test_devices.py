@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 
 from mwms.v1 import agent_pb2
-from worker_agent.devices import cpu_slot_devices, detect_devices, parse_nvidia_smi
+from mwms.worker_agent.devices import cpu_slot_devices, detect_devices, parse_nvidia_smi
 
 NVIDIA_SMI_OUTPUT = (
     "0, NVIDIA H200, GPU-1b2c3d4e-0000-1111-2222-333344445555, 143771\n"

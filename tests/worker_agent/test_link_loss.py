@@ -12,7 +12,7 @@ import pytest
 from builders import start_task
 
 from mwms.v1 import agent_pb2
-from worker_agent import connection, main
+from mwms.worker_agent import connection, main
 
 from cluster import pack
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from worker_agent.metrics import MetricsTail
+from mwms.worker_agent.metrics import MetricsTail
 
 
 def metric(name: str, step: int, value: float) -> str:

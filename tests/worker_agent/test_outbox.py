@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from mwms.v1 import agent_pb2
-from worker_agent.outbox import Outbox
+from mwms.worker_agent.outbox import Outbox
 
 
 def lines(*seqs: int, text: str = "line") -> list[agent_pb2.LogLine]:

@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 from mwms.v1 import agent_pb2
-from worker_agent import preflight
-from worker_agent.task_env import TaskPaths, child_environment
-from worker_agent.task_record import TaskRecord
+from mwms.worker_agent import preflight
+from mwms.worker_agent.task_env import TaskPaths, child_environment
+from mwms.worker_agent.task_record import TaskRecord
 
 from cluster import free_port
 

@@ -8,8 +8,8 @@ import threading
 from pathlib import Path
 
 from mwms.v1 import agent_pb2
-from worker_agent.runner import TaskProcess, describe_exit
-from worker_agent.task_env import TaskPaths, child_environment, resolve_command
+from mwms.worker_agent.runner import TaskProcess, describe_exit
+from mwms.worker_agent.task_env import TaskPaths, child_environment, resolve_command
 
 
 class Recorder:

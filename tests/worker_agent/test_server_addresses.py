@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 from mwms import agent_defaults
 from mwms.cli.main import app
 from mwms.loop import Backoff
-from worker_agent import main
-from worker_agent.channel import CHANNEL_OPTIONS, ServerRotation
-from worker_agent.config import AgentConfig, parse_servers
+from mwms.worker_agent import main
+from mwms.worker_agent.channel import CHANNEL_OPTIONS, ServerRotation
+from mwms.worker_agent.config import AgentConfig, parse_servers
 
 from cluster import free_port
 
@@ -213,7 +213,7 @@ def test_a_replica_gone_silent_is_left_for_the_next(
 ) -> None:  # type: ignore[no-untyped-def]
     from test_link_loss import FreezingProxy
 
-    from worker_agent import connection
+    from mwms.worker_agent import connection
 
     caplog.set_level(logging.INFO, logger="mwms.agent")
     monkeypatch.setattr(connection, "SILENCE_GRACE_SECONDS", 0.5)  # limit: 3 x 0.2 s + 0.5 s

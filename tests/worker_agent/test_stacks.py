@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from mwms.v1 import agent_pb2
-from worker_agent import stacks
+from mwms.worker_agent import stacks
 
 # A program that knows nothing of mwms: a second thread, then the main thread sleeps in a named function.
 SLEEPER = textwrap.dedent(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from worker_agent.systemd import AGENT_ENV_FILE, UNIT_NAME, quote_argument, render_unit
+from mwms.worker_agent.systemd import AGENT_ENV_FILE, UNIT_NAME, quote_argument, render_unit
 
 
 def directives(unit: str) -> dict[str, str]:

@@ -1,11 +1,11 @@
-"""Alembic environment: runs migrations on the connection or URL handed in by server.db.migrate."""
+"""Alembic environment: runs migrations on the connection or URL handed in by mwms.server.db.migrate."""
 
 from __future__ import annotations
 
 from alembic import context
 from sqlalchemy import create_engine
 
-from server.db.models import Base
+from mwms.server.db.models import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -10,14 +10,14 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import server.db.models
+import mwms.server.db.models
 
 revision = "0010"
 down_revision = "0009"
 branch_labels = None
 depends_on = None
 
-UTC = server.db.models.UTCDateTime(timezone=True)
+UTC = mwms.server.db.models.UTCDateTime(timezone=True)
 
 
 def upgrade() -> None:
