@@ -9,9 +9,11 @@ STAMP := $(VENV)/.installed
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
+	@echo "installing mwms and its dependencies (TensorFlow among them) into $(VENV): 1-2 minutes the first time"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[server,agent,dev]'
+	@echo "installed into $(VENV)"
 	touch $(STAMP)
 
 demo: install

@@ -201,8 +201,14 @@ class LocalCluster:
         stop_processes(self.processes)
 
 
+PLAIN_PROGRESS_EVERY_S = 5.0  # without a terminal: one line of step and loss this often, when they moved
+
+
 def follow_with_progress(client: Client, job_id: str, total_steps: int) -> dict[str, Any]:
-    """Follows the job with a progress bar of its step and loss; state changes are printed above it."""
+    """Follows the job with a progress bar of its step and loss on a terminal, or a plain line of them every
+    few seconds without one (a log file, CI); state changes are printed either way."""
+    if not err.is_terminal:
+        return follow_with_lines(client, job_id, total_steps)
     columns = (
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),
@@ -233,6 +239,33 @@ def follow_with_progress(client: Client, job_id: str, total_steps: int) -> dict[
             )
 
         return watch_job(client, job_id, on_job=on_job)
+
+
+def follow_with_lines(client: Client, job_id: str, total_steps: int) -> dict[str, Any]:
+    """Follows the job printing its state changes, and its step and loss at most every few seconds."""
+    seen: dict[str, Any] = {"state": None, "progress": None, "printed_at": 0.0}
+
+    def on_job(job: dict[str, Any]) -> None:
+        state = job.get("state")
+        if state != seen["state"]:
+            line = f"job {state}"
+            if job.get("reason") and state != "RUNNING":
+                line += f": {first_line(job['reason'])}"
+            err.print(Text(line))
+            seen["state"] = state
+        step = job.get("step")
+        progress = (step, job.get("loss"))
+        now = time.monotonic()
+        if (
+            step is not None
+            and progress != seen["progress"]
+            and now - seen["printed_at"] >= PLAIN_PROGRESS_EVERY_S
+        ):
+            total = max(total_steps, step)
+            err.print(f"step {step}/{total}, loss {format_loss(job.get('loss'))}")
+            seen["progress"], seen["printed_at"] = progress, now
+
+    return watch_job(client, job_id, on_job=on_job)
 
 
 def report_results(client: Client, job: dict[str, Any], data_dir: Path) -> Path | None:
@@ -291,7 +324,7 @@ def quickstart(
         err.print(f"coordinator at {cluster.api}/, agents {', '.join(AGENT_NAMES)} online")
         err.print(Text(f"task isolation: {cluster.task_isolation()}"))
         with cluster.client() as client:
-            job = _run_example(client, example, epochs, steps_per_epoch)
+            job = _run_example(client, example, epochs, steps_per_epoch, cluster.admin_token_file)
             out.print(Text.assemble("job ", (job["id"], "bold"), " ended ", state_text(job.get("state"))))
             if job.get("state") == "SUCCEEDED":
                 destination = report_results(client, job, data_dir)
@@ -299,15 +332,17 @@ def quickstart(
                     out.print(f"artifacts: {destination}")
             else:
                 explain_failure(client, job, cluster)
-        out.print(f"dashboard and API: {cluster.api}/")
-        out.print(f"log in with the admin token in {cluster.admin_token_file}")
         leave_running = keep_running
         if keep_running:
+            out.print(f"dashboard and API: {cluster.api}/")
+            out.print(f"log in with the admin token in {cluster.admin_token_file}")
             err.print(
                 f"use the CLI with it: mwms login --api {cluster.api} --token-file {cluster.admin_token_file}"
             )
         elif sys.stdin.isatty():
             _hold_for_the_dashboard(cluster.api, job.get("id", ""), cluster.admin_token_file)
+        else:  # no one to press Enter: everything stops now, so no address to open is printed
+            err.print("to look around the dashboard afterwards, run again with --keep-running")
     except MwmsError as error:
         raise CliError(
             f"the local coordinator at {cluster.api} failed: {error.detail}; see {cluster.log_dir}",
@@ -326,14 +361,18 @@ def quickstart(
         raise typer.Exit(int(ExitCode.JOB_NOT_SUCCEEDED))
 
 
-def _run_example(client: Client, example: Path, epochs: int, steps_per_epoch: int) -> dict[str, Any]:
+def _run_example(
+    client: Client, example: Path, epochs: int, steps_per_epoch: int, token_file: Path
+) -> dict[str, Any]:
     digest = pack_and_upload(client, example, quiet=True)
     # The agents run on this machine, so this interpreter (and its packages) is the one to use.
     command = ["python", "train.py", "--epochs", str(epochs), "--steps-per-epoch", str(steps_per_epoch)]
     spec = build_job_spec(name="quickstart-keras-fit", bundle_digest=digest, command=command, workers=2)
     job = client.create_job(spec).raw
     err.print(f"submitted job {job['id']}: 2 workers, {epochs} epochs × {steps_per_epoch} steps")
-    err.print(f"follow it live at {client.api}/#/jobs/{job['id']}")
+    # soft_wrap: an address or path broken over two lines could not be copied
+    err.print(f"follow it live at {client.api}/#/jobs/{job['id']}", soft_wrap=True)
+    err.print(f"log in there with the admin token in {token_file}", soft_wrap=True)
     return follow_with_progress(client, job["id"], epochs * steps_per_epoch)
 
 
