@@ -302,13 +302,13 @@ def test_a_128_mb_grpc_metadata_value_is_refused_and_the_event_loop_stays_free(
         assert outcome["answer"] == b"" or b"metadata size exceeds hard limit" in outcome["answer"], report
     assert_fast(report, healthz_p99, heartbeat_p99)
     # Its read buffers come and go (up to +120 MiB seen while the calls arrive). The allocator may keep
-    # the freed pages (glibc's per-thread arenas do, on a loaded machine), so "nothing is kept" is
-    # checked as: a second flood as long as the first adds nothing, and neither holds more than a call's.
-    after_first = settled_rss_mib(target, before)
-    probes.during(lambda: again_and_again(attempt))
-    after_second = settled_rss_mib(target, before)
-    grown = f"RSS {before:.0f} MiB before, {after_first:.0f} after one flood, {after_second:.0f} after two"
-    assert after_first - before < 200 and after_second - after_first < 50, f"{report}\n{grown}"
+    # freed pages for a while (glibc's per-thread arenas do, on a loaded machine), so "nothing is kept" is
+    # checked over two floods: what stays is bounded by a couple of calls' buffers, whatever was sent.
+    second, _, _, _ = probes.during(lambda: again_and_again(attempt))
+    kept = settled_rss_mib(target, before) - before
+    sent_mib = sum(outcome["sent"] for outcome in [*outcomes, *second]) / MiB
+    assert sent_mib >= 1024, f"the floods sent only {sent_mib:.0f} MiB: too few calls to tell"
+    assert kept < 200, f"{report}\nRSS {before:.0f} MiB before, +{kept:.0f} MiB after {sent_mib:.0f} MiB sent"
 
 
 def settled_rss_mib(cluster: Cluster, before: float, seconds: float = 10) -> float:
