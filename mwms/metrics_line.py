@@ -14,6 +14,14 @@ One JSON object per line, UTF-8, ending in "\\n"::
 - ``time``: unix seconds in [0, 253402300799] (1970 to the end of year 9999). Missing: the time it is read.
   A time outside that range is refused, not clamped: a point is stored as written or not at all.
 
+Two axes. A series whose name starts with ``epoch_`` (``EPOCH_PREFIX``) is a **per-epoch** series: its
+``step`` is the epoch index, 0-based as Keras passes it and as Keras' TensorBoard callback records it
+(mwms_runtime's MetricsCallback writes fit's epoch logs so: ``epoch_loss`` at 0, 1, ...). Every other
+series is **per step** (training steps or batches). The two never share an axis: the coordinator leaves
+per-epoch series out of a job's step, the dashboard charts them against "epoch", ``mwms metrics`` prints
+them in a table of their own and the client returns them apart (``Metrics.per_epoch()``,
+``Metrics.per_step()``). ``axis(name)`` is the one place that decides.
+
 The REST API uses the same three strings for non-finite values (``json_value``), so a NaN written by a
 training program reaches ``GET /api/v1/jobs/{id}/metrics``, ``mwms metrics`` and the chart as ``"NaN"``.
 The coordinator checks the same bounds (``point_problem``) on what agents send, so a point it refuses
@@ -28,7 +36,7 @@ import json
 import math
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal
 
 NonFinite = Literal["NaN", "Infinity", "-Infinity"]
 NON_FINITE: dict[str, float] = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
@@ -39,6 +47,17 @@ MIN_STEP = -(2**31)
 MAX_STEP = 2**31 - 1
 MIN_TIME = 0.0
 MAX_TIME = 253402300799.0  # 9999-12-31T23:59:59Z, the last second Python's datetime can hold
+
+
+# Series named with this prefix are indexed by epoch, every other by step (see the module docstring).
+EPOCH_PREFIX = "epoch_"
+AXIS_STEP: Final = "step"
+AXIS_EPOCH: Final = "epoch"
+
+
+def axis(name: str) -> Literal["step", "epoch"]:
+    """The axis a series of this name is indexed by: AXIS_EPOCH for ``epoch_*`` names, else AXIS_STEP."""
+    return AXIS_EPOCH if name.startswith(EPOCH_PREFIX) else AXIS_STEP
 
 
 class InvalidMetricLine(ValueError):

@@ -16,13 +16,26 @@ mwms_runtime reads them inside the training program. The names fall in four kind
 - **Defaulted** (``DEFAULTED_ENV``): a job may set them; the agent sets its default only when the job
   does not (``TF_USE_LEGACY_KERAS=1``, the tf_keras that MWMS's ``model.fit`` needs).
 - **Merged** (``MERGED_ENV``): a job may set them; the agent puts its own entry first and keeps the
-  job's after it (``PYTHONPATH``: the stack handler's directory, worker_agent/stack_handler).
+  job's after it (``PYTHONPATH``: the directory of mwms's task hooks, worker_agent/stack_handler, whose one
+  ``sitecustomize`` installs the stack handler and the fit-metrics hook, then imports the next
+  ``sitecustomize`` on the path, the job's own or the distribution's, as Python would have).
+
+``TF_CONFIG`` is every task's, a single worker's too (``{"cluster": {"worker": ["host:port"]}, "task":
+{"type": "worker", "index": 0}}``): TensorFlow's tutorials read ``json.loads(os.environ['TF_CONFIG'])``
+whatever the gang's size, and MultiWorkerMirroredStrategy accepts a cluster of one.
+
+The fit-metrics hook (worker_agent/stack_handler/_mwms_fit_metrics.py, mwms_runtime/auto_fit_metrics.py):
+once a task imports tf_keras, every ``Model.fit`` gets mwms_runtime's ``MetricsCallback`` appended (unless
+the program passes one), so fit's batch and epoch logs become the job's metrics (per step, and ``epoch_*``
+per epoch) without a code change. ``MWMS_AUTO_METRICS=0`` in the job's env turns it off; if the hook
+fails it prints one line and the program runs as it would without it.
 
 Any other name is the job's to set, the runtime's knobs included (``RUNTIME_SETTINGS``).
 
 Dependency-free (standard library only): the coordinator, the agent and mwms_runtime import it.
-worker_agent/stack_handler/sitecustomize.py runs inside the user's program and imports nothing of mwms:
-it spells ``MWMS_STACKS_DIR`` itself, and a test ties that literal to ``STACKS_DIR`` here.
+worker_agent/stack_handler/sitecustomize.py and _mwms_fit_metrics.py run inside the user's program and
+import nothing of mwms at start: they spell ``MWMS_STACKS_DIR``, ``MWMS_METRICS_FILE`` and
+``MWMS_AUTO_METRICS`` themselves, and tests tie those literals to the names here.
 """
 
 from __future__ import annotations
@@ -32,7 +45,7 @@ from collections.abc import Iterable
 from mwms.preflight_contract import ALLREDUCE_ENV, CONNECT_TIMEOUT_ENV, REPORT_ENV, TCP_MB_ENV
 
 # --- reserved: set by the agent for every task ---
-TF_CONFIG = "TF_CONFIG"  # the gang's cluster; absent for a single-worker task
+TF_CONFIG = "TF_CONFIG"  # the gang's cluster, a single worker's included (a cluster of one)
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"  # the GPUs given ("" on CPU)
 JOB_ID = "MWMS_JOB_ID"
 TASK_ID = "MWMS_TASK_ID"
@@ -98,6 +111,11 @@ SPEC_ENV: dict[str, str] = {
 # mwms_runtime's preemption handler exits with (TensorFlow's PreemptionCheckpointHandler default, 42).
 # The coordinator records an attempt whose every task exited with it as "preempted and saved".
 PREEMPTED_AND_SAVED_EXIT_CODE = 42
+# The exit codes of a task whose command the agent could not execute, so it never started (a shell's
+# codes for the same): not found, and found but not executable. The coordinator fails such a job at the
+# first report, whatever its restart policy: no retry can make the command appear.
+COMMAND_NOT_FOUND_EXIT_CODE = 127
+COMMAND_NOT_EXECUTABLE_EXIT_CODE = 126
 
 # --- defaulted: the job's value wins; the agent sets this one when the job gives none ---
 USE_LEGACY_KERAS = "TF_USE_LEGACY_KERAS"
@@ -109,7 +127,9 @@ MERGED_ENV = frozenset({PYTHONPATH})
 
 # --- the job's to set: what mwms_runtime reads besides the above ---
 REPORT_TIMEOUT_S = "MWMS_REPORT_TIMEOUT_S"  # seconds one report() waits for the other workers
-RUNTIME_SETTINGS = frozenset({REPORT_TIMEOUT_S, CONNECT_TIMEOUT_ENV, TCP_MB_ENV, ALLREDUCE_ENV})
+# "0": tf_keras fit does not get mwms_runtime's MetricsCallback added (worker_agent/stack_handler).
+AUTO_METRICS = "MWMS_AUTO_METRICS"
+RUNTIME_SETTINGS = frozenset({REPORT_TIMEOUT_S, AUTO_METRICS, CONNECT_TIMEOUT_ENV, TCP_MB_ENV, ALLREDUCE_ENV})
 
 
 def refused_names(names: Iterable[str]) -> str | None:

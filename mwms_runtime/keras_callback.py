@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from mwms.metrics_line import EPOCH_PREFIX
 from mwms_runtime.reporting import report
 
 
@@ -34,7 +35,8 @@ class MetricsCallback(tf.keras.callbacks.Callback):
     The global step counts batches, ``epoch * steps_per_epoch + batch + 1``: with ``steps_per_execution``
     k > 1 Keras calls the callback once per k batches with the last batch's index, so a report is made
     at the first call at or past each multiple. Epoch logs are named ``epoch_<name>`` with step = the
-    epoch index Keras passes (0-based, as Keras' TensorBoard callback does). Batch reports add
+    epoch index Keras passes (0-based, as Keras' TensorBoard callback does): a per-epoch series on an
+    axis of its own (mwms/metrics_line.py ``axis``). Batch reports add
     ``step_time_seconds`` (mean wall time per batch since the previous report) and, when
     ``global_batch_size`` is given, ``examples_per_second``.
     """
@@ -96,6 +98,6 @@ class MetricsCallback(tf.keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         """Report the epoch's logs as ``epoch_<name>`` at step = epoch."""
-        metrics = _scalar_logs(logs, prefix="epoch_")
+        metrics = _scalar_logs(logs, prefix=EPOCH_PREFIX)
         if metrics:
             report(epoch, metrics, reduced=True)

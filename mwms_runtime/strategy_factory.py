@@ -34,7 +34,9 @@ def _make_resolver(num_gpus: int | None) -> Any:
 
     MWMS ignores ``num_accelerators()`` of a TFConfigClusterResolver (or subclass) and counts every GPU
     TensorFlow sees, so the given count is handed over in a SimpleClusterResolver, which it does ask.
-    Without TF_CONFIG the cluster spec is empty and MWMS runs as a single local worker, as before.
+    A task always has a TF_CONFIG, a gang of one included (one worker: MWMS runs its collectives among
+    that worker's own devices, with the port the agent gave it). Without one (a program run by hand) the
+    cluster spec is empty and MWMS runs as a single local worker.
     """
     import tensorflow as tf
 

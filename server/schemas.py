@@ -335,7 +335,7 @@ class JobSummary(BaseModel):
     waiting: dict[str, Any] = Field(
         default_factory=dict,
         description="why a waiting job waits, typed: kind (over_quota, no_fit, reserved, behind_priority, "
-        "cordoned, pinned, preempting) and its details, estimated_start when known; {} once placed",
+        "cordoned, pinned, preempting, connecting) and its details, estimated_start when known; {} once placed",
     )
     cancelled_by: str = Field(description="the user who cancelled the job; empty when nobody did")
 
@@ -371,6 +371,11 @@ class LogLineOut(BaseModel):
     stream: str
     text: str
     at: datetime
+    redraw: bool = Field(
+        default=False,
+        description="a newer state of the line before it of this task and stream (a `\\r` redraw, such as "
+        "a progress bar): it replaces that line",
+    )
 
 
 class LogPage(BaseModel):

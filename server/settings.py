@@ -64,8 +64,9 @@ class Settings(BaseSettings):
     # While passes find nothing to place or preempt, timed passes (those no event asked for) run at most
     # this often; a submit, an ended task or a joining agent still starts one at once.
     scheduler_idle_interval_s: float = Field(default=2.0, ge=0, le=60, allow_inf_nan=False)
-    # Grace between SIGTERM and SIGKILL when a task is stopped.
-    stop_grace_s: int = 10
+    # Grace between SIGTERM and SIGKILL when a task is stopped (cancel, restart, a failed peer) and its job
+    # set no preemption_grace_seconds: short, so a stop is prompt although TensorFlow catches SIGTERM.
+    stop_grace_s: int = 1
     # Backoff before a failed attempt is placed again (doubles per restart, capped at 60 s).
     restart_backoff_s: float = 2.0
     # Default for jobs that do not set startup_timeout_s.

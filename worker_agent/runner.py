@@ -1,13 +1,17 @@
 """One task's child process: spawned in its own process group, its output read line by line, its exit seen.
 
-The runner knows nothing about the protocol: it calls `on_output(stream, text)` for every line and
+The runner knows nothing about the protocol: it calls `on_output(stream, text, redraw)` for every line
+(`redraw`: a newer state of the line before it from that stream, worker_agent/output_lines.py) and
 `on_exit(exit_code)` once, from its own threads.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import threading
@@ -15,12 +19,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+from mwms.task_environment import COMMAND_NOT_EXECUTABLE_EXIT_CODE, COMMAND_NOT_FOUND_EXIT_CODE
+from mwms.worker_agent.output_lines import read_output
 from mwms.worker_agent.stacks import group_members
 
 log = logging.getLogger("mwms.agent.runner")
 
-# A line longer than this is delivered in pieces, so a program printing without newlines cannot exhaust memory.
-MAX_LINE_BYTES = 64 * 1024
 # After the process exits, readers get this long to drain what is left in the pipes.
 READER_DRAIN_SECONDS = 5.0
 
@@ -41,6 +45,79 @@ def describe_exit(exit_code: int) -> str:
     return text
 
 
+class CommandNotRunnable(Exception):
+    """The task's command cannot be executed (not found, not executable): the job's fault, so the task
+    never starts and no retry can help. `exit_code` is a shell's code for the same (127 or 126)."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _one_string_hint(program: str) -> str:
+    """For a command given as one string ("python train.py --epochs 1"): its words, to pass separately."""
+    try:
+        words = shlex.split(program)
+    except ValueError:
+        return ""
+    if len(words) < 2:
+        return ""
+    return f"; the command was given as one string: pass its words separately ({shlex.join(words)})"
+
+
+def check_runnable(program: str, shown: str, path: str | None, cwd: Path) -> None:
+    """Raises CommandNotRunnable when `program` (the command's first word as it will be executed; `shown`:
+    as the job gave it) would not execute from `cwd` with the search path `path`, as execvp decides.
+
+    Checked before spawning because a confined task is spawned by bubblewrap, which reports a failed
+    exec only as its own exit code 1."""
+    if "/" in program:
+        target = Path(program) if os.path.isabs(program) else cwd / program
+        where = "" if os.path.isabs(program) else " in the job's bundle"
+        if not target.exists():
+            raise CommandNotRunnable(
+                f"{shown!r} does not exist{where}{_one_string_hint(shown)}", COMMAND_NOT_FOUND_EXIT_CODE
+            )
+        if target.is_dir():
+            raise CommandNotRunnable(
+                f"{shown!r} is a directory, not a program", COMMAND_NOT_EXECUTABLE_EXIT_CODE
+            )
+        if not os.access(target, os.X_OK):
+            raise CommandNotRunnable(
+                f"{shown!r} is not executable: run it with its interpreter (e.g. python {shown}) or make it "
+                "executable (chmod +x) before submitting",
+                COMMAND_NOT_EXECUTABLE_EXIT_CODE,
+            )
+        return
+    if shutil.which(program, path=path if path is not None else os.defpath) is not None:
+        return
+    hint = _one_string_hint(shown)
+    if not hint and (cwd / program).is_file():
+        hint = f"; to run the bundle's {program}, write python {program} (or ./{program})"
+    raise CommandNotRunnable(
+        f"{shown!r} was not found on the agent's PATH{hint}", COMMAND_NOT_FOUND_EXIT_CODE
+    )
+
+
+def spawn_refusal(error: OSError, program: str, shown: str) -> CommandNotRunnable | None:
+    """What an OSError of spawning `program` means when the command itself cannot be executed, else None
+    (a missing working directory, too many processes: the machine's trouble, worth another try)."""
+    if error.filename is None or str(error.filename) != program:
+        return None  # subprocess names the program it could not execute (a failed chdir names the dir)
+    if error.errno in (errno.ENOENT, errno.ENOTDIR):
+        return CommandNotRunnable(
+            f"{shown!r} was not found ({error.strerror}){_one_string_hint(shown)}",
+            COMMAND_NOT_FOUND_EXIT_CODE,
+        )
+    if error.errno in (errno.EACCES, errno.ENOEXEC, errno.EISDIR, errno.EPERM):
+        return CommandNotRunnable(
+            f"{shown!r} cannot be executed ({error.strerror}): a script needs a #! line and chmod +x, or "
+            f"run it with its interpreter (e.g. python {shown})",
+            COMMAND_NOT_EXECUTABLE_EXIT_CODE,
+        )
+    return None
+
+
 class TaskProcess:
     """A child process in its own session whose stdout/stderr lines and exit code are reported by callback."""
 
@@ -49,7 +126,7 @@ class TaskProcess:
         command: list[str],
         env: dict[str, str],
         cwd: Path,
-        on_output: Callable[[str, str], None],
+        on_output: Callable[[str, str, bool], None],
         on_exit: Callable[[int], None],
         *,
         user: int | None = None,
@@ -129,14 +206,9 @@ class TaskProcess:
                     pass
 
     def _read_lines(self, stream: str, pipe: IO[bytes]) -> None:
+        # Lines, and `\r` redraws as newer states of a line (worker_agent/output_lines.py).
         with pipe:
-            for raw in iter(lambda: pipe.readline(MAX_LINE_BYTES), b""):
-                text = raw.decode("utf-8", errors="replace")
-                if text.endswith("\n"):
-                    text = text[:-1]
-                    if text.endswith("\r"):
-                        text = text[:-1]
-                self._on_output(stream, text)
+            read_output(pipe.fileno(), lambda text, redraw: self._on_output(stream, text, redraw))
 
     def _wait(self) -> None:
         assert self._popen is not None

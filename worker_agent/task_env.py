@@ -121,12 +121,13 @@ def child_environment(
     agent owns (mwms/task_environment.py names them). `user` is (name, shared with the agent): a task
     of its own user gets its own HOME."""
     env = {name: value for name, value in agent_env.items() if inherited(name)}
-    # A single-worker job has no TF_CONFIG; one inherited from the agent's shell would mislead TensorFlow.
+    # The gang's TF_CONFIG comes from the coordinator alone; one from the agent's shell would mislead TensorFlow.
     env.pop(task_environment.TF_CONFIG, None)
     env.update(start.env)
     for variable, default in task_environment.DEFAULTED_ENV.items():
         if variable not in start.env:
             env[variable] = default
+    # Every task gets one, a single worker's included; only a coordinator older than that sends none.
     if start.tf_config:
         env[task_environment.TF_CONFIG] = start.tf_config
     else:

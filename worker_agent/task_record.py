@@ -73,6 +73,9 @@ class TaskRecord:
         # Continues after every seq a previous agent process used for this task.
         self._log_seq = self.logs.last_seq
         self._log_seq_lock = threading.Lock()
+        # Per stream: the seq of its last line when that line came from the task's output (a redraw of it
+        # replaces it), 0 when an agent's note came last.
+        self._redrawable: dict[str, int] = {}
 
     @property
     def task_id(self) -> str:
@@ -82,13 +85,25 @@ class TaskRecord:
     def ended(self) -> bool:
         return self.report.state in TERMINAL_STATES
 
-    def add_log(self, stream: str, text: str) -> None:
-        """Appends a line to the task's logs with the next seq (shared by stdout, stderr and agent notes)."""
+    def add_log(self, stream: str, text: str, redraw: bool | None = None) -> None:
+        """Appends a line to the task's logs with the next seq (shared by stdout, stderr and agent notes).
+
+        `redraw` comes from the task's output reader (TaskProcess's on_output): True when the line is a
+        newer state of the line before it from that stream (a `\\r` redraw), which it then replaces
+        (LogLine.replaces_seq). An agent's note passes none; a redraw after a note is a line of its own,
+        so the note is never replaced.
+        """
         with self._log_seq_lock:
             self._log_seq += 1
+            replaces = self._redrawable.get(stream, 0) if redraw else 0
             line = agent_pb2.LogLine(
-                seq=self._log_seq, stream=stream, text=text, unix_ms=int(time.time() * 1000)
+                seq=self._log_seq,
+                stream=stream,
+                text=text,
+                unix_ms=int(time.time() * 1000),
+                replaces_seq=replaces,
             )
+            self._redrawable[stream] = self._log_seq if redraw is not None else 0
             dropped = self.logs.add(line)
         if dropped:
             self.add_log(

@@ -28,7 +28,13 @@ from mwms.worker_agent.agent_state import AgentStateFile
 from mwms.worker_agent.bundles import BundleCache, BundleError
 from mwms.worker_agent.checkpoints import CheckpointWatcher, RestoreError
 from mwms.worker_agent.metrics import MetricsTail
-from mwms.worker_agent.runner import TaskProcess, describe_exit
+from mwms.worker_agent.runner import (
+    CommandNotRunnable,
+    TaskProcess,
+    check_runnable,
+    describe_exit,
+    spawn_refusal,
+)
 from mwms.worker_agent.sandbox import Confinement
 from mwms.worker_agent.task_env import TaskPaths, child_environment, resolve_command
 from mwms.worker_agent.task_files import pack_beneath
@@ -338,6 +344,8 @@ class TaskManager:
 
     def _start_task(self, record: TaskRecord) -> None:
         start = record.start
+        command: list[str] = []
+        shown = start.command[0] if start.command else ""
         try:
             if start.port and not port_is_free(start.port):
                 self._reject(
@@ -369,21 +377,36 @@ class TaskManager:
                 self._release_identity(record)
                 return
             env = child_environment(start, record.paths, os.environ, (identity.name, identity.shared))
+            check_runnable(command[0], shown, env.get("PATH"), record.paths.bundle_dir)
             if start.preflight and not self._preflight_passed(record, env):
                 self._release_identity(record)
                 return
             self._spawn(record, command, env)
+        except CommandNotRunnable as error:
+            self._never_started(record, error)
         except TaskUserError as error:
             self._reject(record, str(error))
         except (BundleError, ArchiveError) as error:
             self._reject(record, str(error))
         except OSError as error:
-            self._reject(record, f"could not start {start.command[0] if start.command else ''!r}: {error}")
+            refusal = spawn_refusal(error, command[0], shown) if command else None
+            if refusal is not None:
+                self._never_started(record, refusal)
+            else:
+                self._reject(record, f"could not start {shown!r}: {error}")
         except Exception as error:  # noqa: BLE001 - the coordinator must hear about any failed start
             log.exception("task %s failed to start", record.task_id)
             self._reject(record, f"the agent failed to start the task: {error}")
         if record.ended and record.process is None:
             self._release_identity(record)
+
+    def _never_started(self, record: TaskRecord, error: CommandNotRunnable) -> None:
+        """The command cannot be executed: FAILED with a shell's exit code and no pid, which the
+        coordinator reads as "never started, not retryable" (mwms/task_environment.py)."""
+        log.warning("task %s cannot start: %s", record.task_id, error)
+        self._publish(
+            record, agent_pb2.TASK_STATE_FAILED, message=f"never started: {error}", exit_code=error.exit_code
+        )
 
     def launch_for(self, record: TaskRecord, command: list[str]) -> TaskProcessArgs:
         """The argv and identity switch that run `command` confined as the task's user."""

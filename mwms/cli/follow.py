@@ -1,4 +1,5 @@
-"""Following a job until it ends (`Job.wait`, polling once a second), delivering the chief's new log lines."""
+"""Following a job until it ends (`Job.wait`, polling once a second: the job's final state and every
+task of its newest attempt ended), delivering the chief's new log lines."""
 
 from __future__ import annotations
 
@@ -7,11 +8,10 @@ from typing import Any
 
 from mwms.cli.safe_text import terminal_safe
 from mwms.client import Client, Job
-from mwms.client.job import first_failed_task
+from mwms.client.job import first_failed_task, running_tasks
 
 CHIEF_TASK = 0
-
-__all__ = ["watch_job", "tail_of_task_logs", "first_failed_task", "CHIEF_TASK"]
+__all__ = ["watch_job", "tail_of_task_logs", "first_failed_task", "CHIEF_TASK", "running_tasks"]
 
 
 def watch_job(
@@ -23,7 +23,8 @@ def watch_job(
     interval: float = 1.0,
     log_task: int | None = CHIEF_TASK,
 ) -> dict[str, Any]:
-    """Calls `on_job` with each polled job (and `on_log_lines` with new lines) until it ends; returns it.
+    """Calls `on_job` with each polled job (and `on_log_lines` with new lines) until it and every task of
+    its newest attempt have ended; returns it (its tasks still running if they did not end in time).
 
     Outages of the coordinator (a restart) are waited out as `Job.wait` does.
     """

@@ -4,27 +4,26 @@ metrics, artifacts."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.text import Text
 
+from mwms import metrics_line
 from mwms.cli.connect import with_client
 from mwms.cli.errors import CliError
+from mwms.cli.log_printer import LogPrinter
 from mwms.cli.options import JsonOption
 from mwms.cli.output import (
     agents_table,
     artifacts_table,
     err,
     jobs_table,
-    log_line_text,
     metrics_table,
     out,
     print_job,
     print_json,
-    raw_log_line,
     state_text,
-    write_raw,
 )
 from mwms.cli.safe_text import safe_text, terminal_safe
 from mwms.client import Artifact, Client, Job
@@ -136,14 +135,15 @@ def logs(
         ),
     ] = False,
 ) -> None:
-    """Print a job's log lines: `[task I] text`, or the bare text when --task is given."""
-    prefix = task is None
+    """Print a job's log lines: `[task I] text`, or the bare text when --task is given.
 
-    def show(line: dict[str, Any]) -> None:
-        if raw:
-            write_raw(raw_log_line(line, prefix=prefix))
-        else:
-            out.print(log_line_text(line, prefix=prefix))
+    A line the job redraws (a carriage return, as a progress bar does) prints as it stands; with --follow
+    on a terminal it moves in place, to a pipe or with --raw each newer state (about one a second) is a
+    line of its own.
+    """
+    prefix = task is None
+    printer = LogPrinter(out, prefix=prefix, raw=raw)
+    show = printer.show
 
     if follow:
         # Job.logs reconnects from the last line it saw if the coordinator restarts meanwhile.
@@ -182,7 +182,8 @@ def metrics(
     attempt: Annotated[int | None, typer.Option(min=1, help="Only this attempt's points.")] = None,
     json_output: JsonOption = False,
 ) -> None:
-    """Show the metrics a job reported: one row per step, one column per metric."""
+    """Show the metrics a job reported: one row per step, one column per metric; per-epoch series
+    (epoch_*, as fit's epoch logs are recorded) in a table of their own, one row per epoch."""
     series = client.rest.metrics(job_id, name=name, min_step=min_step, max_step=max_step, attempt=attempt)
     if json_output:
         print_json(series)
@@ -199,7 +200,15 @@ def metrics(
             "no metrics reported (yet); programs report them with mwms_runtime.report() or its Keras callback"
         )
         return
-    out.print(metrics_table(points))
+    per_step = [p for p in points if metrics_line.axis(p["name"]) == metrics_line.AXIS_STEP]
+    per_epoch = [p for p in points if metrics_line.axis(p["name"]) == metrics_line.AXIS_EPOCH]
+    if per_step:
+        out.print(metrics_table(per_step))
+    if per_epoch:
+        if per_step:
+            out.print()
+            out.print("per epoch (epoch index from 0, as Keras counts):")
+        out.print(metrics_table(per_epoch, index_label="EPOCH"))
 
 
 @with_client

@@ -321,14 +321,15 @@ def print_job(job: dict[str, Any]) -> None:
         out.print(table)
 
 
-def metrics_table(points: list[dict[str, Any]]) -> Table:
-    """One row per step, one column per metric name (the newest attempt's value wins on a tie)."""
+def metrics_table(points: list[dict[str, Any]], index_label: str = "STEP") -> Table:
+    """One row per step (per epoch: `index_label` "EPOCH"), one column per metric name (the newest
+    attempt's value wins on a tie)."""
     names = sorted({point["name"] for point in points})
     by_step: dict[int, dict[str, float]] = {}
     for point in sorted(points, key=lambda item: (item["step"], item.get("attempt", 0))):
         by_step.setdefault(point["step"], {})[point["name"]] = metric_value(point)
     table = Table(box=None, header_style="bold")
-    table.add_column("STEP", justify="right")
+    table.add_column(index_label, justify="right")
     for name in names:
         table.add_column(safe_text(name.upper()), justify="right")
     for step in sorted(by_step):

@@ -1,8 +1,12 @@
-"""Parsers for option values that need more than a type: K=V pairs, port ranges, durations, priorities."""
+"""Parsers for option values that need more than a type: K=V pairs, port ranges, durations, priorities;
+and the slips of `mwms submit` arguments that can be told before anything is uploaded."""
 
 from __future__ import annotations
 
 import re
+import shlex
+from collections.abc import Iterable
+from pathlib import Path
 
 from mwms.cli.errors import CliError
 
@@ -98,3 +102,86 @@ def parse_priority(text: str, option: str = "--priority") -> int | str:
             "of low (250), normal (500), high (750)"
         )
     return number
+
+
+# -- `mwms submit` slips: options of the program without `--`, a command given as one string ------------
+
+
+def _option_arities(options: Iterable[tuple[list[str], bool]]) -> dict[str, bool]:
+    """{'--workers': True, '--wait': False, ...}: whether each option string takes a value."""
+    return {name: takes_value for names, takes_value in options for name in names}
+
+
+def _known_option(token: str, arities: dict[str, bool]) -> tuple[bool, int]:
+    """(whether `token` is one of `arities`, how many tokens it takes with its value)."""
+    name, has_value, _ = token.partition("=")
+    if name in arities:
+        return True, 1 if has_value or not arities[name] else 2
+    if not token.startswith("--") and token[:2] in arities and arities[token[:2]]:
+        return True, 1  # -n2
+    return False, 0
+
+
+def corrected_submit_line(args: list[str], options: Iterable[tuple[list[str], bool]]) -> list[str] | None:
+    """`mwms submit` arguments with the program's own options behind `--`, as they were meant; None when
+    where the program starts cannot be told. `options`: (option strings, takes a value) of submit.
+
+    The first positional is DIR; the program starts at the next one (or, when DIR names a file such as
+    train.py, it is the program: DIR becomes its folder). Options of submit before the first unknown
+    option stay submit's; from the first unknown one on, everything belongs to the program."""
+    arities = _option_arities(options)
+    ours: list[str] = []
+    directory: str | None = None
+    program: list[str] = []
+    index = 0
+    while index < len(args):
+        token = args[index]
+        if token == "--":
+            return None
+        if token.startswith("-") and token != "-":
+            known, width = _known_option(token, arities)
+            if known:
+                ours += args[index : index + width]
+                index += width
+                continue
+            if not program and directory is not None and Path(directory).is_file():
+                program = _program_of_file(directory)
+                directory = str(Path(directory).parent)
+            if not program:
+                return None
+            program += args[index:]
+            break
+        if directory is None:
+            directory = token
+        else:
+            program.append(token)
+        index += 1
+    if directory is None or not program:
+        return None
+    if not any(t.partition("=")[0] == "--workers" or t.startswith("-n") for t in ours):
+        ours += ["--workers", "1"]  # required: the corrected line must run as shown
+    return [directory, *ours, "--", *program]
+
+
+def _program_of_file(path: str) -> list[str]:
+    name = Path(path).name
+    return ["python", name] if name.endswith(".py") else [f"./{name}"]
+
+
+def check_command_words(command: list[str], directory: Path) -> None:
+    """Refuses a command given as one string ("python train.py --epochs 1"), which no agent can execute,
+    unless that one word names an existing file (in `directory`, the bundle, or as a path)."""
+    first = command[0] if command else ""
+    if not any(c.isspace() for c in first):
+        return
+    if (directory / first).exists() or Path(first).exists():
+        return
+    try:
+        words = shlex.split(first) + command[1:]
+    except ValueError:
+        words = first.split() + command[1:]
+    raise CliError(
+        f"the command {first!r} is one word with spaces in it, and no agent can run a program of that "
+        f"name: pass its words separately, e.g. mwms submit {shlex.quote(str(directory))} --workers N -- "
+        f"{shlex.join(words)}"
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -10,19 +11,55 @@ import typer
 from rich.live import Live
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 from rich.text import Text
+from typer.core import TyperCommand
 
 from mwms.cli.connect import with_client
 from mwms.cli.errors import CliError, ExitCode
-from mwms.cli.follow import first_failed_task, tail_of_task_logs, watch_job
+from mwms.cli.follow import first_failed_task, running_tasks, tail_of_task_logs, watch_job
 from mwms.cli.options import JsonOption
 from mwms.cli.output import err, first_line, format_loss, log_line_text, out, print_json, state_text
-from mwms.cli.parsing import parse_env, parse_priority
+from mwms.cli.parsing import check_command_words, corrected_submit_line, parse_env, parse_priority
 from mwms.cli.safe_text import safe_text, terminal_safe
 from mwms.client import Client
 from mwms.client.packing import PackedBundle, human_size, pack_directory
 
 # Below this size an upload is over before a progress bar could tell anyone anything.
 PROGRESS_BAR_MIN_BYTES = 4 * 1024 * 1024
+
+
+# Click's UsageError, whichever click typer uses (its own copy from typer 0.22 on, the click package before).
+_UsageError: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
+
+class SubmitCommand(TyperCommand):
+    """`mwms submit`, which answers an option of the program given without `--` with the corrected line."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        given = list(args)  # the parser consumes the list it parses
+        try:
+            return super().parse_args(ctx, args)
+        except _UsageError as error:
+            if type(error).__name__ != "NoSuchOption":
+                raise
+            options = [
+                (
+                    [*p.opts, *p.secondary_opts],
+                    not (getattr(p, "is_flag", False) or getattr(p, "count", False)),
+                )
+                for p in self.params
+                if p.param_type_name == "option"
+            ]
+            corrected = corrected_submit_line(given, options)
+            example = (
+                shlex.join(["mwms", "submit", *corrected])
+                if corrected is not None
+                else "mwms submit . --workers 2 -- python train.py --epochs 1"
+            )
+            raise _UsageError(
+                f"{getattr(error, 'option_name', '')} is not an option of mwms submit: options for the program go after "
+                f"--, e.g.\n  {example}",
+                ctx,
+            ) from None
 
 
 def _without_none(values: dict[str, Any]) -> dict[str, Any]:
@@ -181,6 +218,13 @@ def report_ending(client: Client, job: dict[str, Any]) -> None:
     if job.get("step") is not None:
         line.append_text(safe_text(f" at step {job['step']}, loss {format_loss(job.get('loss'))}"))
     err.print(line)
+    for task in running_tasks(job):
+        err.print(
+            safe_text(
+                f"task {task.get('index')} on agent {task.get('agent_name') or '-'} is still "
+                f"{task.get('state')}: its end was not reported in time (see mwms status {job['id']})"
+            )
+        )
     if state == "SUCCEEDED":
         return
     if job.get("reason"):
@@ -315,6 +359,7 @@ def submit(
             raise CliError(f"--restart-on {restart_on!r} must be 'retryable' or 'any'")
     if not command:
         raise CliError("give the command to run after --, e.g. mwms submit . --workers 2 -- python train.py")
+    check_command_words(list(command), directory)
     environment = parse_env(env or [])
     job_priority = None if priority is None else parse_priority(priority)
     job_name = name or directory.resolve().name

@@ -17,6 +17,26 @@ TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 FAILURE_LOG_LINES = 20
 # How long `wait` keeps polling while the coordinator cannot be reached (e.g. while it restarts).
 UNREACHABLE_GRACE_S = 120.0
+# Task states after which the task's process is gone (LOST: its agent is gone, nobody can say more).
+ENDED_TASK_STATES = frozenset({"SUCCEEDED", "FAILED", "STOPPED", "REJECTED", "LOST"})
+# A job's state is final as soon as the coordinator decides it (a cancel, a failed task), while its other
+# tasks are still being stopped; `wait` then waits for them too, at most the job's own stop grace (or
+# this guess: a coordinator's MWMS_STOP_GRACE_S is not known here) plus a margin for the agents' reports
+# (a lost agent's tasks are marked LOST within the coordinator's agent timeout, 10 s by default).
+DEFAULT_STOP_GRACE_S = 10.0
+TASK_ENDS_MARGIN_S = 30.0
+
+
+def running_tasks(job: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tasks of the job's newest attempt that have not ended yet."""
+    return [t for t in job.get("tasks") or [] if t.get("state") not in ENDED_TASK_STATES]
+
+
+def task_ends_deadline_s(job: dict[str, Any]) -> float:
+    """How long to wait for the tasks of an ended job to end: the grace they were given, and a margin."""
+    grace = job.get("preemption_grace_seconds")
+    own = float(grace) if isinstance(grace, (int, float)) and not isinstance(grace, bool) else 0.0
+    return max(own, DEFAULT_STOP_GRACE_S) + TASK_ENDS_MARGIN_S
 
 
 def first_failed_task(job: dict[str, Any]) -> dict[str, Any] | None:
@@ -119,6 +139,9 @@ class Job:
     ) -> str:
         """Polls until the job ends and returns its final state ("SUCCEEDED" or "CANCELLED").
 
+        "Ends" means the job's state is final and every task of its newest attempt has ended too (a
+        cancelled or failed job's chief may still write files until then), waiting for those at most
+        `task_ends_deadline_s` after the state; a task that did not end by then is still in `tasks`.
         Calls `on_progress(job)` after every poll. A job that ends FAILED raises `JobFailed` with the
         reason and the end of the failing task's log (returns "FAILED" with raise_on_failure=False).
         `timeout` (seconds) raises `WaitTimeout` while the job keeps running. While the coordinator
@@ -148,9 +171,27 @@ class Job:
                 )
             pause = max(0.0, poll_interval - (now - started))
             time.sleep(pause if deadline is None else min(pause, max(0.0, deadline - now)))
+        self._wait_for_task_ends(on_progress, poll_interval, deadline)
         if self.state == "FAILED" and raise_on_failure:
             raise self.failure()
         return self.state
+
+    def _wait_for_task_ends(
+        self, on_progress: Callable[[Job], None] | None, poll_interval: float, timeout_at: float | None
+    ) -> None:
+        deadline = time.monotonic() + task_ends_deadline_s(self.raw)
+        if (
+            timeout_at is not None
+        ):  # the job has ended: past the caller's timeout, its tasks are not waited for
+            deadline = min(deadline, timeout_at)
+        while running_tasks(self.raw) and time.monotonic() < deadline:
+            time.sleep(min(poll_interval, 0.25))
+            try:
+                self.refresh()
+                if on_progress is not None:
+                    on_progress(self)
+            except CoordinatorUnreachable:
+                return  # the job's end is known; what its tasks do now cannot be asked
 
     def failure(self) -> JobFailed:
         """A `JobFailed` describing how this job ended: its reason and the failing task's last log lines."""
@@ -174,6 +215,10 @@ class Job:
     ) -> Iterator[LogLine]:
         """The job's log lines, oldest first: the newest `tail` (the API's default: 1000) of them, or, with
         follow=True, those and every new one until the job ends (reconnecting if the coordinator restarts).
+
+        A line redrawn in place (`\\r`, a progress bar) comes as its newest state; following, each newer
+        state comes too (at most about one a second), with `redraw=True`: it replaces the line before it
+        of the same task and stream.
         """
         rest = self._client.rest
         if not follow:
@@ -201,7 +246,8 @@ class Job:
                 time.sleep(1.0)
 
     def metrics(self, name: str | None = None, *, attempt: int | None = None) -> Metrics:
-        """The metric points the chief reported (all names, or `name`): a list with `to_pandas()`."""
+        """The metric points the chief reported (all names, or `name`): a list with `to_pandas()`, whose
+        `per_step()` and `per_epoch()` keep steps and epochs apart."""
         series = self._client.rest.metrics(self.id, name=name, attempt=attempt)
         return Metrics(MetricPoint.from_api(point) for point in series.get("points") or [])
 

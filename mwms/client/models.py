@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from mwms.metrics_line import parse_value
+from mwms.metrics_line import AXIS_EPOCH, AXIS_STEP, axis, parse_value
 
 
 def parse_number(value: Any) -> float | None:
@@ -35,7 +35,11 @@ def parse_time(value: str | None) -> datetime | None:
 
 @dataclass(frozen=True)
 class MetricPoint:
-    """One reported value of a metric: `value` is a float, NaN and ±inf included."""
+    """One reported value of a metric: `value` is a float, NaN and ±inf included.
+
+    `step` is an epoch index for a per-epoch series (`axis == "epoch"`: an `epoch_*` name, as fit's epoch
+    logs are recorded), a training step otherwise (see mwms.metrics_line).
+    """
 
     name: str
     step: int
@@ -56,18 +60,35 @@ class MetricPoint:
             raw=raw,
         )
 
+    @property
+    def axis(self) -> str:
+        """The series' axis: "epoch" when per epoch (`step` is the 0-based epoch index), else "step"."""
+        return axis(self.name)
+
 
 class Metrics(list[MetricPoint]):
-    """A job's metric points (a list), ordered by name, attempt and step; `to_pandas()` for a DataFrame."""
+    """A job's metric points (a list), ordered by name, attempt and step; `to_pandas()` for a DataFrame.
+
+    Per-step and per-epoch series share no axis: `per_step()` and `per_epoch()` keep them apart.
+    """
 
     def names(self) -> list[str]:
         """The metric names present, sorted."""
         return sorted({point.name for point in self})
 
+    def per_step(self) -> Metrics:
+        """The points of per-step series (training steps), in the same order."""
+        return Metrics(point for point in self if point.axis == AXIS_STEP)
+
+    def per_epoch(self) -> Metrics:
+        """The points of per-epoch series (`epoch_*`, `step` = 0-based epoch index), in the same order."""
+        return Metrics(point for point in self if point.axis == AXIS_EPOCH)
+
     def to_pandas(self) -> Any:
         """A pandas DataFrame with columns name, step, value, attempt, wall_time (one row per point).
 
-        For one column per metric: `df.pivot_table(index="step", columns="name", values="value")`.
+        For one column per metric: `df.pivot_table(index="step", columns="name", values="value")`, on
+        `per_step().to_pandas()` or `per_epoch().to_pandas()` so that steps and epochs do not mix.
         Needs pandas, which mwms does not install: `pip install pandas`.
         """
         try:
@@ -92,7 +113,8 @@ class Metrics(list[MetricPoint]):
 
 @dataclass(frozen=True)
 class LogLine:
-    """One line a task wrote; `stream` is "stdout" or "stderr", `id` a cursor for newer lines."""
+    """One line a task wrote; `stream` is "stdout" or "stderr", `id` a cursor for newer lines; `redraw`: a
+    newer state of the line before it of this task and stream (a `\\r` progress bar), which it replaces."""
 
     id: int
     task: int
@@ -101,6 +123,7 @@ class LogLine:
     text: str
     at: datetime | None
     raw: dict[str, Any] = field(repr=False, compare=False)
+    redraw: bool = False
 
     @classmethod
     def from_api(cls, raw: dict[str, Any]) -> LogLine:
@@ -113,6 +136,7 @@ class LogLine:
             text=str(raw.get("text") or "").rstrip("\n"),
             at=parse_time(raw.get("at")),
             raw=raw,
+            redraw=bool(raw.get("redraw")),
         )
 
 

@@ -288,11 +288,16 @@ class LogLine(_message.Message):
     STREAM_FIELD_NUMBER: _builtins.int
     TEXT_FIELD_NUMBER: _builtins.int
     UNIX_MS_FIELD_NUMBER: _builtins.int
+    REPLACES_SEQ_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     stream: _builtins.str
     """"stdout" or "stderr" """
     text: _builtins.str
     unix_ms: _builtins.int
+    replaces_seq: _builtins.int
+    """> 0: this line is a newer state of the line with that seq (a `\\r` redraw of a progress bar), which it
+    replaces; readers show the newest state. 0: a line of its own.
+    """
     def __init__(
         self,
         *,
@@ -300,10 +305,11 @@ class LogLine(_message.Message):
         stream: _builtins.str = ...,
         text: _builtins.str = ...,
         unix_ms: _builtins.int = ...,
+        replaces_seq: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["seq", b"seq", "stream", b"stream", "text", b"text", "unix_ms", b"unix_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["replaces_seq", b"replaces_seq", "seq", b"seq", "stream", b"stream", "text", b"text", "unix_ms", b"unix_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -81,6 +81,7 @@ def submit_policy(caller: Principal, wiring: Wiring) -> jobs.SubmitPolicy:
         priority_ceiling=None if admin else settings.user_priority_ceiling,
         may_opt_out_of_preemption=admin or settings.users_may_opt_out_of_preemption,
         max_preemption_grace_s=settings.max_preemption_grace_s,
+        refuse_impossible=True,
     )
 
 
@@ -114,7 +115,8 @@ def create_job(
         ),
     ] = None,
 ) -> JobOut:
-    """Submits a job as the caller; it starts PENDING and is gang-placed when every worker fits."""
+    """Submits a job as the caller; it starts PENDING and is gang-placed when every worker fits. A job that
+    no set of the registered agents could ever hold is refused (409, saying what the cluster has)."""
     with wiring.db.write() as session:
         job, created = idempotency.find_or_create_job(
             session, spec, caller.user, idempotency_key, submit_policy(caller, wiring)
@@ -186,15 +188,23 @@ async def job_logs(
     tail: Annotated[int, Query(ge=1, le=10000)] = 1000,
     after: Cursor = 0,
     follow: bool = False,
+    replaced: Annotated[
+        bool,
+        Query(
+            description="with the newest `tail` lines, also the states of a line that a newer one (a "
+            "`redraw`) replaced; lines after a cursor always include them"
+        ),
+    ] = False,
 ) -> LogPage | StreamingResponse:
     """Log lines (tail, or after a cursor). With follow=true: NDJSON lines until the job has finished,
     or until none has come for MWMS_FOLLOW_IDLE_TIMEOUT_S (follow again from the last line's id); at most
-    MWMS_MAX_FOLLOWS_PER_USER follows per user and MWMS_MAX_FOLLOWS_TOTAL in all (429 beyond)."""
+    MWMS_MAX_FOLLOWS_PER_USER follows per user and MWMS_MAX_FOLLOWS_TOTAL in all (429 beyond).
+    A line with redraw=true replaces the line before it of its task and stream (a progress bar)."""
 
     def page(cursor: int, limit: int) -> tuple[list[LogLineOut], int, bool]:
         with wiring.db.read() as session:
             found = log_pages.read_log_page(
-                session, job_id, task=task, attempt=attempt, after=cursor, tail=limit
+                session, job_id, task=task, attempt=attempt, after=cursor, tail=limit, replaced=replaced
             )
         return [log_line_out(line) for line in found.lines], found.next_after, found.job_ended
 

@@ -192,4 +192,5 @@ def log_line_out(line: LogEntry) -> LogLineOut:
         stream=line.stream,
         text=line.text,
         at=line.at,
+        redraw=line.redraw,
     )

@@ -287,6 +287,10 @@ class LogLine(Base):
     stream: Mapped[str] = mapped_column(String(10))
     text: Mapped[str] = mapped_column(Text)
     at: Mapped[datetime] = mapped_column()
+    # The seq of the line of the same task this one is a newer state of (a `\r` redraw), NULL when none.
+    replaces_seq: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # A newer state of this line was stored: tails and failure reasons leave it out.
+    superseded: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class MetricPoint(Base):

@@ -69,7 +69,10 @@ def task_report(report: pb.TaskReport) -> TaskReport | None:
 
 
 def log_lines(batch: pb.LogBatch) -> list[IncomingLine]:
-    return [IncomingLine(seq=x.seq, stream=x.stream, text=x.text, unix_ms=x.unix_ms) for x in batch.lines]
+    return [
+        IncomingLine(seq=x.seq, stream=x.stream, text=x.text, unix_ms=x.unix_ms, replaces_seq=x.replaces_seq)
+        for x in batch.lines
+    ]
 
 
 def metric_points(batch: pb.MetricBatch) -> list[IncomingPoint]:

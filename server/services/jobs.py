@@ -21,6 +21,7 @@ from mwms.server.services.agent_references import check_pins
 from mwms.server.services.job_owners import check_job_owner
 from mwms.server.services.lifecycle import current_attempt as current_attempt  # read here by services.stacks
 from mwms.server.services.lifecycle import end_job
+from mwms.server.services.submit_capacity import impossible_reason, registered_agents
 from mwms.server.services.transitions import transition_job
 from mwms.server.states import JobState
 
@@ -32,12 +33,15 @@ NEVER_S = 100 * 365 * 86400.0
 class SubmitPolicy:
     """What the submitter may ask for (server/settings.py's sharing section, the caller's role).
 
-    The default is an admin's: any priority, may opt out of preemption.
+    The default is an admin's: any priority, may opt out of preemption. `refuse_impossible`: refuse (409)
+    a job that no set of the registered agents can ever hold (server/services/submit_capacity.py), as the
+    API does; off for callers that store jobs before their agents exist.
     """
 
     priority_ceiling: int | None = None  # None: no ceiling (admins)
     may_opt_out_of_preemption: bool = True
     max_preemption_grace_s: int = 3600
+    refuse_impossible: bool = False
 
     def check(self, priority: int, preemptible: bool, grace_s: int | None) -> None:
         """Forbidden for what the role may not ask, InvalidInput for a grace over the coordinator's limit."""
@@ -72,6 +76,10 @@ def create_job(
             "and use the digest it returns"
         )
     check_pins(session, spec.agents)
+    if policy is not None and policy.refuse_impossible:
+        why = impossible_reason(registered_agents(session), spec.workers, spec.gpus_per_worker, spec.agents)
+        if why is not None:
+            raise Conflict(f"this job can never be placed: {why}")
     job = Job(
         name=(spec.name or spec.command[-1])[:200],
         state="",

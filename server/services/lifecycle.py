@@ -2,10 +2,12 @@
 
 Every decision that picks a job's or an attempt's next state lives here: a new attempt is placed,
 its workers are all running, it succeeds, a task fails (restart with backoff or fail, and which task
-is the cause), an agent refuses a task (place again, or fail after too many refusals in a row), a task
-is lost, the job is ended (cancel, runtime limit, NaN metric), a restart's backoff is over, the job is
-preempted (a higher priority, a team reclaiming its quota, a drain) and its workers have all exited. The
-services that notice these things (tasks, jobs, scheduling, reconcile, hangs, agents) call in here;
+is the cause; a command the agent could not execute fails the job at once), an agent refuses a task
+(place again, or fail after too many refusals in a row), a task is lost, the job is ended (cancel,
+runtime limit, NaN metric), a restart's backoff is over, the job is preempted (a higher priority, a team
+reclaiming its quota, a drain) and its workers have all exited. Every stop of a job's tasks carries the
+job's own grace (preemption_grace_seconds) when it set one, else the coordinator's short MWMS_STOP_GRACE_S.
+The services that notice these things (tasks, jobs, scheduling, reconcile, hangs, agents) call in here;
 server/services/transitions.py applies the chosen change, checked against server/states.py.
 
 Restart policy defaults come from schemas.RestartPolicy alone (restart_policy_value).
@@ -26,10 +28,15 @@ from mwms.server.schemas import RestartOn, RestartPolicy
 from mwms.server.services.transitions import transition_attempt, transition_job, transition_task
 from mwms.server.services.wording import count
 from mwms.server.states import AttemptState, JobState, TaskState
-from mwms.task_environment import PREEMPTED_AND_SAVED_EXIT_CODE
+from mwms.task_environment import (
+    COMMAND_NOT_EXECUTABLE_EXIT_CODE,
+    COMMAND_NOT_FOUND_EXIT_CODE,
+    PREEMPTED_AND_SAVED_EXIT_CODE,
+)
 
 FAILURE_LOG_LINES = 10
-# A port can be busy by chance; a bundle or command that cannot start will not start on the next try either.
+# A port can be busy by chance, a bundle fetch can fail; a command that cannot be executed is not a refusal
+# (the agent reports it FAILED, never started: see never_started) and ends the job at the first report.
 MAX_REFUSALS_IN_A_ROW = 5
 _DEFAULT_POLICY = RestartPolicy()
 
@@ -65,6 +72,22 @@ def is_retryable(exit_code: int | None, lost: bool, restart_on: str) -> bool:
     return exit_code >= 128 or exit_code < 0
 
 
+NEVER_STARTED_EXIT_CODES = frozenset({COMMAND_NOT_FOUND_EXIT_CODE, COMMAND_NOT_EXECUTABLE_EXIT_CODE})
+NEVER_STARTED_NOT_RETRIED = (
+    " (not retried: the command cannot be executed, so no restart or other agent can help; fix the "
+    "command and submit again)"
+)
+
+
+def never_started(task: Task) -> bool:
+    """The agent could not execute the task's command (FAILED, no process, exit code 126 or 127)."""
+    return (
+        task.state == TaskState.FAILED.value
+        and task.pid is None
+        and task.exit_code in NEVER_STARTED_EXIT_CODES
+    )
+
+
 def restart_backoff(base_s: float, restarts_done: int) -> float:
     """Seconds to wait before restart number `restarts_done + 1`: doubling, capped at 60 s."""
     return min(60.0, base_s * (2**restarts_done))
@@ -78,17 +101,31 @@ def current_attempt(job: Job) -> Attempt | None:
     return job.attempts[-1] if job.attempts else None
 
 
-def request_stop(task: Task, reason: str) -> None:
-    """Asks the task's agent to stop it; the agent's report ends the task."""
+def stop_grace_for(job: Job) -> int | None:
+    """The SIGTERM-to-SIGKILL grace the job asked for (preemption_grace_seconds), which every stop of its
+    tasks gets; None: the coordinator's MWMS_STOP_GRACE_S (1 s by default, so a cancel or a restart is
+    prompt even for a program that catches SIGTERM, as TensorFlow does)."""
+    grace = job.options.get("preemption_grace_seconds") if isinstance(job.options, dict) else None
+    return grace if isinstance(grace, int) and not isinstance(grace, bool) and grace >= 0 else None
+
+
+def request_stop(task: Task, reason: str, grace_s: int | None = None) -> None:
+    """Asks the task's agent to stop it (with `grace_s` before SIGKILL when given); the agent's report
+    ends the task."""
     if not TaskState(task.state).terminal and not task.stop_requested:
         task.stop_requested = True
         task.stop_reason = reason
+        if grace_s is not None and task.stop_grace_s is None:
+            task.stop_grace_s = grace_s
 
 
 def last_log_lines(session: Session, task: Task, count: int = FAILURE_LOG_LINES) -> list[str]:
-    """The task's last `count` log lines, oldest first."""
+    """The task's last `count` log lines, oldest first (each line's newest state: no redrawn ones)."""
     rows = session.scalars(
-        select(LogLine.text).where(LogLine.task_id == task.id).order_by(LogLine.seq.desc()).limit(count)
+        select(LogLine.text)
+        .where(LogLine.task_id == task.id, LogLine.superseded.is_(False))
+        .order_by(LogLine.seq.desc())
+        .limit(count)
     ).all()
     return list(reversed(rows))
 
@@ -256,7 +293,7 @@ def end_job(session: Session, job: Job, final: JobState, reason: str, now: datet
     attempt = current_attempt(job)
     if attempt is not None:
         for task in attempt.tasks:
-            request_stop(task, reason)
+            request_stop(task, reason, stop_grace_for(job))
             if task.state == TaskState.ASSIGNED.value and _agent_is_gone(session, task):
                 transition_task(session, task, TaskState.STOPPED, reason, now)
         if attempt.state == AttemptState.ACTIVE.value:  # an attempt that already ended keeps its ending
@@ -302,18 +339,20 @@ def fail_attempt(
     now: datetime | None = None,
     log_tail: list[str] | None = None,
     cause: str = "other",
+    not_retried: str = "",
 ) -> None:
     """Ends an attempt after a failure: stops any task still running, then restarts or fails the job.
 
     An attempt that is no longer ACTIVE is left as it is. The reason people read is `reason`, then what
     happens next, then the failing task's last log lines. `cause` labels a restart in
-    mwms_job_restarts_total (mwms.server.observability.instruments.RESTART_CAUSES).
+    mwms_job_restarts_total (mwms.server.observability.instruments.RESTART_CAUSES). `not_retried`
+    replaces the usual explanation of a failure that is not retryable.
     """
     now = now or utcnow()
     if attempt.state != AttemptState.ACTIVE.value:
         return
     for task in attempt.tasks:
-        request_stop(task, f"attempt {attempt.number} ended: another task failed")
+        request_stop(task, f"attempt {attempt.number} ended: another task failed", stop_grace_for(job))
     tail = ("\nlast log lines:\n" + "\n".join(log_tail)) if log_tail else ""
     transition_attempt(session, attempt, AttemptState.FAILED, reason + tail, now)
     if JobState(job.state).terminal:
@@ -346,7 +385,9 @@ def fail_attempt(
         )
         return
     suffix = (
-        "" if retryable else " (not retryable: exit codes 1-127 are permanent unless restart_on is 'any')"
+        ""
+        if retryable
+        else not_retried or " (not retryable: exit codes 1-127 are permanent unless restart_on is 'any')"
     )
     if retryable and max_restarts:
         suffix = f" (all {max_restarts} restarts used)"
@@ -357,7 +398,7 @@ def replace_attempt(session: Session, job: Job, attempt: Attempt, reason: str, n
     """An agent could not start its ACTIVE attempt's task: drop the attempt and place the job again,
     not as a restart."""
     for task in attempt.tasks:
-        request_stop(task, "attempt is being placed again")
+        request_stop(task, "attempt is being placed again", stop_grace_for(job))
     transition_attempt(session, attempt, AttemptState.REPLACED, reason, now)
     # Tasks are refused only before they run, so the job is still SCHEDULED (unless it was cancelled).
     if job.state != JobState.SCHEDULED.value:
@@ -428,7 +469,11 @@ def after_task_change(
     elif state in (TaskState.FAILED, TaskState.STOPPED, TaskState.LOST):
         if _is_cause(task):
             for other in attempt.tasks:
-                request_stop(other, f"attempt {attempt.number} is ending: task {task.index} failed")
+                request_stop(
+                    other,
+                    f"attempt {attempt.number} is ending: task {task.index} failed",
+                    stop_grace_for(job),
+                )
         _settle_failed_attempt(session, job, attempt, backoff_base_s, now)
 
 
@@ -463,6 +508,23 @@ def _settle_failed_attempt(
     """
     causes = [t for t in attempt.tasks if _is_cause(t)]
     if not causes:
+        return
+    unstartable = [t for t in causes if never_started(t)]
+    if unstartable:  # certain at once, and no restart_on makes it retryable
+        root = min(unstartable, key=lambda t: (t.ended_at or now, t.index))
+        agent = session.get(Agent, root.agent_id)
+        reason, tail = describe_task_failure(session, root, agent.name if agent else root.agent_id)
+        fail_attempt(
+            session,
+            job,
+            attempt,
+            reason,
+            retryable=False,
+            backoff_base_s=backoff_base_s,
+            now=now,
+            log_tail=tail,
+            not_retried=NEVER_STARTED_NOT_RETRIED,
+        )
         return
     restart_on = restart_policy_value(job, "restart_on")
     retryable = [t for t in causes if is_retryable(t.exit_code, t.state == TaskState.LOST.value, restart_on)]

@@ -94,6 +94,9 @@ class PlanInputs:
     quotas: Mapping[str, Mapping[str, int | None]]
     now: datetime
     known_agents: Sequence[tuple[str, str]] = ()  # (id, name) of every agent, for pins
+    # Online (registered or heard from) but without a stream here yet: an agent between its registration
+    # and its stream, or one reconnecting after a coordinator start. Not offered, but named in reasons.
+    connecting: Sequence[AgentCapacity] = ()
     rng: random.Random | None = None
     # What was read, as a value: a pass that decided nothing needs no new plan while it stays the same.
     key: Hashable = None
@@ -212,7 +215,7 @@ def plan_pass(inputs: PlanInputs) -> Plan:
 
     reservation_tries = 0
     reasons: dict[tuple[Any, ...], dict[str, Any]] = {}
-    idle = _Idle(inputs.offer, inputs.cordoned)
+    idle = _Idle(inputs.offer, inputs.cordoned, inputs.connecting)
 
     def blocked(job: WaitingJob) -> dict[str, Any]:
         key = (free.version, len(held_all), job.kind, job.per_worker, job.workers)
@@ -412,9 +415,15 @@ def _reserve(
 class _Idle:
     """What the cluster offers when nothing runs, and what cordoned agents add: fixed for a pass."""
 
-    def __init__(self, offer: Sequence[AgentCapacity], cordoned: Sequence[AgentCapacity]) -> None:
+    def __init__(
+        self,
+        offer: Sequence[AgentCapacity],
+        cordoned: Sequence[AgentCapacity],
+        connecting: Sequence[AgentCapacity] = (),
+    ) -> None:
         self.offer = list(offer)
         self.cordoned = list(cordoned)
+        self.connecting = list(connecting)
         self._never: dict[tuple[str, int, int], str] = {}
 
     def never(self, job: WaitingJob) -> str:
@@ -427,6 +436,9 @@ class _Idle:
 
     def cordoned_units(self, job: WaitingJob) -> int:
         return _units(self.cordoned, job.kind, job.per_worker)
+
+    def connecting_units(self, job: WaitingJob) -> int:
+        return _units(self.connecting, job.kind, job.per_worker)
 
 
 def _blocked_reason(
@@ -447,4 +459,6 @@ def _blocked_reason(
             return wait_reasons.behind_priority(job, ahead)
     if bare < job.workers <= bare + idle.cordoned_units(job):
         return wait_reasons.cordoned(job)
+    if bare < job.workers <= bare + idle.connecting_units(job):
+        return wait_reasons.connecting(job, [a.name for a in idle.connecting])
     return wait_reasons.no_fit(job, idle.never(job))

@@ -231,7 +231,15 @@ def read_inputs(
     if not waiting:
         return PlanInputs(order=[], offer=[], cordoned=[], running=[], usage={}, quotas={}, now=now)
     cordoned_ids = set(session.scalars(select(Agent.id).where(Agent.cordoned_at.is_not(None))).all())
-    offered = capacities(session, now, connected)
+    online = capacities(session, now)
+    # An agent is online from its registration, and offered from its stream on: between the two (a
+    # fraction of a second, or a coordinator start's reconnect grace) a job waits for it to connect.
+    offered = [a for a in online if connected is None or a.agent_id in connected]
+    connecting = [
+        a
+        for a in online
+        if connected is not None and a.agent_id not in connected and a.agent_id not in cordoned_ids
+    ]
     offer = [a for a in offered if a.agent_id not in cordoned_ids]
     cordoned = [a for a in offered if a.agent_id in cordoned_ids]
     running = read_running(session, now, policy)
@@ -246,6 +254,7 @@ def read_inputs(
     key = (
         waiting_jobs.version if waiting_jobs is not None else None,
         tuple((a.agent_id, a.free_devices, a.used_ports) for a in offered),
+        tuple(a.agent_id for a in connecting),  # a connecting agent that goes away changes reasons
         frozenset(cordoned_ids),
         tuple((r.job_id, r.preemptable, r.ends_at, r.size) for r in running),
         tuple(sorted((team, q["gpu"], q["cpu"]) for team, q in quotas.items())),
@@ -262,6 +271,7 @@ def read_inputs(
         quotas=quotas,
         now=now,
         known_agents=known,
+        connecting=connecting,
     )
 
 

@@ -57,7 +57,12 @@ def apply_report(
         return ReportOutcome(known=True, final=False, stop=task.stop_requested)
     if report.pid:
         task.pid = report.pid
-    if report.exit_code is not None and report.state.terminal:
+    # A refused task, or one stopped before its spawn, never ran: it has no exit code (the agent's 0
+    # would read as "exited 0").
+    never_ran = report.state == TaskState.REJECTED or (
+        report.state == TaskState.STOPPED and not (report.pid or task.pid) and not report.exit_code
+    )
+    if report.exit_code is not None and report.state.terminal and not never_ran:
         task.exit_code = report.exit_code
     if report.state not in TASK_TRANSITIONS[current]:
         # A late or out-of-order report (e.g. REJECTED for a task already LOST): keep what is recorded.

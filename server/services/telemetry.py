@@ -5,6 +5,9 @@ bounds, a seq or time the database cannot hold) is refused with a reason, and a 
 anyway is found by storing the batch row by row; both are counted, and the rest of the batch is stored.
 Only a database that cannot be written at all (OperationalError) fails the batch, so the agent resends it.
 
+A log line that redraws an earlier one (`replaces_seq`, a `\\r` progress bar) marks that one superseded: the
+newest lines of a page and a failure reason leave it out (services/log_pages.py, services/lifecycle.py).
+
 Metric values: NaN is stored as NULL (SQLite turns NaN into NULL anyway), +-Infinity as they are.
 
 On PostgreSQL a batch is COPYed into a staging table and moved with one INSERT ... SELECT ... ON CONFLICT DO
@@ -22,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import ColumnElement, Dialect, ScalarSelect, Table, UniqueConstraint, func, select
+from sqlalchemy import ColumnElement, Dialect, ScalarSelect, Table, UniqueConstraint, func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
@@ -46,6 +49,8 @@ class IncomingLine:
     stream: str
     text: str
     unix_ms: int
+    # > 0: a newer state of the line with that seq (a `\r` redraw), which it replaces.
+    replaces_seq: int = 0
 
 
 @dataclass(frozen=True)
@@ -257,7 +262,7 @@ def _insert_contained(
 def store_log_lines(session: Session, task: Task, lines: list[IncomingLine]) -> StoreOutcome:
     """Stores lines not stored before; all of them are acknowledged, the refused ones with a reason."""
     outcome = StoreOutcome(acked_seq=max((line.seq for line in lines), default=0))
-    rows = []
+    rows: list[dict[str, Any]] = []
     for line in lines:
         problem = line_problem(line)
         if problem:
@@ -273,12 +278,34 @@ def store_log_lines(session: Session, task: Task, lines: list[IncomingLine]) -> 
                 # PostgreSQL text cannot hold NUL; a program that prints one keeps the rest of its line.
                 "text": line.text.replace("\x00", "\ufffd"),
                 "at": _from_ms(line.unix_ms),
+                # A redraw replaces an earlier line; one naming itself or a later line is a line of its own.
+                "replaces_seq": line.replaces_seq if 0 < line.replaces_seq < line.seq else None,
             }
         )
     _insert_contained(session, LogLine, rows, outcome, "log_line")
+    _supersede_redrawn(session, task, [row["seq"] for row in rows if row["replaces_seq"] is not None])
     if outcome.rejected:
         log.warning("task %s: refused %d log line(s): %s", task.id, outcome.rejected, outcome.reason)
     return outcome
+
+
+def _supersede_redrawn(session: Session, task: Task, redraw_seqs: list[int]) -> None:
+    """Marks superseded the lines that the stored redraws among `redraw_seqs` replace (one UPDATE).
+
+    Read from the stored rows, so a redraw the database refused replaces nothing, and a resent batch
+    (failover) marks the same lines again.
+    """
+    if not redraw_seqs:
+        return
+    replaced = select(LogLine.replaces_seq).where(
+        LogLine.task_id == task.id, LogLine.seq.in_(redraw_seqs), LogLine.replaces_seq.is_not(None)
+    )
+    session.execute(
+        update(LogLine)
+        .where(LogLine.task_id == task.id, LogLine.seq.in_(replaced.scalar_subquery()))
+        .values(superseded=True)
+        .execution_options(synchronize_session=False)
+    )
 
 
 def store_metric_points(session: Session, task: Task, points: list[IncomingPoint]) -> StoreOutcome:
@@ -312,10 +339,20 @@ def store_metric_points(session: Session, task: Task, points: list[IncomingPoint
 
 
 def read_logs(
-    session: Session, job: Job, *, task_index: int | None, attempt: int | None, after: int, tail: int
+    session: Session,
+    job: Job,
+    *,
+    task_index: int | None,
+    attempt: int | None,
+    after: int,
+    tail: int,
+    superseded: bool = True,
 ) -> list[tuple[LogLine, Task]]:
-    """Log lines of a job in arrival order; `after` is a cursor (line id), `tail` keeps the newest N."""
+    """Log lines of a job in arrival order; `after` is a cursor (line id), `tail` keeps the newest N;
+    `superseded=False` leaves out the lines a newer state (a redraw) replaced."""
     query = select(LogLine, Task).join(Task, Task.id == LogLine.task_id).where(LogLine.job_id == job.id)
+    if not superseded:
+        query = query.where(LogLine.superseded.is_(False))
     if task_index is not None:
         query = query.where(Task.index == task_index)
     if attempt is not None:

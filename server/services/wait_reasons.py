@@ -11,6 +11,7 @@ details of its kind.
 - behind_priority: for_job (a higher-priority job the capacity is held for while its victims exit)
 - preempting: this job preempted `victims` and waits for them to exit
 - cordoned: only cordoned agents could hold it
+- connecting: it fits once agents that are online but have not connected their stream yet have (agents)
 - pinned: the agents the job names are offline or busy
 - backoff / preempted: a RESTARTING or PREEMPTING job, not placeable yet
 """
@@ -126,6 +127,17 @@ def cordoned(job: WaitingJob) -> dict[str, Any]:
     return _reason(
         "cordoned",
         f"needs {_shape(job)}: only cordoned agents could hold it (`mwms agent uncordon`, or add agents)",
+    )
+
+
+def connecting(job: WaitingJob, agents: list[str]) -> dict[str, Any]:
+    """Online agents that could hold it have registered but not connected yet (it starts once they have)."""
+    names = ", ".join(agents[:5]) + (f" and {len(agents) - 5} more" if len(agents) > 5 else "")
+    return _reason(
+        "connecting",
+        f"needs {_shape(job)}: waiting for {count(len(agents), 'agent')} that came online to connect "
+        f"({names}); it starts once they have",
+        agents=agents[:50],
     )
 
 

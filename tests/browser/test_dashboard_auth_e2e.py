@@ -23,7 +23,12 @@ SESSION_COOKIE = "mwms_session"
 def submit_unplaceable(cluster, client: httpx.Client, name: str) -> str:
     """A job as the caller of client that no agent can fit: it waits PENDING until cancelled."""
     digest = cluster.upload(pack({"idle.py": "import time; time.sleep(600)"}))
-    body = {"bundle_digest": digest, "command": ["python", "idle.py"], "workers": 1, "gpus_per_worker": 64}
+    body = {
+        "bundle_digest": digest,
+        "command": ["python", "idle.py"],
+        "workers": 1,
+        "agents": ["not-joined-yet"],
+    }
     response = client.post("/api/v1/jobs", json={**body, "name": name})
     assert response.status_code == 201, response.text
     return response.json()["id"]

@@ -201,7 +201,18 @@ def test_drain_let_finish_keeps_the_job_running(admin: Served) -> None:
 
 
 def test_submit_with_priority_and_preemption_options_then_change_it(admin: Served, program: Path) -> None:
-    argv = ["submit", str(program), "-n", "64", "--priority", "high", "--no-preemptible"]
+    # Pinned to an agent that never joins, so it waits (a job no agent could ever hold is refused).
+    argv = [
+        "submit",
+        str(program),
+        "-n",
+        "1",
+        "--agents",
+        "not-joined-yet",
+        "--priority",
+        "high",
+        "--no-preemptible",
+    ]
     argv += ["--preemption-grace", "20", "--json", "--", "python", "train.py"]
     result = runner.invoke(app, argv)
     assert result.exit_code == 0, result.output
@@ -229,13 +240,14 @@ def test_submit_with_priority_and_preemption_options_then_change_it(admin: Serve
 
 
 def test_queue_lists_waiting_jobs(admin: Served, program: Path) -> None:
-    result = runner.invoke(app, ["submit", str(program), "-n", "64", "--json", "--", "python", "train.py"])
+    argv = ["submit", str(program), "-n", "2", "--agents", "not-joined-yet,box-a", "--json"]
+    result = runner.invoke(app, [*argv, "--", "python", "train.py"])
     assert result.exit_code == 0, result.output
     job_id = json.loads(result.stdout)["id"]
     page = mwms("queue")
     assert set(page) == {"jobs", "total", "offset", "limit"}
     assert job_id in {entry["job_id"] for entry in page["jobs"]}
     entry = next(entry for entry in page["jobs"] if entry["job_id"] == job_id)
-    assert entry["workers"] == 64 and entry["submitted_by"] == "admin" and "waiting" in entry
+    assert entry["workers"] == 2 and entry["submitted_by"] == "admin" and "waiting" in entry
     table = runner.invoke(app, ["queue"])
     assert table.exit_code == 0 and job_id in table.stdout and "EST. START" in table.stdout

@@ -68,7 +68,10 @@ def test_teams_quotas_and_priorities(coordinator: tuple[str, Database, str], pro
         with pytest.raises(Forbidden):
             dana.set_quota("nlp", gpus=400)
 
-        job = dana.submit(program, ["python", "train.py"], workers=32, priority="low")
+        # Pinned to an agent that never joins, so it waits (a job no agent could ever hold is refused).
+        job = dana.submit(
+            program, ["python", "train.py"], workers=1, agents=["not-joined-yet"], priority="low"
+        )
         assert job.raw["team"] == "nlp" and job.raw["priority"] == 250
         assert dana.set_priority(job, 400).raw["priority"] == 400
         with pytest.raises(Forbidden):

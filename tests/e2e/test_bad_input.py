@@ -97,7 +97,12 @@ def test_logs_of_a_task_or_attempt_the_job_does_not_have(cluster):
     digest = cluster.upload(pack({"a.py": "print(1)"}))
     job_id = cluster.http.post(
         "/api/v1/jobs",
-        json={"bundle_digest": digest, "command": ["python", "a.py"], "workers": 1, "gpus_per_worker": 8},
+        json={
+            "bundle_digest": digest,
+            "command": ["python", "a.py"],
+            "workers": 1,
+            "agents": ["not-joined-yet"],
+        },
     ).json()["id"]
     response = cluster.http.get(f"/api/v1/jobs/{job_id}/logs", params={"task": 5})
     assert response.status_code == 404 and "has tasks 0-0" in response.json()["detail"]

@@ -72,26 +72,46 @@ def test_failing_task_stops_the_other_and_fails_the_job_with_its_logs(cluster):
     wait_until(stopped, 30, "task 0 to be stopped")
 
 
-def test_single_worker_job_gets_no_tf_config(cluster):
-    program = "import os\nprint('TF_CONFIG' in os.environ, os.environ['MWMS_NUM_WORKERS'], flush=True)\n"
+def test_single_worker_job_gets_a_tf_config_of_one_worker(cluster):
+    # TensorFlow's tutorials read json.loads(os.environ['TF_CONFIG']) whatever the number of workers.
+    program = (
+        "import json, os\n"
+        "config = json.loads(os.environ['TF_CONFIG'])\n"
+        "print(len(config['cluster']['worker']), config['task'], os.environ['MWMS_NUM_WORKERS'], flush=True)\n"
+    )
     job_id = cluster.submit({"p.py": program}, ["python3", "p.py"], workers=1)
     job = cluster.wait_for(job_id, {"SUCCEEDED", "FAILED"}, timeout=60)
-    assert job["state"] == "SUCCEEDED", job["reason"]
-    assert job["tasks"][0]["tf_config"] == ""
-    assert "False 1" in cluster.logs_text(job_id)
+    assert job["state"] == "SUCCEEDED", job["reason"] + cluster.logs_text(job_id)
+    task = job["tasks"][0]
+    assert json.loads(task["tf_config"]) == {
+        "cluster": {"worker": [task["address"]]},
+        "task": {"type": "worker", "index": 0},
+    }
+    assert "1 {'type': 'worker', 'index': 0} 1" in cluster.logs_text(job_id)
 
 
-def test_job_larger_than_the_cluster_stays_pending_with_a_reason(cluster):
-    job_id = cluster.submit({"p.py": "print(1)\n"}, ["python", "p.py"], workers=1, gpus_per_worker=4)
+def test_job_larger_than_the_cluster_is_refused_at_submit(cluster):
+    from cluster import pack
+
+    digest = cluster.upload(pack({"p.py": "print(1)\n"}))
+    body = {"bundle_digest": digest, "command": ["python", "p.py"], "workers": 1, "gpus_per_worker": 4}
+    refused = cluster.http.post("/api/v1/jobs", json=body)
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["detail"].startswith("this job can never be placed: none of the ")
+    assert "offers GPUs (they offer CPU slots): submit with --gpus-per-worker 0" in refused.json()["detail"]
+
+
+def test_job_waiting_for_an_agent_stays_pending_with_a_reason(cluster):
+    job_id = cluster.submit({"p.py": "print(1)\n"}, ["python", "p.py"], workers=1, agents=["not-joined-yet"])
     from cluster import wait_until
 
     job = wait_until(
-        lambda: (j := cluster.job(job_id))["reason"].startswith("no online agent") and j,
+        lambda: (j := cluster.job(job_id))["reason"] not in ("", "waiting to be placed") and j,
         10,
         "a PENDING reason",
     )
     assert job["state"] == "PENDING"
-    assert "GPU" in job["reason"]
+    assert "not-joined-yet" in job["reason"]
     cancelled = cluster.http.post(f"/api/v1/jobs/{job_id}/cancel").json()
     assert cancelled["state"] == "CANCELLED"
     again = cluster.http.post(f"/api/v1/jobs/{job_id}/cancel")

@@ -168,8 +168,8 @@ def test_restarted_agent_reports_its_lost_task_and_the_job_restarts(ft):
 def test_cancel_in_each_phase_leaves_no_process(ft, phase):
     command = ["python", "-c", "import time; print('up', flush=True); time.sleep(600)"]
     spec = {}
-    if phase == "PENDING":
-        spec = {"gpus_per_worker": 1}
+    if phase == "PENDING":  # pinned to agents that never join (a job no agent could hold is refused)
+        spec = {"agents": ["not-joined-yet", "not-joined-yet"]}
     if phase == "RESTARTING":
         command = [
             "python",

@@ -37,9 +37,14 @@ def coordinator(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def waiting_job(coordinator):
-    """A job that never starts (no agent has GPUs), so it never ends by itself."""
+    """A job that never starts (pinned to an agent that never joins), so it never ends by itself."""
     digest = coordinator.upload(pack({"a.py": "print(1)"}))
-    body = {"bundle_digest": digest, "command": ["python", "a.py"], "workers": 1, "gpus_per_worker": 8}
+    body = {
+        "bundle_digest": digest,
+        "command": ["python", "a.py"],
+        "workers": 1,
+        "agents": ["not-joined-yet"],
+    }
     response = coordinator.http.post("/api/v1/jobs", json=body)
     assert response.status_code == 201, response.text
     return response.json()["id"]
@@ -110,7 +115,12 @@ def test_a_follow_ends_with_its_job_and_a_running_job_is_undisturbed(coordinator
 
 def test_cancelling_a_job_ends_its_follows(coordinator):
     digest = coordinator.upload(pack({"c.py": "print(1)"}))
-    body = {"bundle_digest": digest, "command": ["python", "c.py"], "workers": 1, "gpus_per_worker": 4}
+    body = {
+        "bundle_digest": digest,
+        "command": ["python", "c.py"],
+        "workers": 1,
+        "agents": ["not-joined-yet"],
+    }
     job_id = coordinator.http.post("/api/v1/jobs", json=body).json()["id"]
     with coordinator.http.stream("GET", f"/api/v1/jobs/{job_id}/logs", params={"follow": "true"}) as r:
         assert r.status_code == 200

@@ -39,7 +39,12 @@ def test_roles_and_ownership(cluster):
     alice = cluster.client(cluster.create_token("alice", "user"))
     bob = cluster.client(cluster.create_token("bob", "user"))
     digest = cluster.upload(pack({"idle.py": "import time; time.sleep(600)"}))
-    body = {"bundle_digest": digest, "command": ["python", "idle.py"], "workers": 1, "gpus_per_worker": 64}
+    body = {
+        "bundle_digest": digest,
+        "command": ["python", "idle.py"],
+        "workers": 1,
+        "agents": ["not-joined-yet"],
+    }
     total = cluster.http.get("/api/v1/jobs").json()["total"]
 
     refused = viewer.post("/api/v1/jobs", json=body)
@@ -107,7 +112,12 @@ def test_dashboard_session_cookie_and_csrf(cluster):
     assert browser.get("/api/v1/whoami").json()["via_session"] is True
 
     digest = cluster.upload(pack({"idle.py": "import time; time.sleep(600)"}))
-    body = {"bundle_digest": digest, "command": ["python", "idle.py"], "workers": 1, "gpus_per_worker": 64}
+    body = {
+        "bundle_digest": digest,
+        "command": ["python", "idle.py"],
+        "workers": 1,
+        "agents": ["not-joined-yet"],
+    }
     origin = {"Origin": cluster.api}
     assert browser.post("/api/v1/jobs", json=body).status_code == 403  # no Origin
     assert (

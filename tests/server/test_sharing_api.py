@@ -281,7 +281,8 @@ def test_drain_with_let_finish_preempts_nothing_and_an_idle_agent_is_drained(
 
 def test_the_queue_lists_waiting_jobs(coordinator: Coordinator) -> None:
     alice = coordinator.token("alice")
-    waiting = {coordinator.submit(alice, workers=64).json()["id"] for _ in range(3)}  # 64 workers never fit
+    # Pinned to an agent that never joins: they wait (64 workers would be refused at submit).
+    waiting = {coordinator.submit(alice, agents=["not-joined-yet"]).json()["id"] for _ in range(3)}
     coordinator.running_job(coordinator.agent_ids[0])
     page = coordinator.http.get("/api/v1/queue", headers=alice)
     assert page.status_code == 200, page.text

@@ -16,8 +16,10 @@ def test_matches_the_page_shape_for_each_worker():
         assert config == {"cluster": {"worker": cluster}, "task": {"type": "worker", "index": index}}
 
 
-def test_single_worker_gets_no_cluster():
-    assert build_tf_config(["h:1"], 0) == ""
+def test_single_worker_gets_a_cluster_of_one():
+    # TensorFlow's tutorials read json.loads(os.environ["TF_CONFIG"]) with any number of workers.
+    config = json.loads(build_tf_config(["h:1"], 0))
+    assert config == {"cluster": {"worker": ["h:1"]}, "task": {"type": "worker", "index": 0}}
 
 
 def test_index_outside_cluster_is_refused():

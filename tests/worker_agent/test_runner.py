@@ -21,7 +21,7 @@ class Recorder:
         self.exited = threading.Event()
         self._lock = threading.Lock()
 
-    def on_output(self, stream: str, text: str) -> None:
+    def on_output(self, stream: str, text: str, redraw: bool = False) -> None:
         with self._lock:
             self.lines.append((stream, text))
 

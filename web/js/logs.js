@@ -122,6 +122,7 @@ export class LogViewer {
     const fragment = document.createDocumentFragment();
     let previous = this.lines.at(-1);
     for (const line of newLines) {
+      if (line.redraw && this.redraw(line)) continue;
       if (!previous || previous.attempt !== line.attempt) {
         fragment.append(h("div", { class: "log-attempt" }, `attempt ${line.attempt}`));
       }
@@ -152,6 +153,27 @@ export class LogViewer {
       this.view.querySelector(".log-empty")?.remove();
     }
     if (stick) this.scrollToEnd();
+  }
+
+  /**
+   * A redraw (a progress bar's `\r`) is a newer state of the line before it of the same stream: that line
+   * takes its text in place. False when the page holds no such line (the new state is then a line of its own).
+   */
+  redraw(line) {
+    for (let index = this.lines.length - 1; index >= 0; index -= 1) {
+      const shown = this.lines[index];
+      if (shown.attempt !== line.attempt) return false;
+      if (shown.stream !== line.stream) continue;
+      const element = shown.element;
+      element.title = formatTime(line.at);
+      element.querySelector(".log-seq").textContent = String(line.seq);
+      element.querySelector(".log-text").textContent = stripTerminalCodes(line.text);
+      element.hidden = !this.matches(line);
+      line.element = element;
+      this.lines[index] = line;
+      return true;
+    }
+    return false;
   }
 
   matches(line) {

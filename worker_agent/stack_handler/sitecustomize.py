@@ -1,5 +1,8 @@
 """Put on every task's PYTHONPATH by the mwms agent: lets the agent take the task's Python stacks.
 
+The one `sitecustomize` of mwms in a task: it also loads this directory's other task hooks
+(``_mwms_fit_metrics``: tf_keras fit's logs as metrics), each of which never stops the program.
+
 When MWMS_STACKS_DIR is set, registers faulthandler on SIGUSR2 so that the signal writes the stacks of
 every thread (innermost frame first) to <MWMS_STACKS_DIR>/<pid>.txt; the file existing tells the agent
 that this process answers the signal. The program itself is not changed: afterwards the next
@@ -45,5 +48,15 @@ def _import_next_sitecustomize() -> None:
     spec.loader.exec_module(module)
 
 
+def _install_task_hooks() -> None:
+    try:
+        import _mwms_fit_metrics
+
+        _mwms_fit_metrics.install()
+    except Exception:  # noqa: BLE001, S110 - the hook says why itself where it can; the program runs as ever
+        pass
+
+
 _install_stack_handler()
+_install_task_hooks()
 _import_next_sitecustomize()
