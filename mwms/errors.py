@@ -26,6 +26,11 @@ class CoordinatorUnreachable(MwmsError):
     than the client retries."""
 
 
+class NotACoordinator(CoordinatorUnreachable):
+    """Something answers at the address, but not the coordinator's REST API (e.g. its gRPC port for agents);
+    waiting will not help, so it is raised at once."""
+
+
 class ServerError(MwmsError):
     """The coordinator answered with an internal error (HTTP 500 and other 5xx)."""
 

@@ -52,6 +52,18 @@ class CredentialStore:
         with self._lock:
             return self._value
 
+    def set_aside(self) -> Path:
+        """Stops presenting the credential (the coordinator refused it) and moves its file aside to
+        <name>.refused, so a join token can admit the agent again; returns where it went."""
+        refused = self.path.with_name(f"{self.path.name}.refused")
+        with self._lock:
+            self._value = ""
+        try:
+            os.replace(self.path, refused)
+        except FileNotFoundError:
+            pass
+        return refused
+
     def save(self, credential: str) -> None:
         """Keeps `credential` in memory and replaces the file atomically, durably and with mode 0600."""
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # normally the prepared work dir

@@ -26,7 +26,7 @@ import mwms
 from mwms.loop import Backoff
 from mwms.v1 import agent_pb2, agent_pb2_grpc
 from mwms.worker_agent.channel import CHANNEL_OPTIONS, ChannelFactory, ServerRotation
-from mwms.worker_agent.config import AgentConfig, local_address_towards
+from mwms.worker_agent.config import AgentConfig, local_address_towards, port_range_warning
 from mwms.worker_agent.connection import AgentConnection
 from mwms.worker_agent.credentials import CredentialStore
 from mwms.worker_agent.device_telemetry import start_device_telemetry
@@ -34,7 +34,7 @@ from mwms.worker_agent.devices import detect_devices
 from mwms.worker_agent.sandbox import Confinement, SandboxError, find_bwrap
 from mwms.worker_agent.task_users import TaskUserError, TaskUsers
 from mwms.worker_agent.tasks import TaskManager
-from mwms.worker_agent.work_dir import prepare_work_dir
+from mwms.worker_agent.work_dir import WorkDirInUse, lock_work_dir, prepare_work_dir
 
 log = logging.getLogger("mwms.agent")
 
@@ -72,15 +72,32 @@ class RegistrationRefused(Exception):
 def run_agent(config: AgentConfig, stop: threading.Event) -> int:
     """Runs the agent until `stop` is set; 0 after a clean stop, 2 when the coordinator refuses it."""
     hostname = socket.gethostname()
-    devices = detect_devices(config.slots)
     servers = ServerRotation(config.servers)
-    log.info(
-        "agent %s starting: %d device(s), coordinator %s",
-        config.name,
-        len(devices),
-        ", ".join(config.servers),
-    )
+    log.info("agent %s starting, coordinator %s", config.name, ", ".join(config.servers))
+    devices = detect_devices(config.slots, slots_given=config.slots_given)
+    log.info("offering %s", describe_devices(devices))
+    ports_clash = port_range_warning(config)
+    if ports_clash:
+        log.warning("%s", ports_clash)
     prepare_work_dir(config.work_dir)
+    try:
+        work_dir_lock = lock_work_dir(config.work_dir, config.name)
+    except WorkDirInUse as error:
+        log.error("%s", error)
+        return EXIT_REFUSED
+    try:
+        return _run_holding_the_work_dir(config, stop, hostname, devices, servers)
+    finally:
+        work_dir_lock.close()
+
+
+def _run_holding_the_work_dir(
+    config: AgentConfig,
+    stop: threading.Event,
+    hostname: str,
+    devices: list[agent_pb2.Device],
+    servers: ServerRotation,
+) -> int:
     try:
         confinement = build_confinement(config)
     except (SandboxError, TaskUserError) as error:
@@ -102,6 +119,7 @@ def run_agent(config: AgentConfig, stop: threading.Event) -> int:
     device_telemetry = start_device_telemetry(config.device_sample_interval)
     connection: AgentConnection | None = None
     exit_code = EXIT_OK
+    fell_back_to_join_token = False
     try:
         while not stop.is_set():
             try:
@@ -109,6 +127,18 @@ def run_agent(config: AgentConfig, stop: threading.Event) -> int:
                     stub, config, hostname, devices, credential, confinement.label()
                 )
             except RegistrationRefused as refusal:
+                if credential.get() and config.join_token and not fell_back_to_join_token:
+                    # A credential the coordinator no longer takes (the agent was removed, the database
+                    # replaced): the join token may admit the name again; it never takes over a live one.
+                    fell_back_to_join_token = True
+                    aside = credential.set_aside()
+                    log.warning(
+                        "the coordinator refused the saved credential (%s); moved it to %s and joining again "
+                        "with the join token",
+                        refusal,
+                        aside,
+                    )
+                    continue
                 held = f" (it presented the credential in {credential.path})" if credential.get() else ""
                 log.error("the coordinator refused this agent%s: %s", held, refusal)
                 exit_code = EXIT_REFUSED
@@ -223,6 +253,14 @@ def _shut_down(config: AgentConfig, tasks: TaskManager, connection: AgentConnect
     while tasks.records() and not connection.ended.is_set() and time.monotonic() < deadline:
         time.sleep(0.05)
     connection.close(goodbye=GOODBYE_REASON)
+
+
+def describe_devices(devices: list[agent_pb2.Device]) -> str:
+    """'2 GPU(s): NVIDIA H200, NVIDIA H200' or '1 CPU slot(s)'."""
+    gpus = [device.name for device in devices if device.kind == agent_pb2.DEVICE_KIND_GPU]
+    if gpus:
+        return f"{len(gpus)} GPU(s): {', '.join(gpus)}"
+    return f"{len(devices)} CPU slot(s)"
 
 
 def _describe(error: grpc.RpcError) -> str:

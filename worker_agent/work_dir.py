@@ -10,16 +10,22 @@ traverse (`traversable`: mode 0711, no listing); the agent's secrets are then pr
 
 from __future__ import annotations
 
+import fcntl
+import json
 import logging
 import os
+import socket
 import stat
 from pathlib import Path
+from typing import IO
 
 log = logging.getLogger("mwms.agent.work_dir")
 
 BUNDLES_DIR = "bundles"
 JOBS_DIR = "jobs"
 OUTBOX_DIR = "outbox"
+LOCK_FILE = "agent.lock"
+MAX_LOCK_NOTE_BYTES = 4096
 PRIVATE_MODE = 0o700
 TRAVERSE_ONLY_MODE = 0o711
 
@@ -49,3 +55,40 @@ def prepare_work_dir(path: Path, *, traversable: bool = False) -> None:
             wanted,
         )
     os.chmod(path, wanted)
+
+
+class WorkDirInUse(Exception):
+    """Another agent process holds the work dir."""
+
+
+def lock_work_dir(path: Path, name: str) -> IO[str]:
+    """Takes the work dir for this process (an flock on <path>/agent.lock, released by the kernel when the
+    process ends, however it ends) and notes who holds it; WorkDirInUse naming the holder otherwise. Two
+    agents on one work dir would overwrite each other's credential and task state. Keep the returned
+    file open for as long as the agent runs."""
+    lock_path = path / LOCK_FILE
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    lock = os.fdopen(fd, "r+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _holder(lock)
+        lock.close()
+        raise WorkDirInUse(
+            f"the work dir {path} is in use by {holder}: two agents on one work dir overwrite each other's "
+            "credential; give this agent a --work-dir of its own (or stop the other one)"
+        ) from None
+    lock.seek(0)
+    lock.truncate()
+    lock.write(json.dumps({"pid": os.getpid(), "name": name, "host": socket.gethostname()}) + "\n")
+    lock.flush()
+    return lock
+
+
+def _holder(lock: IO[str]) -> str:
+    try:
+        note = json.loads(lock.read(MAX_LOCK_NOTE_BYTES) or "{}")
+        host = f" on {str(note['host'])[:200]}" if note.get("host") else ""
+        return f"agent {str(note['name'])[:200]!r} (pid {int(note['pid'])}{host})"
+    except (ValueError, KeyError, TypeError):
+        return "another agent process"

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from mwms.cli.errors import handles_errors
 from mwms.cli.options import ApiOption, CaFileOption, TokenOption
+from mwms.cli.safe_text import terminal_safe
 from mwms.client import Client
 
 # A person at a prompt waits this long for a restarting coordinator before being told it is unreachable;
@@ -35,8 +37,14 @@ def connect(
     *,
     timeout: float = 30.0,
 ) -> Client:
-    """A client for the coordinator that --api / MWMS_API / `mwms login` name, with the token in force."""
-    return Client(api, token, ca_file, timeout=timeout, retry_seconds=RETRY_SECONDS)
+    """A client for the coordinator that --api / MWMS_API / `mwms login` name, with the token in force;
+    a retry is announced on stderr at once, so a wait for an unreachable coordinator is never silent."""
+    return Client(api, token, ca_file, timeout=timeout, retry_seconds=RETRY_SECONDS, on_retry=announce_retry)
+
+
+def announce_retry(notice: str) -> None:
+    """Prints the transport's first-retry notice on stderr (made terminal-safe: it quotes the network)."""
+    print(f"note: {terminal_safe(notice)} (Ctrl-C to stop)", file=sys.stderr)
 
 
 def with_client(command: Callable[Concatenate[Client, P], R]) -> Callable[..., R]:

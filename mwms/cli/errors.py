@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 import sys
 from collections.abc import Callable
 from enum import IntEnum
@@ -11,12 +12,13 @@ from typing import Any, TypeVar
 import typer
 
 from mwms.cli.safe_text import terminal_safe
-from mwms.connection import FIRST_ADMIN_TOKEN_HINT, Connection, resolve_connection
+from mwms.connection import FIRST_ADMIN_TOKEN_HINT, TOKEN_ENV, Connection, resolve_connection
 from mwms.errors import (
     ConfigError,
     CoordinatorUnreachable,
     Forbidden,
     MwmsError,
+    NotACoordinator,
     NotFound,
     ServerError,
     Unauthorized,
@@ -81,7 +83,14 @@ def message_for(error: MwmsError, api: str, connection: Connection | None = None
         return f"the coordinator at {api} is unavailable (HTTP {error.status}): {detail}"
     if error.status is None and not isinstance(error, CoordinatorUnreachable):
         return detail  # found on this side, e.g. a program directory that does not exist
+    if isinstance(error, NotACoordinator):
+        return detail
     if error.status is None:
+        if detail.startswith("nothing answers at "):
+            return (
+                f"nothing answers at {api}: is the coordinator running? start one with `mwms server` "
+                "or check --api/MWMS_API"
+            )
         if "CERTIFICATE_VERIFY_FAILED" in detail:
             return (
                 f"the coordinator at {api} has a certificate this machine does not trust ({detail}); "
@@ -94,7 +103,7 @@ def message_for(error: MwmsError, api: str, connection: Connection | None = None
     if isinstance(error, Forbidden):
         return f"not allowed: {detail}"
     if isinstance(error, Unauthorized):
-        return unauthenticated_message(api, connection)
+        return unauthenticated_message(api, connection, detail)
     if error.status >= 500:
         return f"the coordinator at {api} failed (HTTP {error.status}): {detail}"
     if error.status == 404:
@@ -102,18 +111,32 @@ def message_for(error: MwmsError, api: str, connection: Connection | None = None
     return f"rejected by the coordinator (HTTP {error.status}): {detail}"
 
 
-def unauthenticated_message(api: str, connection: Connection | None) -> str:
-    """What to do after a 401: which token was refused (by where it came from) and how to get one."""
-    how = f"log in with `mwms login --api {api}`, pass --token, or set MWMS_TOKEN ({FIRST_ADMIN_TOKEN_HINT})"
-    if connection is not None and connection.token:
-        return (
-            f"the coordinator at {api} refused the token from {connection.token_source} "
-            f"(unknown, revoked or expired); {how}"
-        )
-    elsewhere = ""
-    if connection is not None and connection.config_api and connection.config_api != api:
-        elsewhere = f" (the token saved by `mwms login` is for {connection.config_api})"
-    return f"the coordinator at {api} needs an API token and none was given{elsewhere}; {how}"
+# How the coordinator words an expired token's 401 (server/services/tokens.py expiry_text).
+_EXPIRED_AT = re.compile(r"expired at (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC)")
+
+
+def unauthenticated_message(api: str, connection: Connection | None, detail: str = "") -> str:
+    """What to do after a 401: which token was refused (by where it came from), why when the coordinator
+    said (an expiry), and how to get one; never "set MWMS_TOKEN" when that is where the refused one is."""
+    if connection is None or not connection.token:
+        how = f"log in with `mwms login --api {api}`, pass --token, or set MWMS_TOKEN ({FIRST_ADMIN_TOKEN_HINT})"
+        elsewhere = ""
+        if connection is not None and connection.config_api and connection.config_api != api:
+            elsewhere = f" (the token saved by `mwms login` is for {connection.config_api})"
+        return f"the coordinator at {api} needs an API token and none was given{elsewhere}; {how}"
+    expired = _EXPIRED_AT.search(detail)
+    why = f"it expired at {expired.group(1)}" if expired else "unknown, revoked or expired"
+    new = "ask an admin for a new one (`mwms token create`)" if expired else "use a valid one"
+    source = connection.token_source
+    if source == TOKEN_ENV:
+        how = f"{new} and put it in {TOKEN_ENV}, or unset {TOKEN_ENV} and run `mwms login --api {api}`"
+    elif source == "--token":
+        how = f"{new} and pass it with --token"
+    else:  # the config file `mwms login` wrote
+        how = f"{new} and run `mwms login --api {api}` with it"
+    if not expired:
+        how += f" ({FIRST_ADMIN_TOKEN_HINT})"
+    return f"the coordinator at {api} refused the token from {source} ({why}); {how}"
 
 
 def fail(message: str, code: ExitCode) -> typer.Exit:

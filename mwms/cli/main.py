@@ -586,6 +586,7 @@ def agent(
         ) from None
     given: dict[str, Any] = {  # AgentConfig holds the defaults of the options not given
         "slots": slots,
+        "slots_given": True if slots is not None else None,
         "port_low": None if port_range is None else port_low,
         "port_high": None if port_range is None else port_high,
         "device_sample_interval": device_sample_interval,

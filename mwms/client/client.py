@@ -40,7 +40,10 @@ class Client:
     `api`, `token` and `ca_file` default to what the CLI uses: MWMS_API / MWMS_TOKEN / MWMS_CA_FILE,
     else what `mwms login` saved, else http://127.0.0.1:8080 without a token. Requests that cannot
     do harm twice are retried for up to `retry_seconds` while the coordinator is unreachable (e.g.
-    restarting); every failure is an `mwms.errors.MwmsError`. Use it as a context manager, or `close()`.
+    restarting), and the first retry of a request is told to `on_retry` (else logged as a warning); a
+    refused connection before any answer is retried for 2 s only, and an address that is the coordinator's
+    gRPC port raises `NotACoordinator` at once. Every failure is an `mwms.errors.MwmsError`. Use it as a
+    context manager, or `close()`.
     """
 
     def __init__(
@@ -52,6 +55,7 @@ class Client:
         timeout: float = DEFAULT_TIMEOUT_S,
         retry_seconds: float = DEFAULT_RETRY_S,
         connection: Connection | None = None,
+        on_retry: Callable[[str], None] | None = None,
     ) -> None:
         self.connection = connection or resolve_connection(api, token, ca_file)
         self._transport = Transport(
@@ -60,6 +64,7 @@ class Client:
             verify=self.connection.verify(),
             timeout=timeout,
             retry_seconds=retry_seconds,
+            on_retry=on_retry,
         )
         self.rest = RestApi(self._transport)
 
@@ -70,9 +75,10 @@ class Client:
         *,
         timeout: float = DEFAULT_TIMEOUT_S,
         retry_seconds: float = DEFAULT_RETRY_S,
+        on_retry: Callable[[str], None] | None = None,
     ) -> Client:
         """A client for an already resolved connection (no lookup of flags, environment or config)."""
-        return cls(connection=connection, timeout=timeout, retry_seconds=retry_seconds)
+        return cls(connection=connection, timeout=timeout, retry_seconds=retry_seconds, on_retry=on_retry)
 
     @property
     def api(self) -> str:

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from fastapi import Depends, Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from mwms.server.api.login_redirect import login_location, wants_login_page
 from mwms.server.errors import Forbidden, Unauthenticated
 from mwms.server.services.tokens import Principal, Role, authenticate, check_may_mint
 
@@ -27,7 +28,6 @@ PUBLIC_EXACT = frozenset(
 )
 PUBLIC_PREFIXES = ("/static/",)
 DOCS_PATH = "/docs"  # Swagger UI (server/app.py)
-LOGIN_PAGE = "/"  # the dashboard shows its login form until a login exists
 # Non-safe requests that a viewer may make: logging out.
 VIEWER_WRITES = frozenset({("DELETE", "/api/v1/session")})
 CROSS_SITE_REFUSED = (
@@ -115,19 +115,14 @@ async def _refuse(send: Send, status: int, detail: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def wants_login_page(scope: Scope) -> bool:
-    """A browser (it asks for HTML) opening the API docs: it is sent to the dashboard to log in, since a
-    401 in JSON tells a person nothing."""
-    return (
-        scope["method"] == "GET" and scope["path"] == DOCS_PATH and "text/html" in _header(scope, b"accept")
-    )
-
-
 async def _refuse_unauthenticated(scope: Scope, send: Send, detail: str) -> None:
+    # A browser opening a page (/docs, a path that does not exist) goes to log in, with the way back, since
+    # a 401 in JSON tells a person nothing (server/api/login_redirect.py).
     if not wants_login_page(scope):
         await _refuse(send, 401, detail)
         return
-    headers = [(b"location", LOGIN_PAGE.encode()), (b"content-length", b"0"), (b"cache-control", b"no-store")]
+    location = login_location(scope).encode("latin-1")
+    headers = [(b"location", location), (b"content-length", b"0"), (b"cache-control", b"no-store")]
     await send({"type": "http.response.start", "status": 303, "headers": headers})
     await send({"type": "http.response.body", "body": b""})
 

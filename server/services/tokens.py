@@ -12,7 +12,7 @@ import hmac
 import re
 import secrets
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from sqlalchemy import select
@@ -94,6 +94,15 @@ def _check_name(value: str, what: str) -> str:
     return stripped
 
 
+def expiry_text(moment: datetime | None) -> str:
+    """'2026-12-02 21:05:38 UTC': how an expiry is written in messages (the CLI reads this form back)."""
+    if moment is None:
+        return "an unknown time"
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(timezone.utc)
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def _usable(token: Token, now: datetime) -> bool:
     return token.revoked_at is None and (token.expires_at is None or token.expires_at > now)
 
@@ -168,6 +177,18 @@ def authenticate(session: Session, secret: str, now: datetime | None = None) -> 
     )
     if token is not None and token.kind == TokenKind.SESSION.value and not _usable(token, now):
         raise Unauthenticated("the dashboard session has ended (logged out or expired): log in again")
+    if (
+        token is not None
+        and token.kind == TokenKind.API.value
+        and token.revoked_at is None
+        and not _usable(token, now)
+    ):
+        # The holder of the secret may learn when it expired: it tells them to get a new one, not to
+        # look for a typo. Unknown and revoked tokens stay indistinguishable.
+        raise Unauthenticated(
+            f"the token expired at {expiry_text(token.expires_at)}: ask an admin for a new one "
+            "(mwms token create) and use it in place of this one"
+        )
     if token is None or token.kind == TokenKind.JOIN.value or not _usable(token, now):
         raise refusal
     owner = token

@@ -122,7 +122,12 @@ def test_killing_replicas_one_by_one_disturbs_no_job(ha):
             extra.kill()
             moves.append(wait_streams_settled(cluster))
         [survivor] = alive(cluster)
-        assert set((view_of(cluster, survivor) or {})["loops"]) >= {"scheduler", "reconciler"}
+        # Each loop shows once it has run a pass there, which takes up to its interval after the others died.
+        wait_until(
+            lambda: set((view_of(cluster, survivor) or {}).get("loops", [])) >= {"scheduler", "reconciler"},
+            30,
+            "the survivor running the scheduler and the reconciler",
+        )
 
         # A job submitted through the survivor is placed and runs.
         quick = survivor.submit(

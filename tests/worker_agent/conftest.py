@@ -82,6 +82,8 @@ class FakeCoordinator(agent_pb2_grpc.AgentServiceServicer):
         self.checkpoint_fetches: list[str] = []
         self.checkpoint_fetch_error: grpc.StatusCode | None = None
         self.refuse_with: grpc.StatusCode | None = None
+        # When set, a Register that presents a credential is refused as a removed agent's would be.
+        self.refuse_credentials = False
         # When set, log/metric batches and final reports are acknowledged as they arrive.
         self.auto_ack = True
         self.heartbeat_interval_ms = 200
@@ -108,6 +110,8 @@ class FakeCoordinator(agent_pb2_grpc.AgentServiceServicer):
         self.registrations.append((request, context.invocation_metadata()))
         if self.refuse_with is not None:
             context.abort(self.refuse_with, "join token does not match; ask the operator for the current one")
+        if self.refuse_credentials and "authorization" in dict(context.invocation_metadata()):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "the credential of agent 'a' is no longer valid")
         known = dict(context.invocation_metadata()).get("authorization") == f"Bearer {FAKE_CREDENTIAL}"
         return agent_pb2.RegisterResponse(
             agent_id="agent-1",
