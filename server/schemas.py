@@ -677,11 +677,20 @@ class TaskStacksOut(BaseModel):
     answered: bool = Field(description="false while (or when) the agent has not answered")
     error: str = Field(description="why there is no dump: the agent's reason, or no answer")
     in_collective: bool | None = Field(
-        description="some thread waits inside a TensorFlow collective; null when there is no dump"
+        description="some thread waits inside a TensorFlow collective in some snapshot (false only when "
+        "outside one in every snapshot); null when there is no dump"
+    )
+    snapshots: int = Field(
+        0, description="how many snapshots of the stacks the dump holds (taken ~0.5 s apart)"
+    )
+    snapshots_in_collective: int = Field(
+        0, description="in how many of them some thread waits inside a TensorFlow collective"
     )
     received_at: datetime
-    threads: list[StackThreadOut]
-    text: str = Field(description="the dump as the tool printed it, at most 256 KiB")
+    threads: list[StackThreadOut] = Field(
+        description="the threads of one snapshot: the newest that agrees with in_collective"
+    )
+    text: str = Field(description="the dump as the tool printed it, every snapshot, at most 256 KiB")
 
 
 class StackDumpsOut(BaseModel):

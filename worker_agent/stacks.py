@@ -5,6 +5,9 @@ Otherwise the handler that worker_agent/stack_handler/sitecustomize.py installs 
 SIGUSR2 by writing them to <stacks dir>/<pid>.txt; the agent signals, waits (bounded) for the file to
 grow and stop growing, and reads what was added. Either way the text is bounded (MAX_STACK_BYTES).
 
+A dump holds several snapshots spaced apart (mwms/stack_dumps.py: 3 over about a second), so that a
+healthy loop caught between two collectives once is not taken for a worker outside them.
+
 Each named task is dumped in a thread of its own, at the same time, and each answer goes to `send`
 as soon as it is ready; the connection's stream thread never waits for a dump.
 """
@@ -25,7 +28,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mwms import stack_dumps, task_environment
-from mwms.stack_dumps import MAX_STACK_BYTES
+from mwms.stack_dumps import (
+    MAX_SNAPSHOT_SPACING_S,
+    MAX_SNAPSHOTS,
+    MAX_STACK_BYTES,
+    SNAPSHOT_SPACING_S,
+    SNAPSHOTS,
+)
 from mwms.v1 import agent_pb2
 from mwms.worker_agent.task_files import open_beneath, read_beneath
 
@@ -250,6 +259,40 @@ def take_stacks(pid: int, directory: Path | None, method: str = "auto") -> Taken
     return TakenStacks(target, error="; ".join(errors))
 
 
+def take_snapshots(
+    pid: int,
+    directory: Path | None,
+    method: str = "auto",
+    count: int = SNAPSHOTS,
+    spacing_s: float = SNAPSHOT_SPACING_S,
+) -> TakenStacks:
+    """`count` snapshots of the task's stacks, `spacing_s` apart (both bounded), as one text
+    (stack_dumps.join_snapshots). The method that answered first takes the later ones; when a later one
+    fails (the process ended), the text holds those taken and the error says why the rest are missing."""
+    count = min(max(1, count), MAX_SNAPSHOTS)
+    spacing_s = min(max(0.0, spacing_s), MAX_SNAPSHOT_SPACING_S)
+    share = MAX_STACK_BYTES // count - 100  # room for the marker lines: the whole stays within the bound
+    started = time.monotonic()
+    first = take_stacks(pid, directory, method)
+    if first.error:
+        return first
+    texts, offsets = [bounded(first.text, share)], [0.0]
+    missing = ""
+    for number in range(1, count):
+        delay = started + number * spacing_s - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        offset = time.monotonic() - started
+        taken = take_stacks(pid, directory, first.method)
+        if taken.error:
+            missing = f"took {len(texts)} of {count} snapshots: {taken.error}"
+            break
+        texts.append(bounded(taken.text, share))
+        offsets.append(offset)
+    text = bounded(stack_dumps.join_snapshots(texts, offsets))
+    return TakenStacks(first.pid, first.method, text=text, error=missing)
+
+
 @dataclass(frozen=True)
 class DumpTarget:
     """A task as the dumper sees it: its process, its handler's directory, or why it cannot be dumped."""
@@ -305,12 +348,12 @@ def _answer_one(
         taken = TakenStacks(target.pid, error=target.unavailable)
     else:
         try:
-            taken = take_stacks(target.pid, target.directory, method)
+            taken = take_snapshots(target.pid, target.directory, method)
         except Exception as error:  # noqa: BLE001 - the coordinator still gets an answer for this task
             log.exception("taking the stacks of task %s failed", target.task_id)
             taken = TakenStacks(target.pid, error=f"the agent failed to take the stacks: {error}")
     if taken.error:
-        log.info("no stacks of task %s: %s", target.task_id, taken.error)
+        log.info("stacks of task %s: %s", target.task_id, taken.error)
     dump = agent_pb2.StackDump(
         request_id=request_id,
         task_id=target.task_id,

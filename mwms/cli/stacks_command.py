@@ -15,15 +15,29 @@ from mwms.cli.safe_text import safe_text
 from mwms.client import Client
 
 
-def collective_text(in_collective: bool | None) -> Text:
+def snapshots_text(task: dict[str, Any]) -> str:
+    """' (in 2 of 3 snapshots)', ' (outside in 3 of 3 snapshots)': what the verdict rests on; empty for a
+    dump of one snapshot (or from a coordinator that does not count them)."""
+    taken = task.get("snapshots") or 0
+    if taken <= 1 or task["in_collective"] is None:
+        return ""
+    inside = task.get("snapshots_in_collective") or 0
+    if task["in_collective"]:
+        return f" (in {inside} of {taken} snapshots)"
+    return f" (outside in {taken - inside} of {taken} snapshots)"
+
+
+def collective_text(in_collective: bool | None, snapshots: str = "") -> Text:
     if in_collective is None:
         return Text("unknown", style="bright_black")
-    return Text("yes", style="green") if in_collective else Text("NO", style="bold red")
+    if in_collective:
+        return Text("yes" + snapshots, style="green")
+    return Text("NO" + snapshots, style="bold red")
 
 
 def print_stacks(dump: dict[str, Any]) -> None:
-    """A header line for the dump, then per task its agent, pid, method and collective, then each
-    thread's frames, innermost first."""
+    """A header line for the dump, then per task its agent, pid, method and collective (over how many
+    snapshots), then each thread's frames, innermost first (of the snapshot the coordinator shows)."""
     cause = "hang detection" if dump["cause"] == "hang" else f"requested by {dump['requested_by'] or '?'}"
     missing = "" if dump["complete"] else " (some tasks did not answer)"
     header = f"stacks {dump['id']} of job {dump['job_id']}, attempt {dump['attempt']}: {cause}, "
@@ -33,7 +47,7 @@ def print_stacks(dump: dict[str, Any]) -> None:
         line = safe_text(f"worker {task['task_index']}  agent {task['agent_name'] or task['agent_id']}  ")
         line.append_text(safe_text(f"pid {task['pid'] if task['pid'] is not None else '-'}  "))
         line.append_text(safe_text(f"method {task['method'] or '-'}  in collective: "))
-        line.append_text(collective_text(task["in_collective"]))
+        line.append_text(collective_text(task["in_collective"], snapshots_text(task)))
         out.print(line)
         if task["error"]:
             out.print(safe_text(f"  {task['error']}", style="yellow"))
@@ -59,7 +73,8 @@ def stacks(
     json_output: JsonOption = False,
 ) -> None:
     """Show the Python stacks of every task of a job: per task its agent, pid and whether it waits in a
-    TensorFlow collective, then every thread's stack, innermost frame first."""
+    TensorFlow collective (NO only when outside one in all of the 3 snapshots taken over about a second),
+    then every thread's stack, innermost frame first."""
     dump = client.rest.dump_stacks(job_id) if refresh else client.rest.job_stacks(job_id)
     if json_output:
         print_json(dump)

@@ -12,12 +12,26 @@ from fastapi import APIRouter, Request, Response
 
 from mwms.server.api.auth import LOGIN_COOKIE, Caller, same_origin
 from mwms.server.api.deps import WiringDep
-from mwms.server.errors import Forbidden
+from mwms.server.errors import Forbidden, Unauthenticated
 from mwms.server.schemas import ErrorOut, LoginRequest, RoleName, WhoAmI
 from mwms.server.services import tokens
 from mwms.server.services.tokens import Principal
 
 router = APIRouter(prefix="/api/v1", tags=["session"])
+
+
+# What a person at the login form can do, in place of the CLI's advice (--token, MWMS_TOKEN, mwms login).
+LOGIN_PAGE_ADVICE = (
+    "Paste a current token here; an admin makes one with: mwms token create (the coordinator's first "
+    "admin token is in its <data dir>/admin-token)."
+)
+
+
+def for_the_login_page(refusal: str) -> str:
+    """A refusal of the token (services.tokens: "what was wrong: what to do") reworded for the login page:
+    what was wrong, kept (an expired token says when), then what to do in the browser."""
+    what = refusal.partition(": ")[0].strip() or "the token was refused"
+    return f"{what}. {LOGIN_PAGE_ADVICE}"
 
 
 def whoami_out(principal: Principal) -> WhoAmI:
@@ -40,13 +54,17 @@ def whoami(caller: Caller) -> WhoAmI:
 )
 async def log_in(body: LoginRequest, request: Request, response: Response, wiring: WiringDep) -> WhoAmI:
     """Exchanges an API token for an HttpOnly, SameSite=Strict login cookie (the dashboard's log-in).
-    A login's secret is refused (403): a login opens no other login, which would outlive its logout."""
+    A login's secret is refused (403): a login opens no other login, which would outlive its logout. A
+    refused token (401) is explained for the login page, not with the CLI's options."""
     if request.headers.get("origin") and not same_origin(request.scope):
         raise Forbidden("cross-site log-in refused: log in from the dashboard's own page")
 
     def log_in_once() -> tuple[Principal, str, int]:
         with wiring.db.write() as session:
-            principal = tokens.authenticate(session, body.token)
+            try:
+                principal = tokens.authenticate(session, body.token)
+            except Unauthenticated as error:
+                raise Unauthenticated(for_the_login_page(str(error))) from None
             token, secret = tokens.start_session(session, principal)
             assert token.expires_at is not None
             lifetime = int((token.expires_at - token.created_at).total_seconds())

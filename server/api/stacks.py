@@ -48,12 +48,14 @@ def stack_dumps_out(view: StackDumpsView) -> StackDumpsOut:
                 answered=t.answered,
                 error=t.dump.error,
                 in_collective=t.dump.in_collective,
+                snapshots=t.reading.snapshots,
+                snapshots_in_collective=t.reading.snapshots_in_collective,
                 received_at=t.dump.received_at,
                 threads=[
                     StackThreadOut(
                         title=thread.title, frames=thread.frames, in_collective=thread.in_collective
                     )
-                    for thread in t.threads
+                    for thread in t.reading.threads
                 ],
                 text=t.dump.text,
             )
@@ -64,7 +66,8 @@ def stack_dumps_out(view: StackDumpsView) -> StackDumpsOut:
 
 @router.post("/{job_id}/stacks", response_model=StackDumpsOut, responses=ERRORS)
 async def dump_stacks(job_id: str, wiring: WiringDep, caller: Caller) -> StackDumpsOut:
-    """Takes the Python stacks of every running task of the job's current attempt at the same moment and
+    """Takes the Python stacks of every running task of the job's current attempt at the same moment, 3
+    snapshots over about a second (a worker is not in a collective only when outside one in all), and
     returns what arrived within 10 s (tasks whose agent did not answer are marked). Stored with the attempt;
     one dump per job every 2 s (429 sooner), and the newest 20 of a job are kept. It pauses the tasks, so
     as with cancel, users may dump the stacks of their own jobs, admins of any (403 otherwise)."""

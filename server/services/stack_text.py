@@ -9,12 +9,19 @@ function, an eager op): that is where every later step's all-reduce runs, and Py
 a collective that waits for a missing worker from a long computation. A thread sleeping, reading input or
 computing in Python is not in a collective. MWMS's peer health-check thread, which always sits in the
 collective strategy's code, does not count.
+
+A dump holds several snapshots spaced apart (mwms/stack_dumps.py). A worker is in a collective when it is
+in one in some snapshot, and "not in a collective" only when it is outside one in all of them: a healthy
+loop is caught between two collectives in one snapshot often enough, a worker stuck in its own code in
+every one. `read_dump` gives the verdict, how many snapshots said what, and which snapshot to show.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+
+from mwms.stack_dumps import split_snapshots
 
 # Frames of TensorFlow's collective machinery: the ops, the cross-device all-reduce, the strategy's own.
 _COLLECTIVE_FRAME = re.compile(
@@ -77,12 +84,33 @@ def waits_in_collective(frames: list[str]) -> bool:
     return any(_COLLECTIVE_FRAME.search(frame) or _EXECUTING_FRAME.search(frame) for frame in frames)
 
 
+@dataclass(frozen=True)
+class DumpReading:
+    """What a dump's snapshots say: how many had threads, in how many some thread waited in a collective,
+    and the threads of the snapshot to show (the newest that agrees with the verdict)."""
+
+    snapshots: int
+    snapshots_in_collective: int
+    threads: list[ThreadStack]
+
+    @property
+    def in_collective(self) -> bool | None:
+        """In a collective in some snapshot; False only when outside in every one; None without threads."""
+        return None if not self.snapshots else self.snapshots_in_collective > 0
+
+
+def read_dump(text: str) -> DumpReading:
+    """The verdict over a dump's snapshots (a text without snapshot markers is one snapshot)."""
+    readings = [parse_threads(part) for part in split_snapshots(text)]
+    readings = [threads for threads in readings if threads]
+    inside = [threads for threads in readings if any(thread.in_collective for thread in threads)]
+    shown = inside[-1] if inside else (readings[-1] if readings else [])
+    return DumpReading(len(readings), len(inside), shown)
+
+
 def dump_in_collective(text: str) -> bool | None:
-    """Whether some thread of the dump waits in a collective; None for a dump without threads."""
-    threads = parse_threads(text)
-    if not threads:
-        return None
-    return any(thread.in_collective for thread in threads)
+    """Whether the dump's worker waits in a collective in some snapshot; None for a dump without threads."""
+    return read_dump(text).in_collective
 
 
 def main_thread_frame(threads: list[ThreadStack]) -> str:

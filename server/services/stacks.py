@@ -20,7 +20,7 @@ from mwms.server.errors import Conflict, NotFound
 from mwms.server.limits import TooManyRequests
 from mwms.server.services.job_owners import check_job_owner
 from mwms.server.services.jobs import current_attempt, get_job
-from mwms.server.services.stack_text import dump_in_collective, main_thread_frame, parse_threads
+from mwms.server.services.stack_text import dump_in_collective, main_thread_frame, read_dump
 from mwms.server.states import AttemptState, JobState, TaskState
 from mwms.stack_dumps import bounded
 
@@ -250,8 +250,11 @@ def describe_workers_outside_collectives(session: Session, request_id: str) -> s
         if dump.in_collective is None:
             unknown.append(f"{worker} ({dump.error or 'no stacks'})")
         elif not dump.in_collective:
-            where = main_thread_frame(parse_threads(dump.text))
+            reading = read_dump(dump.text)
+            where = main_thread_frame(reading.threads)
             details = f"pid {dump.pid}" + (f", in {where}" if where else "")
+            if reading.snapshots > 1:
+                details += f", outside a collective in all {reading.snapshots} snapshots"
             outside.append(f"{worker} ({details})")
     parts = []
     if outside:

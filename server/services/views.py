@@ -14,7 +14,7 @@ from mwms.server.db.models import Agent, Job, StackDump, StackRequest, Task
 from mwms.server.services import stacks, teams
 from mwms.server.services.agents import AgentState, agent_state, live_tasks_by_agent
 from mwms.server.services.jobs import read_job
-from mwms.server.services.stack_text import ThreadStack, parse_threads
+from mwms.server.services.stack_text import DumpReading, ThreadStack, read_dump
 from mwms.server.services.teams import Quota
 from mwms.server.services.telemetry import Progress, latest_progress
 
@@ -54,12 +54,17 @@ class JobView:
 
 @dataclass(frozen=True)
 class TaskStacksView:
-    """One task's answer to a stack request: the stored dump, its agent's name and its parsed threads."""
+    """One task's answer to a stack request: the stored dump, its agent's name and what its snapshots say."""
 
     dump: StackDump
     agent_name: str
     answered: bool
-    threads: list[ThreadStack]
+    reading: DumpReading
+
+    @property
+    def threads(self) -> list[ThreadStack]:
+        """The threads of the snapshot shown (`reading`)."""
+        return self.reading.threads
 
 
 @dataclass(frozen=True)
@@ -152,7 +157,7 @@ def read_stacks_view(session: Session, job_id: str, request_id: str | None) -> S
             dump=dump,
             agent_name=names.get(dump.agent_id, ""),
             answered=stacks.answered(dump),
-            threads=parse_threads(dump.text),
+            reading=read_dump(dump.text),
         )
         for dump in request.dumps
     ]

@@ -56,7 +56,7 @@ def test_a_browser_without_a_login_is_sent_from_docs_to_the_login_page(
 ) -> None:
     http = coordinator.http
     redirected = http.get("/docs", headers={"Authorization": "", **BROWSER}, follow_redirects=False)
-    assert redirected.status_code == 303 and redirected.headers["location"] == "/"
+    assert redirected.status_code == 303 and redirected.headers["location"] == "/?next=/docs"
     stale = {"Authorization": "", "Cookie": f"{LOGIN_COOKIE}=mwmss_ended", **BROWSER}
     assert http.get("/docs", headers=stale, follow_redirects=False).status_code == 303
     # A tool that asks for anything gets the 401 that says how to authenticate.

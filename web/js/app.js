@@ -3,7 +3,7 @@
 
 import { API, ApiError, describeError, getJson, onReachabilityChange, onUnauthenticated, UnreachableError } from "./api.js";
 import { formatInteger } from "./format.js";
-import { mountLogin, showSessionHeader } from "./login.js";
+import { mountLogin, returnTarget, showSessionHeader } from "./login.js";
 import { POLL_INTERVAL_MS, startPolling } from "./poll.js";
 import { currentUser, setCurrentUser } from "./session.js";
 import { mountAgents } from "./views/agents.js";
@@ -141,6 +141,12 @@ async function start() {
     if (error instanceof UnreachableError) retryTimer = setTimeout(start, POLL_INTERVAL_MS);
     else if (error instanceof ApiError && error.status === 401) leaveApp();
     else leaveApp(`Could not check the session: ${describeError(error)}`);
+    return;
+  }
+  // Sent here to log in from a page (/docs) while already logged in (in another tab): go back at once.
+  const target = returnTarget();
+  if (target) {
+    location.replace(target);
     return;
   }
   enterApp(principal);

@@ -1,6 +1,7 @@
 // The login form and the session part of the top bar (user, role, Log out).
 // The pasted token goes to POST /api/v1/session once; the coordinator answers with an HttpOnly cookie and
-// the field is cleared, so the token is kept neither in storage nor in the page.
+// the field is cleared, so the token is kept neither in storage nor in the page. A page that sent the
+// browser here to log in (/docs) is named in ?next= and opened again once logged in.
 
 import { ApiError, describeError, logIn, logOut, UnreachableError } from "./api.js";
 
@@ -19,13 +20,34 @@ export function showSessionHeader(principal) {
   role.title = ROLE_HINTS[principal.role] || "";
 }
 
+// The coordinator words its refusals of a log-in for this page (server/api/login.py): what was wrong with
+// the token and what to do here, not the CLI's options.
 function loginFailure(error) {
   if (error instanceof ApiError && error.status === 401) {
     return `That token was not accepted: ${error.detail}`;
   }
   if (error instanceof ApiError && error.status === 422) return "Paste a token first.";
-  if (error instanceof UnreachableError) return "The coordinator cannot be reached; check that `mwms server` is running and try again.";
+  if (error instanceof UnreachableError) return "The coordinator does not answer. Try again in a moment; if it persists, ask whoever runs it to check that it is up.";
   return describeError(error);
+}
+
+/**
+ * The page to go back to after logging in: `?next=` as the coordinator sent it (server/api/login_redirect.py),
+ * only when it is a path of this origin ("/docs"), never another site ("//evil.example", "https://..."):
+ * no open redirect. Null when there is none.
+ */
+export function returnTarget(search = location.search) {
+  const next = new URLSearchParams(search).get("next");
+  if (!next || !next.startsWith("/") || next.startsWith("//") || next.startsWith("/\\") || next.length > 2048) return null;
+  if (/[\u0000-\u001f\u007f\\]/.test(next)) return null;
+  let url;
+  try {
+    url = new URL(next, location.origin);
+  } catch {
+    return null;
+  }
+  if (url.origin !== location.origin || url.pathname === "/") return null;
+  return url.pathname + url.search + url.hash;
 }
 
 /**
@@ -39,6 +61,12 @@ export function mountLogin({ onLoggedIn, onLoggedOut }) {
   const error = document.getElementById("login-error");
   const submit = document.getElementById("login-submit");
   const logoutButton = document.getElementById("logout");
+  const nextNote = document.getElementById("login-next");
+  const target = returnTarget();
+  if (target) {
+    nextNote.textContent = `Log in to open ${target}.`;
+    nextNote.hidden = false;
+  }
 
   function showError(message) {
     error.textContent = message;
@@ -59,6 +87,10 @@ export function mountLogin({ onLoggedIn, onLoggedOut }) {
       const principal = await logIn(token);
       input.value = "";
       showError("");
+      if (target) {
+        location.replace(target); // back to the page that sent here to log in
+        return;
+      }
       onLoggedIn(principal);
     } catch (err) {
       showError(loginFailure(err));

@@ -82,7 +82,7 @@ function agentRow(agent, readings) {
     h("td", { class: "cell-name" }, h("div", { class: "strong" }, agent.name), h("div", { class: "muted small" }, agent.hostname)),
     h("td", { class: "cell-status" }, h("span", { class: ["badge", `state-${state}`] }, state), cordonStatus(agent)),
     h("td", { class: "nowrap" }, h("div", { class: "mono" }, agent.address), h("div", { class: "muted small" }, agent.port_range ? `ports ${agent.port_range}` : "")),
-    h("td", null, describeDevices(agent.devices), deviceReadings(readings)),
+    h("td", { class: "cell-devices" }, describeDevices(agent.devices), deviceReadings(readings)),
     h("td", null, usageBar(agent.devices_used, agent.devices_free)),
     h("td", null, taskLinks(agent.tasks)),
     h("td", { class: "nowrap", title: formatTime(agent.last_heartbeat_at) }, formatAgo(agent.last_heartbeat_at)),

@@ -25,9 +25,29 @@ import { JobPreflight } from "./preflight.js";
 import { estimatedStart, priorityText, waitKindBadge } from "../waiting.js";
 import { mayCancel } from "../session.js";
 
-// After a job ends, keep refreshing metrics and artifacts a little longer: the last reports and
-// uploads can land just after the final state change.
-const POLLS_AFTER_END = 5;
+// After a job ends its workers may still be stopping (a cancelled TensorFlow job trains on until SIGKILL),
+// and their last reports and the chief's uploads land after the final state change. Metrics and artifacts
+// are refreshed on every poll until the job has settled (every task ended and the charts reached the
+// step the job reports), then a few more times, then every tenth poll.
+const POLLS_AFTER_SETTLED = 3;
+const SLOW_POLL_EVERY = 10;
+const TERMINAL_TASK_STATES = new Set(["SUCCEEDED", "FAILED", "STOPPED", "REJECTED", "LOST"]);
+
+/** The highest step the charts hold of the newest attempt, per-step series only (what the job's `step`
+ * counts: server/services/telemetry.py progress_columns); null with none. */
+export function chartedStep(points) {
+  const perStep = points.filter((point) => !point.name.startsWith("epoch_"));
+  if (!perStep.length) return null;
+  const newest = Math.max(...perStep.map((point) => point.attempt));
+  return Math.max(...perStep.filter((point) => point.attempt === newest).map((point) => point.step));
+}
+
+/** Whether an ended job has nothing more to show: every task ended and the charts hold its last step. */
+export function settled(job, charted) {
+  if (!isTerminal(job.state)) return false;
+  if ((job.tasks || []).some((task) => !TERMINAL_TASK_STATES.has(task.state))) return false;
+  return job.step === null || job.step === undefined || (charted !== null && charted >= job.step);
+}
 
 function stat(label, valueNode, testid) {
   return h("div", { class: "kv" }, h("span", { class: "kv-label" }, label), h("span", { class: "kv-value", dataset: { testid } }, valueNode));
@@ -58,7 +78,8 @@ export function mountJob(container, jobId) {
   const base = `${API}/jobs/${encodeURIComponent(jobId)}`;
   const disposers = [];
   let job = null;
-  let pollsSinceEnd = 0;
+  let pollsSinceSettled = 0;
+  let charted = null; // chartedStep() of the last metrics read
 
   const title = h("h1", { class: "page-title job-title", dataset: { testid: "job-name" } }, "Loading…");
   const badgeSlot = h("span", { class: "job-state", dataset: { testid: "job-state" } });
@@ -202,7 +223,7 @@ export function mountJob(container, jobId) {
         { dataset: { taskIndex: String(task.index) } },
         h("td", { class: "num" }, String(task.index)),
         h("td", null, stateBadge(task.state)),
-        h("td", { class: "nowrap" }, task.agent_name || task.agent_id || "–"),
+        h("td", { class: "cell-agent", title: task.agent_name || task.agent_id || null }, task.agent_name || task.agent_id || "–"),
         h("td", { class: "mono" }, task.address || "–"),
         h("td", null, task.device_kind ? `${task.device_kind}${task.device_indices.length ? ` ${task.device_indices.join(",")}` : ""}` : "–"),
         h("td", { class: "num mono" }, task.exit_code === null || task.exit_code === undefined ? "–" : String(task.exit_code)),
@@ -292,6 +313,7 @@ export function mountJob(container, jobId) {
 
   async function refreshMetrics() {
     const series = await getJson(`${base}/metrics`);
+    charted = chartedStep(series.points || []);
     const byName = new Map();
     for (const point of series.points || []) {
       if (!byName.has(point.name)) byName.set(point.name, []);
@@ -332,7 +354,7 @@ export function mountJob(container, jobId) {
       h(
         "tr",
         null,
-        h("td", { class: "cell-path" }, h("a", { href: artifactUrl(jobId, artifact.path), download: artifact.path.split("/").pop(), class: "mono" }, artifact.path)),
+        h("td", { class: "cell-path" }, h("a", { href: artifactUrl(jobId, artifact.path), download: artifact.path.split("/").pop(), class: "mono", title: artifact.path }, artifact.path)),
         h("td", { class: "num nowrap" }, formatBytes(artifact.size)),
         h("td", { class: "mono muted small", title: artifact.sha256 }, artifact.sha256.slice(0, 12)),
         h("td", { class: "num" }, String(artifact.attempt)),
@@ -340,7 +362,7 @@ export function mountJob(container, jobId) {
       ),
     );
     const columns = [{ label: "Path" }, { label: "Size", class: "num" }, { label: "sha256" }, { label: "Attempt", class: "num" }, { label: "Saved" }];
-    replaceChildren(artifactsBody, table(columns, rows, { attrs: { "data-testid": "artifacts-table" } }));
+    replaceChildren(artifactsBody, table(columns, rows, { class: "artifacts-table", attrs: { "data-testid": "artifacts-table" } }));
   }
 
   async function refresh() {
@@ -376,9 +398,8 @@ export function mountJob(container, jobId) {
     renderSpec();
     stacks.update(job);
 
-    pollsSinceEnd = isTerminal(job.state) ? pollsSinceEnd + 1 : 0;
-    // Ended jobs: refresh a few more times at once, then every tenth poll (artifacts upload after the end).
-    if (pollsSinceEnd <= POLLS_AFTER_END || pollsSinceEnd % 10 === 0) {
+    pollsSinceSettled = settled(job, charted) ? pollsSinceSettled + 1 : 0;
+    if (pollsSinceSettled <= POLLS_AFTER_SETTLED || pollsSinceSettled % SLOW_POLL_EVERY === 0) {
       const [metrics, artifacts] = await Promise.allSettled([refreshMetrics(), getJson(`${base}/artifacts`), devices.refresh(job), preflight.refresh(job)]);
       if (artifacts.status === "fulfilled") renderArtifacts(artifacts.value);
       const failure = [metrics, artifacts].find((r) => r.status === "rejected");

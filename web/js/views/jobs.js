@@ -38,7 +38,7 @@ function jobRow(job) {
     "tr",
     { dataset: { jobId: job.id, state: job.state }, class: "job-row" },
     h("td", { class: "cell-name" }, h("a", { href, class: "job-link" }, job.name || job.id)),
-    h("td", { class: "mono muted", title: job.id }, shortId(job.id)),
+    h("td", { class: "mono muted cell-id", title: job.id }, shortId(job.id)),
     h("td", { class: "cell-state", title: job.reason || null }, stateBadge(job.state)),
     h(
       "td",

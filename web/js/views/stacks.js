@@ -1,6 +1,7 @@
 // Stack dumps on the job page: a "Dump stacks" button (users and admins, while the job runs) and the newest
-// dump with every task side by side: its agent, pid, whether it waits in a TensorFlow collective, and each
-// thread's stack (innermost frame first) behind a disclosure. Data: POST / GET /api/v1/jobs/{id}/stacks
+// dump with every task side by side: its agent, pid, whether it waits in a TensorFlow collective (over the
+// dump's snapshots: "NOT in collective" only when outside one in all of them, with how many were taken), and
+// each thread's stack (innermost frame first, of the snapshot the coordinator shows) behind a disclosure. Data: POST / GET /api/v1/jobs/{id}/stacks
 // (server/api/stacks.py); hang detection's dumps show here too.
 
 import { API, ApiError, describeError, getJson, postJson } from "../api.js";
@@ -17,6 +18,16 @@ function collectiveBadge(task) {
   return task.in_collective
     ? h("span", { class: "badge stacks-in", dataset: { testid: "stacks-collective" } }, "in collective")
     : h("span", { class: "badge stacks-out", dataset: { testid: "stacks-collective" } }, "NOT in collective");
+}
+
+/** What the verdict rests on: "outside a collective in 3 of 3 snapshots", "in a collective in 1 of 3
+ * snapshots"; null without a dump. A worker is NOT in a collective only when outside one in every snapshot. */
+export function snapshotsText(task) {
+  const taken = task.snapshots || 0;
+  if (task.in_collective === null || task.in_collective === undefined || !taken) return null;
+  const inside = task.snapshots_in_collective || 0;
+  const plural = taken === 1 ? "snapshot" : "snapshots";
+  return task.in_collective ? `in a collective in ${inside} of ${taken} ${plural}` : `outside a collective in ${taken - inside} of ${taken} ${plural}`;
 }
 
 function threadView(thread, open) {
@@ -46,6 +57,7 @@ function taskColumn(task) {
       { class: "muted small stacks-task-meta" },
       `agent ${task.agent_name || task.agent_id} · pid ${task.pid ?? "–"}${task.method ? ` · ${task.method}` : ""}`,
     ),
+    snapshotsText(task) ? h("p", { class: "small stacks-snapshots", dataset: { testid: "stacks-snapshots" } }, snapshotsText(task)) : null,
     task.error ? h("p", { class: "stacks-error small" }, task.error) : null,
     threads,
   );
@@ -106,14 +118,17 @@ export class JobStacks {
     this.note.hidden = true;
     const cause = dump.cause === "hang" ? "taken by hang detection" : `taken by ${dump.requested_by || "a user"}`;
     const outside = dump.tasks.filter((t) => t.in_collective === false).map((t) => `worker ${t.task_index}`);
+    const taken = Math.max(0, ...dump.tasks.map((t) => t.snapshots || 0));
+    const across = taken > 1 ? ` (outside one in all ${taken} snapshots)` : "";
     replaceChildren(
       this.body,
       h(
         "p",
         { class: "small stacks-summary", dataset: { testid: "stacks-summary" } },
         `Attempt ${dump.attempt}, ${formatTime(dump.requested_at)}, ${cause}.`,
+        taken > 1 ? ` ${taken} snapshots of each worker, about half a second apart.` : "",
         dump.complete ? "" : " Some tasks did not answer.",
-        outside.length ? h("strong", null, ` Not in a collective: ${outside.join(", ")}.`) : "",
+        outside.length ? h("strong", null, ` Not in a collective: ${outside.join(", ")}${across}.`) : "",
       ),
       h("div", { class: "stacks-grid" }, dump.tasks.map(taskColumn)),
     );
