@@ -19,6 +19,11 @@ MAX_STOP_GRACE_S = 3600.0
 # (worker_agent/systemd.py says what it is spent on).
 UNIT_STOP_MARGIN_S = 30
 DEVICE_SAMPLE_INTERVAL_S = 5.0  # GPU samples; 0: none
+# Jobs' own Python environments (worker_agent/environments.py): the cache's size, least recently used
+# evicted first (0: unbounded), and how long one build may take.
+ENV_CACHE_BYTES = 20 * 1024**3
+ENV_BUILD_TIMEOUT_S = 1800.0
+MAX_ENV_BUILD_TIMEOUT_S = 6 * 3600.0
 SANDBOX = "auto"
 SANDBOX_MODES = ("auto", "bwrap", "off")
 TASK_UID_LOW, TASK_UID_HIGH = 60000, 60999  # uids of tasks when the agent is root, inclusive

@@ -116,6 +116,9 @@ PREEMPTED_AND_SAVED_EXIT_CODE = 42
 # first report, whatever its restart policy: no retry can make the command appear.
 COMMAND_NOT_FOUND_EXIT_CODE = 127
 COMMAND_NOT_EXECUTABLE_EXIT_CODE = 126
+# The same for a task whose own Python environment cannot be built (a requirement that does not resolve,
+# a package that does not build, a Python the agent does not have): no restart can help either.
+ENVIRONMENT_NOT_BUILT_EXIT_CODE = 125
 
 # --- defaulted: the job's value wins; the agent sets this one when the job gives none ---
 USE_LEGACY_KERAS = "TF_USE_LEGACY_KERAS"

@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from mwms import task_environment
+from mwms import environment_lock, task_environment
 from mwms.metrics_line import NonFinite
 from mwms.server.limits import INT64_MAX, MAX_NAME_CHARS, MAX_WORKERS
 from mwms.server.schema_types import (
@@ -173,6 +173,45 @@ Priority = Annotated[
 ]
 
 
+def _pinned(value: str) -> str:
+    environment_lock.pinned_packages(value)  # LockError (a ValueError) names the line and what to do
+    return value
+
+
+class EnvironmentIn(BaseModel):
+    """A job's own Python environment: what the submitter resolved once (mwms submit --requirements)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    requirements: Annotated[
+        str,
+        Field(max_length=environment_lock.MAX_REQUIREMENTS_PATH_CHARS),
+        pattern_in_schema(NO_NUL_PATTERN),
+        AfterValidator(_no_nul),
+    ] = Field(default="", description="the file it was resolved from (shown only), e.g. requirements.txt")
+    python: str | None = Field(
+        default=None,
+        pattern=environment_lock.PYTHON_PATTERN,
+        description="the Python version to build it with (\"3.11\"); default: the agent's own interpreter's",
+    )
+    locked: Annotated[
+        str,
+        Field(max_length=environment_lock.MAX_LOCK_CHARS),
+        pattern_in_schema(environment_lock.LOCK_PATTERN),
+        AfterValidator(_pinned),
+    ] = Field(
+        description="requirements.txt text with every requirement pinned (name==version, markers and --hash "
+        "allowed; no options, URLs or ranges), as `uv pip compile --universal` writes it; every worker "
+        "installs exactly these, with uv, from the index its agent's operator configured"
+    )
+
+
+class EnvironmentOut(BaseModel):
+    requirements: str = Field(description="the file it was resolved from")
+    python: str | None = Field(description="the Python version asked for; null: the agents' own")
+    packages: list[str] = Field(description="the resolved packages, name==version")
+
+
 class JobCreate(BaseModel):
     """What `POST /api/v1/jobs` takes."""
 
@@ -240,6 +279,11 @@ class JobCreate(BaseModel):
         "job stays PENDING, saying why, while a named agent is offline or busy; a value that is one agent's "
         "id and another's name is refused (400)",
     )
+    environment: EnvironmentIn | None = Field(
+        default=None,
+        description="a Python environment of the job's own, built on each agent with uv and cached there; "
+        "null: tasks run in the agent's environment",
+    )
 
     @field_validator("command")
     @classmethod
@@ -294,6 +338,14 @@ class TaskOut(BaseModel):
     tf_config: str
     started_at: datetime | None
     ended_at: datetime | None
+    environment: str = Field(
+        default="",
+        description="the job's own environment on this task's agent: building, ready, or empty (none, or "
+        "not reported yet)",
+    )
+    environment_build_seconds: float | None = Field(
+        default=None, description="how long its build took on this agent; 0: found in the agent's cache"
+    )
 
 
 class AttemptOut(BaseModel):
@@ -351,6 +403,7 @@ class JobOut(JobSummary):
     preflight: bool | None = Field(default=None, description="as submitted; None: the coordinator's default")
     agents: list[str] | None = Field(default=None, description="worker i runs on agents[i], when set")
     preemption_grace_seconds: int | None = Field(default=None, description="as submitted")
+    environment: EnvironmentOut | None = Field(default=None, description="the job's own Python environment")
     tasks: list[TaskOut] = Field(description="tasks of the newest attempt")
     attempt_history: list[AttemptOut]
     events: list[JobEventOut]

@@ -53,6 +53,12 @@ class AgentConfig:
     # (a name or uid), or else one uid per concurrent task from this inclusive range.
     task_user: str | None = None
     task_uids: tuple[int, int] = (defaults.TASK_UID_LOW, defaults.TASK_UID_HIGH)
+    # Jobs' own Python environments, built with uv under <work dir>/envs: the cache's size in bytes
+    # (least recently used evicted first, never one in use; 0: unbounded) and one build's time limit.
+    env_cache_bytes: int = defaults.ENV_CACHE_BYTES
+    env_build_timeout: float = defaults.ENV_BUILD_TIMEOUT_S
+    # Whether uv may build a source distribution (its build script, a job's choice, then runs as the agent).
+    env_source_builds: bool = False
     # `server` parsed: the addresses in order (ValueError at construction when one is malformed).
     servers: tuple[str, ...] = field(init=False, repr=False, compare=False)
 

@@ -31,6 +31,7 @@ from mwms.worker_agent.connection import AgentConnection
 from mwms.worker_agent.credentials import CredentialStore
 from mwms.worker_agent.device_telemetry import start_device_telemetry
 from mwms.worker_agent.devices import detect_devices
+from mwms.worker_agent.environments import EnvironmentCache
 from mwms.worker_agent.sandbox import Confinement, SandboxError, find_bwrap
 from mwms.worker_agent.task_users import TaskUserError, TaskUsers
 from mwms.worker_agent.tasks import TaskManager
@@ -109,8 +110,19 @@ def _run_holding_the_work_dir(
     channels = ChannelFactory(config, credential)
     channel = channels.open(servers.current)
     stub = agent_pb2_grpc.AgentServiceStub(channel)
+    environments = EnvironmentCache(
+        config.work_dir / "envs",
+        config.env_cache_bytes,
+        build_timeout_s=config.env_build_timeout,
+        source_builds=config.env_source_builds,
+    )
     tasks = TaskManager(
-        config.work_dir, stub, hostname, default_grace_seconds=config.stop_grace, confinement=confinement
+        config.work_dir,
+        stub,
+        hostname,
+        default_grace_seconds=config.stop_grace,
+        confinement=confinement,
+        environments=environments,
     )
     # Before registering: what a previous agent process left running is stopped and reported in the Hello.
     tasks.recover(config.stop_grace)

@@ -28,6 +28,7 @@ import shutil
 import stat
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -169,13 +170,19 @@ class Confinement:
         return self.bwrap is not None
 
     def launch(
-        self, command: list[str], paths: TaskPaths, identity: TaskIdentity, gpu_indices: list[int]
+        self,
+        command: list[str],
+        paths: TaskPaths,
+        identity: TaskIdentity,
+        gpu_indices: list[int],
+        readable: Sequence[Path] = (),
     ) -> Launch:
-        """How to spawn `command` for the task of `paths` as `identity` with its GPUs."""
+        """How to spawn `command` for the task of `paths` as `identity` with its GPUs; `readable`: more
+        directories the task reads (its job's own environment and that environment's interpreter)."""
         switch = not identity.shared
         if self.bwrap is None:
             return Launch(list(command), identity.uid if switch else None, identity.gid if switch else None)
-        argv = [self.bwrap, *self.mounts(paths, gpu_indices)]
+        argv = [self.bwrap, *self.mounts(paths, gpu_indices, readable)]
         argv += ["--unshare-pid", "--unshare-ipc", "--chdir", str(paths.bundle_dir)]
         argv.append("--")
         if switch:
@@ -191,7 +198,7 @@ class Confinement:
             ]
         return Launch([*argv, *command], spare_leader=True)
 
-    def mounts(self, paths: TaskPaths, gpu_indices: list[int]) -> list[str]:
+    def mounts(self, paths: TaskPaths, gpu_indices: list[int], readable: Sequence[Path] = ()) -> list[str]:
         """bwrap's mount options for one task, in the order they must be applied."""
         args = ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
         # POSIX semaphores and shared memory (multiprocessing, NCCL) need a writable /dev/shm.
@@ -208,6 +215,12 @@ class Confinement:
             if any(m == needed or m in needed.parents for m in masks):
                 args += _dirs_between(masks, needed)
                 args += ["--ro-bind", str(needed), str(needed)]
+        # Read-only, where the masks hid them: the job's own environment is bound after the work dir's.
+        extra = sorted({Path(os.path.realpath(p)) for p in readable}, key=lambda p: len(p.parts))
+        for path in extra:
+            if self.work_dir not in path.parents and any(m == path or m in path.parents for m in masks):
+                args += _dirs_between(masks, path)
+                args += ["--ro-bind", str(path), str(path)]
         # Hidden again in case one of the binds above holds the work dir.
         args += ["--perms", "0755", "--tmpfs", str(self.work_dir)]
         task_dir = Path(os.path.realpath(paths.task_dir))
@@ -217,6 +230,10 @@ class Confinement:
         checkpoints = Path(os.path.realpath(paths.checkpoint_dir))
         if task_dir not in checkpoints.parents:  # a shared checkpoint filesystem of the operator's
             args += ["--bind", str(checkpoints), str(checkpoints)]
+        for path in extra:
+            if self.work_dir in path.parents:
+                args += _dirs_between([self.work_dir, task_dir], path)
+                args += ["--ro-bind", str(path), str(path)]
         for device in gpu_device_paths(gpu_indices):
             args += ["--dev-bind", device, device]
         return args

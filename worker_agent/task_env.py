@@ -93,11 +93,19 @@ class TaskPaths:
             hand_over(directory, uid, gid)
 
 
-def resolve_command(command: list[str]) -> list[str]:
-    """The command with a leading `python`/`python3` replaced by the agent's interpreter."""
+def resolve_command(command: list[str], interpreter: str = sys.executable) -> list[str]:
+    """The command with a leading `python`/`python3` replaced by `interpreter`: the agent's own, or that
+    of the job's own environment."""
     if command and command[0] in PYTHON_NAMES:
-        return [sys.executable, *command[1:]]
+        return [interpreter, *command[1:]]
     return list(command)
+
+
+def in_environment(env: dict[str, str], prefix: Path) -> dict[str, str]:
+    """The task's variables with the job's own environment (a venv at `prefix`) first on PATH, as
+    activating it would: a script that runs `python` or a console script gets the job's."""
+    path = env.get("PATH", os.defpath)
+    return {**env, "VIRTUAL_ENV": str(prefix), "PATH": f"{prefix / 'bin'}{os.pathsep}{path}"}
 
 
 # Secrets the agent (or the shell that started it) may hold; a task runs a job's code and gets none of them.

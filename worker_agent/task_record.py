@@ -10,6 +10,7 @@ from pathlib import Path
 from mwms.v1 import agent_pb2
 from mwms.worker_agent import agent_state
 from mwms.worker_agent.agent_state import TaskEntry
+from mwms.worker_agent.environments import Environment
 from mwms.worker_agent.outbox import Outbox
 from mwms.worker_agent.runner import TaskProcess
 from mwms.worker_agent.task_env import TaskPaths
@@ -67,6 +68,8 @@ class TaskRecord:
         self.start_ticks = 0
         # Who the task's processes run as (worker_agent/task_users.py), from its start until it ends.
         self.identity: TaskIdentity | None = None
+        # The job's own Python environment the task holds (worker_agent/environments.py), if it has one.
+        self.environment: Environment | None = None
         self.stop_reason: str | None = None
         self.final_acked = False
         self.lock = threading.RLock()

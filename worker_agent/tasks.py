@@ -21,12 +21,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mwms import task_environment
+from mwms.agent_defaults import ENV_CACHE_BYTES
 from mwms.archive import ArchiveError, extract_archive
 from mwms.v1 import agent_pb2, agent_pb2_grpc
 from mwms.worker_agent import agent_state, artifacts, checkpoints, preflight
 from mwms.worker_agent.agent_state import AgentStateFile
 from mwms.worker_agent.bundles import BundleCache, BundleError
 from mwms.worker_agent.checkpoints import CheckpointWatcher, RestoreError
+from mwms.worker_agent.environments import (
+    Environment,
+    EnvironmentBuildError,
+    EnvironmentCache,
+    EnvironmentSpec,
+)
 from mwms.worker_agent.metrics import MetricsTail
 from mwms.worker_agent.runner import (
     CommandNotRunnable,
@@ -36,7 +44,7 @@ from mwms.worker_agent.runner import (
     spawn_refusal,
 )
 from mwms.worker_agent.sandbox import Confinement
-from mwms.worker_agent.task_env import TaskPaths, child_environment, resolve_command
+from mwms.worker_agent.task_env import TaskPaths, child_environment, in_environment, resolve_command
 from mwms.worker_agent.task_files import pack_beneath
 from mwms.worker_agent.task_record import (
     TERMINAL_STATES,
@@ -53,6 +61,13 @@ TaskProcessArgs = tuple[dict[str, Any], list[str]]
 METRICS_POLL_SECONDS = 0.5
 
 
+def environment_paths(environment: Environment) -> list[Path]:
+    """What a task reads of its job's own environment: the venv, and the installation of the
+    interpreter it was made from (which a sandbox may otherwise hide, e.g. under a closed /root)."""
+    interpreter = Path(os.path.realpath(environment.python))
+    return [environment.prefix, interpreter.parents[1]]
+
+
 class TaskManager:
     """Starts and stops tasks on StartTask/StopTask, keeps their reports, logs and metrics until acked."""
 
@@ -63,6 +78,7 @@ class TaskManager:
         hostname: str,
         default_grace_seconds: float = 10.0,
         confinement: Confinement | None = None,
+        environments: EnvironmentCache | None = None,
     ) -> None:
         self._work_dir = work_dir
         # Without one (tests of the bookkeeping): tasks run unconfined as the agent's own user.
@@ -71,6 +87,7 @@ class TaskManager:
         self._hostname = hostname
         self._default_grace = default_grace_seconds
         self._bundles = BundleCache(work_dir / "bundles", stub)
+        self._environments = environments or EnvironmentCache(work_dir / "envs", ENV_CACHE_BYTES)
         self._outbox_root = work_dir / "outbox"
         self._state = AgentStateFile(work_dir / "agent-state.json")
         self._state_lock = threading.Lock()
@@ -326,13 +343,21 @@ class TaskManager:
         message: str = "",
         exit_code: int = 0,
         pid: int = 0,
+        environment: agent_pb2.EnvironmentStatus.ValueType = agent_pb2.ENVIRONMENT_STATUS_UNSPECIFIED,
+        environment_build_seconds: float = 0.0,
     ) -> bool:
         """Moves the task to `state` and queues the report; an ended task never changes again."""
         with record.lock:
             if record.ended:
                 return False
             record.report = agent_pb2.TaskReport(
-                task_id=record.task_id, state=state, message=message, exit_code=exit_code, pid=pid
+                task_id=record.task_id,
+                state=state,
+                message=message,
+                exit_code=exit_code,
+                pid=pid,
+                environment=environment,
+                environment_build_seconds=environment_build_seconds,
             )
             self._send(record.report)
         self._persist()
@@ -376,7 +401,16 @@ class TaskManager:
             if record.ended:
                 self._release_identity(record)
                 return
+            environment = None
+            if start.environment_lock:
+                environment = self._build_environment(record)
+                if environment is None:
+                    self._release_identity(record)
+                    return
+                command = resolve_command(list(start.command), str(environment.python))
             env = child_environment(start, record.paths, os.environ, (identity.name, identity.shared))
+            if environment is not None:
+                env = in_environment(env, environment.prefix)
             check_runnable(command[0], shown, env.get("PATH"), record.paths.bundle_dir)
             if start.preflight and not self._preflight_passed(record, env):
                 self._release_identity(record)
@@ -400,6 +434,46 @@ class TaskManager:
         if record.ended and record.process is None:
             self._release_identity(record)
 
+    def _build_environment(self, record: TaskRecord) -> Environment | None:
+        """The job's own Python environment, built with uv (or found in the cache) and held for the task;
+        None when the task ended meanwhile or the build failed (reported: FAILED, never started, when no
+        retry can help; REJECTED, placed again, when it can). Its lines go to the task's log."""
+        start = record.start
+        spec = EnvironmentSpec(locked=start.environment_lock, python=start.environment_python)
+        self._publish(
+            record,
+            agent_pb2.TASK_STATE_STARTING,
+            message="building the job's Python environment",
+            environment=agent_pb2.ENVIRONMENT_STATUS_BUILDING,
+        )
+        record.add_log("stderr", f"mwms-agent: building environment {spec.key()[:12]} (uv)")
+        try:
+            environment = self._environments.acquire(spec, lambda line: record.add_log("stderr", line))
+        except EnvironmentBuildError as error:
+            log.warning("task %s: %s", record.task_id, error.message)
+            record.add_log("stderr", f"mwms-agent: {error.message}")
+            if error.retryable:
+                self._reject(record, error.message)
+            else:
+                self._publish(
+                    record,
+                    agent_pb2.TASK_STATE_FAILED,
+                    message=f"never started: {error.message}",
+                    exit_code=task_environment.ENVIRONMENT_NOT_BUILT_EXIT_CODE,
+                )
+            return None
+        record.environment = environment
+        if record.ended:
+            return None
+        self._publish(
+            record,
+            agent_pb2.TASK_STATE_STARTING,
+            message=f"environment ready ({f'built in {environment.build_seconds:.1f} s' if environment.built else 'from the cache'})",
+            environment=agent_pb2.ENVIRONMENT_STATUS_READY,
+            environment_build_seconds=environment.build_seconds,
+        )
+        return environment
+
     def _never_started(self, record: TaskRecord, error: CommandNotRunnable) -> None:
         """The command cannot be executed: FAILED with a shell's exit code and no pid, which the
         coordinator reads as "never started, not retryable" (mwms/task_environment.py)."""
@@ -415,12 +489,17 @@ class TaskManager:
         gpus = (
             list(record.start.device_indices) if record.start.device_kind == agent_pb2.DEVICE_KIND_GPU else []
         )
-        launch = self._confinement.launch(command, record.paths, identity, gpus)
+        readable = [] if record.environment is None else environment_paths(record.environment)
+        launch = self._confinement.launch(command, record.paths, identity, gpus, readable)
         return {"user": launch.user, "group": launch.group, "spare_leader": launch.spare_leader}, launch.argv
 
     def _release_identity(self, record: TaskRecord) -> None:
         """Gives the task's uid back, once no process of it can be left (ended with its sandbox, or ended
-        here: a uid of its own is the task's alone, so whatever still runs as it was the task's)."""
+        here: a uid of its own is the task's alone, so whatever still runs as it was the task's), and its
+        hold on its environment (which the cache may then evict)."""
+        if record.environment is not None:
+            self._environments.release(record.environment)
+            record.environment = None
         identity = record.identity
         if identity is None:
             return

@@ -451,6 +451,40 @@ def agent(
             show_default=False,
         ),
     ] = None,
+    env_cache_bytes: Annotated[
+        int | None,
+        typer.Option(
+            "--env-cache-bytes",
+            min=0,
+            envvar="MWMS_AGENT_ENV_CACHE_BYTES",
+            help="Size of the cache of jobs' own Python environments (submit --requirements) under the work "
+            "dir: past it the least recently used are removed, never one in use; 0: no limit "
+            f"[default: {agent_defaults.ENV_CACHE_BYTES // 1024**3} GiB].",
+            show_default=False,
+        ),
+    ] = None,
+    env_build_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--env-build-timeout",
+            min=1,
+            max=agent_defaults.MAX_ENV_BUILD_TIMEOUT_S,
+            envvar="MWMS_AGENT_ENV_BUILD_TIMEOUT",
+            help="Seconds one build of a job's own Python environment may take (the job's start-up timeout "
+            f"does not count it) [default: {agent_defaults.ENV_BUILD_TIMEOUT_S:g}].",
+            show_default=False,
+        ),
+    ] = None,
+    env_source_builds: Annotated[
+        bool,
+        typer.Option(
+            "--env-source-builds",
+            envvar="MWMS_AGENT_ENV_SOURCE_BUILDS",
+            help="Let uv build packages that have no wheel for this machine when it builds a job's own "
+            "environment. Off by default: a source build runs the package's own build code, which a job "
+            "chooses, as the agent's user.",
+        ),
+    ] = False,
     task_user: Annotated[
         str | None,
         typer.Option(
@@ -559,6 +593,12 @@ def agent(
             args += ["--device-sample-interval", str(device_sample_interval)]
         args += ["--sandbox", sandbox_mode, "--task-uids", f"{uid_low}-{uid_high}"]
         args += ["--stop-grace-seconds", f"{grace:g}"]
+        if env_cache_bytes is not None:
+            args += ["--env-cache-bytes", str(env_cache_bytes)]
+        if env_build_timeout is not None:
+            args += ["--env-build-timeout", f"{env_build_timeout:g}"]
+        if env_source_builds:
+            args += ["--env-source-builds"]
         if log_format is not None:
             args += ["--log-format", logs_as]
         if log_level is not None:
@@ -593,6 +633,9 @@ def agent(
         "sandbox": None if sandbox is None else sandbox_mode,
         "task_uids": None if task_uids is None else (uid_low, uid_high),
         "stop_grace": stop_grace_seconds,
+        "env_cache_bytes": env_cache_bytes,
+        "env_build_timeout": env_build_timeout,
+        "env_source_builds": env_source_builds or None,
     }
     config = AgentConfig(
         server=server_address,

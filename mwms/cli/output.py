@@ -14,6 +14,7 @@ from rich.text import Text
 
 from mwms.cli.safe_text import SafeConsole, safe_text, terminal_safe
 from mwms.client.models import parse_number
+from mwms.environment_lock import distinct_count
 from mwms.metrics_line import parse_value
 
 # stdout carries results (tables, JSON, job ids, log text); stderr carries progress and errors.
@@ -243,6 +244,32 @@ def tasks_table(tasks: list[dict[str, Any]]) -> Table:
     return table
 
 
+def environment_rows(job: dict[str, Any]) -> list[tuple[str, str]]:
+    """The job's own Python environment: its file and Python, where each task's stands, every package."""
+    environment = job.get("environment")
+    if not environment:
+        return [("python env", "the agents' own")]
+    python = environment.get("python") or "the agents' version"
+    packages = environment.get("packages") or []
+    rows = [
+        (
+            "python env",
+            f"{environment.get('requirements') or '-'} (Python {python}, {distinct_count(packages)} packages)",
+        )
+    ]
+    built = [
+        f"worker {task['index']} {task['environment']}"
+        + (f" ({task['environment_build_seconds']:.1f} s)" if task.get("environment_build_seconds") else "")
+        + (" (cached)" if task.get("environment_build_seconds") == 0 else "")
+        for task in job.get("tasks") or []
+        if task.get("environment")
+    ]
+    if built:
+        rows.append(("env build", ", ".join(built)))
+    rows.append(("packages", ("\n" + " " * 16).join(packages) or "-"))
+    return rows
+
+
 def print_job(job: dict[str, Any]) -> None:
     """A readable summary of one job: fields, newest attempt's tasks, then its events."""
     state = state_text(job.get("state"))
@@ -295,6 +322,7 @@ def print_job(job: dict[str, Any]) -> None:
         rows.append(("startup", f"timeout {job['startup_timeout_seconds']}s"))
     if job.get("max_runtime_seconds") is not None:
         rows.append(("max runtime", f"{job['max_runtime_seconds']}s"))
+    rows.extend(environment_rows(job))
     for label, value in rows:
         out.print(safe_text(f"  {label + ':':<14}{value}"))
     tasks = job.get("tasks") or []

@@ -21,7 +21,10 @@ from mwms.cli.output import err, first_line, format_loss, log_line_text, out, pr
 from mwms.cli.parsing import check_command_words, corrected_submit_line, parse_env, parse_priority
 from mwms.cli.safe_text import safe_text, terminal_safe
 from mwms.client import Client
+from mwms.client.environment import environment_file_in
+from mwms.client.environment import resolve as resolve_environment
 from mwms.client.packing import PackedBundle, human_size, pack_directory
+from mwms.environment_lock import distinct_count, pinned_packages
 
 # Below this size an upload is over before a progress bar could tell anyone anything.
 PROGRESS_BAR_MIN_BYTES = 4 * 1024 * 1024
@@ -64,6 +67,32 @@ class SubmitCommand(TyperCommand):
 
 def _without_none(values: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in values.items() if value is not None}
+
+
+def submit_environment(
+    directory: Path, requirements: Path | None, python: str | None, *, quiet: bool
+) -> dict[str, Any] | None:
+    """The job's own environment, resolved before anything is uploaded; without --requirements, a hint
+    when DIR holds a file that could name one (the job then runs in the agents' environment)."""
+    if requirements is None:
+        if python is not None:
+            raise CliError("--python is the version of the job's own environment: give --requirements too")
+        found = environment_file_in(directory)
+        if found is not None and found.name != "pyproject.toml" and not quiet:
+            err.print(
+                f"{found.name} in {directory} is not used: the job runs in the agents' environment; "
+                f"to give it its own, submit with --requirements {found.name}"
+            )
+        return None
+    if not quiet:
+        err.print(f"resolving {requirements} with uv ...")
+    environment = resolve_environment(directory, requirements, python)
+    if not quiet:
+        count = distinct_count(pinned_packages(environment["locked"]))
+        err.print(
+            f"resolved {count} package{'s' if count != 1 else ''}; each agent builds them once and caches them"
+        )
+    return environment
 
 
 def build_job_spec(
@@ -339,6 +368,26 @@ def submit(
             show_default=False,
         ),
     ] = None,
+    requirements: Annotated[
+        Path | None,
+        typer.Option(
+            "--requirements",
+            "-r",
+            help="A requirements.txt, pyproject.toml or uv.lock (relative to DIR): the job runs in a Python "
+            "environment of its own, resolved here once with uv and built on each agent, cached by hash "
+            "[default: the agents' own environment].",
+            show_default=False,
+        ),
+    ] = None,
+    python: Annotated[
+        str | None,
+        typer.Option(
+            "--python",
+            help="The Python version of the job's own environment, e.g. 3.11 (with --requirements) "
+            "[default: the agents' interpreter].",
+            show_default=False,
+        ),
+    ] = None,
     wait: Annotated[
         bool, typer.Option("--wait", help="Follow the job to its end; exit 0 only if it SUCCEEDED.")
     ] = False,
@@ -363,6 +412,7 @@ def submit(
     environment = parse_env(env or [])
     job_priority = None if priority is None else parse_priority(priority)
     job_name = name or directory.resolve().name
+    job_environment = submit_environment(directory, requirements, python, quiet=json_output)
     digest = pack_and_upload(client, directory, quiet=json_output)
     spec = build_job_spec(
         name=job_name,
@@ -386,6 +436,8 @@ def submit(
         preemptible=preemptible,
         preemption_grace=preemption_grace,
     )
+    if job_environment is not None:
+        spec["environment"] = job_environment
     job = client.create_job(spec).raw
     if not json_output:
         print(terminal_safe(job["id"]), flush=True)

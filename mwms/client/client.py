@@ -17,12 +17,14 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from mwms.client.environment import resolve as resolve_environment
 from mwms.client.job import Job
 from mwms.client.models import Agent, QueueEntry, Team
 from mwms.client.packing import pack_directory
 from mwms.client.rest import RestApi
 from mwms.client.transport import Transport
 from mwms.connection import Connection, resolve_connection
+from mwms.errors import InvalidSpec
 
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_RETRY_S = 30.0
@@ -121,9 +123,15 @@ class Client:
         name: str | None = None,
         restart: Mapping[str, Any] | None = None,
         idempotency_key: str | None = None,
+        requirements: str | Path | None = None,
+        python: str | None = None,
         **options: Any,
     ) -> Job:
         """Packs and uploads `directory` and starts `command` on `workers` workers; returns the Job.
+
+        `requirements` (a requirements.txt, pyproject.toml or uv.lock, relative to `directory`) gives the
+        job a Python environment of its own: resolved here once with uv, built on each agent, the same
+        packages for every worker; `python` ("3.11") the version to build it with (default: the agents').
 
         `command` is an argv list, or a string split like a shell would. `restart` is the restart policy,
         e.g. {"max_restarts": 0} or {"restart_on": "any", "fail_on_nan": ["loss"]}. `options` are
@@ -133,6 +141,10 @@ class Client:
         unless given), so resending it after a dropped connection never creates a second job.
         """
         argv = shlex.split(command) if isinstance(command, str) else list(command)
+        if python is not None and requirements is None:
+            raise InvalidSpec("python= names the version of a job's own environment: give requirements= too")
+        # Resolved before the upload: a requirement that cannot be resolved costs no upload.
+        environment = None if requirements is None else resolve_environment(directory, requirements, python)
         spec: dict[str, Any] = {
             "name": name or Path(directory).resolve().name,
             "bundle_digest": self.upload(directory),
@@ -145,6 +157,8 @@ class Client:
             spec["env"] = dict(env)
         if restart:
             spec["restart"] = dict(restart)
+        if environment is not None:
+            spec["environment"] = environment
         spec.update(options)
         return self.create_job(spec, idempotency_key=idempotency_key)
 

@@ -76,6 +76,32 @@ TASK_STATE_REJECTED: TaskState.ValueType  # 6
 """The agent could not bind the assigned port, fetch the bundle or spawn the process."""
 Global___TaskState: _TypeAlias = TaskState  # noqa: Y015
 
+class _EnvironmentStatus:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _EnvironmentStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EnvironmentStatus.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ENVIRONMENT_STATUS_UNSPECIFIED: _EnvironmentStatus.ValueType  # 0
+    """no environment of its own, or nothing new to say"""
+    ENVIRONMENT_STATUS_BUILDING: _EnvironmentStatus.ValueType  # 1
+    """the agent is building it (uv)"""
+    ENVIRONMENT_STATUS_READY: _EnvironmentStatus.ValueType  # 2
+    """built, or found in the agent's cache"""
+
+class EnvironmentStatus(_EnvironmentStatus, metaclass=_EnvironmentStatusEnumTypeWrapper):
+    """Where a STARTING task's own Python environment stands (StartTask.environment_lock): the start-up timeout
+    does not count a build, which the agent bounds itself.
+    """
+
+ENVIRONMENT_STATUS_UNSPECIFIED: EnvironmentStatus.ValueType  # 0
+"""no environment of its own, or nothing new to say"""
+ENVIRONMENT_STATUS_BUILDING: EnvironmentStatus.ValueType  # 1
+"""the agent is building it (uv)"""
+ENVIRONMENT_STATUS_READY: EnvironmentStatus.ValueType  # 2
+"""built, or found in the agent's cache"""
+Global___EnvironmentStatus: _TypeAlias = EnvironmentStatus  # noqa: Y015
+
 class _FileKind:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -209,11 +235,16 @@ class TaskReport(_message.Message):
     EXIT_CODE_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
     PID_FIELD_NUMBER: _builtins.int
+    ENVIRONMENT_FIELD_NUMBER: _builtins.int
+    ENVIRONMENT_BUILD_SECONDS_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     state: Global___TaskState.ValueType
     exit_code: _builtins.int
     message: _builtins.str
     pid: _builtins.int
+    environment: Global___EnvironmentStatus.ValueType
+    environment_build_seconds: _builtins.float
+    """With ENVIRONMENT_STATUS_READY: how long the build took on this agent (0: from its cache)."""
     def __init__(
         self,
         *,
@@ -222,10 +253,12 @@ class TaskReport(_message.Message):
         exit_code: _builtins.int = ...,
         message: _builtins.str = ...,
         pid: _builtins.int = ...,
+        environment: Global___EnvironmentStatus.ValueType = ...,
+        environment_build_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["exit_code", b"exit_code", "message", b"message", "pid", b"pid", "state", b"state", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment", b"environment", "environment_build_seconds", b"environment_build_seconds", "exit_code", b"exit_code", "message", b"message", "pid", b"pid", "state", b"state", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -645,6 +678,8 @@ class StartTask(_message.Message):
     SHARED_CHECKPOINT_DIR_FIELD_NUMBER: _builtins.int
     PREFLIGHT_FIELD_NUMBER: _builtins.int
     PREFLIGHT_TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
+    ENVIRONMENT_LOCK_FIELD_NUMBER: _builtins.int
+    ENVIRONMENT_PYTHON_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     job_id: _builtins.str
     attempt: _builtins.int
@@ -664,6 +699,13 @@ class StartTask(_message.Message):
     then all-reduces of 1 MB and 64 MB) and reports a PreflightResult; a failed check fails the task.
     """
     preflight_timeout_seconds: _builtins.int
+    environment_lock: _builtins.str
+    """When set, the task runs in a Python environment of its own: these pinned requirements (a lock the
+    submitter resolved once for the job, in requirements.txt form), installed with uv into the agent's
+    cache, keyed by their hash, the Python version and the platform. Empty: the agent's own environment.
+    """
+    environment_python: _builtins.str
+    """The Python version the environment asks for ("3.11"); empty: the agent's own interpreter's."""
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -690,10 +732,12 @@ class StartTask(_message.Message):
         shared_checkpoint_dir: _builtins.str = ...,
         preflight: _builtins.bool = ...,
         preflight_timeout_seconds: _builtins.int = ...,
+        environment_lock: _builtins.str = ...,
+        environment_python: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "bundle_digest", b"bundle_digest", "command", b"command", "device_indices", b"device_indices", "device_kind", b"device_kind", "env", b"env", "job_id", b"job_id", "num_workers", b"num_workers", "port", b"port", "preflight", b"preflight", "preflight_timeout_seconds", b"preflight_timeout_seconds", "restore_checkpoint", b"restore_checkpoint", "shared_checkpoint_dir", b"shared_checkpoint_dir", "stop_grace_seconds", b"stop_grace_seconds", "task_id", b"task_id", "task_index", b"task_index", "tf_config", b"tf_config"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "bundle_digest", b"bundle_digest", "command", b"command", "device_indices", b"device_indices", "device_kind", b"device_kind", "env", b"env", "environment_lock", b"environment_lock", "environment_python", b"environment_python", "job_id", b"job_id", "num_workers", b"num_workers", "port", b"port", "preflight", b"preflight", "preflight_timeout_seconds", b"preflight_timeout_seconds", "restore_checkpoint", b"restore_checkpoint", "shared_checkpoint_dir", b"shared_checkpoint_dir", "stop_grace_seconds", b"stop_grace_seconds", "task_id", b"task_id", "task_index", b"task_index", "tf_config", b"tf_config"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -13,6 +13,7 @@ from mwms.server.schemas import (
     AttemptOut,
     CommunicationOptions,
     DeviceOut,
+    EnvironmentOut,
     JobEventOut,
     JobOut,
     JobSummary,
@@ -45,6 +46,8 @@ def task_out(task: Task, names: dict[str, str]) -> TaskOut:
         tf_config=task.tf_config,
         started_at=task.started_at,
         ended_at=task.ended_at,
+        environment=task.environment,
+        environment_build_seconds=task.environment_build_s,
     )
 
 
@@ -94,6 +97,16 @@ def job_listing_out(listing: JobListing) -> JobSummary:
     return job_summary(listing.job, listing.attempts, listing.progress)
 
 
+def environment_out(stored: dict[str, Any] | None) -> EnvironmentOut | None:
+    if not stored:
+        return None
+    return EnvironmentOut(
+        requirements=stored.get("requirements") or "",
+        python=stored.get("python"),
+        packages=list(stored.get("packages") or []),
+    )
+
+
 def job_out(view: JobView) -> JobOut:
     """A job in full, from services.views.job_view."""
     job, names = view.job, view.agent_names
@@ -111,6 +124,7 @@ def job_out(view: JobView) -> JobOut:
         preflight=options.get("preflight"),
         agents=options.get("agents"),
         preemption_grace_seconds=options.get("preemption_grace_seconds"),
+        environment=environment_out(job.environment),
         tasks=[task_out(t, names) for t in (job.attempts[-1].tasks if job.attempts else [])],
         attempt_history=[attempt_out(a, names) for a in job.attempts],
         events=[

@@ -175,6 +175,9 @@ class Job(Base):
     hold_until: Mapped[datetime | None] = mapped_column(default=None)
     # Why a waiting job waits, typed (server/services/wait_reasons.py); {} once it is placed.
     waiting: Mapped[dict[str, Any]] = mapped_column(default=dict, server_default="{}")
+    # The job's own Python environment (schemas.EnvironmentIn: requirements, python, locked, packages);
+    # None: its tasks run in their agents' environment.
+    environment: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None, nullable=True)
 
     attempts: Mapped[list[Attempt]] = relationship(
         back_populates="job", order_by="Attempt.number", cascade="all, delete-orphan"
@@ -263,6 +266,11 @@ class Task(Base):
     # When a log line or metric point of the task was last stored, as the replicas flush it (seconds
     # late at most): hang detection reads it, whichever replica stored the task's telemetry.
     progress_at: Mapped[datetime | None] = mapped_column(default=None)
+    # The job's own environment on this task's agent: "" (none, or not reported), "building", "ready";
+    # the start-up timeout counts from when the last task's was ready, not during a build.
+    environment: Mapped[str] = mapped_column(String(10), default="", server_default="")
+    environment_ready_at: Mapped[datetime | None] = mapped_column(default=None)
+    environment_build_s: Mapped[float | None] = mapped_column(default=None)
 
 
 class DeviceClaim(Base):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 
 from mwms.preflight_contract import parse_report
@@ -53,6 +54,15 @@ def registration(request: pb.RegisterRequest) -> Registration:
     )
 
 
+_ENVIRONMENT_STATUS = {pb.ENVIRONMENT_STATUS_BUILDING: "building", pb.ENVIRONMENT_STATUS_READY: "ready"}
+
+
+def _build_seconds(report: pb.TaskReport) -> float | None:
+    # An agent's number, bounded: NaN, infinities and negatives say nothing.
+    seconds = report.environment_build_seconds
+    return min(seconds, 1e7) if math.isfinite(seconds) and seconds >= 0 else None
+
+
 def task_report(report: pb.TaskReport) -> TaskReport | None:
     """The domain report, or None for a state this coordinator does not know."""
     state = _TASK_STATES.get(report.state)
@@ -65,6 +75,10 @@ def task_report(report: pb.TaskReport) -> TaskReport | None:
         exit_code=report.exit_code if terminal else None,
         message=report.message,
         pid=report.pid or None,
+        environment=_ENVIRONMENT_STATUS.get(report.environment, ""),
+        environment_build_s=_build_seconds(report)
+        if report.environment == pb.ENVIRONMENT_STATUS_READY
+        else None,
     )
 
 
@@ -116,6 +130,8 @@ def start_task(spec: StartSpec) -> pb.CoordinatorMessage:
             shared_checkpoint_dir=spec.shared_checkpoint_dir,
             preflight=spec.preflight_timeout_s is not None,
             preflight_timeout_seconds=spec.preflight_timeout_s or 0,
+            environment_lock=spec.environment_lock,
+            environment_python=spec.environment_python,
         )
     )
 

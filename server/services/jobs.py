@@ -8,14 +8,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
-from mwms import task_environment
+from mwms import environment_lock, task_environment
 from mwms.server.db.models import Attempt, Bundle, Job, JobEvent
 from mwms.server.errors import Conflict, Forbidden, InvalidInput, NotFound
-from mwms.server.schemas import JobCreate
+from mwms.server.schemas import EnvironmentIn, JobCreate
 from mwms.server.services import teams, telemetry
 from mwms.server.services.agent_references import check_pins
 from mwms.server.services.job_owners import check_job_owner
@@ -102,11 +103,24 @@ def create_job(
             "agents": spec.agents,
             "preemption_grace_seconds": spec.preemption_grace_seconds,
         },
+        environment=stored_environment(spec.environment),
     )
     session.add(job)
     session.flush()
     transition_job(session, job, JobState.PENDING, "waiting to be placed")
     return job
+
+
+def stored_environment(environment: EnvironmentIn | None) -> dict[str, Any] | None:
+    """What the job keeps of its environment: as submitted, with its packages listed once for the views."""
+    if environment is None:
+        return None
+    return {
+        "requirements": environment.requirements,
+        "python": environment.python,
+        "locked": environment.locked,
+        "packages": environment_lock.pinned_packages(environment.locked),
+    }
 
 
 def get_job(session: Session, job_id: str) -> Job:

@@ -31,6 +31,7 @@ from mwms.server.states import AttemptState, JobState, TaskState
 from mwms.task_environment import (
     COMMAND_NOT_EXECUTABLE_EXIT_CODE,
     COMMAND_NOT_FOUND_EXIT_CODE,
+    ENVIRONMENT_NOT_BUILT_EXIT_CODE,
     PREEMPTED_AND_SAVED_EXIT_CODE,
 )
 
@@ -72,15 +73,22 @@ def is_retryable(exit_code: int | None, lost: bool, restart_on: str) -> bool:
     return exit_code >= 128 or exit_code < 0
 
 
-NEVER_STARTED_EXIT_CODES = frozenset({COMMAND_NOT_FOUND_EXIT_CODE, COMMAND_NOT_EXECUTABLE_EXIT_CODE})
+NEVER_STARTED_EXIT_CODES = frozenset(
+    {COMMAND_NOT_FOUND_EXIT_CODE, COMMAND_NOT_EXECUTABLE_EXIT_CODE, ENVIRONMENT_NOT_BUILT_EXIT_CODE}
+)
 NEVER_STARTED_NOT_RETRIED = (
     " (not retried: the command cannot be executed, so no restart or other agent can help; fix the "
     "command and submit again)"
 )
+ENVIRONMENT_NOT_RETRIED = (
+    " (not retried: the job's Python environment cannot be built, so no restart or other agent can help; "
+    "fix its requirements and submit again)"
+)
 
 
 def never_started(task: Task) -> bool:
-    """The agent could not execute the task's command (FAILED, no process, exit code 126 or 127)."""
+    """The agent could not execute the task's command or build its environment (FAILED, no process, exit
+    code 125, 126 or 127)."""
     return (
         task.state == TaskState.FAILED.value
         and task.pid is None
@@ -523,7 +531,9 @@ def _settle_failed_attempt(
             backoff_base_s=backoff_base_s,
             now=now,
             log_tail=tail,
-            not_retried=NEVER_STARTED_NOT_RETRIED,
+            not_retried=ENVIRONMENT_NOT_RETRIED
+            if root.exit_code == ENVIRONMENT_NOT_BUILT_EXIT_CODE
+            else NEVER_STARTED_NOT_RETRIED,
         )
         return
     restart_on = restart_policy_value(job, "restart_on")

@@ -134,6 +134,16 @@ def _open() -> list[str]:
     return [s.value for s in TaskState if not s.terminal]
 
 
+def startup_clock(attempt: Attempt) -> datetime | None:
+    """When the attempt's start-up timeout starts counting: at its creation, or once the job's own
+    environment is ready on every agent; None while some task's is still building (a build is bounded
+    by its agent's own limit, --env-build-timeout, not by this one)."""
+    if any(task.environment == "building" for task in attempt.tasks):
+        return None
+    ready = [task.environment_ready_at for task in attempt.tasks if task.environment_ready_at is not None]
+    return max([attempt.created_at, *ready])
+
+
 def _check_startup_timeouts(session: Session, backoff_base_s: float, default_s: float, now: datetime) -> None:
     rows = session.execute(
         select(Job, Attempt)
@@ -143,7 +153,8 @@ def _check_startup_timeouts(session: Session, backoff_base_s: float, default_s: 
     for job, attempt in rows:
         with isolated(session, log, "reconcile_job", job.id, f"start-up timeout of job {job.id}"):
             limit = time_limit(job, "startup_timeout_seconds", default_s)
-            if limit is None or attempt.created_at + timedelta(seconds=limit) > now:
+            started = startup_clock(attempt)
+            if limit is None or started is None or started + timedelta(seconds=limit) > now:
                 continue
             waiting = [t.index for t in attempt.tasks if t.started_at is None]
             fail_attempt(

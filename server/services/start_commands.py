@@ -51,6 +51,8 @@ class StartSpec:
     restore_checkpoint: bool
     shared_checkpoint_dir: str
     preflight_timeout_s: int | None
+    environment_lock: str = ""  # the job's own environment's pinned requirements; "": the agent's
+    environment_python: str = ""
 
 
 def start_spec(task: Task, job: Job, defaults: StartDefaults) -> StartSpec:
@@ -78,6 +80,8 @@ def start_spec(task: Task, job: Job, defaults: StartDefaults) -> StartSpec:
         restore_checkpoint=task.attempt_number > 1,
         shared_checkpoint_dir=defaults.shared_checkpoint_dir,
         preflight_timeout_s=preflight_s,
+        environment_lock=(job.environment or {}).get("locked") or "",
+        environment_python=(job.environment or {}).get("python") or "",
     )
 
 

@@ -27,6 +27,8 @@ class TaskReport:
     exit_code: int | None = None
     message: str = ""
     pid: int | None = None
+    environment: str = ""  # "building" or "ready" (the job's own environment on the agent); "": no news
+    environment_build_s: float | None = None  # with "ready": the build's seconds, 0 from the agent's cache
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,8 @@ def apply_report(
     if task is None or task.agent_id != agent.id:
         return ReportOutcome(known=False, final=report.state.terminal, stop=not report.state.terminal)
     current = TaskState(task.state)
+    if report.environment and not current.terminal:
+        note_environment(task, report, now)
     if current.terminal and not report.state.terminal:
         # Still running on the agent although its attempt is over (e.g. the agent was cut off): stop it.
         return ReportOutcome(known=True, final=False, stop=True)
@@ -75,6 +79,19 @@ def apply_report(
     return ReportOutcome(
         known=True, final=report.state.terminal, stop=task.stop_requested and not report.state.terminal
     )
+
+
+def note_environment(task: Task, report: TaskReport, now: datetime) -> None:
+    """Records where the task's own environment stands on its agent (idempotent: a resent report
+    changes nothing): the start-up timeout waits while it builds, and counts from when it was ready."""
+    if report.environment == task.environment:
+        return
+    task.environment = report.environment
+    if report.environment == "ready":
+        task.environment_ready_at = now
+        task.environment_build_s = report.environment_build_s
+    if report.message and not TaskState(task.state).terminal:
+        task.message = report.message
 
 
 def active_tasks_on_agent(session: Session, agent_id: str) -> list[Task]:

@@ -49,6 +49,35 @@ export function settled(job, charted) {
   return job.step === null || job.step === undefined || (charted !== null && charted >= job.step);
 }
 
+/** The task's own environment on its agent, in a few words: "building", "built in 3.2 s", "from the cache". */
+export function environmentStatus(task) {
+  if (task.environment === "building") return "building";
+  if (task.environment !== "ready") return "waiting";
+  const seconds = task.environment_build_seconds;
+  return seconds ? `built in ${seconds.toFixed(1)} s` : "from the cache";
+}
+
+/** The job's own Python environment (submit --requirements): its file, Python, where each worker's build
+ * stands, and the resolved packages behind a disclosure; or the agents' own. */
+export function pythonEnvironment(job) {
+  const environment = job.environment;
+  if (!environment) return h("span", { class: "muted", dataset: { testid: "python-environment" } }, "the agents' own");
+  const packages = environment.packages || [];
+  const builds = (job.tasks || []).map((task) => `worker ${task.index}: ${environmentStatus(task)}`);
+  return h(
+    "div",
+    { dataset: { testid: "python-environment" } },
+    h("div", null, h("code", { class: "mono" }, environment.requirements || "requirements"), ` · Python ${environment.python || "of the agents"} · ${new Set(packages.map((p) => p.split("==")[0].toLowerCase().replaceAll("_", "-"))).size} packages`),
+    builds.length ? h("div", { class: "muted small", dataset: { testid: "python-environment-builds" } }, builds.join(" · ")) : null,
+    h(
+      "details",
+      { class: "small" },
+      h("summary", null, "Resolved packages"),
+      h("ul", { class: "mono package-list", dataset: { testid: "python-environment-packages" } }, packages.map((name) => h("li", null, name))),
+    ),
+  );
+}
+
 function stat(label, valueNode, testid) {
   return h("div", { class: "kv" }, h("span", { class: "kv-label" }, label), h("span", { class: "kv-value", dataset: { testid } }, valueNode));
 }
@@ -284,7 +313,8 @@ export function mountJob(container, jobId) {
   }
 
   function renderSpec() {
-    if (!changed("spec", [job.command, job.bundle_digest, job.env_names, job.communication, job.restart, job.finished_at])) return;
+    const envStates = (job.tasks || []).map((task) => [task.environment, task.environment_build_seconds]);
+    if (!changed("spec", [job.command, job.bundle_digest, job.env_names, job.communication, job.restart, job.finished_at, job.environment, envStates])) return;
     const communication = job.communication || {};
     const restart = job.restart || {};
     replaceChildren(
@@ -293,6 +323,7 @@ export function mountJob(container, jobId) {
         ["Command", h("code", { class: "mono wrap" }, shellJoin(job.command))],
         ["Workers", formatShape(job.workers, job.gpus_per_worker)],
         ["Bundle", h("code", { class: "mono wrap", title: job.bundle_digest }, `sha256:${job.bundle_digest}`)],
+        ["Python environment", pythonEnvironment(job)],
         ["Environment", job.env_names && job.env_names.length ? h("span", { class: "tags" }, job.env_names.map((name) => h("code", { class: "tag" }, name))) : h("span", { class: "muted" }, "none")],
         [
           "Communication",
