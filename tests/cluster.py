@@ -205,6 +205,9 @@ class Cluster:
                 "127.0.0.1",
                 "--port-range",
                 f"{port_low}-{port_low + 99}",
+                # One cache of jobs' own Python environments for the machine, as an operator would set it.
+                "--env-cache-dir",
+                str(self.root / "envs"),
             ],
             self.agent_environment(),
         )

@@ -56,6 +56,8 @@ class AgentConfig:
     # Jobs' own Python environments, built with uv under <work dir>/envs: the cache's size in bytes
     # (least recently used evicted first, never one in use; 0: unbounded) and one build's time limit.
     env_cache_bytes: int = defaults.ENV_CACHE_BYTES
+    # Where they are kept; None: <work dir>/envs. Agents on one machine may share one (builds are locked).
+    env_cache_dir: Path | None = None
     env_build_timeout: float = defaults.ENV_BUILD_TIMEOUT_S
     # Whether uv may build a source distribution (its build script, a job's choice, then runs as the agent).
     env_source_builds: bool = False

@@ -111,7 +111,7 @@ def _run_holding_the_work_dir(
     channel = channels.open(servers.current)
     stub = agent_pb2_grpc.AgentServiceStub(channel)
     environments = EnvironmentCache(
-        config.work_dir / "envs",
+        config.env_cache_dir or config.work_dir / "envs",
         config.env_cache_bytes,
         build_timeout_s=config.env_build_timeout,
         source_builds=config.env_source_builds,

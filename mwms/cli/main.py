@@ -463,6 +463,16 @@ def agent(
             show_default=False,
         ),
     ] = None,
+    env_cache_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--env-cache-dir",
+            envvar="MWMS_AGENT_ENV_CACHE_DIR",
+            help="Where jobs' own Python environments are built and kept; agents on one machine may share "
+            "one (each environment is then built once per machine) [default: <work dir>/envs].",
+            show_default=False,
+        ),
+    ] = None,
     env_build_timeout: Annotated[
         float | None,
         typer.Option(
@@ -597,6 +607,8 @@ def agent(
             args += ["--env-cache-bytes", str(env_cache_bytes)]
         if env_build_timeout is not None:
             args += ["--env-build-timeout", f"{env_build_timeout:g}"]
+        if env_cache_dir is not None:
+            args += ["--env-cache-dir", str(env_cache_dir.expanduser().resolve())]
         if env_source_builds:
             args += ["--env-source-builds"]
         if log_format is not None:
@@ -636,6 +648,7 @@ def agent(
         "env_cache_bytes": env_cache_bytes,
         "env_build_timeout": env_build_timeout,
         "env_source_builds": env_source_builds or None,
+        "env_cache_dir": None if env_cache_dir is None else env_cache_dir.expanduser().resolve(),
     }
     config = AgentConfig(
         server=server_address,

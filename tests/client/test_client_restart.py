@@ -83,6 +83,11 @@ def test_wait_and_follow_survive_a_coordinator_restart(
         own_cluster.server.log_tail() if own_cluster.server else "",
     )
     assert len(states) > before and states[-1] == "SUCCEEDED"
-    retries = [record.getMessage() for record in caplog.records if "retry" in record.getMessage()]
+    messages = [record.getMessage() for record in caplog.records]
+    # Each retrying request says once, as its retries begin, what it is waiting for (transport.py).
+    assert any(message.startswith("cannot get an answer from ") for message in messages), messages
+    retries = [
+        message for message in messages if message.startswith(("GET ", "POST ")) and "retry" in message
+    ]
     assert retries, "the client should have waited out the restart"
     assert all(message.startswith("GET /api/v1/jobs/") for message in retries), retries

@@ -82,16 +82,20 @@ def test_a_job_runs_in_its_own_environment_built_once_per_agent(cluster, client,
         assert f"[{index}] ENV tabulate 0.9.0 sealed" in logs, logs
     assert "building environment" in logs, logs
     assert all(task["environment"] == "ready" for task in job["tasks"]), job["tasks"]
+    # The agents share the machine's cache (--env-cache-dir): one built it while the other waited for
+    # that build, then took it from the cache; both run in the same environment.
+    assert logs.count("from the cache (no install)") == 1 and logs.count(" built in ") == 1, logs
+    assert sorted(bool(task["environment_build_seconds"]) for task in job["tasks"]) == [False, True]
+    prefixes = {line.split("prefix=")[1] for line in logs.splitlines() if "ENV tabulate" in line}
+    assert len(prefixes) == 1, prefixes
 
-    # The same requirements again: each agent finds the environment in its cache and installs nothing.
+    # The same requirements again: nothing is installed.
     second = client.submit(directory, "python train.py", workers=2, requirements="requirements.txt")
     job = cluster.wait_for(second.id, {"SUCCEEDED", "FAILED", "CANCELLED"}, timeout=120)
     logs = cluster.logs_text(second.id)
     assert job["state"] == "SUCCEEDED", job["reason"] + logs
     assert [task["environment_build_seconds"] for task in job["tasks"]] == [0, 0], job["tasks"]
     assert logs.count("from the cache (no install)") == 2, logs
-    prefixes = {line.split("prefix=")[1] for line in logs.splitlines() if "ENV tabulate" in line}
-    assert len(prefixes) == 2, prefixes  # one environment per agent (each its own work dir here)
 
 
 def test_a_requirement_that_does_not_resolve_is_refused_at_submit_naming_it(cluster, client, tmp_path):
@@ -136,7 +140,7 @@ def test_the_cli_submits_with_requirements_and_status_lists_the_packages(cluster
     assert "python env:   requirements.txt (Python the agents' version, 2 packages)" in shown.stdout, (
         shown.stdout
     )
-    assert "tabulate==0.9.0" in shown.stdout and "worker 0 ready" in shown.stdout, shown.stdout
+    assert "tabulate==0.9.0" in shown.stdout and "worker 0 ready (cached)" in shown.stdout, shown.stdout
 
 
 def test_a_program_with_requirements_but_no_flag_hears_how_to_use_them(cluster, tmp_path):
@@ -161,3 +165,34 @@ def test_a_program_with_requirements_but_no_flag_hears_how_to_use_them(cluster, 
     assert (
         "--python is the version of the job's own environment: give --requirements too" in lone_python.output
     )
+
+
+TF_PROGRAM = """
+import os, sys
+import numpy as np
+import tensorflow as tf
+import mwms_runtime
+
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+with strategy.scope():
+    model = tf.keras.Sequential([tf.keras.layers.Input((4,)), tf.keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+data = tf.data.Dataset.from_tensor_slices((np.ones((16, 4), "float32"), np.ones((16, 1), "float32"))).batch(8)
+history = model.fit(data, epochs=1, verbose=0)
+print(f"TFENV tensorflow {tf.__version__} in {sys.prefix} loss {history.history['loss'][-1]:.3f}", flush=True)
+"""
+
+
+@pytest.mark.tf
+def test_a_tensorflow_job_runs_with_its_own_pinned_tensorflow(cluster, client, tmp_path):
+    directory = tmp_path / "tf-program"
+    directory.mkdir()
+    (directory / "train.py").write_text(TF_PROGRAM)
+    (directory / "requirements.txt").write_text("tensorflow-cpu==2.21.0\ntf-keras==2.21.0\n")
+    job = client.submit(directory, "python train.py", workers=2, requirements="requirements.txt")
+    ended = cluster.wait_for(job.id, {"SUCCEEDED", "FAILED", "CANCELLED"}, timeout=900)
+    logs = cluster.logs_text(job.id)
+    assert ended["state"] == "SUCCEEDED", ended["reason"] + logs
+    lines = [line for line in logs.splitlines() if "TFENV tensorflow 2.21.0 in " in line]
+    assert len(lines) == 2 and all(f"{cluster.root}/envs/envs/" in line for line in lines), logs
+    assert "tensorflow-cpu==2.21.0" in ended["environment"]["packages"]
