@@ -134,6 +134,19 @@ class Environment:
     built: bool
     build_seconds: float
     use_fd: int | None = field(default=None, repr=False, compare=False)
+    # What it holds (name==version, sorted) and the Python it runs, from its marker.
+    packages: tuple[str, ...] = ()
+    python_version: str = ""
+
+    @property
+    def digest(self) -> str:
+        """sha256 of the installed packages: workers whose digests differ would run different code."""
+        return hashlib.sha256("\n".join(self.packages).encode()).hexdigest()
+
+    @property
+    def platform(self) -> str:
+        """The interpreter and platform it was built for, e.g. "CPython 3.11.7 linux x86_64"."""
+        return f"{platform.python_implementation()} {self.python_version} {sys.platform} {platform.machine()}"
 
 
 class _Output:
@@ -184,10 +197,13 @@ class EnvironmentCache:
         with _flock(self._locks / f"{key}.build", fcntl.LOCK_EX) as held:
             assert held
             prefix = self._envs / key
-            if self._marker(key) is not None and (prefix / "bin" / "python").exists():
+            marker = self._marker(key)
+            if marker is not None and (prefix / "bin" / "python").exists():
                 os.utime(prefix / LAST_USED)
                 log(f"environment {key[:12]} ready from the cache (no install)")
                 env = Environment(key, prefix, prefix / "bin" / "python", False, 0.0)
+                env.packages = tuple(str(p) for p in marker.get("packages") or ())
+                env.python_version = str(marker.get("python") or "")
             else:
                 env = self._build(key, spec, log)
             env.use_fd = _open_lock(self._locks / f"{key}.use")
@@ -262,7 +278,9 @@ class EnvironmentCache:
             remove_tree(prefix)
             raise
         log_line(f"environment {key[:12]} built in {seconds:.1f} s: {len(packages)} packages")
-        return Environment(key, prefix, python, True, seconds)
+        return Environment(
+            key, prefix, python, True, seconds, packages=tuple(packages), python_version=version
+        )
 
     def _uv_run(self, args: list[str], python: str, out: _Output, deadline: float, cwd: str) -> None:
         """Runs uv, its lines to `out`; EnvironmentBuildError, classified by its output, if it fails

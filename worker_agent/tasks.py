@@ -345,6 +345,8 @@ class TaskManager:
         pid: int = 0,
         environment: agent_pb2.EnvironmentStatus.ValueType = agent_pb2.ENVIRONMENT_STATUS_UNSPECIFIED,
         environment_build_seconds: float = 0.0,
+        environment_digest: str = "",
+        environment_platform: str = "",
     ) -> bool:
         """Moves the task to `state` and queues the report; an ended task never changes again."""
         with record.lock:
@@ -358,6 +360,8 @@ class TaskManager:
                 pid=pid,
                 environment=environment,
                 environment_build_seconds=environment_build_seconds,
+                environment_digest=environment_digest,
+                environment_platform=environment_platform,
             )
             self._send(record.report)
         self._persist()
@@ -471,6 +475,8 @@ class TaskManager:
             message=f"environment ready ({f'built in {environment.build_seconds:.1f} s' if environment.built else 'from the cache'})",
             environment=agent_pb2.ENVIRONMENT_STATUS_READY,
             environment_build_seconds=environment.build_seconds,
+            environment_digest=environment.digest,
+            environment_platform=environment.platform,
         )
         return environment
 

@@ -237,6 +237,8 @@ class TaskReport(_message.Message):
     PID_FIELD_NUMBER: _builtins.int
     ENVIRONMENT_FIELD_NUMBER: _builtins.int
     ENVIRONMENT_BUILD_SECONDS_FIELD_NUMBER: _builtins.int
+    ENVIRONMENT_DIGEST_FIELD_NUMBER: _builtins.int
+    ENVIRONMENT_PLATFORM_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     state: Global___TaskState.ValueType
     exit_code: _builtins.int
@@ -245,6 +247,12 @@ class TaskReport(_message.Message):
     environment: Global___EnvironmentStatus.ValueType
     environment_build_seconds: _builtins.float
     """With ENVIRONMENT_STATUS_READY: how long the build took on this agent (0: from its cache)."""
+    environment_digest: _builtins.str
+    """With ENVIRONMENT_STATUS_READY: sha256 of what the environment holds (its installed name==version
+    lines, sorted), and the interpreter and platform it was built for ("CPython 3.11.7 linux x86_64"). The
+    coordinator refuses to run a gang whose workers would run different packages.
+    """
+    environment_platform: _builtins.str
     def __init__(
         self,
         *,
@@ -255,10 +263,12 @@ class TaskReport(_message.Message):
         pid: _builtins.int = ...,
         environment: Global___EnvironmentStatus.ValueType = ...,
         environment_build_seconds: _builtins.float = ...,
+        environment_digest: _builtins.str = ...,
+        environment_platform: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment", b"environment", "environment_build_seconds", b"environment_build_seconds", "exit_code", b"exit_code", "message", b"message", "pid", b"pid", "state", b"state", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment", b"environment", "environment_build_seconds", b"environment_build_seconds", "environment_digest", b"environment_digest", "environment_platform", b"environment_platform", "exit_code", b"exit_code", "message", b"message", "pid", b"pid", "state", b"state", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

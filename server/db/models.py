@@ -271,6 +271,10 @@ class Task(Base):
     environment: Mapped[str] = mapped_column(String(10), default="", server_default="")
     environment_ready_at: Mapped[datetime | None] = mapped_column(default=None)
     environment_build_s: Mapped[float | None] = mapped_column(default=None)
+    # What the agent's build holds, hashed, and the Python and platform it is for: a gang runs only when
+    # every worker's digest agrees.
+    environment_digest: Mapped[str] = mapped_column(String(64), default="", server_default="")
+    environment_platform: Mapped[str] = mapped_column(String(100), default="", server_default="")
 
 
 class DeviceClaim(Base):

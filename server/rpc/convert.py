@@ -54,6 +54,8 @@ def registration(request: pb.RegisterRequest) -> Registration:
     )
 
 
+MAX_DIGEST_CHARS = 64
+MAX_PLATFORM_CHARS = 100
 _ENVIRONMENT_STATUS = {pb.ENVIRONMENT_STATUS_BUILDING: "building", pb.ENVIRONMENT_STATUS_READY: "ready"}
 
 
@@ -79,6 +81,8 @@ def task_report(report: pb.TaskReport) -> TaskReport | None:
         environment_build_s=_build_seconds(report)
         if report.environment == pb.ENVIRONMENT_STATUS_READY
         else None,
+        environment_digest=report.environment_digest[:MAX_DIGEST_CHARS],
+        environment_platform=report.environment_platform[:MAX_PLATFORM_CHARS],
     )
 
 

@@ -13,6 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from mwms.server.db.models import Agent, Task, utcnow
+from mwms.server.services.environments import fail_disagreeing_attempt, note_environment
 from mwms.server.services.lifecycle import after_task_change
 from mwms.server.services.transitions import transition_task
 from mwms.server.states import TASK_TRANSITIONS, TaskState
@@ -29,6 +30,8 @@ class TaskReport:
     pid: int | None = None
     environment: str = ""  # "building" or "ready" (the job's own environment on the agent); "": no news
     environment_build_s: float | None = None  # with "ready": the build's seconds, 0 from the agent's cache
+    environment_digest: str = ""  # with "ready": what it holds, hashed (workers must agree)
+    environment_platform: str = ""  # with "ready": the Python and platform it was built for
 
 
 @dataclass(frozen=True)
@@ -47,8 +50,9 @@ def apply_report(
     if task is None or task.agent_id != agent.id:
         return ReportOutcome(known=False, final=report.state.terminal, stop=not report.state.terminal)
     current = TaskState(task.state)
-    if report.environment and not current.terminal:
-        note_environment(task, report, now)
+    if report.environment and not current.terminal and note_environment(session, task, report, now):
+        fail_disagreeing_attempt(session, task, backoff_base_s, now)
+        return ReportOutcome(known=True, final=False, stop=True)
     if current.terminal and not report.state.terminal:
         # Still running on the agent although its attempt is over (e.g. the agent was cut off): stop it.
         return ReportOutcome(known=True, final=False, stop=True)
@@ -79,19 +83,6 @@ def apply_report(
     return ReportOutcome(
         known=True, final=report.state.terminal, stop=task.stop_requested and not report.state.terminal
     )
-
-
-def note_environment(task: Task, report: TaskReport, now: datetime) -> None:
-    """Records where the task's own environment stands on its agent (idempotent: a resent report
-    changes nothing): the start-up timeout waits while it builds, and counts from when it was ready."""
-    if report.environment == task.environment:
-        return
-    task.environment = report.environment
-    if report.environment == "ready":
-        task.environment_ready_at = now
-        task.environment_build_s = report.environment_build_s
-    if report.message and not TaskState(task.state).terminal:
-        task.message = report.message
 
 
 def active_tasks_on_agent(session: Session, agent_id: str) -> list[Task]:

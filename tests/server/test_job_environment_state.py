@@ -4,6 +4,7 @@ moment the last one was ready."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -39,13 +40,23 @@ def submit(db: Database) -> str:
         return job.id
 
 
-def report(db: Database, job_id: str, index: int, environment: str, seconds: float | None = None) -> None:
+def report(
+    db: Database,
+    job_id: str,
+    index: int,
+    environment: str,
+    seconds: float | None = None,
+    digest: str = "d" * 64,
+    platform: str = "CPython 3.11.7 linux x86_64",
+) -> None:
     with db.write() as session:
         task = session.get(Job, job_id).attempts[-1].tasks[index]
         agent = session.get(Agent, task.agent_id)
         update = TaskReport(
             task.id, TaskState.STARTING, None, f"environment {environment}", None, environment, seconds
         )
+        if environment == "ready":
+            update = replace(update, environment_digest=digest, environment_platform=platform)
         apply_report(session, agent, update, backoff_base_s=1.0)
 
 
@@ -108,3 +119,18 @@ def test_an_environment_that_is_not_a_lock_is_refused_saying_why(field: str, val
     fields = {"requirements": "requirements.txt", "locked": "tabulate==0.9.0\n", field: value}
     with pytest.raises(ValidationError, match=says.replace("(", r"\(").replace(")", r"\)")):
         EnvironmentIn(**fields)
+
+
+def test_workers_whose_environments_differ_never_run_together(db: Database) -> None:
+    job_id = submit(db)
+    report(db, job_id, 0, "ready", 3.0, digest="a" * 64, platform="CPython 3.11.7 linux x86_64")
+    report(db, job_id, 1, "ready", 3.0, digest="b" * 64, platform="CPython 3.12.3 linux x86_64")
+    with db.read() as session:
+        job = session.get(Job, job_id)
+        assert job.state == "FAILED", job.reason
+        assert (
+            "the workers would run different packages: worker 0 on a (CPython 3.11.7 linux x86_64) and "
+            in job.reason
+        )
+        assert "worker 1 on b (CPython 3.12.3 linux x86_64)" in job.reason and "--python" in job.reason
+        assert job.restarts == 0

@@ -27,10 +27,18 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column("environment", sa.String(length=10), server_default="", nullable=False))
         batch_op.add_column(sa.Column("environment_ready_at", UTC, nullable=True))
         batch_op.add_column(sa.Column("environment_build_s", sa.Float(), nullable=True))
+        batch_op.add_column(
+            sa.Column("environment_digest", sa.String(length=64), server_default="", nullable=False)
+        )
+        batch_op.add_column(
+            sa.Column("environment_platform", sa.String(length=100), server_default="", nullable=False)
+        )
 
 
 def downgrade() -> None:
     with op.batch_alter_table("tasks", schema=None) as batch_op:
+        batch_op.drop_column("environment_platform")
+        batch_op.drop_column("environment_digest")
         batch_op.drop_column("environment_build_s")
         batch_op.drop_column("environment_ready_at")
         batch_op.drop_column("environment")
