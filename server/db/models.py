@@ -270,7 +270,7 @@ class Task(Base):
     # the start-up timeout counts from when the last task's was ready, not during a build.
     environment: Mapped[str] = mapped_column(String(10), default="", server_default="")
     environment_ready_at: Mapped[datetime | None] = mapped_column(default=None)
-    environment_build_s: Mapped[float | None] = mapped_column(default=None)
+    environment_build_s: Mapped[float | None] = mapped_column(Float, default=None, nullable=True)
     # What the agent's build holds, hashed, and the Python and platform it is for: a gang runs only when
     # every worker's digest agrees.
     environment_digest: Mapped[str] = mapped_column(String(64), default="", server_default="")
