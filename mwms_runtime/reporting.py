@@ -123,18 +123,28 @@ def _local_components(value: Any, strategy: Any, num_local: int) -> list[tuple[f
 _abort_exit_code = EXIT_REPORT_MISMATCH
 
 
-def _abort(message: str) -> None:
-    """Print ``message``, write what was reported so far and end the process with exit code 70."""
+# A worker that stops on a mismatch read it from a collective's result, which its peers may still be
+# receiving from it (a ring's last transfers): it lingers this long before it exits, so that they finish
+# that collective, read the same mismatch and stop with the same code, not with a "Socket closed".
+ABORT_LINGER_S = 3.0
+
+
+def _abort(message: str, linger: bool = True) -> None:
+    """Print ``message``, write what was reported so far and end the process with exit code 70 (after
+    ABORT_LINGER_S when other workers may still be receiving the collective that told it to stop)."""
     print(message, file=sys.stderr, flush=True)
     writer.flush(timeout=5.0)
     save_paths.cleanup_all()  # os._exit skips atexit
+    if linger and context().num_workers > 1:
+        time.sleep(ABORT_LINGER_S)
     os._exit(_abort_exit_code)
 
 
 def _abort_timeout(step: int, seconds: float, detail: str) -> None:
     _abort(
         f"mwms_runtime.report() at step {step} waited {seconds:g} s for the other workers: every worker "
-        f"must call report() at the same steps (with the same metric names). {detail}".rstrip()
+        f"must call report() at the same steps (with the same metric names). {detail}".rstrip(),
+        linger=False,  # a peer that never came receives nothing
     )
 
 

@@ -39,7 +39,7 @@ def spawn_agent(cluster: Cluster, log_name: str, work_dir: str, join_token: str 
     args = ["agent", "--server", f"127.0.0.1:{cluster.grpc_port}", "--name", NAME]
     args += ["--work-dir", str(cluster.root / work_dir), "--slots", "1", "--advertise-address", "127.0.0.1"]
     args += ["--port-range", f"{PORT_LOW}-{PORT_LOW + 99}"]
-    return cluster._spawn(log_name, args, {"MWMS_JOIN_TOKEN": join_token} if join_token else {})
+    return cluster._spawn(log_name, args, {"MWMS_JOIN_TOKEN": join_token or ""})
 
 
 def exit_code(process: Process, timeout: float = 30) -> int:
@@ -112,12 +112,13 @@ def test_remove_agent_stops_its_tasks_and_the_agent_and_the_name_can_join_again(
     ]
     assert agent_record(auth_cluster) is None
 
-    # The old work dir still holds the void credential: the agent says what to do and stops.
-    stale = spawn_agent(auth_cluster, f"{NAME}-stale", NAME, join_token=auth_cluster.join_token)
+    # The old work dir still holds the void credential: without a join token the agent says what to do
+    # and stops.
+    stale = spawn_agent(auth_cluster, f"{NAME}-stale", NAME, join_token=None)
     assert exit_code(stale) == 2
     assert "agent-credential" in stale.log_tail() and "no longer valid" in stale.log_tail()
 
-    (auth_cluster.root / NAME / "agent-credential").unlink()
+    # Given a join token, it falls back to it and joins again under its name.
     rejoined = spawn_agent(auth_cluster, f"{NAME}-rejoined", NAME, join_token=auth_cluster.join_token)
     auth_cluster.agents[NAME] = rejoined
     wait_until(lambda: auth_cluster.agent_online(NAME), 60, f"{NAME} rejoined\n{rejoined.log_tail()}")

@@ -165,7 +165,8 @@ def test_the_agent_moves_round_the_replicas_as_each_stops(
     (a, address_a), (b, address_b), (c, address_c) = replicas
     agent = start_agent(f"{address_a},{address_b},{address_c}")
     wait_for(lambda: a.streams and a.streams[0].of_kind("hello"), "a Hello on the first replica")
-    assert f"connected to coordinator {address_a} (1 of 3)" in caplog.text
+    # The agent logs "connected" once its Hello is sent: the replica may read it a moment before that line.
+    wait_for(lambda: f"connected to coordinator {address_a} (1 of 3)" in caplog.text, "the connected line")
 
     a.server.stop(grace=None)
     wait_for(lambda: b.streams and b.streams[0].of_kind("hello"), "a Hello on the second replica")
@@ -174,7 +175,7 @@ def test_the_agent_moves_round_the_replicas_as_each_stops(
         f"moving from coordinator {address_a} (1 of 3) to {address_b} (2 of 3): the stream broke"
         in caplog.text
     )
-    assert f"connected to coordinator {address_b} (2 of 3)" in caplog.text
+    wait_for(lambda: f"connected to coordinator {address_b} (2 of 3)" in caplog.text, "the connected line")
 
     # A replica that works is kept: the agent stays on it.
     wait_for(lambda: len(b.streams[0].of_kind("heartbeat")) >= 5, "heartbeats on the second replica")
