@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session, selectinload
 
 from mwms.server.db.models import Agent, StackDump, StackRequest, utcnow
@@ -123,16 +123,22 @@ def open_stack_request(
 
 
 def _refuse_a_second_request_too_soon(session: Session, job_id: str, now: datetime) -> None:
-    last = session.scalar(
-        select(StackRequest.requested_at)
+    """One requested dump per job every MIN_REQUEST_INTERVAL_S, counted from when the last one ended (its
+    latest answer): a dump of several snapshots takes about a second itself."""
+    last = session.execute(
+        select(StackRequest.id, StackRequest.requested_at)
         .where(StackRequest.job_id == job_id, StackRequest.cause == "request")
         .order_by(StackRequest.requested_at.desc())
         .limit(1)
-    )
-    if last is not None and now - last < timedelta(seconds=MIN_REQUEST_INTERVAL_S):
+    ).first()
+    if last is None:
+        return
+    answered = session.scalar(select(func.max(StackDump.received_at)).where(StackDump.request_id == last.id))
+    ended = max(last.requested_at, answered) if answered is not None else last.requested_at
+    if now - ended < timedelta(seconds=MIN_REQUEST_INTERVAL_S):
         raise TooManyRequests(
-            f"the stacks of job {job_id} were dumped {(now - last).total_seconds():.1f} s ago: one dump per job "
-            f"every {MIN_REQUEST_INTERVAL_S:g} s; GET /api/v1/jobs/{job_id}/stacks shows the last one"
+            f"the stacks of job {job_id} were dumped {max(0.0, (now - ended).total_seconds()):.1f} s ago: one "
+            f"dump per job every {MIN_REQUEST_INTERVAL_S:g} s; GET /api/v1/jobs/{job_id}/stacks shows the last one"
         )
 
 

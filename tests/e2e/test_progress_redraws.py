@@ -140,8 +140,11 @@ def test_on_a_terminal_logs_follow_overwrites_the_redrawn_line(cluster: Cluster)
             follower.kill()
         os.close(controller)
     # Each newer state erases the row the one before it took (cursor up, erase line) and is printed there.
+    # In epoch 1 (3 s, the warning after its first state) at least two do: a later state over the one
+    # after the warning, and the epoch's last line over that. How many of epoch 2's states (no pauses)
+    # arrive apart depends on timing.
     erase = b"\x1b[1A\x1b[2K"
-    assert shown.count(erase) >= 3, shown
+    assert shown.count(erase) >= 2, shown
     tail = shown.split(b"Epoch 2/2")[0]
     assert b"12/12 - loss: 0.1" in tail.split(erase)[-1], shown
     assert b"\x08" not in shown, shown
