@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from mwms.server.db.engine import Database
 from mwms.server.db.models import Agent, Job, utcnow
-from mwms.server.rpc.convert import start_task
+from mwms.server.rpc.convert import start_task, task_report
 from mwms.server.schemas import EnvironmentIn, JobCreate
 from mwms.server.services.jobs import create_job
 from mwms.server.services.reconcile import reconcile
@@ -20,6 +20,7 @@ from mwms.server.services.scheduling import schedule_pending
 from mwms.server.services.start_commands import StartDefaults, start_spec
 from mwms.server.services.tasks import TaskReport, apply_report
 from mwms.server.states import TaskState
+from mwms.v1 import agent_pb2 as pb
 
 pytestmark = pytest.mark.db_seed("c" * 64, agents=("a", "b"))
 LOCK = "numpy==2.4.6 ; python_full_version < '3.12'\nnumpy==2.5.5 ; python_full_version >= '3.12'\ntabulate==0.9.0\n"
@@ -134,3 +135,25 @@ def test_workers_whose_environments_differ_never_run_together(db: Database) -> N
         )
         assert "worker 1 on b (CPython 3.12.3 linux x86_64)" in job.reason and "--python" in job.reason
         assert job.restarts == 0
+
+
+@pytest.mark.parametrize("seconds", [float("nan"), float("inf"), float("-inf"), -1.0])
+def test_an_agents_hostile_environment_report_is_bounded(seconds: float) -> None:
+    hostile = pb.TaskReport(
+        task_id="t",
+        state=pb.TASK_STATE_STARTING,
+        environment=pb.ENVIRONMENT_STATUS_READY,
+        environment_build_seconds=seconds,
+        environment_digest="d" * 10_000,
+        environment_platform="p" * 10_000,
+    )
+    read = task_report(hostile)
+    assert read is not None and read.environment == "ready"
+    assert read.environment_build_s is None  # a non-finite or negative number says nothing
+    assert len(read.environment_digest) == 64 and len(read.environment_platform) == 100
+    huge = task_report(
+        pb.TaskReport(
+            task_id="t", state=pb.TASK_STATE_STARTING, environment=2, environment_build_seconds=1e300
+        )
+    )
+    assert huge is not None and huge.environment_build_s == 1e7
