@@ -27,21 +27,21 @@ NOT_RETRIED = (
 )
 
 
-def note_environment(session: Session, task: Task, report: TaskReport, now: datetime) -> bool:
-    """Records where the task's environment stands (idempotent: a resent report changes nothing); True
-    when it is ready and holds something else than a sibling's ready environment."""
+def note_environment(session: Session, task: Task, report: TaskReport, now: datetime) -> Task | None:
+    """Records where the task's environment stands (idempotent: a resent report changes nothing); the
+    sibling whose ready environment holds something else, when this one is ready and there is one."""
     if report.environment == task.environment:
-        return False
+        return None
     task.environment = report.environment
     if report.message and not TaskState(task.state).terminal:
         task.message = report.message
     if report.environment != "ready":
-        return False
+        return None
     task.environment_ready_at = now
     task.environment_build_s = report.environment_build_s
     task.environment_digest = report.environment_digest
     task.environment_platform = report.environment_platform
-    return disagreeing_sibling(session, task) is not None
+    return disagreeing_sibling(session, task)
 
 
 def disagreeing_sibling(session: Session, task: Task) -> Task | None:
@@ -59,11 +59,12 @@ def disagreeing_sibling(session: Session, task: Task) -> Task | None:
     return None
 
 
-def fail_disagreeing_attempt(session: Session, task: Task, backoff_base_s: float, now: datetime) -> None:
-    """Ends the attempt of `task`, whose environment differs from a sibling's, naming both (not retried)."""
-    other = disagreeing_sibling(session, task)
+def fail_disagreeing_attempt(
+    session: Session, task: Task, other: Task, backoff_base_s: float, now: datetime
+) -> None:
+    """Ends the attempt of `task`, whose environment differs from `other`'s, naming both (not retried)."""
     job, attempt = session.get(Job, task.job_id), session.get(Attempt, task.attempt_id)
-    if other is None or job is None or attempt is None:
+    if job is None or attempt is None:
         return
     first, second = sorted((task, other), key=lambda t: t.index)
 

@@ -50,8 +50,11 @@ def apply_report(
     if task is None or task.agent_id != agent.id:
         return ReportOutcome(known=False, final=report.state.terminal, stop=not report.state.terminal)
     current = TaskState(task.state)
-    if report.environment and not current.terminal and note_environment(session, task, report, now):
-        fail_disagreeing_attempt(session, task, backoff_base_s, now)
+    differing = (
+        note_environment(session, task, report, now) if report.environment and not current.terminal else None
+    )
+    if differing is not None:
+        fail_disagreeing_attempt(session, task, differing, backoff_base_s, now)
         return ReportOutcome(known=True, final=False, stop=True)
     if current.terminal and not report.state.terminal:
         # Still running on the agent although its attempt is over (e.g. the agent was cut off): stop it.
