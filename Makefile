@@ -20,7 +20,7 @@ demo: install
 	$(BIN)/mwms quickstart
 
 test: install
-	$(BIN)/python -m pytest -ra $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -ra --durations=30 $(PYTEST_ARGS)
 
 test-fast: install
 	$(BIN)/python -m pytest -ra -m "not e2e and not tf and not browser" $(PYTEST_ARGS)

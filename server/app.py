@@ -28,6 +28,7 @@ from mwms.server.api.replicas import router as replicas_router
 from mwms.server.api.security_headers import SecurityHeadersMiddleware
 from mwms.server.api.sharing import router as sharing_router
 from mwms.server.api.stacks import router as stacks_router
+from mwms.server.api.view_cache import InvalidateOnWrites, ViewCache
 from mwms.server.db.engine import Database
 from mwms.server.db.migrate import upgrade_to_head
 from mwms.server.db.models import new_id
@@ -194,6 +195,7 @@ def create_app(settings: Settings, *, single_instance: bool = True) -> FastAPI:
     install_error_handlers(app)
     install_openapi(app, settings)  # the bearer scheme, 401/403 on protected operations, our 422 shape
     app.state.follow_slots = FollowSlots(settings.max_follows_per_user, settings.max_follows_total)
+    app.state.view_cache = view_cache = ViewCache(settings.view_cache_seconds)
     app.include_router(health.router)  # every role: load balancers and Prometheus look at each replica
     if settings.serve != "agents":  # an agents-only replica serves gRPC, /healthz and /metrics only
         app.include_router(stacks_router)
@@ -204,7 +206,8 @@ def create_app(settings: Settings, *, single_instance: bool = True) -> FastAPI:
         for router in (*routers, devices.router, dashboard.router):
             app.include_router(router)
     # The last added runs first: request timing, headers on every response, then the Host check, then
-    # authentication, then the bound on request bodies.
+    # authentication, then the bound on request bodies, then the polled lists' cache going stale on writes.
+    app.add_middleware(InvalidateOnWrites, cache=view_cache)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_body_bytes)
     app.add_middleware(AuthMiddleware)
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.trusted_hosts)

@@ -64,6 +64,11 @@ class Settings(BaseSettings):
     # While passes find nothing to place or preempt, timed passes (those no event asked for) run at most
     # this often; a submit, an ended task or a joining agent still starts one at once.
     scheduler_idle_interval_s: float = Field(default=2.0, ge=0, le=60, allow_inf_nan=False)
+    # The polled lists (agents, jobs, overview, queue) are built once for every caller within this many
+    # seconds (server/api/view_cache.py); a write answered by this replica shows at once, what agents,
+    # loops and other replicas change within this time. 0: built for each request. Default: 1 on an
+    # API-only replica (whose agents' news comes from other replicas' flushes each second anyway), else 0.
+    view_cache_s: float | None = Field(default=None, ge=0, le=10, allow_inf_nan=False)
     # Grace between SIGTERM and SIGKILL when a task is stopped (cancel, restart, a failed peer) and its job
     # set no preemption_grace_seconds: short, so a stop is prompt although TensorFlow catches SIGTERM.
     stop_grace_s: int = 1
@@ -183,6 +188,13 @@ class Settings(BaseSettings):
         if is_loopback(self.http_host):
             return ["127.0.0.1", "localhost", "[::1]", "::1"]
         return ["*"]
+
+    @property
+    def view_cache_seconds(self) -> float:
+        """How long a polled list's answer is served again (view_cache_s, else the role's default)."""
+        if self.view_cache_s is not None:
+            return self.view_cache_s
+        return 1.0 if self.serve == "api" else 0.0
 
     @property
     def serves_tls(self) -> bool:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Path, Response
+from pydantic import TypeAdapter
 
 from mwms.server.api.auth import AdminOnly
-from mwms.server.api.deps import ReadSession, WiringDep
+from mwms.server.api.deps import Views, WiringDep
 from mwms.server.api.views import agent_out
 from mwms.server.schemas import AgentOut, ErrorOut, Overview
 from mwms.server.services.agents import remove_agent
@@ -24,10 +25,18 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 AgentReference = Annotated[str, Path(max_length=200, description="the agent's id, else its name")]
 
 
+AGENT_LIST = TypeAdapter(list[AgentOut])
+
+
 @router.get("/agents", response_model=list[AgentOut])
-def list_agents(session: ReadSession) -> list[AgentOut]:
+def list_agents(wiring: WiringDep, views: Views) -> Response:
     """Every agent that registered and was not removed, with its devices, usage and liveness."""
-    return [agent_out(view) for view in agents_view(session)]
+
+    def build() -> list[AgentOut]:
+        with wiring.db.read() as session:
+            return [agent_out(view) for view in agents_view(session)]
+
+    return views.json("agents", AGENT_LIST, build)
 
 
 @router.delete("/agents/{agent}", response_model=AgentOut, responses=ERRORS)
@@ -43,16 +52,24 @@ def delete_agent(agent: AgentReference, _admin: AdminOnly, wiring: WiringDep) ->
     return out
 
 
+OVERVIEW = TypeAdapter(Overview)
+
+
 @router.get("/overview", response_model=Overview)
-def overview(session: ReadSession) -> Overview:
+def overview(wiring: WiringDep, views: Views) -> Response:
     """Agents online/lost/stopped, devices busy/free, jobs running/pending."""
-    counts = count_overview(session)
-    return Overview(
-        agents_online=counts.agents_online,
-        agents_lost=counts.agents_lost,
-        agents_stopped=counts.agents_stopped,
-        devices_busy=counts.devices_busy,
-        devices_free=counts.devices_free,
-        jobs_running=counts.jobs_running,
-        jobs_pending=counts.jobs_pending,
-    )
+
+    def build() -> Overview:
+        with wiring.db.read() as session:
+            counts = count_overview(session)
+        return Overview(
+            agents_online=counts.agents_online,
+            agents_lost=counts.agents_lost,
+            agents_stopped=counts.agents_stopped,
+            devices_busy=counts.devices_busy,
+            devices_free=counts.devices_free,
+            jobs_running=counts.jobs_running,
+            jobs_pending=counts.jobs_pending,
+        )
+
+    return views.json("overview", OVERVIEW, build)

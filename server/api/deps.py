@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
+from mwms.server.api.view_cache import ViewCache
 from mwms.server.live.wiring import Wiring
 
 
@@ -21,5 +22,11 @@ def read_session(request: Request) -> Iterator[Session]:
         yield session
 
 
+def view_cache(request: Request) -> ViewCache:
+    """The polled lists' answers, shared between callers for a second (server/api/view_cache.py)."""
+    return request.app.state.view_cache
+
+
 ReadSession = Annotated[Session, Depends(read_session)]
 WiringDep = Annotated[Wiring, Depends(wiring)]
+Views = Annotated[ViewCache, Depends(view_cache)]

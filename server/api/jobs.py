@@ -8,10 +8,11 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import FileResponse, StreamingResponse
+from pydantic import TypeAdapter
 from starlette.background import BackgroundTask
 
 from mwms.server.api.auth import Caller
-from mwms.server.api.deps import ReadSession, WiringDep
+from mwms.server.api.deps import ReadSession, Views, WiringDep
 from mwms.server.api.views import artifact_out, job_listing_out, job_out, log_line_out
 from mwms.server.errors import NotFound
 from mwms.server.limits import INT64_MAX, INT64_MIN, MAX_NAME_CHARS, MAX_WORKERS, SpecLimits, check_job_spec
@@ -129,16 +130,26 @@ def create_job(
     return out
 
 
+JOB_PAGE = TypeAdapter(JobPage)
+
+
 @router.get("", response_model=JobPage)
 def list_jobs(
-    session: ReadSession,
+    wiring: WiringDep,
+    views: Views,
     state: Annotated[list[JobState] | None, Query(description="filter; repeat for several")] = None,
     offset: Offset = 0,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-) -> JobPage:
+) -> Response:
     """Jobs, newest first (ties in created_at by id, descending)."""
-    rows, total = jobs.list_jobs(session, state or [], offset, limit)
-    return JobPage(jobs=[job_listing_out(r) for r in rows], total=total, offset=offset, limit=limit)
+    states = sorted(set(state or []))
+
+    def build() -> JobPage:
+        with wiring.db.read() as session:
+            rows, total = jobs.list_jobs(session, states, offset, limit)
+            return JobPage(jobs=[job_listing_out(r) for r in rows], total=total, offset=offset, limit=limit)
+
+    return views.json(("jobs", tuple(states), offset, limit), JOB_PAGE, build)
 
 
 @router.get("/{job_id}", response_model=JobOut, responses=ERRORS)

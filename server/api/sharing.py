@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Response
+from pydantic import TypeAdapter
 
 from mwms.server.api.agents import AgentReference
 from mwms.server.api.auth import AdminOnly
-from mwms.server.api.deps import ReadSession, WiringDep
+from mwms.server.api.deps import ReadSession, Views, WiringDep
 from mwms.server.api.views import agent_out
 from mwms.server.limits import INT64_MAX, MAX_NAME_CHARS
 from mwms.server.schema_types import NAME_PATTERN, NAME_RULE, matching
@@ -88,21 +89,30 @@ def team_out(view: TeamView) -> TeamOut:
 # -- the queue -------------------------------------------------------------------------------------------
 
 
+QUEUE_PAGE = TypeAdapter(QueuePage)
+
+
 @router.get("/queue", response_model=QueuePage)
 def queue(
-    session: ReadSession,
+    wiring: WiringDep,
+    views: Views,
     offset: Annotated[int, Query(ge=0, le=INT64_MAX)] = 0,
     limit: Annotated[int, Query(ge=1, le=MAX_QUEUE_PAGE)] = 100,
-) -> QueuePage:
+) -> Response:
     """Every waiting job (PENDING, RESTARTING, PREEMPTING) in the order the scheduler places them, with
     the typed reason each waits and, where known, when it is estimated to start."""
-    rows = queue_view.queue(session)
-    return QueuePage(
-        jobs=[queue_entry(row) for row in rows[offset : offset + limit]],
-        total=len(rows),
-        offset=offset,
-        limit=limit,
-    )
+
+    def build() -> QueuePage:
+        with wiring.db.read() as session:
+            rows = queue_view.queue(session)
+            return QueuePage(
+                jobs=[queue_entry(row) for row in rows[offset : offset + limit]],
+                total=len(rows),
+                offset=offset,
+                limit=limit,
+            )
+
+    return views.json(("queue", offset, limit), QUEUE_PAGE, build)
 
 
 # -- teams and quotas ------------------------------------------------------------------------------------
