@@ -346,6 +346,9 @@ def create_app(state: FakeState) -> FastAPI:
             finished_at=_now(),
             cancelled_by=request.state.token["user"],
         )
+        for task in job["tasks"]:  # the coordinator's stops, answered at once here
+            if task["state"] == "RUNNING":
+                task.update(state="STOPPED", ended_at=_now())
         return job
 
     @app.get("/api/v1/jobs/{job_id}/logs")

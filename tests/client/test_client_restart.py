@@ -4,6 +4,7 @@ test's own, a job that runs while the coordinator is stopped and started again o
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,16 +33,21 @@ def own_cluster(tmp_path: Path) -> Iterator[Cluster]:
 def test_wait_and_follow_survive_a_coordinator_restart(
     own_cluster: Cluster, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    # The task (sandboxed: it cannot see this test's files) ends once this port, bound now, listens.
+    go = socket.socket()
+    go.bind(("127.0.0.1", 0))
     program = tmp_path / "p"
     program.mkdir()
     (program / "main.py").write_text(
-        "import pathlib, time\n"
-        "go = pathlib.Path(__file__).parent / 'go'\n"
+        "import socket, time\n"
         "print('waiting for the restart', flush=True)\n"
-        f"flag = pathlib.Path({str(tmp_path / 'restarted')!r})\n"
         "deadline = time.monotonic() + 60\n"
-        "while not flag.exists() and time.monotonic() < deadline:\n"
-        "    time.sleep(0.1)\n"
+        "while time.monotonic() < deadline:\n"
+        "    try:\n"
+        f"        socket.create_connection(('127.0.0.1', {go.getsockname()[1]}), timeout=1).close()\n"
+        "        break\n"
+        "    except OSError:\n"
+        "        time.sleep(0.1)\n"
         "print('done', flush=True)\n"
     )
     caplog.set_level(logging.INFO, logger="mwms.client")
@@ -73,9 +79,10 @@ def test_wait_and_follow_survive_a_coordinator_restart(
         # the same ports until /healthz answers.
         own_cluster.restart_server()
         assert waiter.is_alive(), outcome
-        (tmp_path / "restarted").touch()
+        go.listen()
         waiter.join(90)
         follower.join(30)
+        go.close()
     assert not waiter.is_alive() and not follower.is_alive()
     assert followed == ["waiting for the restart", "done"]
     assert outcome == {"state": "SUCCEEDED"}, (

@@ -75,7 +75,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
     venv = root / "venv"
     run([sys.executable, "-m", "venv", str(venv)], root, 120)
     python = str(venv / "bin" / "python")
-    run([python, "-m", "pip", "install", "--quiet", f"{wheel}[server]"], root, INSTALL_TIMEOUT_S)
+    run([python, "-m", "pip", "install", "--quiet", "--no-compile", f"{wheel}[server]"], root, INSTALL_TIMEOUT_S)
     site_packages = Path(
         run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], root, 60).strip()
     )
@@ -182,7 +182,7 @@ def test_quickstart_runs_from_the_installed_wheel(installed: Installed, tmp_path
     # The example trains with TensorFlow on the agents: the agent extra comes on top of the server one.
     python = str(installed.venv / "bin" / "python")
     run(
-        [python, "-m", "pip", "install", "--quiet", f"{installed.wheel}[server,agent]"],
+        [python, "-m", "pip", "install", "--quiet", "--no-compile", f"{installed.wheel}[server,agent]"],
         tmp_path,
         INSTALL_TIMEOUT_S,
     )
