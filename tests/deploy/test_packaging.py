@@ -75,7 +75,11 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
     venv = root / "venv"
     run([sys.executable, "-m", "venv", str(venv)], root, 120)
     python = str(venv / "bin" / "python")
-    run([python, "-m", "pip", "install", "--quiet", "--no-compile", f"{wheel}[server]"], root, INSTALL_TIMEOUT_S)
+    run(
+        [python, "-m", "pip", "install", "--quiet", "--no-compile", f"{wheel}[server]"],
+        root,
+        INSTALL_TIMEOUT_S,
+    )
     site_packages = Path(
         run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], root, 60).strip()
     )
