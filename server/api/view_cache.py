@@ -26,6 +26,8 @@ from pydantic import TypeAdapter
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from mwms.server.api.auth import SAFE_METHODS
+
 # At most this many distinct lists (endpoint and query) and bytes are kept; the least recently used go.
 MAX_ENTRIES = 32
 MAX_BYTES = 32 * 1024 * 1024
@@ -114,9 +116,6 @@ class ViewCache:
             while len(self._entries) > self._max_entries or self._bytes > self._max_bytes:
                 _, evicted = self._entries.popitem(last=False)
                 self._bytes -= len(evicted.body)
-
-
-SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 class InvalidateOnWrites:
