@@ -111,10 +111,19 @@ def test_killing_replicas_one_by_one_disturbs_no_job(ha):
         assert (view_of(cluster, busiest) or {})["agents_held"] >= 1
         busiest.kill()
         moves = [wait_streams_settled(cluster)]
-        # 2. The one leading the scheduler now.
-        leader = next(
-            r for r in alive(cluster) if "scheduler" in (view_of(cluster, r) or {}).get("loops", [])
-        )
+        # 2. The one leading the scheduler now. When the first kill took the scheduler's leader with it, a
+        # survivor takes the lock at its next timed pass (idle passes are seconds apart) and shows it at its
+        # next beat: wait for that rather than read the list the instant the streams settled.
+        leaders: list[Replica] = []
+
+        def scheduler_led() -> bool:
+            leaders[:] = [
+                r for r in alive(cluster) if "scheduler" in (view_of(cluster, r) or {}).get("loops", [])
+            ]
+            return bool(leaders)
+
+        wait_until(scheduler_led, 30, "a live replica leading the scheduler")
+        leader = leaders[0]
         leader.kill()
         moves.append(wait_streams_settled(cluster))
         # 3. The rest but one.
