@@ -123,13 +123,22 @@ def alive_cutoff(now: datetime) -> datetime:
 
 
 def others_alive(session: Session, me: str, now: datetime | None = None) -> int:
-    """How many other replicas are alive (a start that finds none is the whole control plane starting)."""
+    """How many other replicas are alive now: beating within REPLICA_FRESH_S and, where the database can
+    tell (somebody listens), still connected to it. A start that finds none is the whole control plane
+    starting, and its agents get time to reconnect (server/app.py).
+
+    A replica killed a moment ago has a row that still reads alive for REPLICA_TIMEOUT_S; it must not count,
+    or a coordinator restarted at once would give its agents no time at all. On SQLite there is none: one
+    coordinator runs on it (server/db/single_instance.py), and this one holds the lock."""
+    if session.get_bind().dialect.name != "postgresql":
+        return 0
     now = now or utcnow()
+    connected = connected_replicas(session)
     return int(
         session.scalar(
             select(func.count())
             .select_from(Replica)
-            .where(Replica.id != me, Replica.stopped_at.is_(None), Replica.seen_at >= alive_cutoff(now))
+            .where(Replica.id.in_(_fresh_replicas(me, now, connected or None)))
         )
         or 0
     )

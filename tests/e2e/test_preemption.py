@@ -77,43 +77,46 @@ def test_a_coordinator_killed_mid_preemption_requeues_the_victim_once_and_never_
         {"saver.py": SAVER}, ["python", "saver.py"], workers=2, priority=100, preemption_grace_seconds=10
     )
     cluster.wait_for(low, {"RUNNING"}, timeout=60)
-    wait_until(lambda: "RUNNING attempt 1" in cluster.logs_text(low), 30, "the victim's first lines")
-    urgent = cluster.submit({"quick.py": QUICK}, ["python", "quick.py"], workers=2, priority=900)
-    cluster.wait_for(low, {"PREEMPTING", "PENDING"}, timeout=30)
+    try:
+        wait_until(lambda: "RUNNING attempt 1" in cluster.logs_text(low), 30, "the victim's first lines")
+        urgent = cluster.submit({"quick.py": QUICK}, ["python", "quick.py"], workers=2, priority=900)
+        cluster.wait_for(low, {"PREEMPTING", "PENDING"}, timeout=30)
 
-    # The coordinator dies while the victims save; a new one takes over from the database.
-    assert cluster.server is not None
-    cluster.server.popen.send_signal(signal.SIGKILL)
-    cluster.server.popen.wait(10)
-    cluster.start_server()
+        # The coordinator dies while the victims save; a new one takes over from the database.
+        assert cluster.server is not None
+        cluster.server.popen.send_signal(signal.SIGKILL)
+        cluster.server.popen.wait(10)
+        cluster.start_server()
 
-    done = cluster.wait_for(urgent, {"SUCCEEDED", "FAILED"}, timeout=90)
-    assert done["state"] == "SUCCEEDED", done["reason"]
-    victim = cluster.wait_for(low, {"RUNNING"}, timeout=60)
-    first = victim["attempt_history"][0]
-    assert first["state"] == "PREEMPTED" and f"job {urgent}" in first["reason"], first
-    assert victim["restarts"] == 0 and len(victim["attempt_history"]) == 2
-    states = [e["to_state"] for e in victim["events"]]
-    assert states.count("PREEMPTING") == 1 and "FAILED" not in states, states
-    assert {t["exit_code"] for t in first["tasks"]} == {PREEMPTED_AND_SAVED_EXIT_CODE}
-    assert "SAVED" in cluster.logs_text(low)
-    assert any("every worker saved a checkpoint" in e["reason"] for e in victim["events"])
+        done = cluster.wait_for(urgent, {"SUCCEEDED", "FAILED"}, timeout=90)
+        assert done["state"] == "SUCCEEDED", done["reason"]
+        victim = cluster.wait_for(low, {"RUNNING"}, timeout=60)
+        first = victim["attempt_history"][0]
+        assert first["state"] == "PREEMPTED" and f"job {urgent}" in first["reason"], first
+        assert victim["restarts"] == 0 and len(victim["attempt_history"]) == 2
+        states = [e["to_state"] for e in victim["events"]]
+        assert states.count("PREEMPTING") == 1 and "FAILED" not in states, states
+        assert {t["exit_code"] for t in first["tasks"]} == {PREEMPTED_AND_SAVED_EXIT_CODE}
+        assert "SAVED" in cluster.logs_text(low)
+        assert any("every worker saved a checkpoint" in e["reason"] for e in victim["events"])
 
-    # No device was ever held by two tasks at once.
-    spans = _device_intervals([cluster.job(low), cluster.job(urgent)])
-    for i, (device, start, end, job) in enumerate(spans):
-        for other_device, other_start, other_end, other_job in spans[i + 1 :]:
-            if device != other_device or job == other_job:
-                continue
-            assert (end is not None and end <= other_start) or (
-                other_end is not None and other_end <= start
-            ), (
-                device,
-                job,
-                other_job,
-            )
-    cluster.http.post(f"/api/v1/jobs/{low}/cancel")
-    cluster.wait_for(low, {"CANCELLED"}, timeout=30)
+        # No device was ever held by two tasks at once.
+        spans = _device_intervals([cluster.job(low), cluster.job(urgent)])
+        for i, (device, start, end, job) in enumerate(spans):
+            for other_device, other_start, other_end, other_job in spans[i + 1 :]:
+                if device != other_device or job == other_job:
+                    continue
+                assert (end is not None and end <= other_start) or (
+                    other_end is not None and other_end <= start
+                ), (
+                    device,
+                    job,
+                    other_job,
+                )
+    finally:
+        # Its gang holds both agents until cancelled: a failure above must not leave them to the next test.
+        cluster.http.post(f"/api/v1/jobs/{low}/cancel")
+        cluster.wait_for(low, {"CANCELLED", "FAILED"}, timeout=30)
 
 
 def _cli(cluster: Cluster, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -10,9 +10,11 @@ import time
 from datetime import timedelta
 
 import pytest
+from fastapi.testclient import TestClient
 from postgres_server import PostgresUnavailable, postgres_server
 from sqlalchemy import inspect, text
 
+from mwms.server.app import create_app
 from mwms.server.db.engine import Database
 from mwms.server.db.locks import lock_key
 from mwms.server.db.migrate import upgrade_to_head
@@ -24,6 +26,7 @@ from mwms.server.live.pass_locks import PATIENT_TRY_S, PassLocks
 from mwms.server.services import replicas
 from mwms.server.services.agents import Registration, record_heartbeats, register_agent
 from mwms.server.services.reconcile import reconcile
+from mwms.server.settings import Settings
 
 
 @pytest.fixture(scope="module")
@@ -259,7 +262,7 @@ def test_replicas_alive_and_the_streams_they_hold(two):
         replicas.claim_stream(session, held, "b")
         replicas.claim_stream(session, orphan, "dead")
     with first.read() as session:
-        assert replicas.others_alive(session, "a", now) == 2  # "stale" is alive, but not fresh
+        assert replicas.others_alive(session, "a", now) == 1  # "b"; "stale" reads alive, but is not fresh
         assert replicas.streams_elsewhere(session, "a", now) == frozenset({held})
         views = {v.id: v for v in replicas.list_replicas(session, now)}
     assert views["a"].alive and views["a"].loops == ["scheduler"]
@@ -272,7 +275,7 @@ def test_replicas_alive_and_the_streams_they_hold(two):
     with first.write() as session:
         replicas.stop(session, identity("b"))
     with first.read() as session:
-        assert replicas.others_alive(session, "a", now) == 1  # "stale": alive, not fresh
+        assert replicas.others_alive(session, "a", now) == 0
         assert replicas.streams_elsewhere(session, "a", now) == frozenset()
         assert replicas.silence_verdict(session, session.get(Agent, held), now) == "moving"
 
@@ -292,6 +295,28 @@ def test_a_second_coordinator_on_one_sqlite_file_is_refused(tmp_path):
     again.release()
     assert SingleInstanceLock("postgresql+psycopg://u@h/db").path is None
     assert SingleInstanceLock("sqlite://").path is None
+
+
+def test_a_coordinator_restarted_at_once_after_a_kill_on_sqlite_gives_its_agents_time(tmp_path):
+    """The killed coordinator's row still reads alive (it beat a moment ago), but on SQLite no other runs:
+    the new one is the whole control plane starting, and the agents get a timeout plus the grace."""
+    settings = Settings(
+        data_dir=tmp_path / "coordinator", grpc_port=0, agent_timeout_s=6, reconnect_grace_s=5
+    )
+    settings.data_dir.mkdir()
+    database = Database(settings.database_url)
+    upgrade_to_head(database.engine)
+    agent = add_agent(database, "was-online")
+    now = utcnow()
+    with database.write() as session:
+        replicas.beat(session, identity("killed"), 1, ["scheduler"], now)  # no clean stop
+        replicas.claim_stream(session, agent, "killed")
+        session.get(Agent, agent).online_until = now + timedelta(seconds=1)
+    with TestClient(create_app(settings), base_url="http://127.0.0.1"):
+        with database.read() as session:
+            online_until = session.get(Agent, agent).online_until
+    database.dispose()
+    assert online_until >= now + timedelta(seconds=6 + 5 - 1), online_until - now
 
 
 def test_an_agent_silent_with_its_dead_replica_gets_time_to_move_before_it_is_lost(two):
@@ -346,10 +371,13 @@ def test_a_replica_whose_connection_is_gone_offers_no_agents_even_while_its_beat
             with first.read() as session:
                 assert replicas.connected_replicas(session) >= {"a", "b"}
                 assert replicas.streams_elsewhere(session, "a", now) == frozenset({on_b})
+                assert replicas.others_alive(session, "c", now) == 2
             await theirs.stop()  # as a kill -9 would end it
             with first.read() as session:
                 assert "b" not in replicas.connected_replicas(session)
                 assert replicas.streams_elsewhere(session, "a", now) == frozenset()
+                # A replica starting now does not count the killed one as alive.
+                assert replicas.others_alive(session, "c", now) == 1
                 # Where the database cannot tell (this replica does not listen), the beats decide.
                 assert replicas.streams_elsewhere(session, "c", now) == frozenset({on_b})
         finally:
