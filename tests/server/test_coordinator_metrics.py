@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import contextlib
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
-from postgres_server import PostgresUnavailable, postgres_server
 from prometheus_client import REGISTRY
 from sqlalchemy import event, select, update
 
@@ -168,21 +166,16 @@ def test_cluster_counts_jobs_tasks_agents_and_devices(db: Database) -> None:
     check_cluster_counts(db)
 
 
-def test_cluster_counts_on_postgres(tmp_path: Path) -> None:
+def test_cluster_counts_on_postgres(postgres) -> None:
     """The same queries (JSON functions, CASE grouping) on a real PostgreSQL server."""
-    pytest.importorskip("psycopg")
+    database = Database(postgres.create_database("cluster_counts"))
+    upgrade_to_head(database.engine)
+    with database.write() as session:
+        session.add(Bundle(digest=DIGEST, size=1, archive_format="tar.gz"))
     try:
-        with postgres_server() as server:
-            database = Database(server.url)
-            upgrade_to_head(database.engine)
-            with database.write() as session:
-                session.add(Bundle(digest=DIGEST, size=1, archive_format="tar.gz"))
-            try:
-                check_cluster_counts(database)
-            finally:
-                database.dispose()
-    except PostgresUnavailable as error:
-        pytest.skip(str(error))
+        check_cluster_counts(database)
+    finally:
+        database.dispose()
 
 
 def check_cluster_counts(db: Database) -> None:

@@ -100,32 +100,18 @@ def test_bucket_width_bounds_the_points() -> None:
 # --- against a database -------------------------------------------------------------------------------
 
 
-def _postgres_url() -> Iterator[str]:
-    try:
-        from postgres_server import PostgresUnavailable, postgres_server
-    except ImportError:
-        pytest.skip("tests/postgres_server.py is not here")
-    try:
-        with postgres_server() as server:
-            yield server.create_database("devices")
-    except PostgresUnavailable as error:
-        pytest.skip(f"no PostgreSQL here: {error}")
-
-
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
     if request.param == "sqlite":
-        urls: Iterator[str] = iter([f"sqlite:///{tmp_path / 'devices.db'}"])
-    else:
-        urls = _postgres_url()
-    url = next(urls)
+        url = f"sqlite:///{tmp_path / 'devices.db'}"
+    else:  # a fresh database on the session's PostgreSQL server (tests/conftest.py)
+        url = request.getfixturevalue("postgres").create_database("devices")
     database = Database(url)
     upgrade_to_head(database.engine)
     try:
         yield database
     finally:
         database.dispose()
-        next(urls, None)  # stops the PostgreSQL server, when there is one
 
 
 def _agent(db: Database, name: str, gpus: int) -> str:

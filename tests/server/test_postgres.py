@@ -9,7 +9,6 @@ import time
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from postgres_server import PostgresUnavailable, postgres_server
 from sqlalchemy import func, inspect, select
 
 from mwms.server.app import replica_identity
@@ -36,14 +35,10 @@ from mwms.server.services.telemetry import (
 from mwms.server.settings import Settings
 
 
-@pytest.fixture(scope="module")
-def postgres_url():
-    """A fresh PostgreSQL cluster for this module (tests/postgres_server.py, shared with bench/run.py)."""
-    try:
-        with postgres_server() as server:
-            yield server.url
-    except PostgresUnavailable as error:
-        pytest.skip(str(error))
+@pytest.fixture
+def postgres_url(postgres, request: pytest.FixtureRequest) -> str:
+    """A fresh database of its own for each test, on the session's PostgreSQL server (tests/conftest.py)."""
+    return postgres.create_database("pg_" + request.node.name.lower()[:50])
 
 
 def test_migrations_run_both_ways_on_postgres(postgres_url):

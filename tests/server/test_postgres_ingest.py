@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from datetime import datetime, timezone
 
 import pytest
-from postgres_server import PostgresServer, PostgresUnavailable, postgres_server
+from postgres_server import PostgresServer
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
@@ -42,14 +42,10 @@ AT_MS = 1764500000000
 STAGED = "pg_temp.mwms_staged_metric_points"
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[PostgresServer]:
-    """One throwaway cluster for the module; each test gets its own database in it."""
-    try:
-        with postgres_server() as started:
-            yield started
-    except PostgresUnavailable as error:
-        pytest.skip(str(error))
+@pytest.fixture
+def server(postgres: PostgresServer) -> PostgresServer:
+    """The session's throwaway cluster (tests/conftest.py); each test gets its own database in it."""
+    return postgres
 
 
 @pytest.fixture

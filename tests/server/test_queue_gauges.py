@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from postgres_server import PostgresUnavailable, postgres_server
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import event, select
 from sqlalchemy.orm import Session
@@ -182,23 +181,18 @@ def test_metrics_show_the_queue_by_band_and_team_and_each_teams_use_and_quota(db
     assert of(samples, "mwms_cluster_scrape_ok") == {(): 1}
 
 
-def test_the_sharing_counts_on_postgres() -> None:
+def test_the_sharing_counts_on_postgres(postgres) -> None:
     """The same queries (CASE grouping, JSON length inside a sum, the join) on a real PostgreSQL server."""
-    pytest.importorskip("psycopg")
+    database = Database(postgres.create_database("sharing_counts"))
+    upgrade_to_head(database.engine)
+    with database.write() as session:
+        session.add(Bundle(digest=DIGEST, size=1, archive_format="tar.gz"))
     try:
-        with postgres_server() as server:
-            database = Database(server.url)
-            upgrade_to_head(database.engine)
-            with database.write() as session:
-                session.add(Bundle(digest=DIGEST, size=1, archive_format="tar.gz"))
-            try:
-                seed_sharing(database)
-                with database.read() as session:
-                    counts = count_sharing(session)
-            finally:
-                database.dispose()
-    except PostgresUnavailable as error:
-        pytest.skip(str(error))
+        seed_sharing(database)
+        with database.read() as session:
+            counts = count_sharing(session)
+    finally:
+        database.dispose()
     assert counts.queued == {
         "vision": {"low": 2, "normal": 2, "high": 2},
         "nlp": {"normal": 1, "high": 1},

@@ -11,7 +11,6 @@ from datetime import timedelta
 
 import pytest
 from fastapi.testclient import TestClient
-from postgres_server import PostgresUnavailable, postgres_server
 from sqlalchemy import inspect, text
 
 from mwms.server.app import create_app
@@ -29,13 +28,10 @@ from mwms.server.services.reconcile import reconcile
 from mwms.server.settings import Settings
 
 
-@pytest.fixture(scope="module")
-def pg():
-    try:
-        with postgres_server() as server:
-            yield server
-    except PostgresUnavailable as error:
-        pytest.skip(str(error))
+@pytest.fixture
+def pg(postgres):
+    """The session's PostgreSQL server (tests/conftest.py); each test makes databases of its own."""
+    return postgres
 
 
 @pytest.fixture()

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from postgres_server import PostgresUnavailable, postgres_server
 from sqlalchemy import func, select, update
 
 from mwms.server.db.engine import Database
@@ -26,19 +25,15 @@ MIB = 1024 * 1024
 
 
 @pytest.fixture(scope="module")
-def pg() -> Iterator[Database]:
-    """One migrated PostgreSQL database for the module; each test uses paths of its own."""
-    pytest.importorskip("psycopg")
+def pg(postgres) -> Iterator[Database]:
+    """One migrated PostgreSQL database for the module, on the session's server; each test uses paths of
+    its own."""
+    db = Database(postgres.create_database("shared_files"))
+    upgrade_to_head(db.engine)
     try:
-        with postgres_server() as server:
-            db = Database(server.create_database("shared_files"))
-            upgrade_to_head(db.engine)
-            try:
-                yield db
-            finally:
-                db.dispose()
-    except PostgresUnavailable as error:
-        pytest.skip(str(error))
+        yield db
+    finally:
+        db.dispose()
 
 
 @pytest.fixture
