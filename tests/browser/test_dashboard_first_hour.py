@@ -4,6 +4,7 @@ job page's tables fit a 1280 px window with long artifact paths, agent names and
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -97,6 +98,22 @@ def logged_in(new_page, url: str):
     return watched
 
 
+POLL_MS = 2000  # web/js/poll.js POLL_INTERVAL_MS
+
+
+def run_polls(page, job_reads: list[str], count: int) -> None:
+    """Lets the job page poll `count` more times on the page's fake clock (page.clock.install): each turn
+    moves the clock one interval and gives the poll real time to be answered, until the page has read the
+    job `count` more times. The page's own cadence decides what each poll reads; no real seconds pass
+    waiting for it."""
+    target = len(job_reads) + count
+    deadline = time.monotonic() + 30 + count
+    while len(job_reads) < target:
+        assert time.monotonic() < deadline, f"{len(job_reads)} of {target} reads of the job"
+        page.clock.run_for(POLL_MS)
+        page.wait_for_timeout(50)
+
+
 def test_the_charts_follow_an_ended_job_until_its_last_point(new_page, cluster_url) -> None:
     cluster, url = cluster_url
     job = StoppingJob(STOPPING, "cancelled-while-training", "RUNNING", T0, metrics=points(0, 30))
@@ -104,10 +121,17 @@ def test_the_charts_follow_an_ended_job_until_its_last_point(new_page, cluster_u
         cluster.jobs[job.id] = job
     watched = logged_in(new_page, url)
     page = watched.page
+    job_reads: list[str] = []
     metric_reads: list[str] = []
-    page.on(
-        "request", lambda r: metric_reads.append(r.url) if r.url.endswith(f"{STOPPING}/metrics") else None
-    )
+
+    def on_request(request) -> None:
+        if request.url.endswith(f"/jobs/{STOPPING}"):
+            job_reads.append(request.url)
+        elif request.url.endswith(f"/jobs/{STOPPING}/metrics"):
+            metric_reads.append(request.url)
+
+    page.on("request", on_request)
+    page.clock.install()
     page.goto(f"{url}/#/jobs/{STOPPING}")
     loss = page.locator("figure[data-metric=loss] .chart-latest")
     expect(loss).to_contain_text("@ step 29")
@@ -115,28 +139,31 @@ def test_the_charts_follow_an_ended_job_until_its_last_point(new_page, cluster_u
     # Cancelled: the job's state is final at once, while its workers train on until they have stopped.
     with cluster.lock:
         job.state, job.reason, job.cancelled_by = "CANCELLED", "cancelled by alice", "alice"
+    run_polls(page, job_reads, 1)
     expect(page.locator("[data-testid=job-state]")).to_have_text("CANCELLED")
-    # Longer than the five polls after the end that the charts used to follow an ended job for.
-    page.wait_for_timeout(12_000)
+    # More than the five polls after the end that the charts used to follow an ended job for.
+    run_polls(page, job_reads, 6)
     with cluster.lock:
         job.metrics.extend(points(30, 60))
+    run_polls(page, job_reads, 2)  # the second one read the job after the new points
     expect(page.locator("[data-testid=job-step]")).to_have_text("59")
-    expect(loss).to_contain_text("@ step 59", timeout=5_000)
+    expect(loss).to_contain_text("@ step 59")
 
     # The tasks have stopped, and their last reports land after that: the chart still reaches them.
     with cluster.lock:
         job.tasks_running = False
-    page.wait_for_timeout(9_000)  # past the few polls after the job has settled
+    run_polls(page, job_reads, 5)  # past the few polls after the job has settled
     with cluster.lock:
         job.metrics.extend(points(60, 62))
+    run_polls(page, job_reads, 2)
     expect(page.locator("[data-testid=job-step]")).to_have_text("61")
-    expect(loss).to_contain_text("@ step 61", timeout=5_000)
+    expect(loss).to_contain_text("@ step 61")
     expect(page.locator("figure[data-metric=accuracy] .chart-latest")).to_contain_text("@ step 61")
 
-    # Settled (every task ended, the charts at the job's step): a few more reads, then one every 20 s.
-    page.wait_for_timeout(8_000)
+    # Settled (every task ended, the charts at the job's step): a few more reads, then one every tenth poll.
+    run_polls(page, job_reads, 4)
     before = len(metric_reads)
-    page.wait_for_timeout(8_000)
+    run_polls(page, job_reads, 4)
     assert len(metric_reads) - before <= 1, metric_reads
     watched.assert_clean()
 
