@@ -2,7 +2,9 @@
 and every task of a restarted attempt gets the latest archive back before its process starts.
 
 A save is complete when the directory changed and then stayed unchanged for one more poll (its signature:
-relative path, size and mtime of every file). Nothing here blocks the task: uploads run in the watcher's
+relative path, size and mtime of every file), and, where it holds TensorFlow's `checkpoint` index, no file
+is newer than the index: TensorFlow writes a save's data first and the index last, so a save whose data is
+written but whose index is not yet (a process stalled between the two) waits for it. Nothing here blocks the task: uploads run in the watcher's
 thread, and a failed one is retried at the next poll.
 
 tf_keras BackupAndRestore lets non-chief workers write `workertemp_<n>` directories inside the backup dir
@@ -32,6 +34,7 @@ log = logging.getLogger("mwms.agent.checkpoints")
 POLL_SECONDS = 1.0
 FETCH_TIMEOUT_SECONDS = 1800.0
 WORKER_TEMP_PREFIX = "workertemp_"
+INDEX_FILE = "checkpoint"  # tf.train.CheckpointManager's (and so BackupAndRestore's) index of saves
 
 Signature = tuple[tuple[str, int, int], ...]
 
@@ -54,6 +57,13 @@ def directory_signature(directory: Path) -> Signature:
                 continue
             found.append((path.relative_to(directory).as_posix(), stat.st_size, stat.st_mtime_ns))
     return tuple(sorted(found))
+
+
+def index_written_last(signature: Signature) -> bool:
+    """No file is newer than the top-level `checkpoint` index, when there is one (without one, stability
+    alone decides)."""
+    index = next((mtime for path, _, mtime in signature if path == INDEX_FILE), None)
+    return index is None or all(mtime <= index for _, _, mtime in signature)
 
 
 def pack_checkpoint(directory: Path, archive: Path) -> None:
@@ -112,8 +122,9 @@ class CheckpointWatcher:
             current = directory_signature(self.directory)
             stable = current == self._previous
             self._previous = current
-            # Changed since the last upload, and unchanged over the last poll: a save has completed.
-            if stable and current and current != self._uploaded:
+            # Changed since the last upload, unchanged over the last poll, its index written last: a save
+            # has completed.
+            if stable and current and current != self._uploaded and index_written_last(current):
                 self._try_upload(current)
 
     def _try_upload(self, signature: Signature) -> None:

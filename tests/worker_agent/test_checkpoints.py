@@ -4,8 +4,10 @@ restarted attempt finds the latest archive in MWMS_CHECKPOINT_DIR before its pro
 from __future__ import annotations
 
 import io
+import os
 import tarfile
 import textwrap
+import time
 from pathlib import Path
 
 import grpc
@@ -200,3 +202,46 @@ def test_a_fetched_file_that_is_not_a_tar_gz_is_refused(tmp_path: Path, coordina
             checkpoints.restore_checkpoint(agent_pb2_grpc.AgentServiceStub(channel), "job-z", target)
     assert [p.name for p in target.iterdir()] == ["keep"]
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoints"]  # no temp files left
+
+
+def test_a_save_whose_data_is_written_but_not_its_index_is_not_uploaded_however_long_it_waits(
+    tmp_path: Path,
+) -> None:
+    """A process stalled between a save's data and its `checkpoint` index (a loaded machine) leaves a dir
+    that is stable over many polls: it is not a completed save until the index is written."""
+    directory = tmp_path / "ckpt"
+    directory.mkdir()
+    uploads: list[dict[str, str]] = []
+    watcher = checkpoints.CheckpointWatcher(
+        directory,
+        tmp_path / "scratch",
+        lambda archive: uploads.append(archive_files(archive.read_bytes())),
+        poll_seconds=0.05,
+    )
+    watcher.start()
+    try:
+        (directory / "ckpt-1.data").write_text("weights 1")
+        (directory / "checkpoint").write_text("ckpt-1")
+        _wait(lambda: len(uploads) == 1)
+        data = directory / "ckpt-2.data"
+        data.write_text("weights 2")
+        index_mtime = (directory / "checkpoint").stat().st_mtime_ns
+        os.utime(data, ns=(index_mtime + 10**9, index_mtime + 10**9))  # certainly newer than the index
+        time.sleep(0.5)  # ten polls with the dir unchanged
+        assert len(uploads) == 1, uploads
+        (directory / "checkpoint").write_text("ckpt-2")
+        os.utime(directory / "checkpoint", ns=(index_mtime + 2 * 10**9, index_mtime + 2 * 10**9))
+        _wait(lambda: len(uploads) == 2)
+    finally:
+        watcher.finish()
+    assert uploads == [
+        {"ckpt-1.data": "weights 1", "checkpoint": "ckpt-1"},
+        {"ckpt-1.data": "weights 1", "ckpt-2.data": "weights 2", "checkpoint": "ckpt-2"},
+    ]
+
+
+def _wait(condition, timeout: float = 10) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
