@@ -4,8 +4,8 @@ and every task of a restarted attempt gets the latest archive back before its pr
 A save is complete when the directory changed and then stayed unchanged for one more poll (its signature:
 relative path, size and mtime of every file), and, where it holds TensorFlow's `checkpoint` index, no file
 is newer than the index: TensorFlow writes a save's data first and the index last, so a save whose data is
-written but whose index is not yet (a process stalled between the two) waits for it. Nothing here blocks the task: uploads run in the watcher's
-thread, and a failed one is retried at the next poll.
+written but whose index is not yet (a process stalled between the two) waits for it. Nothing here blocks
+the task: uploads run in the watcher's thread, and a failed one is retried at the next poll.
 
 tf_keras BackupAndRestore lets non-chief workers write `workertemp_<n>` directories inside the backup dir
 and removes them after the save; those are left out of the signature and of the archive.

@@ -17,7 +17,7 @@ from builders import connected, start_task
 from mwms.v1 import agent_pb2
 from mwms.worker_agent import checkpoints
 
-from cluster import pack
+from cluster import pack, wait_until
 
 S = agent_pb2
 
@@ -222,7 +222,7 @@ def test_a_save_whose_data_is_written_but_not_its_index_is_not_uploaded_however_
     try:
         (directory / "ckpt-1.data").write_text("weights 1")
         (directory / "checkpoint").write_text("ckpt-1")
-        _wait(lambda: len(uploads) == 1)
+        wait_until(lambda: len(uploads) == 1, 10, "the first save uploaded", interval=0.02)
         data = directory / "ckpt-2.data"
         data.write_text("weights 2")
         index_mtime = (directory / "checkpoint").stat().st_mtime_ns
@@ -231,17 +231,10 @@ def test_a_save_whose_data_is_written_but_not_its_index_is_not_uploaded_however_
         assert len(uploads) == 1, uploads
         (directory / "checkpoint").write_text("ckpt-2")
         os.utime(directory / "checkpoint", ns=(index_mtime + 2 * 10**9, index_mtime + 2 * 10**9))
-        _wait(lambda: len(uploads) == 2)
+        wait_until(lambda: len(uploads) == 2, 10, "the second save uploaded", interval=0.02)
     finally:
         watcher.finish()
     assert uploads == [
         {"ckpt-1.data": "weights 1", "checkpoint": "ckpt-1"},
         {"ckpt-1.data": "weights 1", "ckpt-2.data": "weights 2", "checkpoint": "ckpt-2"},
     ]
-
-
-def _wait(condition, timeout: float = 10) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
