@@ -3,8 +3,9 @@
 Every message marks the agent alive in memory (server/live/liveness.py); a heartbeat is answered at once and
 writes nothing. Log and metric batches go through the shared telemetry writer (server/live/ingest.py)
 and are acknowledged once committed; hellos through the shared hello writer (server/live/hello_writer.py).
-Task reports are one transaction each; the agents their
-changes give commands to are woken, and only those. A goodbye (the agent's last message on a clean stop)
+Task reports are one transaction each, applied once the batches the agent sent before them are stored (a
+failure's reason quotes the task's last lines); the agents their changes give commands to are woken, and
+only those. A goodbye (the agent's last message on a clean stop)
 is applied in order like a report, after everything the agent sent before it: the agent then reads as
 stopped, not lost, and this stream takes no more commands. A message of a kind this coordinator does not
 know (from a newer agent) is ignored, and logged once per stream.
@@ -70,6 +71,8 @@ class AgentStream:
             asyncio.Queue()
         )
         self._unacked_slots = asyncio.Semaphore(MAX_UNACKED_BATCHES)
+        # Batches handed to the writer and not stored yet: a report or goodbye waits for them (`_after_batches`).
+        self._storing: set[asyncio.Future[StoreOutcome]] = set()
         # Messages read and not applied yet (all but heartbeats, which the reader answers itself).
         self._pending: asyncio.Queue[pb.AgentMessage | None] = asyncio.Queue(MAX_PENDING_MESSAGES)
         self._closed = asyncio.Event()
@@ -225,6 +228,7 @@ class AgentStream:
         elif body == "task":
             report = convert.task_report(message.task)
             if report is not None:
+                await self._after_batches()
                 replies = await self._write_tracked(
                     agent_messages.accept_report,
                     self.agent_id,
@@ -245,6 +249,7 @@ class AgentStream:
         elif body == "stacks":
             await wiring.stacks.accept(self.agent_id, convert.stack_dump(message.stacks))
         elif body == "goodbye":
+            await self._after_batches()
             stopped, _ = await self._write_tracked(
                 agent_messages.accept_goodbye,
                 self.agent_id,
@@ -277,7 +282,16 @@ class AgentStream:
         except BaseException:
             self._unacked_slots.release()
             raise
+        self._storing.add(store)
+        store.add_done_callback(self._storing.discard)
         self._unacked.put_nowait((message, body, store))
+
+    async def _after_batches(self) -> None:
+        """Waits until every batch this stream handed to the writer is stored (or refused), so a report is
+        applied after the lines the agent sent before it: a failure's reason quotes the task's last lines
+        and a job reads as ended only with its whole log. How each batch fared is the acknowledger's."""
+        if self._storing:
+            await asyncio.wait(set(self._storing))
 
     async def _wait_for_a_slot(self) -> None:
         """Waits for one of the stream's MAX_UNACKED_BATCHES slots. Meanwhile nothing more is read from the

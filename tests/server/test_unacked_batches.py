@@ -1,6 +1,7 @@
 """Issue 16 item 9e: log batches count against the same bound on unacknowledged batches as metric batches
-(MAX_UNACKED_BATCHES per stream, both kinds together, one code path), on a real coordinator: its gRPC
-server on loopback, a real Connect stream, SQLite, and its telemetry writer held back by the test.
+(MAX_UNACKED_BATCHES per stream, both kinds together, one code path), and a task report never overtakes
+the batches sent before it, on a real coordinator: its gRPC server on loopback, a real Connect stream,
+SQLite, and its telemetry writer held back by the test.
 """
 
 from __future__ import annotations
@@ -140,4 +141,30 @@ def test_an_agent_whose_stream_waits_on_a_slow_writer_stays_alive(held_back_shor
         assert agent.lost_at is None, "marked lost while it waited on the coordinator"
     release.set()
     stream.next("ack", where=lambda a: a.metric_seq == MAX_UNACKED_BATCHES + 5)
+    stream.close()
+
+
+def test_a_final_report_is_applied_after_the_lines_sent_before_it(held_back) -> None:
+    """Found in CI on 2 loaded cores: the coordinator applied a task's FAILED report while the telemetry
+    writer still held the task's last lines, so the failure's reason quoted lines from seconds before."""
+    coordinator, release, submitted = held_back
+    agent_id, stream = coordinator.join("failing-agent")
+    task = coordinator.running_job(agent_id, options={"restart": {"max_restarts": 0}})
+    hello(stream, agent_id, task)
+    stream.send(logs=log_batch(task.id, 1, 3))
+    stream.send(
+        logs=pb.LogBatch(
+            task_id=task.id,
+            lines=[pb.LogLine(seq=4, stream="stderr", text="boom: the last line", unix_ms=1764500000000)],
+        )
+    )
+    stream.send(task=pb.TaskReport(task_id=task.id, state=pb.TASK_STATE_FAILED, exit_code=3, pid=4242))
+    wait_until(lambda: len(submitted) == 2, 10, "both batches handed to the writer")
+    # The writer still holds both batches: the report waits behind them, so nothing has ended yet.
+    assert still(lambda: coordinator.job(task.job_id)["state"], "RUNNING", 0.5)
+
+    release.set()
+    wait_until(lambda: coordinator.job(task.job_id)["state"] == "FAILED", 10, "the job failed")
+    reason = coordinator.job(task.job_id)["reason"]
+    assert reason.endswith("line 3\nboom: the last line"), reason
     stream.close()
