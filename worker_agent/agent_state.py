@@ -25,6 +25,8 @@ from mwms.worker_agent.outbox import write_atomically
 log = logging.getLogger("mwms.agent.state")
 
 FORMAT_VERSION = 1
+# How long `stop_groups` waits for the groups to go after its SIGKILL.
+KILL_WAIT_S = 5.0
 
 
 @dataclass
@@ -144,7 +146,7 @@ def stop_groups(pgids: list[int], grace_seconds: float) -> None:
     for pgid in filter(group_is_alive, pgids):
         log.info("process group %d outlived SIGTERM by %.0f s; killing it", pgid, grace_seconds)
         _signal_group(pgid, signal.SIGKILL)
-    deadline = time.monotonic() + 5.0
+    deadline = time.monotonic() + KILL_WAIT_S
     while any(map(group_is_alive, pgids)) and time.monotonic() < deadline:
         time.sleep(0.05)
 

@@ -1,5 +1,6 @@
 """One Connect stream with the coordinator: Hello, then heartbeats, task reports, logs and metrics up;
-start/stop commands and acks down.
+start/stop commands and acks down. While the agent is still stopping what a previous agent process left
+running, the stream carries heartbeats only, and the Hello follows once those tasks have ended.
 
 The connection never blocks on its tasks: commands go to the TaskManager, which does its work in threads.
 When the stream breaks the connection ends; the agent's main loop registers again and opens a new one, whose
@@ -39,6 +40,8 @@ BATCH_MAX_ITEMS = 500
 MAX_BATCHES_PER_PASS = 20
 # Silence allowed on a stream beyond 3 heartbeat intervals before it is treated as dead.
 SILENCE_GRACE_SECONDS = 5.0
+# While a recovery holds the Hello back, how often the sender looks whether the stream is closing.
+RECOVERY_POLL_SECONDS = 0.1
 # On a clean stop, how long to wait for the coordinator to store the Goodbye and end the call.
 GOODBYE_WAIT_SECONDS = 2.0
 
@@ -153,22 +156,29 @@ class AgentConnection:
             self._last_round_trip_ms = min(2**31 - 1, max(1, round((time.monotonic() - sent_at) * 1000)))
 
     def _outgoing(self) -> Iterator[agent_pb2.AgentMessage]:
+        next_heartbeat = time.monotonic()
+        self._last_received = time.monotonic()
+        # While the tasks of a previous agent process are being stopped (up to the stop grace), the
+        # stream only beats: the agent is alive, and the Hello that lets commands flow says how they ended.
+        while not self._tasks.recovered.is_set():
+            if self._closing.is_set():
+                return
+            if time.monotonic() >= next_heartbeat:
+                yield self._heartbeat()
+                next_heartbeat = time.monotonic() + self._heartbeat_interval
+            self._tasks.recovered.wait(
+                min(RECOVERY_POLL_SECONDS, max(0.0, next_heartbeat - time.monotonic()))
+            )
         # Reports queued before this Hello are covered by it: it carries every task's latest state.
         self._drain_reports()
         hello_reports, deferred = self._tasks.hello_reports()
         yield agent_pb2.AgentMessage(hello=agent_pb2.Hello(agent_id=self._agent_id, tasks=hello_reports))
-        next_heartbeat = time.monotonic()
-        self._last_received = time.monotonic()
         while not self._closing.is_set():
             # Cleared before looking, so a report queued from here on wakes the wait below.
             self._tasks.reports_ready.clear()
             now = time.monotonic()
             if now >= next_heartbeat:
-                heartbeat = agent_pb2.Heartbeat(
-                    sent_unix_ms=int(time.time() * 1000), last_round_trip_ms=self._last_round_trip_ms
-                )
-                self._heartbeat_sent_at = time.monotonic()
-                yield agent_pb2.AgentMessage(heartbeat=heartbeat)
+                yield self._heartbeat()
                 next_heartbeat = now + self._heartbeat_interval
             reading = self._devices.take() if self._devices is not None else None
             if reading is not None:
@@ -191,6 +201,13 @@ class AgentConnection:
         if self._goodbye is not None:
             # After every report sent above; ending the iterator then half-closes the stream.
             yield agent_pb2.AgentMessage(goodbye=self._goodbye)
+
+    def _heartbeat(self) -> agent_pb2.AgentMessage:
+        heartbeat = agent_pb2.Heartbeat(
+            sent_unix_ms=int(time.time() * 1000), last_round_trip_ms=self._last_round_trip_ms
+        )
+        self._heartbeat_sent_at = time.monotonic()
+        return agent_pb2.AgentMessage(heartbeat=heartbeat)
 
     def _queue_answer(self, message: agent_pb2.AgentMessage) -> None:
         self._answers.put(message)

@@ -124,8 +124,9 @@ def _run_holding_the_work_dir(
         confinement=confinement,
         environments=environments,
     )
-    # Before registering: what a previous agent process left running is stopped and reported in the Hello.
-    tasks.recover(config.stop_grace)
+    # What a previous agent process left running is stopped while the agent registers and its stream
+    # beats; the Hello reports it once stopped.
+    tasks.recover_in_background(config.stop_grace)
     heartbeats_answered = threading.Event()
     backoff = Backoff(initial=RECONNECT_INITIAL_SECONDS, maximum=RECONNECT_MAXIMUM_SECONDS)
     device_telemetry = start_device_telemetry(config.device_sample_interval)

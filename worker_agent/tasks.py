@@ -7,7 +7,9 @@ all its logs and metrics are acknowledged.
 
 After an agent restart, `recover()` stops the process groups the previous agent process left behind and
 turns every recorded task into an ended record, so the first Hello reports it and its unacknowledged
-lines are sent again.
+lines are sent again. The agent runs it in the background (`recover_in_background`): stopping a task that
+ignores SIGTERM takes the whole stop grace, and meanwhile the agent's stream beats, so the coordinator
+never takes a restarted agent for a lost one; its Hello waits for `recovered`.
 """
 
 from __future__ import annotations
@@ -102,6 +104,9 @@ class TaskManager:
         # Preflight results waiting to be sent (before the reports taken with them; not resent after a
         # reconnect: the task's report carries a failed check's message all the same).
         self.preflight_results: queue.Queue[agent_pb2.PreflightResult] = queue.Queue()
+        # Set while no recovery is under way: a Hello (and so any command) waits for it.
+        self.recovered = threading.Event()
+        self.recovered.set()
 
     def use_stub(self, stub: agent_pb2_grpc.AgentServiceStub) -> None:
         """Uses `stub` (a new channel) for bundle fetches, uploads and checkpoint restores from now on."""
@@ -187,6 +192,8 @@ class TaskManager:
 
     def stop_all(self, grace_seconds: float, reason: str = "the agent is shutting down") -> None:
         """Stops every running task at once and waits until all of them have ended."""
+        # What a recovery under way is stopping gets its grace there; the table then says how it ended.
+        self.recovered.wait(grace_seconds + agent_state.KILL_WAIT_S)
         waiting = []
         for record in self.records():
             with record.lock:
@@ -235,6 +242,22 @@ class TaskManager:
             self._forget(record)
         elif newly_final:
             self._persist()
+
+    def recover_in_background(self, grace_seconds: float) -> threading.Thread:
+        """Runs `recover` in a thread; `recovered` is set once it is done, however it ended."""
+        self.recovered.clear()
+
+        def run() -> None:
+            try:
+                self.recover(grace_seconds)
+            except Exception:
+                log.exception("could not take over the tasks of the previous agent process")
+            finally:
+                self.recovered.set()
+
+        thread = threading.Thread(target=run, name="recover", daemon=True)
+        thread.start()
+        return thread
 
     def recover(self, grace_seconds: float) -> int:
         """Takes over the tasks a previous agent process on this work dir left; returns how many.

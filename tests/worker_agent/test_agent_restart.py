@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 from mwms.v1 import agent_pb2
+from mwms.worker_agent import agent_state
 
 from cluster import pack
 
@@ -91,7 +92,7 @@ def test_a_restarted_agent_stops_the_orphans_reports_them_and_resends_unacked_li
     second_agent = start_agent(address, work_dir=work_dir, stop_grace=2.0)
     wait_for(lambda: len(fake.streams) >= 2 and fake.streams[1].of_kind("hello"), "the new agent's Hello")
     second = fake.streams[1]
-    assert not alive(pid), "the orphan must be stopped before the new agent registers"
+    assert not alive(pid), "the orphan must be stopped before the new agent's Hello"
     hello = second.of_kind("hello")[0]
     # Listed as RUNNING while its last lines are unsent; the final report follows them.
     assert [(t.task_id, t.state) for t in hello.tasks] == [("task-orphan", S.TASK_STATE_RUNNING)]
@@ -188,3 +189,55 @@ def test_a_task_that_ended_while_no_agent_ran_is_reported_with_an_unknown_exit_c
     wait_for(lambda: len(finals()) == 2, "both final states", observed=finals)
     assert finals() == {"task-done": (S.TASK_STATE_SUCCEEDED, 0), "task-gone": (S.TASK_STATE_FAILED, -1)}
     assert os.path.exists(work_dir / "agent-state.json")
+
+
+def test_a_restarted_agent_beats_while_an_orphan_outlives_its_sigterm_and_says_hello_once_it_is_gone(
+    coordinator, start_agent, wait_for, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """Found in CI: the next agent process stopped the orphans before it even registered, so an orphan that
+    ignored SIGTERM kept it silent for the whole stop grace, and the coordinator declared the agent lost."""
+    fake, address = coordinator
+    work_dir = tmp_path / "agent"
+    work_dir.mkdir()
+    stubborn = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)",
+        ],
+        start_new_session=True,
+    )
+    try:
+        entry = dict(
+            task_id="task-stubborn",
+            job_id="job-1",
+            attempt=1,
+            task_index=0,
+            state=S.TASK_STATE_RUNNING,
+            pid=stubborn.pid,
+            pgid=stubborn.pid,
+            start_ticks=agent_state.process_start_ticks(stubborn.pid),
+            boot_id=agent_state.boot_id(),
+        )
+        (work_dir / "agent-state.json").write_text(json.dumps({"version": 1, "tasks": [entry]}))
+        start_agent(address, work_dir=work_dir, stop_grace=3.0)
+
+        # It is on a stream and beating while the orphan still ignores the SIGTERM it was sent...
+        wait_for(lambda: fake.streams and len(fake.streams[0].of_kind("heartbeat")) >= 2, "heartbeats")
+        stream = fake.streams[0]
+        assert alive(stubborn.pid), "the orphan ignores SIGTERM until the grace ends"
+        assert not stream.of_kind("hello"), "no Hello (and so no command) while an orphan is being stopped"
+
+        # ...and says hello once the SIGKILL after the grace has ended it, reporting how it ended.
+        wait_for(lambda: stream.of_kind("hello"), "the Hello", timeout=15)
+        assert stubborn.wait(5) == -signal.SIGKILL
+        hello = stream.of_kind("hello")[0]
+        reports = [t for t in hello.tasks if t.state != S.TASK_STATE_RUNNING]
+        wait_for(lambda: reports or stream.of_kind("task"), "the final report")
+        final = (reports or stream.of_kind("task"))[0]
+        assert (final.task_id, final.state, final.exit_code) == ("task-stubborn", S.TASK_STATE_FAILED, 137)
+        kinds = [m.WhichOneof("body") for m in stream.received]
+        assert kinds[: kinds.index("hello")] == ["heartbeat"] * kinds.index("hello"), kinds
+    finally:
+        stubborn.kill()
+        stubborn.wait()
