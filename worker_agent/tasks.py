@@ -243,7 +243,7 @@ class TaskManager:
         elif newly_final:
             self._persist()
 
-    def recover_in_background(self, grace_seconds: float) -> threading.Thread:
+    def recover_in_background(self, grace_seconds: float) -> None:
         """Runs `recover` in a thread; `recovered` is set once it is done, however it ended."""
         self.recovered.clear()
 
@@ -255,9 +255,7 @@ class TaskManager:
             finally:
                 self.recovered.set()
 
-        thread = threading.Thread(target=run, name="recover", daemon=True)
-        thread.start()
-        return thread
+        threading.Thread(target=run, name="recover", daemon=True).start()
 
     def recover(self, grace_seconds: float) -> int:
         """Takes over the tasks a previous agent process on this work dir left; returns how many.

@@ -44,6 +44,21 @@ def alive(pid: int) -> bool:
         return False
 
 
+def running_entry(task_id: str, task_index: int, pid: int, start_ticks: int) -> dict[str, object]:
+    """A RUNNING task of job-1 in the task table a previous agent process left, as process group `pid`."""
+    return dict(
+        task_id=task_id,
+        job_id="job-1",
+        attempt=1,
+        task_index=task_index,
+        state=S.TASK_STATE_RUNNING,
+        pid=pid,
+        pgid=pid,
+        start_ticks=start_ticks,
+        boot_id=agent_state.boot_id(),
+    )
+
+
 def test_a_restarted_agent_stops_the_orphans_reports_them_and_resends_unacked_lines(
     coordinator, start_agent, wait_for, tmp_path
 ) -> None:  # type: ignore[no-untyped-def]
@@ -141,17 +156,7 @@ def test_a_task_that_ended_while_no_agent_ran_is_reported_with_an_unknown_exit_c
     table = {
         "version": 1,
         "tasks": [
-            dict(
-                task_id="task-gone",
-                job_id="job-1",
-                attempt=1,
-                task_index=1,
-                state=S.TASK_STATE_RUNNING,
-                pid=gone.pid,
-                pgid=gone.pid,
-                start_ticks=1,
-                boot_id=Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
-            ),
+            running_entry("task-gone", 1, gone.pid, start_ticks=1),
             dict(
                 task_id="task-done",
                 job_id="job-1",
@@ -208,16 +213,8 @@ def test_a_restarted_agent_beats_while_an_orphan_outlives_its_sigterm_and_says_h
         start_new_session=True,
     )
     try:
-        entry = dict(
-            task_id="task-stubborn",
-            job_id="job-1",
-            attempt=1,
-            task_index=0,
-            state=S.TASK_STATE_RUNNING,
-            pid=stubborn.pid,
-            pgid=stubborn.pid,
-            start_ticks=agent_state.process_start_ticks(stubborn.pid),
-            boot_id=agent_state.boot_id(),
+        entry = running_entry(
+            "task-stubborn", 0, stubborn.pid, start_ticks=agent_state.process_start_ticks(stubborn.pid)
         )
         (work_dir / "agent-state.json").write_text(json.dumps({"version": 1, "tasks": [entry]}))
         start_agent(address, work_dir=work_dir, stop_grace=3.0)
