@@ -6,7 +6,7 @@ The coordinator refuses at submit (HTTP 422) a job whose ``env`` names one the a
 mwms_runtime reads them inside the training program. The names fall in four kinds:
 
 - **Reserved** (``RESERVED_ENV``): set by the agent for every task, whatever the job says, so a job may
-  not set them: identity and shape (``MWMS_JOB_ID`` .. ``MWMS_NUM_GPUS``, ``TF_CONFIG``,
+  not set them: identity and shape (``MWMS_JOB_ID`` .. ``MWMS_NUM_GPUS``, ``MWMS_GPU_UUIDS``, ``TF_CONFIG``,
   ``CUDA_VISIBLE_DEVICES``), the task's directories (``MWMS_OUTPUT_DIR``, ``MWMS_CHECKPOINT_DIR``,
   ``MWMS_METRICS_FILE``, ``MWMS_STACKS_DIR``, ``TMPDIR``, ``PWD``), ``PYTHONUNBUFFERED=1`` (log lines arrive as
   they are printed), the preflight check's report file, and ``HOME``/``USER``/``LOGNAME``, which the
@@ -57,6 +57,9 @@ CHECKPOINT_DIR = "MWMS_CHECKPOINT_DIR"
 METRICS_FILE = "MWMS_METRICS_FILE"  # mwms/metrics_line.py is its format
 DEVICE_KIND = "MWMS_DEVICE_KIND"  # DEVICE_KIND_GPU or DEVICE_KIND_CPU
 NUM_GPUS = "MWMS_NUM_GPUS"
+# The UUIDs of the task's GPUs, comma-separated in the order CUDA numbers them ("" on CPU); CUDA_VISIBLE_DEVICES
+# names the same GPUs by the same UUIDs, which CUDA resolves inside a sandbox and outside it alike.
+GPU_UUIDS = "MWMS_GPU_UUIDS"
 STACKS_DIR = "MWMS_STACKS_DIR"  # where the stack handler writes dumps (worker_agent/stacks.py)
 PREFLIGHT_REPORT = REPORT_ENV  # the preflight check's process only (mwms/preflight_contract.py)
 TMPDIR = "TMPDIR"  # inside the task dir, removed with the task
@@ -83,6 +86,7 @@ RESERVED_ENV = frozenset(
         METRICS_FILE,
         DEVICE_KIND,
         NUM_GPUS,
+        GPU_UUIDS,
         STACKS_DIR,
         PREFLIGHT_REPORT,
         TMPDIR,

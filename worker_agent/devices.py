@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from mwms.v1 import agent_pb2
@@ -29,10 +30,18 @@ class GpuQuery:
     why_none: str = ""
 
 
-def detect_devices(slots: int, *, slots_given: bool = True) -> list[agent_pb2.Device]:
-    """GPUs when nvidia-smi reports any; otherwise `slots` CPU slot devices. Says in the log what it found:
-    a warning when no GPU was found and `--slots` was not given (`slots_given`), or when it is ignored."""
+def detect_devices(
+    slots: int,
+    *,
+    slots_given: bool = True,
+    vet: Callable[[list[agent_pb2.Device]], GpuQuery] | None = None,
+) -> list[agent_pb2.Device]:
+    """GPUs when nvidia-smi reports any (and `vet`, given them, keeps some: worker_agent/gpu_probe.py);
+    otherwise `slots` CPU slot devices. Says in the log what it found: a warning when no GPU was found and
+    `--slots` was not given (`slots_given`), or when it is ignored."""
     query = query_gpus()
+    if query.gpus and vet is not None:
+        query = vet(query.gpus)
     if query.gpus:
         if slots_given:
             log.warning(

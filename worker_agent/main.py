@@ -32,6 +32,8 @@ from mwms.worker_agent.credentials import CredentialStore
 from mwms.worker_agent.device_telemetry import start_device_telemetry
 from mwms.worker_agent.devices import detect_devices
 from mwms.worker_agent.environments import EnvironmentCache
+from mwms.worker_agent.gpu_nodes import DriverPaths, gpu_nodes
+from mwms.worker_agent.gpu_probe import vet_gpus
 from mwms.worker_agent.sandbox import Confinement, SandboxError, find_bwrap
 from mwms.worker_agent.task_users import TaskUserError, TaskUsers
 from mwms.worker_agent.tasks import TaskManager
@@ -75,8 +77,6 @@ def run_agent(config: AgentConfig, stop: threading.Event) -> int:
     hostname = socket.gethostname()
     servers = ServerRotation(config.servers)
     log.info("agent %s starting, coordinator %s", config.name, ", ".join(config.servers))
-    devices = detect_devices(config.slots, slots_given=config.slots_given)
-    log.info("offering %s", describe_devices(devices))
     ports_clash = port_range_warning(config)
     if ports_clash:
         log.warning("%s", ports_clash)
@@ -87,7 +87,7 @@ def run_agent(config: AgentConfig, stop: threading.Event) -> int:
         log.error("%s", error)
         return EXIT_REFUSED
     try:
-        return _run_holding_the_work_dir(config, stop, hostname, devices, servers)
+        return _run_holding_the_work_dir(config, stop, hostname, servers)
     finally:
         work_dir_lock.close()
 
@@ -96,14 +96,20 @@ def _run_holding_the_work_dir(
     config: AgentConfig,
     stop: threading.Event,
     hostname: str,
-    devices: list[agent_pb2.Device],
     servers: ServerRotation,
 ) -> int:
+    driver = DriverPaths.from_environment()
     try:
-        confinement = build_confinement(config)
+        confinement = build_confinement(config, driver)
     except (SandboxError, TaskUserError) as error:
         log.error("%s", error)
         return EXIT_REFUSED
+    devices = detect_devices(
+        config.slots,
+        slots_given=config.slots_given,
+        vet=lambda gpus: vet_gpus(gpus, confinement, driver),
+    )
+    log.info("offering %s", describe_devices(devices))
     credential = CredentialStore(config.work_dir)
     if credential.load():
         log.info("presenting the credential kept in %s", credential.path)
@@ -123,6 +129,7 @@ def _run_holding_the_work_dir(
         default_grace_seconds=config.stop_grace,
         confinement=confinement,
         environments=environments,
+        gpus=gpu_nodes(devices),
     )
     # What a previous agent process left running is stopped while the agent registers and its stream
     # beats; the Hello reports it once stopped.
@@ -243,10 +250,10 @@ def _register(
     return response.agent_id, interval_ms / 1000 if interval_ms > 0 else DEFAULT_HEARTBEAT_SECONDS
 
 
-def build_confinement(config: AgentConfig) -> Confinement:
+def build_confinement(config: AgentConfig, driver: DriverPaths | None = None) -> Confinement:
     """The sandbox and task users of `config`, checked to work here; says in the log what tasks get."""
     users = TaskUsers(config.task_user, config.task_uids)
-    confinement = Confinement(config.work_dir, users, find_bwrap(config.sandbox))
+    confinement = Confinement(config.work_dir, users, find_bwrap(config.sandbox), driver)
     if users.shared_with_agent:
         log.warning("%s", confinement.describe())
     else:

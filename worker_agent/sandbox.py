@@ -1,8 +1,11 @@
 """How a task's process is confined: bubblewrap namespaces, another uid, or (on a single-user machine) neither.
 
-With bubblewrap (`bwrap`, the sandbox Flatpak uses) each task gets new mount, PID and IPC namespaces:
+With bubblewrap (`bwrap`, the sandbox Flatpak uses) each task gets new mount and PID namespaces:
 - the system read-only (`/` bound read-only), a fresh `/proc` showing only the task's own processes, a
-  minimal `/dev` plus the GPUs it was given and the NVIDIA control devices, a private `/tmp` and `/var/tmp`;
+  minimal `/dev` plus the nodes of the GPUs it was given (found by minor number, worker_agent/gpu_nodes.py)
+  and the NVIDIA control devices, a private `/tmp` and `/var/tmp`;
+- its job's /dev/shm and IPC namespace, shared with that job's other tasks on this machine and no one
+  else's (worker_agent/job_shares.py), so NCCL's shared-memory paths between co-located workers work;
 - of the agent's work dir only the task's own directory (its bundle read-only; output, checkpoints, temp
   and home writable), the rest hidden under an empty tmpfs (credential, bundle cache, other tasks);
 - the host network, which collectives need.
@@ -35,6 +38,8 @@ from pathlib import Path
 import mwms
 import mwms_runtime
 from mwms import agent_defaults
+from mwms.worker_agent.gpu_nodes import DriverPaths, GpuNode, control_device_paths
+from mwms.worker_agent.job_shares import JobShare
 from mwms.worker_agent.stacks import HANDLER_DIR
 from mwms.worker_agent.task_env import TaskPaths
 from mwms.worker_agent.task_users import TaskIdentity, TaskUsers
@@ -42,8 +47,6 @@ from mwms.worker_agent.task_users import TaskIdentity, TaskUsers
 log = logging.getLogger("mwms.agent.sandbox")
 
 SANDBOX_MODES = agent_defaults.SANDBOX_MODES
-GPU_CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
-GPU_CONTROL_DIRS = ("/dev/nvidia-caps",)
 PRIVATE_TEMP_DIRS = ("/tmp", "/var/tmp")
 PROBE_TIMEOUT_S = 20.0
 
@@ -128,11 +131,16 @@ def closed_ancestor(path: Path) -> Path | None:
 class Confinement:
     """Builds each task's launch: the sandbox around it and the identity it runs as."""
 
-    def __init__(self, work_dir: Path, users: TaskUsers, bwrap: str | None) -> None:
+    def __init__(
+        self, work_dir: Path, users: TaskUsers, bwrap: str | None, driver: DriverPaths | None = None
+    ) -> None:
         self.work_dir = Path(os.path.realpath(work_dir))
         self.users = users
         self.bwrap = bwrap
+        self.driver = driver or DriverPaths()
         self._setpriv = shutil.which("setpriv") if os.geteuid() == 0 else None
+        # Enters a job's shared IPC namespace (util-linux, like setpriv); only root can make one.
+        self._nsenter = shutil.which("nsenter") if os.geteuid() == 0 else None
         self._needed = needed_paths()
         # Directories above the needed ones that task users may not enter (found once: they are masked
         # and the needed dirs bound back in every sandbox, or refused at start without one).
@@ -152,7 +160,8 @@ class Confinement:
     def describe(self) -> str:
         """Who tasks run as and how they are confined, for the log and the agent list."""
         where = (
-            "in a bubblewrap sandbox (own mount, PID and IPC namespaces)"
+            "in a bubblewrap sandbox (own mount and PID namespaces; /dev/shm and IPC shared by a job's "
+            "tasks on this machine alone)"
             if self.bwrap
             else "without a sandbox"
         )
@@ -163,7 +172,7 @@ class Confinement:
         sandbox = "bwrap sandbox" if self.bwrap else "no sandbox"
         if self.users.shared_with_agent:
             return f"{sandbox}; tasks share the agent's user"
-        return f"{sandbox}; {'a uid per task' if self.users.per_task else 'one task user'}"
+        return f"{sandbox}; {'a uid per job' if self.users.per_task else 'one task user'}"
 
     @property
     def sandboxed(self) -> bool:
@@ -174,35 +183,98 @@ class Confinement:
         command: list[str],
         paths: TaskPaths,
         identity: TaskIdentity,
-        gpu_indices: list[int],
+        gpus: Sequence[GpuNode],
         readable: Sequence[Path] = (),
+        share: JobShare | None = None,
     ) -> Launch:
         """How to spawn `command` for the task of `paths` as `identity` with its GPUs; `readable`: more
-        directories the task reads (its job's own environment and that environment's interpreter)."""
+        directories the task reads (its job's own environment and that environment's interpreter);
+        `share`: the /dev/shm and IPC namespace the job's tasks on this machine share
+        (worker_agent/job_shares.py)."""
         switch = not identity.shared
         if self.bwrap is None:
             return Launch(list(command), identity.uid if switch else None, identity.gid if switch else None)
-        argv = [self.bwrap, *self.mounts(paths, gpu_indices, readable)]
-        argv += ["--unshare-pid", "--unshare-ipc", "--chdir", str(paths.bundle_dir)]
-        argv.append("--")
-        if switch:
-            assert self._setpriv is not None
-            argv += [
-                self._setpriv,
-                f"--reuid={identity.uid}",
-                f"--regid={identity.gid}",
-                "--clear-groups",
-                "--inh-caps=-all",
-                "--bounding-set=-all",
-                "--",
-            ]
-        return Launch([*argv, *command], spare_leader=True)
+        argv = self._enter(share)
+        argv += [self.bwrap, *self.mounts(paths, gpus, readable, share)]
+        argv += self._unshare(share)
+        argv += ["--chdir", str(paths.bundle_dir), "--"]
+        return Launch([*argv, *self._drop_to(identity), *command], spare_leader=True)
 
-    def mounts(self, paths: TaskPaths, gpu_indices: list[int], readable: Sequence[Path] = ()) -> list[str]:
+    def probe_argv(self, command: list[str], identity: TaskIdentity, gpus: Sequence[GpuNode]) -> list[str]:
+        """A sandbox like a task's, without a task dir, for the agent's own check of what a task sees
+        (worker_agent/gpu_probe.py): the directory of `command`'s program stays readable."""
+        assert self.bwrap is not None, "no sandbox to probe"
+        program = Path(os.path.realpath(command[0]))
+        args = self._system_mounts([program.parent], None)
+        args += ["--perms", "0755", "--tmpfs", str(self.work_dir)]
+        args += self._device_binds(gpus)
+        argv = [self.bwrap, *args, "--unshare-pid", "--unshare-ipc", "--chdir", "/", "--"]
+        return [*argv, *self._drop_to(identity), *command]
+
+    def _drop_to(self, identity: TaskIdentity) -> list[str]:
+        """setpriv's options that drop a sandboxed process to `identity` ([] for the agent's own)."""
+        if identity.shared:
+            return []
+        assert self._setpriv is not None
+        return [
+            self._setpriv,
+            f"--reuid={identity.uid}",
+            f"--regid={identity.gid}",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            "--",
+        ]
+
+    def _enter(self, share: JobShare | None) -> list[str]:
+        """nsenter into the job's IPC namespace, where it has one (bwrap then makes no new one)."""
+        if share is None or share.ipc_namespace is None:
+            return []
+        assert self._nsenter is not None
+        return [self._nsenter, f"--ipc={share.ipc_namespace}", "--"]
+
+    @staticmethod
+    def _unshare(share: JobShare | None) -> list[str]:
+        if share is not None and share.ipc_namespace is not None:
+            return ["--unshare-pid"]
+        return ["--unshare-pid", "--unshare-ipc"]
+
+    def mounts(
+        self,
+        paths: TaskPaths,
+        gpus: Sequence[GpuNode] = (),
+        readable: Sequence[Path] = (),
+        share: JobShare | None = None,
+    ) -> list[str]:
         """bwrap's mount options for one task, in the order they must be applied."""
+        args = self._system_mounts(readable, share.shm_dir if share is not None else None)
+        extra = sorted({Path(os.path.realpath(p)) for p in readable}, key=lambda p: len(p.parts))
+        # Hidden again in case one of the binds above holds the work dir.
+        args += ["--perms", "0755", "--tmpfs", str(self.work_dir)]
+        task_dir = Path(os.path.realpath(paths.task_dir))
+        args += _dirs_between([self.work_dir], task_dir)
+        args += ["--bind", str(task_dir), str(task_dir)]
+        args += ["--ro-bind", str(task_dir / paths.bundle_dir.name), str(task_dir / paths.bundle_dir.name)]
+        checkpoints = Path(os.path.realpath(paths.checkpoint_dir))
+        if task_dir not in checkpoints.parents:  # a shared checkpoint filesystem of the operator's
+            args += ["--bind", str(checkpoints), str(checkpoints)]
+        for path in extra:
+            if self.work_dir in path.parents:
+                args += _dirs_between([self.work_dir, task_dir], path)
+                args += ["--ro-bind", str(path), str(path)]
+        args += self._device_binds(gpus)
+        return args
+
+    def _system_mounts(self, readable: Sequence[Path], shm_dir: Path | None) -> list[str]:
+        """The system read-only, fresh /proc and /dev, /dev/shm (the job's, else a fresh one), private
+        temp dirs, the work dir and closed dirs hidden, and the agent's Python and `readable` bound back
+        where a mask hid them (those under the work dir excepted: the caller binds them after it)."""
         args = ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
         # POSIX semaphores and shared memory (multiprocessing, NCCL) need a writable /dev/shm.
-        args += ["--perms", "1777", "--tmpfs", "/dev/shm"]
+        if shm_dir is not None:
+            args += ["--bind", str(shm_dir), "/dev/shm"]
+        else:
+            args += ["--perms", "1777", "--tmpfs", "/dev/shm"]
         masks = [Path(p) for p in PRIVATE_TEMP_DIRS if os.path.isdir(p)]
         masks += self._closed
         masks.append(self.work_dir)
@@ -221,35 +293,21 @@ class Confinement:
             if self.work_dir not in path.parents and any(m == path or m in path.parents for m in masks):
                 args += _dirs_between(masks, path)
                 args += ["--ro-bind", str(path), str(path)]
-        # Hidden again in case one of the binds above holds the work dir.
-        args += ["--perms", "0755", "--tmpfs", str(self.work_dir)]
-        task_dir = Path(os.path.realpath(paths.task_dir))
-        args += _dirs_between([self.work_dir], task_dir)
-        args += ["--bind", str(task_dir), str(task_dir)]
-        args += ["--ro-bind", str(task_dir / paths.bundle_dir.name), str(task_dir / paths.bundle_dir.name)]
-        checkpoints = Path(os.path.realpath(paths.checkpoint_dir))
-        if task_dir not in checkpoints.parents:  # a shared checkpoint filesystem of the operator's
-            args += ["--bind", str(checkpoints), str(checkpoints)]
-        for path in extra:
-            if self.work_dir in path.parents:
-                args += _dirs_between([self.work_dir, task_dir], path)
-                args += ["--ro-bind", str(path), str(path)]
-        for device in gpu_device_paths(gpu_indices):
-            args += ["--dev-bind", device, device]
         return args
 
-
-def gpu_device_paths(indices: list[int]) -> list[str]:
-    """The device nodes of the given GPUs plus the NVIDIA control devices, those that exist.
-
-    GPU i is taken to be /dev/nvidia<i>: nvidia-smi numbers GPUs in PCI bus order and the driver gives
-    minor numbers in the order it probes them, which is the same on the machines seen so far; the
-    device's minor number (/proc/driver/nvidia/gpus/*/information) would be the exact mapping.
-    """
-    if not indices:
-        return []
-    wanted = [f"/dev/nvidia{i}" for i in indices] + list(GPU_CONTROL_DEVICES) + list(GPU_CONTROL_DIRS)
-    return [path for path in wanted if os.path.exists(path)]
+    def _device_binds(self, gpus: Sequence[GpuNode]) -> list[str]:
+        """The nodes of exactly these GPUs, at /dev/nvidia<minor>, and the NVIDIA control devices."""
+        if not gpus:
+            return []
+        args: list[str] = []
+        for gpu in gpus:
+            source = gpu.source(self.driver)
+            if source is None or not os.path.exists(source):
+                raise SandboxError(f"GPU {gpu.index} ({gpu.uuid}) has no device node to bind ({source})")
+            args += ["--dev-bind", str(source), gpu.node]
+        for source, target in control_device_paths(self.driver):
+            args += ["--dev-bind", str(source), str(target)]
+        return args
 
 
 def _dirs_between(masks: list[Path], target: Path) -> list[str]:

@@ -6,12 +6,13 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from mwms import task_environment
 from mwms.v1 import agent_pb2
+from mwms.worker_agent.gpu_nodes import GpuNode
 from mwms.worker_agent.stacks import handler_environment
 from mwms.worker_agent.task_files import hand_over
 
@@ -114,9 +115,47 @@ AGENT_SECRETS = frozenset({"MWMS_JOIN_TOKEN", "MWMS_TOKEN", "MWMS_ADMIN_TOKEN"})
 SECRET_LIKE_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|_KEY$|APIKEY", re.IGNORECASE)
 
 
+# The agent's own GPU settings (NVIDIA_VISIBLE_DEVICES of a container runtime, CUDA_VISIBLE_DEVICES of the
+# shell that started it, ...) would contradict the GPUs a task is given: a task gets only those mwms sets.
+# The driver's libraries stay reachable: they are found through ld.so's paths, not these.
+AGENT_GPU_PREFIXES = ("NVIDIA_", "CUDA_")
+
+
 def inherited(name: str) -> bool:
     """Whether a variable of the agent's environment is passed on to its tasks."""
-    return name not in AGENT_SECRETS and not name.startswith("MWMS_") and not SECRET_LIKE_NAME.search(name)
+    return (
+        name not in AGENT_SECRETS
+        and not name.startswith(("MWMS_", *AGENT_GPU_PREFIXES))
+        and not SECRET_LIKE_NAME.search(name)
+    )
+
+
+def gpu_variables(start: agent_pb2.StartTask, gpus: Sequence[GpuNode], sandboxed: bool) -> dict[str, str]:
+    """How a task is told its GPUs, in a form CUDA resolves inside its sandbox and outside it.
+
+    By UUID (CUDA_VISIBLE_DEVICES=GPU-...; MWMS_GPU_UUIDS the same): a sandbox shows CUDA only the bound
+    nodes and CUDA numbers those from 0, so a host index (GPU 1) names nothing there. Without a UUID,
+    ordinals from 0 in a sandbox, host indices in PCI order (nvidia-smi's) without one. `gpus`: the
+    GPUs of start.device_indices, in that order (none known: the indices alone).
+    """
+    if start.device_kind != agent_pb2.DEVICE_KIND_GPU:
+        return {
+            task_environment.CUDA_VISIBLE_DEVICES: "",
+            task_environment.NUM_GPUS: "0",
+            task_environment.GPU_UUIDS: "",
+        }
+    given = list(gpus) or [GpuNode(index, "") for index in start.device_indices]
+    uuids = [gpu.uuid for gpu in given]
+    variables = {task_environment.NUM_GPUS: str(len(given)), task_environment.GPU_UUIDS: ",".join(uuids)}
+    if all(uuids):
+        visible = ",".join(uuids)
+    elif sandboxed:
+        visible = ",".join(str(ordinal) for ordinal in range(len(given)))
+    else:
+        visible = ",".join(str(gpu.index) for gpu in given)
+        variables["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's own order is fastest first
+    variables[task_environment.CUDA_VISIBLE_DEVICES] = visible
+    return variables
 
 
 def child_environment(
@@ -124,10 +163,13 @@ def child_environment(
     paths: TaskPaths,
     agent_env: Mapping[str, str],
     user: tuple[str, bool] = ("", True),
+    *,
+    gpus: Sequence[GpuNode] = (),
+    sandboxed: bool = False,
 ) -> dict[str, str]:
-    """The agent's environment less its secrets and settings, then StartTask.env, then the variables the
-    agent owns (mwms/task_environment.py names them). `user` is (name, shared with the agent): a task
-    of its own user gets its own HOME."""
+    """The agent's environment less its secrets, settings and GPU variables, then StartTask.env, then the
+    variables the agent owns (mwms/task_environment.py names them). `user` is (name, shared with the
+    agent): a task of its own user gets its own HOME. `gpus`, `sandboxed`: see `gpu_variables`."""
     env = {name: value for name, value in agent_env.items() if inherited(name)}
     # The gang's TF_CONFIG comes from the coordinator alone; one from the agent's shell would mislead TensorFlow.
     env.pop(task_environment.TF_CONFIG, None)
@@ -141,11 +183,9 @@ def child_environment(
     else:
         env.pop(task_environment.TF_CONFIG, None)
     is_gpu = start.device_kind == agent_pb2.DEVICE_KIND_GPU
+    env.update(gpu_variables(start, gpus, sandboxed))
     env.update(
         {
-            task_environment.CUDA_VISIBLE_DEVICES: ",".join(str(i) for i in start.device_indices)
-            if is_gpu
-            else "",
             task_environment.JOB_ID: start.job_id,
             task_environment.TASK_ID: start.task_id,
             task_environment.ATTEMPT: str(start.attempt),
@@ -157,7 +197,6 @@ def child_environment(
             task_environment.DEVICE_KIND: task_environment.DEVICE_KIND_GPU
             if is_gpu
             else task_environment.DEVICE_KIND_CPU,
-            task_environment.NUM_GPUS: str(len(start.device_indices)) if is_gpu else "0",
             task_environment.PYTHONUNBUFFERED: "1",
             # Temporary files (e.g. non-chief save paths) stay inside the task dir, removed with the task.
             task_environment.TMPDIR: str(paths.tmp_dir),

@@ -11,6 +11,7 @@ from mwms.v1 import agent_pb2
 from mwms.worker_agent import agent_state
 from mwms.worker_agent.agent_state import TaskEntry
 from mwms.worker_agent.environments import Environment
+from mwms.worker_agent.job_shares import JobShare
 from mwms.worker_agent.outbox import Outbox
 from mwms.worker_agent.runner import TaskProcess
 from mwms.worker_agent.task_env import TaskPaths
@@ -70,6 +71,8 @@ class TaskRecord:
         self.identity: TaskIdentity | None = None
         # The job's own Python environment the task holds (worker_agent/environments.py), if it has one.
         self.environment: Environment | None = None
+        # The /dev/shm and IPC namespace it shares with its job's other tasks here (worker_agent/job_shares.py).
+        self.share: JobShare | None = None
         self.stop_reason: str | None = None
         self.final_acked = False
         self.lock = threading.RLock()

@@ -1,8 +1,10 @@
 """Who a task runs as: never the agent's own user when the agent is root, never root.
 
 An agent started as root gives each running task a uid of its own from a configured range (one per
-concurrent task, with the gid of the same number and no supplementary groups), so two tasks on one
-machine cannot read each other's `/proc/<pid>/environ`, files or memory, and none can read the agent's.
+concurrent job on this machine, with the gid of the same number and no supplementary groups), so two jobs'
+tasks on one machine cannot read each other's `/proc/<pid>/environ`, files or memory, and none can read the
+agent's. The running tasks of one job here share their uid, as they share their /dev/shm
+(worker_agent/job_shares.py): NCCL's shared memory files between them are readable by their owner alone.
 With `--task-user` every task runs as that one unprivileged account instead. An agent that is not root
 cannot change identity: its tasks share its uid, which it says at start and in its registration.
 """
@@ -45,6 +47,7 @@ class TaskUsers:
         self._agent_uid = os.geteuid() if agent_uid is None else agent_uid
         self._lock = threading.Lock()
         self._in_use: dict[str, int] = {}
+        self._job_of: dict[str, str] = {}
         self._fixed: TaskIdentity | None = None
         self._low, self._high = uid_range
         if self._agent_uid != 0:
@@ -91,21 +94,41 @@ class TaskUsers:
             return f"tasks run as {self._fixed.name} (uid {self._fixed.uid})"
         return f"each task runs as a uid of its own from {self._low}-{self._high}"
 
-    def acquire(self, task_id: str) -> TaskIdentity:
-        """The identity `task_id` runs as; the same one again for a task that already holds one."""
+    def acquire(self, task_id: str, job_id: str = "") -> TaskIdentity:
+        """The identity `task_id` runs as; the same one again for a task that already holds one. The
+        running tasks of one job (`job_id`) share a uid: they share their /dev/shm, whose files NCCL makes
+        readable by their owner alone (worker_agent/job_shares.py)."""
         if self._fixed is not None:
             return self._fixed
         with self._lock:
             held = self._in_use.get(task_id)
             if held is None:
-                held = self._free_uid()
+                held = self._uid_of_job(job_id) if job_id else None
+                if held is None:
+                    held = self._free_uid()
                 self._in_use[task_id] = held
+                self._job_of[task_id] = job_id
         return TaskIdentity(held, held, f"uid {held}")
 
-    def release(self, task_id: str) -> None:
-        """Gives the task's uid back once none of its processes can be left (the task has ended)."""
+    def release(self, task_id: str) -> bool:
+        """Gives the task's uid back once none of its processes can be left (the task has ended); True when
+        no other task holds that uid now (its job's other tasks here may)."""
         with self._lock:
-            self._in_use.pop(task_id, None)
+            uid = self._in_use.pop(task_id, None)
+            self._job_of.pop(task_id, None)
+            return uid is None or uid not in self._in_use.values()
+
+    def sole_holder(self, task_id: str) -> bool:
+        """Whether no other task holds `task_id`'s uid (its job's other tasks here share it)."""
+        with self._lock:
+            uid = self._in_use.get(task_id)
+            return uid is None or sum(held == uid for held in self._in_use.values()) == 1
+
+    def _uid_of_job(self, job_id: str) -> int | None:
+        for task_id, job in self._job_of.items():
+            if job == job_id and task_id in self._in_use:
+                return self._in_use[task_id]
+        return None
 
     def _free_uid(self) -> int:
         taken = set(self._in_use.values())

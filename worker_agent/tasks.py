@@ -20,6 +20,7 @@ import queue
 import shutil
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,8 @@ from mwms.worker_agent.environments import (
     EnvironmentCache,
     EnvironmentSpec,
 )
+from mwms.worker_agent.gpu_nodes import GpuNode
+from mwms.worker_agent.job_shares import JobShares
 from mwms.worker_agent.metrics import MetricsTail
 from mwms.worker_agent.runner import (
     CommandNotRunnable,
@@ -58,6 +61,12 @@ from mwms.worker_agent.task_record import (
 from mwms.worker_agent.task_users import TaskUserError, TaskUsers, end_processes_of
 
 log = logging.getLogger("mwms.agent.tasks")
+
+
+class UnknownGpu(Exception):
+    """A task was given a GPU index this agent does not offer."""
+
+
 # Keyword arguments of TaskProcess for the identity switch, and the confined argv.
 TaskProcessArgs = tuple[dict[str, Any], list[str]]
 METRICS_POLL_SECONDS = 0.5
@@ -81,10 +90,15 @@ class TaskManager:
         default_grace_seconds: float = 10.0,
         confinement: Confinement | None = None,
         environments: EnvironmentCache | None = None,
+        gpus: Mapping[int, GpuNode] | None = None,
     ) -> None:
         self._work_dir = work_dir
         # Without one (tests of the bookkeeping): tasks run unconfined as the agent's own user.
         self._confinement = confinement or Confinement(work_dir, TaskUsers.agents_own(), None)
+        # The GPUs this agent offers by host index (worker_agent/gpu_nodes.py); none: tasks are told the
+        # indices they were given alone.
+        self._gpus = dict(gpus or {})
+        self._shares = JobShares(work_dir)
         self._stub = stub
         self._hostname = hostname
         self._default_grace = default_grace_seconds
@@ -272,6 +286,7 @@ class TaskManager:
             )
             agent_state.stop_groups([e.pgid for e in orphans], grace_seconds)
         stopped = {e.task_id for e in orphans}
+        self._shares.clean_stale()  # their jobs' /dev/shm and IPC namespaces
         for entry in entries:
             start = agent_pb2.StartTask(
                 task_id=entry.task_id, job_id=entry.job_id, attempt=entry.attempt, task_index=entry.task_index
@@ -411,8 +426,11 @@ class TaskManager:
             archive = self._bundles.get(start.bundle_digest) if start.bundle_digest else None
             if record.ended:
                 return
-            identity = self._confinement.users.acquire(record.task_id)
+            gpus = self._gpus_of(start)
+            identity = self._confinement.users.acquire(record.task_id, start.job_id)
             record.identity = identity
+            if self._confinement.sandboxed:
+                record.share = self._shares.acquire(start.job_id, record.task_id, identity.uid, identity.gid)
             # Filled while only the agent can write there, then handed to the task's user.
             with self._records_lock:
                 self._dir_owners[record.paths.task_dir] = record.task_id
@@ -433,7 +451,14 @@ class TaskManager:
                     self._release_identity(record)
                     return
                 command = resolve_command(list(start.command), str(environment.python))
-            env = child_environment(start, record.paths, os.environ, (identity.name, identity.shared))
+            env = child_environment(
+                start,
+                record.paths,
+                os.environ,
+                (identity.name, identity.shared),
+                gpus=gpus,
+                sandboxed=self._confinement.sandboxed,
+            )
             if environment is not None:
                 env = in_environment(env, environment.prefix)
             check_runnable(command[0], shown, env.get("PATH"), record.paths.bundle_dir)
@@ -443,7 +468,7 @@ class TaskManager:
             self._spawn(record, command, env)
         except CommandNotRunnable as error:
             self._never_started(record, error)
-        except TaskUserError as error:
+        except (TaskUserError, UnknownGpu) as error:
             self._reject(record, str(error))
         except (BundleError, ArchiveError) as error:
             self._reject(record, str(error))
@@ -513,11 +538,9 @@ class TaskManager:
         """The argv and identity switch that run `command` confined as the task's user."""
         identity = record.identity
         assert identity is not None, "the task has no identity yet"
-        gpus = (
-            list(record.start.device_indices) if record.start.device_kind == agent_pb2.DEVICE_KIND_GPU else []
-        )
+        gpus = self._gpus_of(record.start) if self._confinement.sandboxed else []
         readable = [] if record.environment is None else environment_paths(record.environment)
-        launch = self._confinement.launch(command, record.paths, identity, gpus, readable)
+        launch = self._confinement.launch(command, record.paths, identity, gpus, readable, record.share)
         return {"user": launch.user, "group": launch.group, "spare_leader": launch.spare_leader}, launch.argv
 
     def _release_identity(self, record: TaskRecord) -> None:
@@ -527,12 +550,29 @@ class TaskManager:
         if record.environment is not None:
             self._environments.release(record.environment)
             record.environment = None
+        if record.share is not None:
+            self._shares.release(record.share.job_id, record.task_id)
+            record.share = None
         identity = record.identity
         if identity is None:
             return
-        if not identity.shared and not self._confinement.sandboxed and self._confinement.users.per_task:
-            end_processes_of(identity.uid)
-        self._confinement.users.release(record.task_id)
+        users = self._confinement.users
+        if not identity.shared and not self._confinement.sandboxed and users.per_task:
+            if users.sole_holder(record.task_id):  # not while the job's other tasks here run as it
+                end_processes_of(identity.uid)
+        users.release(record.task_id)
+
+    def _gpus_of(self, start: agent_pb2.StartTask) -> list[GpuNode]:
+        """The GPUs of a GPU task, in its order; [] for a CPU task or an agent that knows no GPU table."""
+        if start.device_kind != agent_pb2.DEVICE_KIND_GPU or not self._gpus:
+            return []
+        unknown = [i for i in start.device_indices if i not in self._gpus]
+        if unknown:
+            raise UnknownGpu(
+                f"this agent offers no GPU {', '.join(map(str, unknown))} (it offers "
+                f"{', '.join(map(str, sorted(self._gpus)))}); the coordinator will place the job again"
+            )
+        return [self._gpus[i] for i in start.device_indices]
 
     def _preflight_passed(self, record: TaskRecord, env: dict[str, str]) -> bool:
         """Runs the gang's preflight check (worker_agent/preflight.py); False when the task ended instead."""

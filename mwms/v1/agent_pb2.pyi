@@ -128,11 +128,17 @@ class Device(_message.Message):
     NAME_FIELD_NUMBER: _builtins.int
     UUID_FIELD_NUMBER: _builtins.int
     MEMORY_MIB_FIELD_NUMBER: _builtins.int
+    NODE_FIELD_NUMBER: _builtins.int
     kind: Global___DeviceKind.ValueType
     index: _builtins.int
     name: _builtins.str
     uuid: _builtins.str
     memory_mib: _builtins.int
+    node: _builtins.str
+    """A GPU's device node, found from its minor number (NVML, /proc/driver/nvidia/gpus), e.g. "/dev/nvidia3":
+    not always /dev/nvidia<index>. Empty for CPU slots and for a GPU of an unsandboxed agent that could not
+    find it.
+    """
     def __init__(
         self,
         *,
@@ -141,10 +147,11 @@ class Device(_message.Message):
         name: _builtins.str = ...,
         uuid: _builtins.str = ...,
         memory_mib: _builtins.int = ...,
+        node: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "kind", b"kind", "memory_mib", b"memory_mib", "name", b"name", "uuid", b"uuid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "kind", b"kind", "memory_mib", b"memory_mib", "name", b"name", "node", b"node", "uuid", b"uuid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from fake_gpus import FAKE_NVIDIA_SMI, MINORS, UUIDS, write_stand_in_driver
+
 from mwms import agent_defaults
 from mwms.worker_agent.config import ephemeral_overlap_warning, ephemeral_range
 
@@ -38,10 +40,12 @@ def tools_with(tmp_path: Path, nvidia_smi: str | None) -> str:
     return f"{tools}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}/usr/bin{os.pathsep}/bin"
 
 
-def agent_start_log(tmp_path: Path, path: str, *args: str, until: str = "coordinator") -> str:
+def agent_start_log(
+    tmp_path: Path, path: str, *args: str, until: str = "coordinator", env: dict[str, str] | None = None
+) -> str:
     """The agent's stderr up to its first attempt to register (`until` seen), then it is stopped."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("MWMS_")}
-    env = {**clean, "PATH": path, "MWMS_JOIN_TOKEN": "start-warnings-test-join-token"}
+    env = {**clean, "PATH": path, "MWMS_JOIN_TOKEN": "start-warnings-test-join-token", **(env or {})}
     command = [sys.executable, "-m", "mwms.cli.main", "agent", "--server", NOWHERE, "--name", "a"]
     command += ["--work-dir", str(tmp_path / "work"), *args]
     agent = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -89,9 +93,44 @@ def test_cpu_slots_asked_for_with_slots_bring_no_warning(tmp_path: Path) -> None
 
 
 def test_slots_beside_gpus_are_said_to_be_ignored(tmp_path: Path) -> None:
-    said = agent_start_log(tmp_path, tools_with(tmp_path, ONE_GPU_SMI), "--slots", "4")
-    assert "found 1 GPU(s); --slots 4 is ignored" in said
+    driver = write_stand_in_driver(tmp_path / "driver")
+    said = agent_start_log(tmp_path, tools_with(tmp_path, FAKE_NVIDIA_SMI), "--slots", "4", env=driver)
+    assert "found 2 GPU(s); --slots 4 is ignored" in said
+    assert "offering 2 GPU(s): Stand-in GPU, Stand-in GPU" in said
+
+
+def test_a_gpu_whose_node_is_missing_is_not_offered_and_the_agent_says_why(tmp_path: Path) -> None:
+    driver = write_stand_in_driver(tmp_path / "driver")
+    (Path(driver["MWMS_NVIDIA_DEV_DIR"]) / f"nvidia{MINORS[1]}").unlink()
+    said = agent_start_log(tmp_path, tools_with(tmp_path, FAKE_NVIDIA_SMI), "--sandbox", "bwrap", env=driver)
+    assert f"GPU 1 ({UUIDS[1]}) is not offered: its device node" in said
+    assert f"nvidia{MINORS[1]} does not exist (minor number {MINORS[1]})" in said
+    assert "sandbox checked: a task given GPU 0 (/dev/nvidia1) sees exactly that GPU" in said
     assert "offering 1 GPU(s): Stand-in GPU" in said
+
+
+def test_a_gpu_without_a_minor_number_is_not_offered_by_a_sandboxed_agent(tmp_path: Path) -> None:
+    # No driver files at all (a host whose /proc/driver/nvidia is hidden): nvidia-smi's GPU 0 would be
+    # assumed to be /dev/nvidia0, which on this stand-in machine is GPU 1's.
+    said = agent_start_log(tmp_path, tools_with(tmp_path, ONE_GPU_SMI), "--sandbox", "bwrap")
+    assert f"GPU 0 ({UUIDS[0]}) is not offered: its minor number is unknown" in said
+    assert "no GPU found (GPU 0" in said and "this agent offers 1 CPU slot instead" in said
+
+
+def test_a_sandbox_that_shows_a_task_no_gpu_leaves_the_gpu_out(tmp_path: Path) -> None:
+    # A driver that needs more than the sandbox binds: `nvidia-smi -L` inside lists nothing.
+    blind = FAKE_NVIDIA_SMI.replace(
+        'if [ "$1" = "-L" ]; then',
+        'if [ "$1" = "-L" ]; then echo "No devices found."; exit 6; fi\nif false; then',
+    )
+    driver = write_stand_in_driver(tmp_path / "driver")
+    said = agent_start_log(tmp_path, tools_with(tmp_path, blind), "--sandbox", "bwrap", env=driver)
+    assert (
+        f"GPU 0 ({UUIDS[0]}) is not offered: a sandboxed task given it (node /dev/nvidia{MINORS[0]}) sees no GPU"
+        in said
+    )
+    assert "No devices found." in said
+    assert "this agent offers 1 CPU slot instead" in said
 
 
 def test_a_port_range_inside_the_ephemeral_range_gets_a_warning_with_one_to_use(tmp_path: Path) -> None:
