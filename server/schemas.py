@@ -322,6 +322,13 @@ class PriorityChange(BaseModel):
     priority: Priority
 
 
+DEVICE_UUIDS_DESCRIPTION = (
+    'the UUID of each GPU of device_indices, in the same order, as its agent registered it ("" where '
+    "unknown); empty for a CPU task"
+)
+DEVICE_UUID_DESCRIPTION = 'the GPU\'s UUID, as its agent registered it ("" where unknown)'
+
+
 class TaskOut(BaseModel):
     id: str
     index: int
@@ -334,7 +341,8 @@ class TaskOut(BaseModel):
     message: str
     pid: int | None = Field(description="process id on the agent's machine while it runs")
     device_kind: str
-    device_indices: list[int]
+    device_indices: list[int] = Field(description="the host's indices of the devices it holds")
+    device_uuids: list[str] = Field(default_factory=list, description=DEVICE_UUIDS_DESCRIPTION)
     tf_config: str
     started_at: datetime | None
     ended_at: datetime | None
@@ -453,6 +461,11 @@ class DeviceOut(BaseModel):
     index: int
     name: str
     uuid: str = ""
+    node: str = Field(
+        default="",
+        description='its device file on the agent\'s machine, e.g. "/dev/nvidia3"; empty for CPU slots and '
+        "from agents that do not report it",
+    )
     memory_mib: int = 0
 
 
@@ -462,7 +475,8 @@ class AgentTaskOut(BaseModel):
     task_index: int
     attempt: int
     state: str
-    device_indices: list[int]
+    device_indices: list[int] = Field(description="the host's indices of the devices it holds")
+    device_uuids: list[str] = Field(default_factory=list, description=DEVICE_UUIDS_DESCRIPTION)
 
 
 class AgentOut(BaseModel):
@@ -473,7 +487,7 @@ class AgentOut(BaseModel):
     port_range: str
     version: str
     task_isolation: str = Field(
-        "", description="How the agent confines its tasks, e.g. 'bwrap sandbox; a uid per task'"
+        "", description="How the agent confines its tasks, e.g. 'bwrap sandbox; a uid per job'"
     )
     online: bool
     state: Literal["online", "stopped", "lost", "removed"] = Field(
@@ -625,6 +639,7 @@ class DeviceSampleOut(BaseModel):
     """One device's newest sample (GPU, through NVML on its agent), as the coordinator received it."""
 
     index: int
+    uuid: str = Field(default="", description=DEVICE_UUID_DESCRIPTION)
     utilization_pct: float
     memory_used_mib: int
     memory_total_mib: int
@@ -644,6 +659,7 @@ class DevicePointOut(BaseModel):
 
 class DeviceSeriesOut(BaseModel):
     index: int
+    uuid: str = Field(default="", description=DEVICE_UUID_DESCRIPTION)
     points: list[DevicePointOut]
 
 
@@ -665,7 +681,8 @@ class TaskDevicesOut(BaseModel):
     agent_id: str
     agent_name: str
     device_kind: str
-    device_indices: list[int]
+    device_indices: list[int] = Field(description="the host's indices of the devices it holds")
+    device_uuids: list[str] = Field(default_factory=list, description=DEVICE_UUIDS_DESCRIPTION)
     started_at: datetime | None
     ended_at: datetime | None
     series: list[DeviceSeriesOut] = Field(description="empty for CPU tasks and tasks that never started")

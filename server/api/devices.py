@@ -20,7 +20,7 @@ from mwms.server.schemas import (
     JobDevicesOut,
     TaskDevicesOut,
 )
-from mwms.server.services import device_series, device_telemetry, jobs
+from mwms.server.services import device_identity, device_series, device_telemetry, jobs
 from mwms.server.services.device_series import DeviceSeries
 from mwms.server.services.device_telemetry import LatestSample, LatestSamples
 
@@ -35,9 +35,10 @@ def latest_samples(wiring: WiringDep) -> LatestSamples:
 Latest = Annotated[LatestSamples, Depends(latest_samples)]
 
 
-def _sample_out(s: LatestSample) -> DeviceSampleOut:
+def _sample_out(s: LatestSample, uuids: dict[int, str]) -> DeviceSampleOut:
     return DeviceSampleOut(
         index=s.index,
+        uuid=uuids.get(s.index, ""),
         utilization_pct=s.utilization_pct,
         memory_used_mib=s.memory_used_mib,
         memory_total_mib=s.memory_total_mib,
@@ -50,6 +51,7 @@ def _series_out(series: list[DeviceSeries]) -> list[DeviceSeriesOut]:
     return [
         DeviceSeriesOut(
             index=s.index,
+            uuid=s.uuid,
             points=[
                 DevicePointOut(
                     at=p.at,
@@ -70,8 +72,11 @@ def latest_devices(session: ReadSession, wiring: WiringDep, latest: Latest) -> l
     """The newest sample of every device of every agent, whichever replica holds its stream: those this
     replica heard since it started, and those other replicas stored in the last minute."""
     readings = device_telemetry.newest_readings(session, latest, wiring.replica.id)
+    uuids = device_identity.agents_gpu_uuids(session, readings.keys())
     return [
-        AgentLatestDevicesOut(agent_id=agent_id, devices=[_sample_out(s) for s in devices])
+        AgentLatestDevicesOut(
+            agent_id=agent_id, devices=[_sample_out(s, uuids.get(agent_id, {})) for s in devices]
+        )
         for agent_id, devices in readings.items()
     ]
 
@@ -86,12 +91,13 @@ def agent_devices(
 ) -> AgentDevicesOut:
     """An agent's devices: the newest sample of each (whichever replica holds its stream), and each one's
     series over the last `minutes`; `refused` counts what this replica refused of its streams."""
-    agent_id = device_series.agent_for_devices(session, agent).id
+    found = device_series.agent_for_devices(session, agent)
+    agent_id, uuids = found.id, device_identity.uuids_by_index(found.devices)
     width, series = device_series.agent_series(session, agent_id, minutes)
     newest = device_telemetry.newest_readings(session, latest, wiring.replica.id, agent_id=agent_id)
     return AgentDevicesOut(
         agent_id=agent_id,
-        latest=[_sample_out(s) for s in newest.get(agent_id, [])],
+        latest=[_sample_out(s, uuids) for s in newest.get(agent_id, [])],
         bucket_seconds=width,
         series=_series_out(series),
         refused=latest.refused(agent_id),
@@ -120,6 +126,7 @@ def job_devices(
                 agent_name=t.agent_name,
                 device_kind=t.device_kind,
                 device_indices=t.device_indices,
+                device_uuids=t.device_uuids,
                 started_at=t.started_at,
                 ended_at=t.ended_at,
                 series=_series_out(t.series),

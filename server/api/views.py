@@ -29,13 +29,14 @@ from mwms.server.services.views import AgentView, JobView
 from mwms.server.states import JobState
 
 
-def task_out(task: Task, names: dict[str, str]) -> TaskOut:
+def task_out(task: Task, view: JobView) -> TaskOut:
+    """A task of `view`'s job, with its agent's name and its GPUs' UUIDs."""
     return TaskOut(
         id=task.id,
         index=task.index,
         attempt=task.attempt_number,
         agent_id=task.agent_id,
-        agent_name=names.get(task.agent_id, task.agent_id),
+        agent_name=view.agent_names.get(task.agent_id, task.agent_id),
         address=f"{task.host}:{task.port}",
         state=task.state,
         exit_code=task.exit_code,
@@ -43,6 +44,7 @@ def task_out(task: Task, names: dict[str, str]) -> TaskOut:
         pid=task.pid,
         device_kind=task.device_kind,
         device_indices=list(task.device_indices),
+        device_uuids=view.device_uuids(task),
         tf_config=task.tf_config,
         started_at=task.started_at,
         ended_at=task.ended_at,
@@ -77,14 +79,14 @@ def job_summary(job: Job, attempts: int, progress: Progress) -> JobSummary:
     )
 
 
-def attempt_out(attempt: Attempt, names: dict[str, str]) -> AttemptOut:
+def attempt_out(attempt: Attempt, view: JobView) -> AttemptOut:
     return AttemptOut(
         number=attempt.number,
         state=attempt.state,
         reason=attempt.reason,
         created_at=attempt.created_at,
         ended_at=attempt.ended_at,
-        tasks=[task_out(t, names) for t in attempt.tasks],
+        tasks=[task_out(t, view) for t in attempt.tasks],
     )
 
 
@@ -109,7 +111,7 @@ def environment_out(stored: dict[str, Any] | None) -> EnvironmentOut | None:
 
 def job_out(view: JobView) -> JobOut:
     """A job in full, from services.views.job_view."""
-    job, names = view.job, view.agent_names
+    job = view.job
     summary = job_summary(job, len(job.attempts), view.progress)
     options = job.options
     return JobOut(
@@ -125,8 +127,8 @@ def job_out(view: JobView) -> JobOut:
         agents=options.get("agents"),
         preemption_grace_seconds=options.get("preemption_grace_seconds"),
         environment=environment_out(job.environment),
-        tasks=[task_out(t, names) for t in (job.attempts[-1].tasks if job.attempts else [])],
-        attempt_history=[attempt_out(a, names) for a in job.attempts],
+        tasks=[task_out(t, view) for t in (job.attempts[-1].tasks if job.attempts else [])],
+        attempt_history=[attempt_out(a, view) for a in job.attempts],
         events=[
             JobEventOut(from_state=e.from_state, to_state=e.to_state, reason=e.reason, at=e.at)
             for e in job.events
@@ -161,6 +163,7 @@ def agent_out(view: AgentView) -> AgentOut:
                 attempt=t.attempt_number,
                 state=t.state,
                 device_indices=list(t.device_indices),
+                device_uuids=view.device_uuids(t),
             )
             for t in view.tasks
         ],

@@ -45,6 +45,7 @@ def registration(request: pb.RegisterRequest) -> Registration:
                 "index": d.index,
                 "name": d.name,
                 "uuid": d.uuid,
+                "node": d.node,  # its device file, e.g. /dev/nvidia3; "" from an agent older than the field
                 "memory_mib": d.memory_mib,
             }
             for d in request.devices

@@ -75,11 +75,8 @@ def validate_registration(reg: Registration) -> None:
     if len(reg.devices) > MAX_DEVICES:
         raise InvalidInput(f"an agent offers at most {MAX_DEVICES} devices; lower --slots")
     for device in reg.devices:
-        if (
-            len(str(device.get("name", ""))) > MAX_DEVICE_TEXT
-            or len(str(device.get("uuid", ""))) > MAX_DEVICE_TEXT
-        ):
-            raise InvalidInput(f"device names and uuids are at most {MAX_DEVICE_TEXT} characters")
+        if any(len(str(device.get(key, ""))) > MAX_DEVICE_TEXT for key in ("name", "uuid", "node")):
+            raise InvalidInput(f"device names, uuids and nodes are at most {MAX_DEVICE_TEXT} characters")
         if not 0 <= int(device["index"]) < MAX_DEVICES:
             raise InvalidInput(f"device indices must lie in 0-{MAX_DEVICES - 1}")
     if len({int(d["index"]) for d in reg.devices}) != len(reg.devices):

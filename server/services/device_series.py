@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from mwms.server.db.models import Agent, Attempt, DeviceSample, Job, Task, utcnow
 from mwms.server.services.agent_references import find_agent
+from mwms.server.services.device_identity import task_uuids, uuids_by_index
 
 MAX_POINTS = 240
 MIN_BUCKET_SECONDS = 5
@@ -37,6 +38,7 @@ class SeriesPoint:
 class DeviceSeries:
     index: int
     points: list[SeriesPoint] = field(default_factory=list)
+    uuid: str = ""  # as the agent registered it
 
 
 @dataclass
@@ -48,6 +50,7 @@ class TaskDevices:
     agent_name: str
     device_kind: str
     device_indices: list[int]
+    device_uuids: list[str]  # in the order of device_indices ("" where unknown); [] for a CPU task
     started_at: datetime | None
     ended_at: datetime | None
     series: list[DeviceSeries]
@@ -112,7 +115,11 @@ def agent_series(
     start = end - timedelta(minutes=minutes)
     width = bucket_seconds(start, end)
     found = _bucketed(session, [agent_id], start, end, width)
-    return width, [DeviceSeries(index, points) for (_, index), points in sorted(found.items())]
+    agent = session.get(Agent, agent_id)  # loaded already when the caller found it by reference
+    uuids = uuids_by_index(agent.devices if agent is not None else [])
+    return width, [
+        DeviceSeries(index, points, uuids.get(index, "")) for (_, index), points in sorted(found.items())
+    ]
 
 
 def job_series(session: Session, job: Job, attempt: int | None, now: datetime | None = None) -> JobDevices:
@@ -122,7 +129,7 @@ def job_series(session: Session, job: Job, attempt: int | None, now: datetime | 
     if number is None:
         return JobDevices(None, MIN_BUCKET_SECONDS, [])
     rows = session.execute(
-        select(Task, Agent.name)
+        select(Task, Agent.name, Agent.devices)
         .join(Attempt, Attempt.id == Task.attempt_id)
         .join(Agent, Agent.id == Task.agent_id)
         .where(Attempt.job_id == job.id, Attempt.number == number)
@@ -131,29 +138,30 @@ def job_series(session: Session, job: Job, attempt: int | None, now: datetime | 
     end_of_all = now or utcnow()
     windows = {
         task.id: (task.started_at, task.ended_at or end_of_all)
-        for task, _ in rows
+        for task, _, _ in rows
         if task.device_kind == "gpu" and task.started_at is not None
     }
     if windows:
         start = min(w[0] for w in windows.values())
         end = max(w[1] for w in windows.values())
         width = bucket_seconds(start, end)
-        agents = sorted({task.agent_id for task, _ in rows if task.id in windows})
+        agents = sorted({task.agent_id for task, _, _ in rows if task.id in windows})
         found = _bucketed(session, agents, start - timedelta(seconds=width), end, width)
     else:
         width, found = MIN_BUCKET_SECONDS, {}
     tasks = []
-    for task, agent_name in rows:
+    for task, agent_name, devices in rows:
+        uuids = task_uuids(task.device_kind, task.device_indices, uuids_by_index(devices or []))
         series = []
         if task.id in windows:
             task_start, task_end = windows[task.id]
-            for index in task.device_indices:
+            for index, uuid in zip(task.device_indices, uuids, strict=True):
                 points = [
                     p
                     for p in found.get((task.agent_id, int(index)), [])
                     if task_start - timedelta(seconds=width) < p.at <= task_end
                 ]
-                series.append(DeviceSeries(int(index), points))
+                series.append(DeviceSeries(int(index), points, uuid))
         tasks.append(
             TaskDevices(
                 task_index=task.index,
@@ -161,6 +169,7 @@ def job_series(session: Session, job: Job, attempt: int | None, now: datetime | 
                 agent_name=agent_name,
                 device_kind=task.device_kind,
                 device_indices=[int(i) for i in task.device_indices],
+                device_uuids=uuids,
                 started_at=task.started_at,
                 ended_at=task.ended_at,
                 series=series,

@@ -164,15 +164,23 @@ def open_attempt(session: Session, job: Job, now: datetime | None = None) -> Att
 
 
 def attempt_placed(
-    session: Session, job: Job, attempt: Attempt, endpoints: list[str], agents: list[str], now: datetime
+    session: Session,
+    job: Job,
+    attempt: Attempt,
+    endpoints: list[str],
+    agents: list[str],
+    now: datetime,
+    note: str = "",
 ) -> None:
-    """Every task of the attempt has a place: the job is SCHEDULED."""
+    """Every task of the attempt has a place: the job is SCHEDULED; `note` ends the reason (its event's
+    too), such as placement.shared_agent_note's."""
     transition_job(
         session,
         job,
         JobState.SCHEDULED,
         f"attempt {attempt.number}: {count(len(endpoints), 'worker')} on {count(len(agents), 'agent')}: "
-        + ", ".join(endpoints),
+        + ", ".join(endpoints)
+        + note,
         now,
     )
 

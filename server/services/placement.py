@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from mwms.agent_references import AmbiguousAgent, UnknownAgent, resolve_agent_reference
 from mwms.server.services.wording import count as wcount
+from mwms.server.services.wording import listed
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,48 @@ class NoFit:
 def devices_needed(gpus_per_worker: int) -> tuple[str, int]:
     """The device kind and count one task takes: G GPUs, or one CPU slot when G is 0."""
     return ("gpu", gpus_per_worker) if gpus_per_worker > 0 else ("cpu", 1)
+
+
+# How much of a co-location note lists: the workers of one agent, and the agents.
+NOTE_WORKERS = 4
+NOTE_AGENTS = 3
+
+
+def shared_agent_note(tasks: Iterable[TaskPlacement], names: Mapping[str, str]) -> str:
+    """A note for a GPU job's SCHEDULED reason when two or more of its workers share an agent ("" when
+    none do, and for CPU jobs): what they share there, and the shape MultiWorkerMirroredStrategy expects.
+
+    Agents are named by `names` (agent id -> name; the id where absent); bounded whatever the gang's size.
+    """
+    by_agent: dict[str, list[int]] = {}
+    gpus = 0
+    for task in tasks:
+        if task.device_kind != "gpu":
+            return ""
+        by_agent.setdefault(task.agent_id, []).append(task.index)
+        gpus = len(task.device_indices)
+    shared = sorted((sorted(indices), agent_id) for agent_id, indices in by_agent.items() if len(indices) > 1)
+    if not shared:
+        return ""
+    groups = []
+    for indices, agent_id in shared[:NOTE_AGENTS]:
+        workers = listed([str(i) for i in indices], NOTE_WORKERS)
+        groups.append(f"workers {workers} share agent {names.get(agent_id, agent_id)}")
+    if len(shared) > NOTE_AGENTS:
+        more = len(shared) - NOTE_AGENTS
+        groups.append(f"{wcount(more, 'more agent')} {'holds' if more == 1 else 'hold'} several")
+    per_agent = {len(indices) for indices in by_agent.values()}
+    # The same agents as one worker each, when every agent holds as many workers as the others.
+    shape = (
+        f"--workers {len(by_agent)} --gpus-per-worker {per_agent.pop() * gpus}"
+        if len(per_agent) == 1
+        else "--workers <machines> --gpus-per-worker <N>"
+    )
+    return (
+        f"; {', '.join(groups)}: they share the job's /dev/shm there (NCCL's shared-memory path), but "
+        "MultiWorkerMirroredStrategy's usual shape is one worker per machine holding all its GPUs "
+        f"({shape}), where MirroredStrategy uses NVLink inside the worker"
+    )
 
 
 def place_gang(

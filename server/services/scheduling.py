@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Collection, Hashable, Iterable
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
@@ -34,7 +34,7 @@ from mwms.server.services.lifecycle import (
     release_preempted,
     release_restart,
 )
-from mwms.server.services.placement import AgentCapacity
+from mwms.server.services.placement import AgentCapacity, shared_agent_note
 from mwms.server.services.queue_order import WaitingJob, queue_order
 from mwms.server.services.queue_plan import (
     Placement,
@@ -144,13 +144,14 @@ def apply_plan(
     """Places, preempts and stores reasons as `plan` says; returns the agents that got tasks or stops."""
     touched: set[str] = set()
     still_free = _still_free(session, plan.placements, now)
+    names = {agent.agent_id: agent.name for agent in inputs.offer}
     for placement in plan.placements:
         if not still_free(placement):
             continue  # an agent left, was cordoned, or its device is taken: the next pass sees why
         with isolated(
             session, log, "schedule_job", placement.job.job_id, f"placement of job {placement.job.job_id}"
         ):
-            touched.update(_apply_placement(session, placement, now))
+            touched.update(_apply_placement(session, placement, names, now))
     for decision in plan.preemptions:
         with isolated(
             session,
@@ -520,12 +521,14 @@ def _totals(agents: Iterable[AgentCapacity]) -> dict[str, int]:
 # -- applying -------------------------------------------------------------------------------------------
 
 
-def _apply_placement(session: Session, placement: Placement, now: datetime) -> list[str]:
+def _apply_placement(
+    session: Session, placement: Placement, names: Mapping[str, str], now: datetime
+) -> list[str]:
     """Places one job, its device claims included; a device the database says is held (a plan made on
     a stale read) drops this placement alone, and the next pass plans again."""
     try:
         with session.begin_nested():
-            return _place(session, placement, now)
+            return _place(session, placement, names, now)
     except IntegrityError as error:
         if not device_claims.is_conflict(error):
             raise
@@ -535,7 +538,8 @@ def _apply_placement(session: Session, placement: Placement, now: datetime) -> l
         return []
 
 
-def _place(session: Session, placement: Placement, now: datetime) -> list[str]:
+def _place(session: Session, placement: Placement, names: Mapping[str, str], now: datetime) -> list[str]:
+    """Opens the job's attempt with its tasks where `placement` says; `names`: agent id -> name."""
     job = session.get(Job, placement.job.job_id)
     if job is None or job.state != JobState.PENDING.value:
         return []
@@ -568,7 +572,7 @@ def _place(session: Session, placement: Placement, now: datetime) -> list[str]:
     session.flush()
     device_claims.claim(session, attempt.tasks)
     agents = sorted({p.agent_id for p in placement.tasks})
-    attempt_placed(session, job, attempt, endpoints, agents, now)
+    attempt_placed(session, job, attempt, endpoints, agents, now, shared_agent_note(placement.tasks, names))
     if placement.borrowed:
         job.reason += f"; borrowing idle capacity over team {job.team!r}'s quota (reclaimed first)"
     observe_queue_wait(session, job.priority, (now - waited_since).total_seconds())

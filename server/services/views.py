@@ -5,7 +5,7 @@ shape the results (server/api/views.py), they do not query.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from mwms.server.db.models import Agent, Job, StackDump, StackRequest, Task
 from mwms.server.services import stacks, teams
 from mwms.server.services.agents import AgentState, agent_state, live_tasks_by_agent
+from mwms.server.services.device_identity import GpuUuids, task_uuids, uuids_by_index
 from mwms.server.services.jobs import read_job
 from mwms.server.services.stack_text import DumpReading, ThreadStack, read_dump
 from mwms.server.services.teams import Quota
@@ -42,6 +43,10 @@ class AgentView:
         """Draining, and no task holds its devices any more: the machine may be taken away."""
         return self.agent.draining and not self.tasks
 
+    def device_uuids(self, task: Task) -> list[str]:
+        """The UUIDs of `task`'s GPUs on this agent, in the order of its device_indices."""
+        return task_uuids(task.device_kind, task.device_indices, uuids_by_index(self.agent.devices))
+
 
 @dataclass(frozen=True)
 class JobView:
@@ -50,6 +55,11 @@ class JobView:
     job: Job
     agent_names: dict[str, str]
     progress: Progress
+    gpu_uuids: GpuUuids = field(default_factory=dict)  # of its tasks' agents, by agent id then index
+
+    def device_uuids(self, task: Task) -> list[str]:
+        """The UUIDs of `task`'s GPUs, in the order of its device_indices, from its agent's registration."""
+        return task_uuids(task.device_kind, task.device_indices, self.gpu_uuids.get(task.agent_id, {}))
 
 
 @dataclass(frozen=True)
@@ -79,11 +89,12 @@ class StackDumpsView:
         return all(t.answered for t in self.tasks)
 
 
-def agent_names(session: Session, agent_ids: set[str]) -> dict[str, str]:
-    """Names of the given agents, in one query."""
+def agent_names_and_gpu_uuids(session: Session, agent_ids: set[str]) -> tuple[dict[str, str], GpuUuids]:
+    """Names and GPU UUIDs (by index) of the given agents, in one query."""
     if not agent_ids:
-        return {}
-    return dict(session.execute(select(Agent.id, Agent.name).where(Agent.id.in_(agent_ids))).all())
+        return {}, {}
+    rows = session.execute(select(Agent.id, Agent.name, Agent.devices).where(Agent.id.in_(agent_ids))).all()
+    return {i: name for i, name, _ in rows}, {i: uuids_by_index(devices or []) for i, _, devices in rows}
 
 
 @dataclass(frozen=True)
@@ -138,8 +149,8 @@ def agents_view(session: Session, agent_id: str | None = None) -> list[AgentView
 def job_view(session: Session, job: Job) -> JobView:
     """`job` with its agents' names and progress; load it with jobs.read_job so its attempts, tasks and
     events come in fixed queries."""
-    names = agent_names(session, {t.agent_id for a in job.attempts for t in a.tasks})
-    return JobView(job=job, agent_names=names, progress=latest_progress(session, job))
+    names, uuids = agent_names_and_gpu_uuids(session, {t.agent_id for a in job.attempts for t in a.tasks})
+    return JobView(job=job, agent_names=names, progress=latest_progress(session, job), gpu_uuids=uuids)
 
 
 def read_job_view(session: Session, job_id: str) -> JobView:

@@ -223,6 +223,12 @@ def test_a_jobs_tasks_get_their_own_devices_within_their_run(db: Database) -> No
     assert second.series[0].points[-1].at == T0 + timedelta(seconds=295)
     assert third.device_kind == "cpu" and third.series == []
     assert (first.agent_name, second.agent_name) == ("a", "b")
+    # Each GPU's UUID, from the agent's registration (a JSON column on either database).
+    assert [(t.device_uuids, [s.uuid for s in t.series]) for t in found.tasks] == [
+        (["GPU-1"], ["GPU-1"]),
+        (["GPU-0"], ["GPU-0"]),
+        ([], []),
+    ]
 
     with db.read() as session:
         none = job_series(
