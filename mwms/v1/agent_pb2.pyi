@@ -170,6 +170,7 @@ class RegisterRequest(_message.Message):
     VERSION_FIELD_NUMBER: _builtins.int
     JOIN_TOKEN_FIELD_NUMBER: _builtins.int
     TASK_ISOLATION_FIELD_NUMBER: _builtins.int
+    MEMORY_BYTES_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     hostname: _builtins.str
     advertise_address: _builtins.str
@@ -180,8 +181,10 @@ class RegisterRequest(_message.Message):
     join_token: _builtins.str
     task_isolation: _builtins.str
     """How the agent confines its tasks, in a few words for the agent list, e.g. "bwrap sandbox; a uid
-    per task" or "no sandbox; tasks share the agent's user" (worker_agent/sandbox.py Confinement.label).
+    per job" or "no sandbox; tasks share the agent's user" (worker_agent/sandbox.py Confinement.label).
     """
+    memory_bytes: _builtins.int
+    """Memory the agent offers its tasks in all (the machine's, less the agent's reserve); 0: unknown."""
     @_builtins.property
     def devices(self) -> _containers.RepeatedCompositeFieldContainer[Global___Device]: ...
     def __init__(
@@ -196,10 +199,11 @@ class RegisterRequest(_message.Message):
         version: _builtins.str = ...,
         join_token: _builtins.str = ...,
         task_isolation: _builtins.str = ...,
+        memory_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["advertise_address", b"advertise_address", "devices", b"devices", "hostname", b"hostname", "join_token", b"join_token", "name", b"name", "port_range_high", b"port_range_high", "port_range_low", b"port_range_low", "task_isolation", b"task_isolation", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["advertise_address", b"advertise_address", "devices", b"devices", "hostname", b"hostname", "join_token", b"join_token", "memory_bytes", b"memory_bytes", "name", b"name", "port_range_high", b"port_range_high", "port_range_low", b"port_range_low", "task_isolation", b"task_isolation", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -246,6 +250,8 @@ class TaskReport(_message.Message):
     ENVIRONMENT_BUILD_SECONDS_FIELD_NUMBER: _builtins.int
     ENVIRONMENT_DIGEST_FIELD_NUMBER: _builtins.int
     ENVIRONMENT_PLATFORM_FIELD_NUMBER: _builtins.int
+    PEAK_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    MEMORY_LIMIT_BYTES_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     state: Global___TaskState.ValueType
     exit_code: _builtins.int
@@ -260,6 +266,10 @@ class TaskReport(_message.Message):
     coordinator refuses to run a gang whose workers would run different packages.
     """
     environment_platform: _builtins.str
+    peak_memory_bytes: _builtins.int
+    """The most memory the task's cgroup has held so far (0: unknown, e.g. an agent without cgroups)."""
+    memory_limit_bytes: _builtins.int
+    """The task's memory limit as its agent applied it (0: none)."""
     def __init__(
         self,
         *,
@@ -272,10 +282,12 @@ class TaskReport(_message.Message):
         environment_build_seconds: _builtins.float = ...,
         environment_digest: _builtins.str = ...,
         environment_platform: _builtins.str = ...,
+        peak_memory_bytes: _builtins.int = ...,
+        memory_limit_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment", b"environment", "environment_build_seconds", b"environment_build_seconds", "environment_digest", b"environment_digest", "environment_platform", b"environment_platform", "exit_code", b"exit_code", "message", b"message", "pid", b"pid", "state", b"state", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment", b"environment", "environment_build_seconds", b"environment_build_seconds", "environment_digest", b"environment_digest", "environment_platform", b"environment_platform", "exit_code", b"exit_code", "memory_limit_bytes", b"memory_limit_bytes", "message", b"message", "peak_memory_bytes", b"peak_memory_bytes", "pid", b"pid", "state", b"state", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -697,6 +709,8 @@ class StartTask(_message.Message):
     PREFLIGHT_TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
     ENVIRONMENT_LOCK_FIELD_NUMBER: _builtins.int
     ENVIRONMENT_PYTHON_FIELD_NUMBER: _builtins.int
+    MEMORY_LIMIT_BYTES_FIELD_NUMBER: _builtins.int
+    CPUS_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     job_id: _builtins.str
     attempt: _builtins.int
@@ -723,6 +737,14 @@ class StartTask(_message.Message):
     """
     environment_python: _builtins.str
     """The Python version the environment asks for ("3.11"); empty: the agent's own interpreter's."""
+    memory_limit_bytes: _builtins.int
+    """The task's memory limit (its cgroup's, tmpfs pages included, no swap): the job's
+    --memory-per-worker; 0: the agent's memory less its reserve, shared in proportion to devices held.
+    """
+    cpus: _builtins.float
+    """CPUs the task may use at most (cgroup cpu.max), the job's --cpus-per-worker; 0: no cap, only a
+    weight in proportion to the devices it holds.
+    """
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -751,10 +773,12 @@ class StartTask(_message.Message):
         preflight_timeout_seconds: _builtins.int = ...,
         environment_lock: _builtins.str = ...,
         environment_python: _builtins.str = ...,
+        memory_limit_bytes: _builtins.int = ...,
+        cpus: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "bundle_digest", b"bundle_digest", "command", b"command", "device_indices", b"device_indices", "device_kind", b"device_kind", "env", b"env", "environment_lock", b"environment_lock", "environment_python", b"environment_python", "job_id", b"job_id", "num_workers", b"num_workers", "port", b"port", "preflight", b"preflight", "preflight_timeout_seconds", b"preflight_timeout_seconds", "restore_checkpoint", b"restore_checkpoint", "shared_checkpoint_dir", b"shared_checkpoint_dir", "stop_grace_seconds", b"stop_grace_seconds", "task_id", b"task_id", "task_index", b"task_index", "tf_config", b"tf_config"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "bundle_digest", b"bundle_digest", "command", b"command", "cpus", b"cpus", "device_indices", b"device_indices", "device_kind", b"device_kind", "env", b"env", "environment_lock", b"environment_lock", "environment_python", b"environment_python", "job_id", b"job_id", "memory_limit_bytes", b"memory_limit_bytes", "num_workers", b"num_workers", "port", b"port", "preflight", b"preflight", "preflight_timeout_seconds", b"preflight_timeout_seconds", "restore_checkpoint", b"restore_checkpoint", "shared_checkpoint_dir", b"shared_checkpoint_dir", "stop_grace_seconds", b"stop_grace_seconds", "task_id", b"task_id", "task_index", b"task_index", "tf_config", b"tf_config"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
