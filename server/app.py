@@ -43,6 +43,7 @@ from mwms.server.limits import (
 from mwms.server.live.wiring import Wiring, build_wiring
 from mwms.server.observability.cluster_gauges import cluster_registry
 from mwms.server.observability.request_latency import RequestLatencyMiddleware
+from mwms.server.private_files import secure_data_dir
 from mwms.server.rpc.agent_service import AgentService
 from mwms.server.rpc.auth import AgentAuthInterceptor
 from mwms.server.rpc.health import GrpcHealth
@@ -168,7 +169,7 @@ def create_app(settings: Settings, *, single_instance: bool = True) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        secure_data_dir(settings.data_dir, settings.database_url)  # 0700, secrets 0600 (private_files.py)
         single = SingleInstanceLock(settings.database_url if single_instance else "")
         single.acquire()  # SQLite: a second coordinator on the same file stops here (AlreadyRunning)
         try:

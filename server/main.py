@@ -20,6 +20,7 @@ from mwms.server.heap import settle_heap
 from mwms.server.http_protocol import bounded_http_protocol
 from mwms.server.limits import HttpBounds
 from mwms.server.open_files import raise_open_files_limit
+from mwms.server.private_files import ForeignFileError, refuse_foreign_dir, secure_data_dir, set_private_umask
 from mwms.server.settings import Settings
 from mwms.server.tls import TlsError, TlsPlan, plan_tls, warn_if_clear_text
 
@@ -33,15 +34,19 @@ def serve(settings: Settings) -> None:
     # One handler and format for every logger, uvicorn's and gRPC's included (mwms/log_setup.py).
     configure_logging(settings.log_format, settings.log_level)
     raise_open_files_limit()  # one descriptor per agent stream (server/open_files.py)
+    # Before anything is written: the self-signed CA's keys, the database and its -wal/-shm are then
+    # this user's alone whatever umask started us, and a data dir of another user's is never used.
+    set_private_umask()
     try:
+        refuse_foreign_dir(settings.data_dir)
         tls = plan_tls(settings)
-    except TlsError as error:
+        secure_data_dir(settings.data_dir, settings.database_url)
+    except (TlsError, ForeignFileError) as error:
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
     log_tls(settings, tls)
     if settings.ports_file is not None:
         settings.ports_file.unlink(missing_ok=True)  # whoever waits for it must never read an old one
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
     single = SingleInstanceLock(settings.database_url)
     try:
         single.acquire()

@@ -3,7 +3,8 @@
 Everything it starts is stopped again on the way out (also on Ctrl-C or an error) unless --keep-running.
 The coordinator gets an admin token and a join token through its environment (never its command line,
 where `ps` shows them); the admin token is kept in <data dir>/admin-token (0600) for the dashboard's
-log-in and for the CLI, and reused on the next run.
+log-in and for the CLI, and reused on the next run. Others may not list the data dir, nor read its logs
+and results (server/private_files.py).
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ SERVER_START_TIMEOUT_S = 60.0
 AGENTS_ONLINE_TIMEOUT_S = 60.0
 PORTS_PER_AGENT = 50
 ADMIN_TOKEN_FILE = "admin-token"
+# What the quickstart's dir keeps for its user alone (the coordinator's own dir is made private by
+# `mwms server`, each agent's work dir by the agent): the processes' logs, and the job's results.
+QUICKSTART_PRIVATE_DIRS = ("logs", "artifacts")
 MIN_TOKEN_LENGTH = 16  # what the coordinator accepts as MWMS_ADMIN_TOKEN
 
 
@@ -58,7 +62,9 @@ def quickstart_admin_token(path: Path) -> str:
     except OSError:
         saved = ""
     if len(saved) >= MIN_TOKEN_LENGTH and not any(character.isspace() for character in saved):
-        path.chmod(0o600)
+        from mwms.server.private_files import make_private_file  # not at import: `mwms --help` stays light
+
+        make_private_file(path)  # 0600; ForeignFileError when another user owns it
         return saved
     secret = new_secret()
     path.unlink(missing_ok=True)
@@ -311,8 +317,13 @@ def quickstart(
     example = example_dir()
     if not (example / "train.py").is_file():
         raise CliError(f"the example program is missing: {example / 'train.py'} (reinstall mwms)")
-    data_dir.mkdir(parents=True, exist_ok=True)
-    cluster = LocalCluster(data_dir)
+    from mwms.server.private_files import ForeignFileError, prepare_quickstart_dir  # not at import, as above
+
+    try:
+        prepare_quickstart_dir(data_dir, QUICKSTART_PRIVATE_DIRS)
+        cluster = LocalCluster(data_dir)
+    except ForeignFileError as error:
+        raise CliError(str(error)) from None
     # SIGTERM to us should tidy up like Ctrl-C does.
     previous_handler = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     leave_running = False
