@@ -27,6 +27,13 @@ MAX_ENV_BUILD_TIMEOUT_S = 6 * 3600.0
 SANDBOX = "auto"
 SANDBOX_MODES = ("auto", "bwrap", "off")
 TASK_UID_LOW, TASK_UID_HIGH = 60000, 60999  # uids of tasks when the agent is root, inclusive
+# Each task's limits (worker_agent/task_limits.py): processes and threads (its cgroup's pids.max), and
+# the size of its own files (output, checkpoints, home, temp); 0: none.
+TASK_PIDS_MAX = 4096
+MAX_TASK_PIDS = 4_194_304  # the kernel's own pid_max ceiling
+TASK_DISK_MAX = 64 * 1024**3
+# The agent's own oom_score_adj (its unit's OOMScoreAdjust=): the kernel kills tasks (1000) first.
+AGENT_OOM_SCORE_ADJ = -900
 
 
 def port_range() -> str:

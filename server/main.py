@@ -13,6 +13,7 @@ from pathlib import Path
 import uvicorn
 from fastapi import FastAPI
 
+from mwms import agent_defaults
 from mwms.log_setup import configure_logging
 from mwms.server.app import create_app
 from mwms.server.db.single_instance import AlreadyRunning, SingleInstanceLock
@@ -37,6 +38,7 @@ def serve(settings: Settings) -> None:
     # Before anything is written: the self-signed CA's keys, the database and its -wal/-shm are then
     # this user's alone whatever umask started us, and a data dir of another user's is never used.
     set_private_umask()
+    _lower_oom_score()
     try:
         refuse_foreign_dir(settings.data_dir)
         tls = plan_tls(settings)
@@ -171,3 +173,13 @@ def _reachable(host: str) -> str:
     if host in ("", "0.0.0.0", "::", "[::]"):
         return socket.gethostname()
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def _lower_oom_score() -> None:
+    """On a machine that also runs an agent, the out-of-memory killer takes tasks (1000) before the
+    coordinator; only a privileged coordinator may lower its score (its unit sets OOMScoreAdjust= instead)."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as handle:
+            handle.write(str(agent_defaults.AGENT_OOM_SCORE_ADJ))
+    except OSError:
+        pass

@@ -187,6 +187,8 @@ def render_unit(executable: str, args: Sequence[str], user: str = DEFAULT_SERVIC
         "# One descriptor per agent stream (1,000 agents), plus HTTP clients, log follows and the database "
         "pool.",
         f"LimitNOFILE={OPEN_FILES_LIMIT}",
+        "# The out-of-memory killer takes tasks (on a machine that is also an agent) before the coordinator.",
+        "OOMScoreAdjust=-900",
         "",
         "# The coordinator writes only its data dir (the database, bundles, artifacts, checkpoints, the first",
         "# admin token, a self-signed CA) and needs no devices, privileges or other address families.",

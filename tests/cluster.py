@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -188,7 +188,7 @@ class Cluster:
         except httpx.HTTPError:
             return False
 
-    def start_agent(self, name: str, port_low: int, slots: int = 1) -> Process:
+    def start_agent(self, name: str, port_low: int, slots: int = 1, extra_args: Sequence[str] = ()) -> Process:
         agent = self._spawn(
             name,
             [
@@ -208,6 +208,7 @@ class Cluster:
                 # One cache of jobs' own Python environments for the machine, as an operator would set it.
                 "--env-cache-dir",
                 str(self.root / "envs"),
+                *extra_args,
             ],
             self.agent_environment(),
         )

@@ -61,6 +61,9 @@ class AgentConfig:
     env_build_timeout: float = defaults.ENV_BUILD_TIMEOUT_S
     # Whether uv may build a source distribution (its build script, a job's choice, then runs as the agent).
     env_source_builds: bool = False
+    # Each task's processes and threads, and the size of its files (0: no limit).
+    task_pids_max: int = defaults.TASK_PIDS_MAX
+    task_disk_max: int = defaults.TASK_DISK_MAX
     # `server` parsed: the addresses in order (ValueError at construction when one is malformed).
     servers: tuple[str, ...] = field(init=False, repr=False, compare=False)
 

@@ -24,7 +24,11 @@ import grpc
 
 import mwms
 from mwms.loop import Backoff
+from mwms.sizes import format_size
 from mwms.v1 import agent_pb2, agent_pb2_grpc
+from mwms.worker_agent import landlock
+from mwms.worker_agent.cgroups import AGENT_OOM_SCORE_ADJ, TaskCgroups, set_own_oom_score_adj
+from mwms.worker_agent.cgroups import detect as detect_cgroups
 from mwms.worker_agent.channel import CHANNEL_OPTIONS, ChannelFactory, ServerRotation
 from mwms.worker_agent.config import AgentConfig, local_address_towards, port_range_warning
 from mwms.worker_agent.connection import AgentConnection
@@ -34,7 +38,10 @@ from mwms.worker_agent.devices import detect_devices
 from mwms.worker_agent.environments import EnvironmentCache
 from mwms.worker_agent.gpu_nodes import DriverPaths, gpu_nodes
 from mwms.worker_agent.gpu_probe import vet_gpus
+from mwms.worker_agent.port_guard import PortGuard
+from mwms.worker_agent.port_guard import check as check_port_guard
 from mwms.worker_agent.sandbox import Confinement, SandboxError, find_bwrap
+from mwms.worker_agent.task_limits import LimitPolicy, machine_memory, offered_memory
 from mwms.worker_agent.task_users import TaskUserError, TaskUsers
 from mwms.worker_agent.tasks import TaskManager
 from mwms.worker_agent.work_dir import WorkDirInUse, lock_work_dir, prepare_work_dir
@@ -110,6 +117,10 @@ def _run_holding_the_work_dir(
         vet=lambda gpus: vet_gpus(gpus, confinement, driver),
     )
     log.info("offering %s", describe_devices(devices))
+    cgroups, limits = build_limits(config, devices)
+    port_guard = build_port_guard(config, cgroups)
+    isolation = confinement.label() + ("; " + cgroups.describe() if cgroups else "; no cgroups")
+    isolation += "; ports guarded" if port_guard else "; network not confined"
     credential = CredentialStore(config.work_dir)
     if credential.load():
         log.info("presenting the credential kept in %s", credential.path)
@@ -130,6 +141,10 @@ def _run_holding_the_work_dir(
         confinement=confinement,
         environments=environments,
         gpus=gpu_nodes(devices),
+        cgroups=cgroups,
+        limits=limits,
+        port_guard=port_guard,
+        scope_sockets=_abstract_socket_scope(),
     )
     # What a previous agent process left running is stopped while the agent registers and its stream
     # beats; the Hello reports it once stopped.
@@ -144,7 +159,7 @@ def _run_holding_the_work_dir(
         while not stop.is_set():
             try:
                 agent_id, heartbeat_interval = _register(
-                    stub, config, hostname, devices, credential, confinement.label()
+                    stub, config, hostname, devices, credential, isolation, limits.offered_memory_bytes
                 )
             except RegistrationRefused as refusal:
                 if credential.get() and config.join_token and not fell_back_to_join_token:
@@ -224,6 +239,7 @@ def _register(
     devices: list[agent_pb2.Device],
     credential: CredentialStore,
     task_isolation: str,
+    memory_bytes: int = 0,
 ) -> tuple[str, float]:
     """Registers (the interceptor presents the credential, if one is held); keeps a newly issued one."""
     request = agent_pb2.RegisterRequest(
@@ -236,6 +252,7 @@ def _register(
         version=mwms.__version__,
         join_token=config.join_token,
         task_isolation=task_isolation,
+        memory_bytes=memory_bytes,
     )
     try:
         response = stub.Register(request, timeout=REGISTER_TIMEOUT_SECONDS)
@@ -248,6 +265,77 @@ def _register(
         log.info("joined the coordinator; the agent's credential is kept in %s", credential.path)
     interval_ms = response.heartbeat_interval_ms
     return response.agent_id, interval_ms / 1000 if interval_ms > 0 else DEFAULT_HEARTBEAT_SECONDS
+
+
+def build_limits(
+    config: AgentConfig, devices: list[agent_pb2.Device]
+) -> tuple[TaskCgroups | None, LimitPolicy]:
+    """Each task's cgroup (where this agent may make them) and the limits it gets; says in the log what
+    tasks are held to, and lowers the agent's own OOM score below its tasks'."""
+    offered = offered_memory(machine_memory())
+    policy = LimitPolicy(devices, offered, config.task_pids_max, config.task_disk_max)
+    if set_own_oom_score_adj():
+        log.info(
+            "the agent's OOM score is lowered (oom_score_adj %d): tasks are killed first", AGENT_OOM_SCORE_ADJ
+        )
+    cgroups, why = detect_cgroups(config.work_dir)
+    if cgroups is None:
+        log.warning(
+            "tasks are not held to their memory, processes or CPU: %s; start the agent as root, or under "
+            "systemd with Delegate=yes",
+            why,
+        )
+    else:
+        log.info(
+            "%s: memory %s for all tasks (shared by devices, or the job's --memory-per-worker), "
+            "%d processes, files up to %s a task",
+            cgroups.describe(),
+            format_size(offered),
+            config.task_pids_max,
+            format_size(config.task_disk_max) if config.task_disk_max else "no limit",
+        )
+    return cgroups, policy
+
+
+def build_port_guard(config: AgentConfig, cgroups: TaskCgroups | None) -> PortGuard | None:
+    """The rules on tasks' ports (worker_agent/port_guard.py), tried once here; None, said in the log, where
+    the kernel or the agent's privileges do not allow them."""
+    guard = PortGuard((config.port_low, config.port_high), coordinator_ports(config.servers))
+    parent = cgroups.bpf_parent if cgroups is not None else None
+    why = (
+        "no cgroup v2 hierarchy to attach them to"
+        if parent is None
+        else check_port_guard(guard, parent / "probe")
+    )
+    if why:
+        log.warning(
+            "tasks' network is not confined (%s): a task can reach other jobs' TensorFlow servers and bind "
+            "their ports; run the agent as root on a kernel with cgroup BPF",
+            why,
+        )
+        return None
+    log.info(
+        "tasks bind only their own port of %d-%d and reach those ports, and the coordinator's, only at their "
+        "own job's peers",
+        config.port_low,
+        config.port_high,
+    )
+    return guard
+
+
+def _abstract_socket_scope() -> bool:
+    """Whether tasks' host abstract unix sockets can be put out of reach (worker_agent/landlock.py)."""
+    why = landlock.unavailable()
+    if why:
+        log.warning("tasks can reach the host's abstract unix sockets: %s", why)
+        return False
+    return True
+
+
+def coordinator_ports(servers: tuple[str, ...]) -> list[int]:
+    """The ports of the coordinators' gRPC endpoints ("host:port" each)."""
+    ports = [entry.rpartition(":")[2] for entry in servers]
+    return [int(port) for port in ports if port.isdigit()]
 
 
 def build_confinement(config: AgentConfig, driver: DriverPaths | None = None) -> Confinement:

@@ -38,6 +38,8 @@ from pathlib import Path
 import mwms
 import mwms_runtime
 from mwms import agent_defaults
+from mwms.worker_agent import landlock
+from mwms.worker_agent.cgroups import TaskCgroup
 from mwms.worker_agent.gpu_nodes import DriverPaths, GpuNode, control_device_paths
 from mwms.worker_agent.job_shares import JobShare
 from mwms.worker_agent.stacks import HANDLER_DIR
@@ -186,16 +188,29 @@ class Confinement:
         gpus: Sequence[GpuNode],
         readable: Sequence[Path] = (),
         share: JobShare | None = None,
+        cgroup: TaskCgroup | None = None,
+        scope_sockets: bool = False,
     ) -> Launch:
         """How to spawn `command` for the task of `paths` as `identity` with its GPUs; `readable`: more
         directories the task reads (its job's own environment and that environment's interpreter);
         `share`: the /dev/shm and IPC namespace the job's tasks on this machine share
-        (worker_agent/job_shares.py)."""
+        (worker_agent/job_shares.py); `cgroup`: the task's own (worker_agent/cgroups.py), which it joins
+        before anything of it runs; its memory limit also sizes the private temp dirs; `scope_sockets`:
+        host abstract unix sockets out of its reach (worker_agent/landlock.py)."""
+        if scope_sockets:
+            command = [*landlock.shim_argv(), *command]
         switch = not identity.shared
+        join = cgroup.join_argv() if cgroup is not None else []
         if self.bwrap is None:
-            return Launch(list(command), identity.uid if switch else None, identity.gid if switch else None)
-        argv = self._enter(share)
-        argv += [self.bwrap, *self.mounts(paths, gpus, readable, share)]
+            if join and switch and self._setpriv is not None:
+                # The join needs root: the drop to the task's uid comes after it (umask as Popen's).
+                return Launch([*join, *self._drop_to(identity, umask=True), *command])
+            return Launch(
+                [*join, *command], identity.uid if switch else None, identity.gid if switch else None
+            )
+        tmpfs_bytes = cgroup.limits.memory_bytes if cgroup is not None else 0
+        argv = [*join, *self._enter(share)]
+        argv += [self.bwrap, *self.mounts(paths, gpus, readable, share, tmpfs_bytes)]
         argv += self._unshare(share)
         argv += ["--chdir", str(paths.bundle_dir), "--"]
         return Launch([*argv, *self._drop_to(identity), *command], spare_leader=True)
@@ -211,12 +226,15 @@ class Confinement:
         argv = [self.bwrap, *args, "--unshare-pid", "--unshare-ipc", "--chdir", "/", "--"]
         return [*argv, *self._drop_to(identity), *command]
 
-    def _drop_to(self, identity: TaskIdentity) -> list[str]:
-        """setpriv's options that drop a sandboxed process to `identity` ([] for the agent's own)."""
+    def _drop_to(self, identity: TaskIdentity, umask: bool = False) -> list[str]:
+        """setpriv's options that drop a sandboxed process to `identity` ([] for the agent's own);
+        `umask`: the files it creates closed to others, as an unsandboxed task's are."""
         if identity.shared:
             return []
         assert self._setpriv is not None
+        prefix = ["/bin/sh", "-c", 'umask 077 && exec "$@"', "mwms-umask"] if umask else []
         return [
+            *prefix,
             self._setpriv,
             f"--reuid={identity.uid}",
             f"--regid={identity.gid}",
@@ -245,9 +263,11 @@ class Confinement:
         gpus: Sequence[GpuNode] = (),
         readable: Sequence[Path] = (),
         share: JobShare | None = None,
+        tmpfs_bytes: int = 0,
     ) -> list[str]:
-        """bwrap's mount options for one task, in the order they must be applied."""
-        args = self._system_mounts(readable, share.shm_dir if share is not None else None)
+        """bwrap's mount options for one task, in the order they must be applied; `tmpfs_bytes`: the size
+        of its private temp dirs (0: the kernel's default, half the machine's memory)."""
+        args = self._system_mounts(readable, share.shm_dir if share is not None else None, tmpfs_bytes)
         extra = sorted({Path(os.path.realpath(p)) for p in readable}, key=lambda p: len(p.parts))
         # Hidden again in case one of the binds above holds the work dir.
         args += ["--perms", "0755", "--tmpfs", str(self.work_dir)]
@@ -265,7 +285,9 @@ class Confinement:
         args += self._device_binds(gpus)
         return args
 
-    def _system_mounts(self, readable: Sequence[Path], shm_dir: Path | None) -> list[str]:
+    def _system_mounts(
+        self, readable: Sequence[Path], shm_dir: Path | None, tmpfs_bytes: int = 0
+    ) -> list[str]:
         """The system read-only, fresh /proc and /dev, /dev/shm (the job's, else a fresh one), private
         temp dirs, the work dir and closed dirs hidden, and the agent's Python and `readable` bound back
         where a mask hid them (those under the work dir excepted: the caller binds them after it)."""
@@ -274,15 +296,17 @@ class Confinement:
         if shm_dir is not None:
             args += ["--bind", str(shm_dir), "/dev/shm"]
         else:
-            args += ["--perms", "1777", "--tmpfs", "/dev/shm"]
+            args += [*_sized(tmpfs_bytes), "--perms", "1777", "--tmpfs", "/dev/shm"]
         masks = [Path(p) for p in PRIVATE_TEMP_DIRS if os.path.isdir(p)]
         masks += self._closed
         masks.append(self.work_dir)
         masks = sorted(set(masks), key=lambda p: len(p.parts))
         for mask in masks:
             args += _dirs_between(masks, mask)
-            mode = "1777" if str(mask) in PRIVATE_TEMP_DIRS else "0755"
-            args += ["--perms", mode, "--tmpfs", str(mask)]
+            private = str(mask) in PRIVATE_TEMP_DIRS
+            # A private temp dir's pages count against the task's memory limit; its size is the limit.
+            size = _sized(tmpfs_bytes) if private else []
+            args += [*size, "--perms", "1777" if private else "0755", "--tmpfs", str(mask)]
         for needed in self._needed:
             if any(m == needed or m in needed.parents for m in masks):
                 args += _dirs_between(masks, needed)
@@ -308,6 +332,11 @@ class Confinement:
         for source, target in control_device_paths(self.driver):
             args += ["--dev-bind", str(source), str(target)]
         return args
+
+
+def _sized(tmpfs_bytes: int) -> list[str]:
+    """bwrap's size option for the next tmpfs ([] for the kernel's default)."""
+    return ["--size", str(tmpfs_bytes)] if tmpfs_bytes > 0 else []
 
 
 def _dirs_between(masks: list[Path], target: Path) -> list[str]:

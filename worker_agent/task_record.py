@@ -10,6 +10,7 @@ from pathlib import Path
 from mwms.v1 import agent_pb2
 from mwms.worker_agent import agent_state
 from mwms.worker_agent.agent_state import TaskEntry
+from mwms.worker_agent.cgroups import TaskCgroup
 from mwms.worker_agent.environments import Environment
 from mwms.worker_agent.job_shares import JobShare
 from mwms.worker_agent.outbox import Outbox
@@ -74,6 +75,11 @@ class TaskRecord:
         # The /dev/shm and IPC namespace it shares with its job's other tasks here (worker_agent/job_shares.py).
         self.share: JobShare | None = None
         self.stop_reason: str | None = None
+        # Its own cgroup (worker_agent/cgroups.py), from before it starts until it has ended; the most
+        # memory it held, read when it ended; why the agent ended it for breaking a limit (a FAILED reason).
+        self.cgroup: TaskCgroup | None = None
+        self.peak_memory = 0
+        self.limit_breach: str | None = None
         self.final_acked = False
         self.lock = threading.RLock()
         # Continues after every seq a previous agent process used for this task.

@@ -7,21 +7,78 @@ agent's. The running tasks of one job here share their uid, as they share their 
 (worker_agent/job_shares.py): NCCL's shared memory files between them are readable by their owner alone.
 With `--task-user` every task runs as that one unprivileged account instead. An agent that is not root
 cannot change identity: its tasks share its uid, which it says at start and in its registration.
+
+Task uids are unique on the host, across every agent on it: a uid is held through an flock on its file in
+`/run/mwms/task-uids/` (root's, 0700), which the holding agent keeps open while a task of its own runs as
+it. The kernel drops the lock when that agent ends, however it ends, so a crashed agent holds nothing,
+and two agents on one machine with the same --task-uids never hand one uid to two jobs.
+
+A uid is never handed on while anything of its last holder could remain. Before handing one out the agent
+checks that no process runs as it (any of its real, effective, saved or filesystem uid or gid), that no
+SysV IPC object and no entry of the shared temp dirs (/tmp, /var/tmp, /dev/shm, /dev/mqueue) belongs to
+it, and it empties the uid's kernel keyrings: since Linux 5.3 a uid's user and user-session keyrings
+live as long as its user namespace (for a host uid, until reboot), not as long as its processes, so keys
+a task put there would reach the next job of that uid. A uid with anything left is skipped (and said in
+the log); so is one whose keys could not be cleared. Of the uids that pass, the one released longest ago
+goes first (never-used ones before any), so a freshly released uid rests; the release time is written
+into its lock file, so rotation holds across agents and agent restarts (/run is emptied at reboot, with
+the kernel's state).
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import fcntl
 import logging
 import os
+import platform
 import pwd
+import stat
 import threading
+import time
+import weakref
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 log = logging.getLogger("mwms.agent.task_users")
 
 # How many uids of a range are checked against the account database at start (a wider range is
 # checked lazily, each uid when it is first handed out).
 CHECKED_AT_START = 4096
+# Where every agent on the host holds its tasks' uids: one lock file per uid (named by the uid).
+LOCK_DIR = Path("/run/mwms/task-uids")
+# World-writable directories where a task without a sandbox may leave files (a sandbox gives each task
+# private ones): an entry owned by a uid keeps the uid from being handed on.
+SHARED_DIRS: tuple[str, ...] = ("/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue")
+# How deep world-writable directories inside SHARED_DIRS (/tmp/.X11-unix) are looked into.
+SHARED_DIR_DEPTH = 2
+# How long the kernel is given to collect the keys a clearing unlinked, and how long a uid whose keys
+# stayed is left alone before it is tried again.
+KEY_GC_WAIT_S = 2.0
+KEY_RETRY_S = 60.0
+# A logged reason to skip a uid is not repeated for that uid within this many seconds.
+SKIP_LOG_INTERVAL_S = 300.0
+
+_RELEASED = b"released "
+
+# keyctl(2) operations and special keyring ids (linux/keyctl.h).
+_KEYCTL_GET_KEYRING_ID = 0
+_KEYCTL_SETPERM = 5
+_KEYCTL_CLEAR = 7
+_KEYCTL_LINK = 8
+_KEYCTL_UNLINK = 9
+_KEYCTL_GET_PERSISTENT = 22
+_KEY_SPEC_USER_KEYRING = -4
+_KEY_SPEC_USER_SESSION_KEYRING = -5
+# The kernel's own permissions of a user keyring: possessor all but setattr, owner all.
+_USER_KEYRING_PERM = 0x1F3F0000
+_PR_GET_DUMPABLE, _PR_SET_DUMPABLE = 3, 4
+# Raw syscall numbers (setgroups, setresgid, setresuid, keyctl): glibc's wrappers change every thread
+# of the process, the raw calls only the calling one.
+_SYSCALLS = {"x86_64": (116, 119, 117, 250), "aarch64": (159, 149, 147, 219)}
+_CLEARING = threading.Lock()
 
 
 class TaskUserError(Exception):
@@ -39,10 +96,17 @@ class TaskIdentity:
 
 
 class TaskUsers:
-    """Hands out task identities: a uid per running task from a range, one fixed user, or the agent's own."""
+    """Hands out task identities: a uid per running job from a range (held host-wide), one fixed user, or
+    the agent's own."""
 
     def __init__(
-        self, task_user: str | None, uid_range: tuple[int, int], agent_uid: int | None = None
+        self,
+        task_user: str | None,
+        uid_range: tuple[int, int],
+        agent_uid: int | None = None,
+        *,
+        lock_dir: str | os.PathLike[str] = LOCK_DIR,
+        shared_dirs: Sequence[str | os.PathLike[str]] = SHARED_DIRS,
     ) -> None:
         self._agent_uid = os.geteuid() if agent_uid is None else agent_uid
         self._lock = threading.Lock()
@@ -50,6 +114,13 @@ class TaskUsers:
         self._job_of: dict[str, str] = {}
         self._fixed: TaskIdentity | None = None
         self._low, self._high = uid_range
+        self._lock_dir = Path(lock_dir)
+        self._shared_dirs = [Path(directory) for directory in shared_dirs]
+        # uid -> the open lock file whose flock holds it; closed (unlocking it) when the object goes.
+        self._held: dict[int, int] = {}
+        self._closer = weakref.finalize(self, _close_all, self._held)
+        self._keys_retry_at: dict[int, float] = {}
+        self._skip_logged: dict[int, tuple[str, float]] = {}
         if self._agent_uid != 0:
             if task_user:
                 raise TaskUserError(
@@ -63,6 +134,7 @@ class TaskUsers:
             self._fixed = _resolve_user(task_user)
         else:
             _check_range(self._low, self._high)
+            _prepare_lock_dir(self._lock_dir)
 
     @classmethod
     def agents_own(cls) -> TaskUsers:
@@ -92,12 +164,16 @@ class TaskUsers:
             )
         if self._fixed is not None:
             return f"tasks run as {self._fixed.name} (uid {self._fixed.uid})"
-        return f"each task runs as a uid of its own from {self._low}-{self._high}"
+        return (
+            f"each task runs as a uid of its own from {self._low}-{self._high} "
+            f"(held host-wide in {self._lock_dir})"
+        )
 
     def acquire(self, task_id: str, job_id: str = "") -> TaskIdentity:
         """The identity `task_id` runs as; the same one again for a task that already holds one. The
         running tasks of one job (`job_id`) share a uid: they share their /dev/shm, whose files NCCL makes
-        readable by their owner alone (worker_agent/job_shares.py)."""
+        readable by their owner alone (worker_agent/job_shares.py). A new uid is one no agent on the host
+        holds and nothing of its last holder is left of (the module's docstring)."""
         if self._fixed is not None:
             return self._fixed
         with self._lock:
@@ -105,10 +181,39 @@ class TaskUsers:
             if held is None:
                 held = self._uid_of_job(job_id) if job_id else None
                 if held is None:
-                    held = self._free_uid()
+                    held = self._claim_free_uid()
                 self._in_use[task_id] = held
                 self._job_of[task_id] = job_id
         return TaskIdentity(held, held, f"uid {held}")
+
+    def adopt(self, task_id: str, job_id: str, uid: int) -> TaskIdentity | None:
+        """Takes back `uid` for `task_id`, a task a previous agent process on this work dir ran as `uid`
+        (its lock went with that process), without the check that nothing runs as it: what may still run
+        as it is that task's own, for the caller to stop (`end_processes_of`) before it `release`s it.
+        None when someone else holds the uid now, another agent or another job's task here (then nothing
+        of the task's is left as that uid: it was only handed on once nothing was), or it is outside the
+        range; the caller must then leave that uid's processes alone."""
+        if self._fixed is not None:
+            return self._fixed
+        if not self._low <= uid <= self._high:
+            return None
+        with self._lock:
+            held = self._in_use.get(task_id)
+            if held is not None:
+                return TaskIdentity(held, held, f"uid {held}") if held == uid else None
+            if uid in self._held:
+                holders = [task for task, number in self._in_use.items() if number == uid]
+                if any(self._job_of.get(task) != job_id for task in holders):
+                    return None  # another job's tasks here run as it now
+            else:
+                fd = self._try_lock(uid)
+                if fd is None:
+                    return None
+                self._note_holder(fd, uid)
+                self._held[uid] = fd
+            self._in_use[task_id] = uid
+            self._job_of[task_id] = job_id
+        return TaskIdentity(uid, uid, f"uid {uid}")
 
     def release(self, task_id: str) -> bool:
         """Gives the task's uid back once none of its processes can be left (the task has ended); True when
@@ -116,7 +221,14 @@ class TaskUsers:
         with self._lock:
             uid = self._in_use.pop(task_id, None)
             self._job_of.pop(task_id, None)
-            return uid is None or uid not in self._in_use.values()
+            if uid is None:
+                return True
+            if uid in self._in_use.values():
+                return False
+            fd = self._held.pop(uid, None)
+            if fd is not None:
+                _unlock(fd, stamp=True)
+            return True
 
     def sole_holder(self, task_id: str) -> bool:
         """Whether no other task holds `task_id`'s uid (its job's other tasks here share it)."""
@@ -124,46 +236,389 @@ class TaskUsers:
             uid = self._in_use.get(task_id)
             return uid is None or sum(held == uid for held in self._in_use.values()) == 1
 
+    def close(self) -> None:
+        """Gives back every uid this object holds (marked released now); an agent's end does it too."""
+        with self._lock:
+            self._in_use.clear()
+            self._job_of.clear()
+            for uid in list(self._held):
+                _unlock(self._held.pop(uid), stamp=True)
+
     def _uid_of_job(self, job_id: str) -> int | None:
         for task_id, job in self._job_of.items():
             if job == job_id and task_id in self._in_use:
                 return self._in_use[task_id]
         return None
 
-    def _free_uid(self) -> int:
-        taken = set(self._in_use.values())
-        for uid in range(self._low, self._high + 1):
-            if uid in taken:
-                continue
+    def _claim_free_uid(self) -> int:
+        """Locks and returns the free uid released longest ago (never-used ones first)."""
+        residue = _HostResidue(self._shared_dirs)
+        for uid in self._candidates():
             if uid - self._low >= CHECKED_AT_START and _is_account(uid):
                 continue
+            fd = self._try_lock(uid)
+            if fd is None:
+                continue  # another agent (or another TaskUsers of this one) holds it
+            reason = residue.of(uid) or self._keys_left(uid)
+            if reason:
+                _unlock(fd, stamp=False)
+                self._log_skip(uid, reason)
+                continue
+            self._note_holder(fd, uid)
+            self._held[uid] = fd
             return uid
         raise TaskUserError(
-            f"all {self._high - self._low + 1} task uids of {self._low}-{self._high} are in use; "
-            "widen --task-uids"
+            f"all {self._high - self._low + 1} task uids of {self._low}-{self._high} are in use (by tasks "
+            "of this agent or of other agents on this host, or still holding processes, IPC objects, keys "
+            "or files of their last tasks: see the log); widen --task-uids"
         )
+
+    def _candidates(self) -> Iterator[int]:
+        """The uids of the range no task of this object holds: never-used ones first, lowest first, then
+        those with a lock file, released longest ago first (one whose release is unknown, its holder
+        having died, last)."""
+        order: dict[int, tuple[int, float]] = {}
+        try:
+            entries = list(os.scandir(self._lock_dir))
+        except OSError:
+            entries = []
+        for entry in entries:
+            if not entry.name.isdigit():
+                continue
+            uid = int(entry.name)
+            if self._low <= uid <= self._high and uid not in self._held:
+                order[uid] = _release_order(entry)
+        for uid in range(self._low, self._high + 1):
+            if uid not in order and uid not in self._held:
+                yield uid
+        yield from sorted(order, key=lambda uid: (order[uid], uid))
+
+    def _try_lock(self, uid: int) -> int | None:
+        """The uid's lock file, flocked by this open file description; None when someone holds it."""
+        try:
+            fd = os.open(
+                self._lock_dir / str(uid), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+            )
+        except OSError as error:
+            log.warning("cannot open the lock file of task uid %d in %s: %s", uid, self._lock_dir, error)
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return None
+        return fd
+
+    @staticmethod
+    def _note_holder(fd: int, uid: int) -> None:
+        _rewrite(fd, f"held by pid {os.getpid()} since {time.time():.3f}\n".encode())
+
+    def _keys_left(self, uid: int) -> str:
+        """Empties the uid's keyrings when it owns keys; why it cannot be handed on, "" when it can."""
+        counts = key_counts()
+        if not counts.get(uid):
+            return ""
+        if time.monotonic() < self._keys_retry_at.get(uid, 0.0):
+            return f"it still owns {counts[uid]} kernel key(s) that could not be cleared"
+        standard = _clear_keyrings_as(uid)
+        if standard is not None:
+            deadline = time.monotonic() + KEY_GC_WAIT_S
+            while key_counts().get(uid, 0) > standard and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if key_counts().get(uid, 0) <= standard:
+                self._keys_retry_at.pop(uid, None)
+                log.info("cleared the kernel keyrings task uid %d's last holder left", uid)
+                return ""
+        self._keys_retry_at[uid] = time.monotonic() + KEY_RETRY_S
+        return f"it still owns {key_counts().get(uid, 0)} kernel key(s) that could not be cleared"
+
+    def _log_skip(self, uid: int, reason: str) -> None:
+        kind = "".join(char for char in reason if not char.isdigit())  # counts aside
+        now = time.monotonic()
+        last = self._skip_logged.get(uid)
+        if last is not None and last[0] == kind and now - last[1] < SKIP_LOG_INTERVAL_S:
+            return
+        self._skip_logged[uid] = (kind, now)
+        log.warning("task uid %d is not handed on: %s", uid, reason)
+
+
+class _HostResidue:
+    """What is left on the host of each uid, each kind looked up once (when first needed) per claim."""
+
+    def __init__(self, shared_dirs: Iterable[Path]) -> None:
+        self._shared_dirs = list(shared_dirs)
+        self._processes: dict[int, int] | None = None
+        self._ipc: dict[int, int] | None = None
+        self._files: dict[int, Path] | None = None
+
+    def of(self, uid: int) -> str:
+        """Why `uid` is not clean (processes, IPC objects or files of it), "" when nothing is left."""
+        if self._processes is None:
+            self._processes = processes_by_id()
+        if uid in self._processes:
+            return f"{self._processes[uid]} process(es) still run as it"
+        if self._ipc is None:
+            self._ipc = ipc_objects_by_id()
+        if uid in self._ipc:
+            return f"it still owns {self._ipc[uid]} SysV IPC object(s) (ipcs)"
+        if self._files is None:
+            self._files = shared_files_by_id(self._shared_dirs)
+        if uid in self._files:
+            return f"files of it are left in shared temp dirs ({self._files[uid]})"
+        return ""
+
+
+def leftovers_of(uid: int, shared_dirs: Iterable[str | os.PathLike[str]] = SHARED_DIRS) -> str:
+    """What keeps `uid` from being handed on besides keys (which a claim clears): processes running as
+    it, SysV IPC objects or files in `shared_dirs` of it; "" when there are none."""
+    return _HostResidue(Path(directory) for directory in shared_dirs).of(uid)
+
+
+def processes_by_id() -> dict[int, int]:
+    """How many live processes (zombies aside) hold each uid or gid as their real, effective, saved or
+    filesystem id. The status lines count, not /proc/<pid>'s owner: that is root for a process that made
+    itself undumpable."""
+    counts: dict[int, int] = {}
+    for pid in _pids():
+        ids = _process_ids(pid)
+        for number in ids:
+            counts[number] = counts.get(number, 0) + 1
+    return counts
+
+
+def ipc_objects_by_id() -> dict[int, int]:
+    """How many SysV shared memory segments, semaphore sets and message queues each uid or gid owns or
+    created (/proc/sysvipc, this IPC namespace: a sandbox gives each job its own, gone with it)."""
+    counts: dict[int, int] = {}
+    for kind in ("shm", "sem", "msg"):
+        try:
+            lines = Path("/proc/sysvipc", kind).read_text().splitlines()
+        except OSError:
+            continue
+        if not lines:
+            continue
+        header = lines[0].split()
+        columns = [header.index(name) for name in ("uid", "gid", "cuid", "cgid") if name in header]
+        for line in lines[1:]:
+            fields = line.split()
+            ids = {int(fields[column]) for column in columns if column < len(fields)}
+            for number in ids:
+                counts[number] = counts.get(number, 0) + 1
+    return counts
+
+
+def shared_files_by_id(shared_dirs: Iterable[Path]) -> dict[int, Path]:
+    """One entry of `shared_dirs` (and of world-writable directories in them) per uid or gid owning any."""
+    found: dict[int, Path] = {}
+
+    def scan(directory: Path, depth: int) -> None:
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            return
+        for entry in entries:
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            for number in (info.st_uid, info.st_gid):
+                found.setdefault(number, Path(entry.path))
+            if depth > 1 and stat.S_ISDIR(info.st_mode) and info.st_mode & stat.S_IWOTH:
+                scan(Path(entry.path), depth - 1)
+
+    for directory in shared_dirs:
+        scan(directory, SHARED_DIR_DEPTH)
+    return found
+
+
+def key_counts() -> dict[int, int]:
+    """How many kernel keys each uid owns (/proc/key-users: "uid: usage nkeys/nikeys ..."); empty where
+    the kernel has no keys."""
+    counts: dict[int, int] = {}
+    try:
+        lines = Path("/proc/key-users").read_text().splitlines()
+    except OSError:
+        return counts
+    for line in lines:
+        fields = line.replace(":", " ", 1).split()
+        try:
+            counts[int(fields[0])] = int(fields[2].split("/")[0])
+        except (IndexError, ValueError):
+            continue
+    return counts
+
+
+def _clear_keyrings_as(uid: int) -> int | None:
+    """Empties `uid`'s user and user-session keyrings (relinking the one into the other, as the kernel
+    makes them) and its persistent keyring, from a thread that takes `uid` for itself alone (raw syscalls
+    change the calling thread's credentials only) and then ends; another uid's keyrings cannot be reached
+    otherwise, not even by root. Returns how many of those standard keyrings the uid now has, which stay;
+    None when clearing is not possible here (not root, another architecture) or failed."""
+    numbers = _SYSCALLS.get(platform.machine())
+    if numbers is None or os.geteuid() != 0:
+        return None
+    setgroups, setresgid, setresuid, keyctl = numbers
+    libc = ctypes.CDLL(None, use_errno=True)
+    syscall = libc.syscall
+    syscall.restype = ctypes.c_long
+    arg = ctypes.c_long
+    outcome: list[int | str] = []
+
+    def call(*args: int) -> int:
+        result = int(syscall(*(arg(value) for value in args)))
+        if result < 0:
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+        return result
+
+    def clear(keyring: int) -> None:
+        try:
+            call(keyctl, _KEYCTL_CLEAR, keyring)
+        except OSError as error:
+            if error.errno != errno.EACCES:
+                raise
+            call(keyctl, _KEYCTL_SETPERM, keyring, _USER_KEYRING_PERM)  # a task took its own write away
+            call(keyctl, _KEYCTL_CLEAR, keyring)
+
+    def as_uid() -> None:
+        try:
+            # This thread only, and for good: it ends right after.
+            call(setgroups, 0, 0)
+            call(setresgid, uid, uid, uid)
+            call(setresuid, uid, uid, uid)
+            user = call(keyctl, _KEYCTL_GET_KEYRING_ID, _KEY_SPEC_USER_KEYRING, 1)
+            session = call(keyctl, _KEYCTL_GET_KEYRING_ID, _KEY_SPEC_USER_SESSION_KEYRING, 1)
+            clear(user)
+            clear(session)
+            call(keyctl, _KEYCTL_LINK, user, session)
+            standard = 2
+            try:
+                persistent = call(keyctl, _KEYCTL_GET_PERSISTENT, -1, user)
+            except OSError as error:
+                if error.errno not in (errno.EOPNOTSUPP, errno.ENOSYS):
+                    raise
+            else:
+                clear(persistent)
+                call(keyctl, _KEYCTL_UNLINK, persistent, user)
+                standard = 3
+            outcome.append(standard)
+        except OSError as error:
+            outcome.append(str(error))
+
+    # A change of credentials makes the whole process undumpable; give it back what it had (one clearing
+    # at a time, so none restores what another's switch set).
+    with _CLEARING:
+        dumpable = libc.prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0)
+        worker = threading.Thread(target=as_uid, name=f"keys-of-{uid}", daemon=True)
+        worker.start()
+        worker.join()
+        if dumpable >= 0:
+            libc.prctl(_PR_SET_DUMPABLE, dumpable, 0, 0, 0)
+    if outcome and isinstance(outcome[0], int):
+        return outcome[0]
+    log.warning("could not clear the kernel keyrings of task uid %d: %s", uid, outcome or "no outcome")
+    return None
 
 
 def end_processes_of(uid: int) -> int:
     """SIGKILLs every process running as `uid` (a task's own uid, after the task ended); returns how many.
 
     Without a sandbox a task's process may leave its process group (setsid) to outlive the task: its
-    uid still gives it away.
+    uid still gives it away. Any of its uids counts (an undumpable process's /proc dir is root's).
     """
     killed = 0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
+    for pid in _pids():
         try:
-            if os.stat(entry.path).st_uid != uid:
+            if uid not in _process_ids(pid, uids_only=True):
                 continue
-            os.kill(int(entry.name), 9)
+            os.kill(pid, 9)
             killed += 1
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
+        except (ProcessLookupError, PermissionError):
             continue
     if killed:
         log.warning("ended %d process(es) left running as task uid %d", killed, uid)
     return killed
+
+
+def _pids() -> Iterator[int]:
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            yield int(entry.name)
+
+
+def _process_ids(pid: int, uids_only: bool = False) -> set[int]:
+    """The uids (and gids) of a live process from its status lines; empty for a zombie or one gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return set()
+    ids: set[int] = set()
+    zombie = False
+    threads = 1
+    for line in status.splitlines():
+        name, _, value = line.partition(":")
+        if name == "State":
+            zombie = value.split()[:1] in (["Z"], ["X"])
+        elif name == "Threads":
+            threads = int(value) if value.strip().isdigit() else 1
+        elif name == "Uid" or (name == "Gid" and not uids_only):
+            ids.update(int(number) for number in value.split())
+    # A dead leader's threads may live on: the process is a zombie only when none do.
+    return set() if zombie and threads <= 1 else ids
+
+
+def _release_order(entry: os.DirEntry[str]) -> tuple[int, float]:
+    """Sort key of a lock file: (1, time) when released at `time`, (2, mtime) when its holder died."""
+    try:
+        with open(entry.path, "rb") as file:
+            content = file.read(256)
+        if content.startswith(_RELEASED):
+            return 1, float(content[len(_RELEASED) :].split()[0])
+        return 2, entry.stat(follow_symlinks=False).st_mtime
+    except (OSError, ValueError, IndexError):
+        return 2, time.time()
+
+
+def _rewrite(fd: int, content: bytes) -> None:
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, content, 0)
+    except OSError as error:
+        log.warning("cannot write a task uid's lock file: %s", error)
+
+
+def _unlock(fd: int, *, stamp: bool) -> None:
+    """Ends the hold (closing the file drops its flock); `stamp` notes the release time first."""
+    if stamp:
+        _rewrite(fd, _RELEASED + f"{time.time():.6f}\n".encode())
+    os.close(fd)
+
+
+def _close_all(held: dict[int, int]) -> None:
+    for fd in held.values():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    held.clear()
+
+
+def _prepare_lock_dir(path: Path) -> None:
+    """Creates the host-wide lock dir (root's, 0700) or checks an existing one is the agent's alone."""
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path.mkdir(mode=0o700, exist_ok=True)
+        info = os.lstat(path)
+    except OSError as error:
+        raise TaskUserError(
+            f"cannot create {path}, where the agents on this host hold their task uids: {error}"
+        ) from None
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        raise TaskUserError(
+            f"{path}, where the agents on this host hold their task uids, is not a directory of uid "
+            f"{os.geteuid()}; remove it (the agent makes it again)"
+        )
+    if stat.S_IMODE(info.st_mode) != 0o700:
+        os.chmod(path, 0o700)
 
 
 def _account_name(uid: int) -> str:

@@ -31,6 +31,7 @@ from mwms.v1 import agent_pb2, agent_pb2_grpc
 from mwms.worker_agent import agent_state, artifacts, checkpoints, preflight
 from mwms.worker_agent.agent_state import AgentStateFile
 from mwms.worker_agent.bundles import BundleCache, BundleError
+from mwms.worker_agent.cgroups import CgroupError, TaskCgroups
 from mwms.worker_agent.checkpoints import CheckpointWatcher, RestoreError
 from mwms.worker_agent.environments import (
     Environment,
@@ -40,7 +41,9 @@ from mwms.worker_agent.environments import (
 )
 from mwms.worker_agent.gpu_nodes import GpuNode
 from mwms.worker_agent.job_shares import JobShares
+from mwms.worker_agent.landlock import has_co_located_peer
 from mwms.worker_agent.metrics import MetricsTail
+from mwms.worker_agent.port_guard import PortGuard, PortGuardError
 from mwms.worker_agent.runner import (
     CommandNotRunnable,
     TaskProcess,
@@ -51,6 +54,7 @@ from mwms.worker_agent.runner import (
 from mwms.worker_agent.sandbox import Confinement
 from mwms.worker_agent.task_env import TaskPaths, child_environment, in_environment, resolve_command
 from mwms.worker_agent.task_files import pack_beneath
+from mwms.worker_agent.task_limits import LimitPolicy, disk_usage
 from mwms.worker_agent.task_record import (
     TERMINAL_STATES,
     State,
@@ -70,6 +74,8 @@ class UnknownGpu(Exception):
 # Keyword arguments of TaskProcess for the identity switch, and the confined argv.
 TaskProcessArgs = tuple[dict[str, Any], list[str]]
 METRICS_POLL_SECONDS = 0.5
+# How often a task's files are measured against --task-disk-max.
+DISK_POLL_SECONDS = 5.0
 
 
 def environment_paths(environment: Environment) -> list[Path]:
@@ -91,8 +97,20 @@ class TaskManager:
         confinement: Confinement | None = None,
         environments: EnvironmentCache | None = None,
         gpus: Mapping[int, GpuNode] | None = None,
+        cgroups: TaskCgroups | None = None,
+        limits: LimitPolicy | None = None,
+        port_guard: PortGuard | None = None,
+        scope_sockets: bool = False,
     ) -> None:
         self._work_dir = work_dir
+        # Each task's cgroup and its limits (worker_agent/cgroups.py, task_limits.py); without cgroups
+        # (an agent that is neither root nor delegated one) only the disk limit holds.
+        self._cgroups = cgroups
+        self._limits = limits
+        # The rules on each task's ports (worker_agent/port_guard.py), on its cgroup.
+        self._port_guard = port_guard
+        # Host abstract unix sockets out of tasks' reach (worker_agent/landlock.py), where the kernel can.
+        self._scope_sockets = scope_sockets
         # Without one (tests of the bookkeeping): tasks run unconfined as the agent's own user.
         self._confinement = confinement or Confinement(work_dir, TaskUsers.agents_own(), None)
         # The GPUs this agent offers by host index (worker_agent/gpu_nodes.py); none: tasks are told the
@@ -287,6 +305,8 @@ class TaskManager:
             agent_state.stop_groups([e.pgid for e in orphans], grace_seconds)
         stopped = {e.task_id for e in orphans}
         self._shares.clean_stale()  # their jobs' /dev/shm and IPC namespaces
+        if self._cgroups is not None:
+            self._cgroups.clean_stale()  # and their cgroups, with whatever still ran in them
         for entry in entries:
             start = agent_pb2.StartTask(
                 task_id=entry.task_id, job_id=entry.job_id, attempt=entry.attempt, task_index=entry.task_index
@@ -399,6 +419,11 @@ class TaskManager:
                 environment_digest=environment_digest,
                 environment_platform=environment_platform,
             )
+            if record.cgroup is not None:
+                record.report.memory_limit_bytes = record.cgroup.limits.memory_bytes
+                if state not in TERMINAL_STATES:
+                    record.peak_memory = max(record.peak_memory, record.cgroup.peak_memory())
+            record.report.peak_memory_bytes = record.peak_memory
             self._send(record.report)
         self._persist()
         return True
@@ -431,6 +456,9 @@ class TaskManager:
             record.identity = identity
             if self._confinement.sandboxed:
                 record.share = self._shares.acquire(start.job_id, record.task_id, identity.uid, identity.gid)
+            if self._cgroups is not None and self._limits is not None:
+                record.cgroup = self._cgroups.create(record.task_id, self._limits.limits(start))
+                self._guard_ports(record)
             # Filled while only the agent can write there, then handed to the task's user.
             with self._records_lock:
                 self._dir_owners[record.paths.task_dir] = record.task_id
@@ -468,7 +496,7 @@ class TaskManager:
             self._spawn(record, command, env)
         except CommandNotRunnable as error:
             self._never_started(record, error)
-        except (TaskUserError, UnknownGpu) as error:
+        except (TaskUserError, UnknownGpu, CgroupError, PortGuardError) as error:
             self._reject(record, str(error))
         except (BundleError, ArchiveError) as error:
             self._reject(record, str(error))
@@ -483,6 +511,16 @@ class TaskManager:
             self._reject(record, f"the agent failed to start the task: {error}")
         if record.ended and record.process is None:
             self._release_identity(record)
+
+    def _guard_ports(self, record: TaskRecord) -> None:
+        """Puts the rules on the task's ports on its cgroup: it binds only its own port of the guarded
+        ranges, and reaches them only at its job's peers."""
+        bpf_dir = record.cgroup.bpf_dir if record.cgroup is not None else None
+        if self._port_guard is None or bpf_dir is None:
+            return
+        start = record.start
+        guarded = [(span.low, span.high) for span in start.guarded_ports]
+        self._port_guard.attach(bpf_dir, self._port_guard.rules(start.port, guarded, start.tf_config))
 
     def _build_environment(self, record: TaskRecord) -> Environment | None:
         """The job's own Python environment, built with uv (or found in the cache) and held for the task;
@@ -540,7 +578,12 @@ class TaskManager:
         assert identity is not None, "the task has no identity yet"
         gpus = self._gpus_of(record.start) if self._confinement.sandboxed else []
         readable = [] if record.environment is None else environment_paths(record.environment)
-        launch = self._confinement.launch(command, record.paths, identity, gpus, readable, record.share)
+        scope = self._scope_sockets and not has_co_located_peer(
+            record.start.tf_config, record.start.task_index
+        )
+        launch = self._confinement.launch(
+            command, record.paths, identity, gpus, readable, record.share, record.cgroup, scope
+        )
         return {"user": launch.user, "group": launch.group, "spare_leader": launch.spare_leader}, launch.argv
 
     def _release_identity(self, record: TaskRecord) -> None:
@@ -553,13 +596,24 @@ class TaskManager:
         if record.share is not None:
             self._shares.release(record.share.job_id, record.task_id)
             record.share = None
+        if record.cgroup is not None:
+            record.peak_memory = max(record.peak_memory, record.cgroup.peak_memory())
+            record.cgroup.remove()  # with whatever of the task still ran in it
+            record.cgroup = None
         identity = record.identity
         if identity is None:
             return
         users = self._confinement.users
-        if not identity.shared and not self._confinement.sandboxed and users.per_task:
-            if users.sole_holder(record.task_id):  # not while the job's other tasks here run as it
+        if not identity.shared and users.per_task and users.sole_holder(record.task_id):
+            # Not while the job's other tasks here run as it.
+            if not self._confinement.sandboxed:
                 end_processes_of(identity.uid)
+            # The uid may pass to another job (of any agent here) before the task dir is removed.
+            try:
+                os.chown(record.paths.task_dir, 0, 0, follow_symlinks=False)
+                os.chmod(record.paths.task_dir, 0o700, follow_symlinks=False)
+            except OSError:
+                pass
         users.release(record.task_id)
 
     def _gpus_of(self, start: agent_pb2.StartTask) -> list[GpuNode]:
@@ -648,6 +702,12 @@ class TaskManager:
             self._task_exited(record, exit_code, tail)
 
         switch, argv = self.launch_for(record, command)
+        if self._scope_sockets and has_co_located_peer(record.start.tf_config, record.start.task_index):
+            record.add_log(
+                "stderr",
+                "mwms-agent: this worker shares its machine with another of its job's workers, so host "
+                "abstract unix sockets stay reachable to it (NCCL passes CUDA memory handles over them)",
+            )
         process = TaskProcess(argv, env, record.paths.bundle_dir, record.add_log, on_exit, **switch)
         metrics_thread = threading.Thread(
             target=self._tail_metrics,
@@ -676,8 +736,31 @@ class TaskManager:
         log.info("task %s running as pid %d", record.task_id, pid)
 
     def _tail_metrics(self, record: TaskRecord, tail: MetricsTail, done: threading.Event) -> None:
+        next_disk_check = time.monotonic() + DISK_POLL_SECONDS
         while not done.wait(METRICS_POLL_SECONDS):
             self._poll_metrics(record, tail)
+            if time.monotonic() >= next_disk_check:
+                self._check_disk(record)
+                next_disk_check = time.monotonic() + DISK_POLL_SECONDS
+
+    def _check_disk(self, record: TaskRecord) -> None:
+        """Ends the task (FAILED, with the reason) once its files hold more than --task-disk-max."""
+        if self._limits is None or self._limits.disk_max_bytes <= 0 or record.limit_breach:
+            return
+        used = disk_usage(record.paths.task_dir, skip=[record.paths.bundle_dir])
+        if used <= self._limits.disk_max_bytes:
+            return
+        record.limit_breach = self._limits.over_disk(used)
+        log.warning("task %s: %s", record.task_id, record.limit_breach)
+        record.add_log("stderr", f"mwms-agent: {record.limit_breach}")
+        process = record.process
+        if process is not None:
+            threading.Thread(
+                target=process.terminate,
+                args=(self._default_grace,),
+                name=f"disk-{record.task_id}",
+                daemon=True,
+            ).start()
 
     @staticmethod
     def _poll_metrics(record: TaskRecord, tail: MetricsTail) -> None:
@@ -689,7 +772,14 @@ class TaskManager:
 
     def _task_exited(self, record: TaskRecord, exit_code: int, tail: MetricsTail) -> None:
         self._poll_metrics(record, tail)
-        if record.stop_reason is not None:
+        oom = exit_code != 0 and record.cgroup is not None and record.cgroup.oom_killed()
+        if oom and record.cgroup is not None and self._limits is not None and not record.limit_breach:
+            record.limit_breach = self._limits.out_of_memory(record.start, record.cgroup.limits)
+            record.add_log("stderr", f"mwms-agent: {record.limit_breach}")
+        if record.limit_breach is not None and record.stop_reason is None:
+            state, message = agent_pb2.TASK_STATE_FAILED, record.limit_breach
+            exit_code = exit_code or 1
+        elif record.stop_reason is not None:
             state, message = agent_pb2.TASK_STATE_STOPPED, record.stop_reason
         elif exit_code == 0:
             state, message = agent_pb2.TASK_STATE_SUCCEEDED, describe_exit(0)

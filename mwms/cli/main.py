@@ -22,6 +22,7 @@ from mwms.cli.doctor import doctor
 from mwms.cli.errors import EXIT_CODES_HELP, CliError, ExitCode, handles_errors
 from mwms.cli.parsing import parse_port_range, parse_uid_range
 from mwms.cli.stacks_command import stacks
+from mwms.sizes import SizeError, parse_size
 
 app = typer.Typer(
     name="mwms",
@@ -73,7 +74,10 @@ def server(
         int | None, typer.Option(min=0, max=65535, help="Port agents connect to [default: 50051].")
     ] = None,
     data_dir: Annotated[
-        Path | None, typer.Option(help="Where the database, bundles and artifacts live [default: mwms-data].")
+        Path | None,
+        typer.Option(
+            help="Where the database, bundles and artifacts live, this user's alone (0700) [default: mwms-data]."
+        ),
     ] = None,
     db_url: Annotated[
         str | None, typer.Option(help="SQLAlchemy database URL; default: SQLite in --data-dir.")
@@ -514,6 +518,27 @@ def agent(
             show_default=False,
         ),
     ] = None,
+    task_pids_max: Annotated[
+        int | None,
+        typer.Option(
+            min=16,
+            max=agent_defaults.MAX_TASK_PIDS,
+            envvar="MWMS_AGENT_TASK_PIDS_MAX",
+            help="Processes and threads one task may have at once (its cgroup's pids.max) "
+            f"[default: {agent_defaults.TASK_PIDS_MAX}].",
+            show_default=False,
+        ),
+    ] = None,
+    task_disk_max: Annotated[
+        str | None,
+        typer.Option(
+            envvar="MWMS_AGENT_TASK_DISK_MAX",
+            help="How much one task's files (output, checkpoints, home, temp) may hold, e.g. 100G; the agent "
+            "ends a task that writes more, with that reason; 0: no limit "
+            f"[default: {agent_defaults.TASK_DISK_MAX // 1024**3}G].",
+            show_default=False,
+        ),
+    ] = None,
     log_format: Annotated[
         str | None,
         typer.Option(
@@ -558,6 +583,10 @@ def agent(
     if sandbox_mode not in agent_defaults.SANDBOX_MODES:
         raise CliError(f"--sandbox {sandbox!r} is not one of {', '.join(agent_defaults.SANDBOX_MODES)}")
     uid_low, uid_high = parse_uid_range(agent_defaults.task_uid_range() if task_uids is None else task_uids)
+    try:
+        disk_max = None if task_disk_max is None else parse_size(task_disk_max, "--task-disk-max")
+    except SizeError as error:
+        raise CliError(str(error)) from None
     server_address = agent_defaults.SERVER if server_address is None else server_address
     if systemd_unit and work_dir is None:  # the service's StateDirectory=, not the caller's home
         work_dir = Path(agent_defaults.SERVICE_WORK_DIR)
@@ -611,6 +640,10 @@ def agent(
             args += ["--env-cache-dir", str(env_cache_dir.expanduser().resolve())]
         if env_source_builds:
             args += ["--env-source-builds"]
+        if task_pids_max is not None:
+            args += ["--task-pids-max", str(task_pids_max)]
+        if disk_max is not None:
+            args += ["--task-disk-max", str(disk_max)]
         if log_format is not None:
             args += ["--log-format", logs_as]
         if log_level is not None:
@@ -648,6 +681,8 @@ def agent(
         "env_cache_bytes": env_cache_bytes,
         "env_build_timeout": env_build_timeout,
         "env_source_builds": env_source_builds or None,
+        "task_pids_max": task_pids_max,
+        "task_disk_max": disk_max,
         "env_cache_dir": None if env_cache_dir is None else env_cache_dir.expanduser().resolve(),
     }
     config = AgentConfig(

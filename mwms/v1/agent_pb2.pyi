@@ -711,6 +711,7 @@ class StartTask(_message.Message):
     ENVIRONMENT_PYTHON_FIELD_NUMBER: _builtins.int
     MEMORY_LIMIT_BYTES_FIELD_NUMBER: _builtins.int
     CPUS_FIELD_NUMBER: _builtins.int
+    GUARDED_PORTS_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     job_id: _builtins.str
     attempt: _builtins.int
@@ -751,6 +752,13 @@ class StartTask(_message.Message):
     def env(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     @_builtins.property
     def device_indices(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def guarded_ports(self) -> _containers.RepeatedCompositeFieldContainer[Global___PortSpan]:
+        """Ports a task may bind only where it is its own (`port`), and reach only at its own job's peers (the
+        endpoints of tf_config): every agent's task port range and the coordinator's own ports, merged. The
+        agent adds its own range and its coordinators' ports (worker_agent/port_guard.py).
+        """
+
     def __init__(
         self,
         *,
@@ -775,14 +783,39 @@ class StartTask(_message.Message):
         environment_python: _builtins.str = ...,
         memory_limit_bytes: _builtins.int = ...,
         cpus: _builtins.float = ...,
+        guarded_ports: _abc.Iterable[Global___PortSpan] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "bundle_digest", b"bundle_digest", "command", b"command", "cpus", b"cpus", "device_indices", b"device_indices", "device_kind", b"device_kind", "env", b"env", "environment_lock", b"environment_lock", "environment_python", b"environment_python", "job_id", b"job_id", "memory_limit_bytes", b"memory_limit_bytes", "num_workers", b"num_workers", "port", b"port", "preflight", b"preflight", "preflight_timeout_seconds", b"preflight_timeout_seconds", "restore_checkpoint", b"restore_checkpoint", "shared_checkpoint_dir", b"shared_checkpoint_dir", "stop_grace_seconds", b"stop_grace_seconds", "task_id", b"task_id", "task_index", b"task_index", "tf_config", b"tf_config"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "bundle_digest", b"bundle_digest", "command", b"command", "cpus", b"cpus", "device_indices", b"device_indices", "device_kind", b"device_kind", "env", b"env", "environment_lock", b"environment_lock", "environment_python", b"environment_python", "guarded_ports", b"guarded_ports", "job_id", b"job_id", "memory_limit_bytes", b"memory_limit_bytes", "num_workers", b"num_workers", "port", b"port", "preflight", b"preflight", "preflight_timeout_seconds", b"preflight_timeout_seconds", "restore_checkpoint", b"restore_checkpoint", "shared_checkpoint_dir", b"shared_checkpoint_dir", "stop_grace_seconds", b"stop_grace_seconds", "task_id", b"task_id", "task_index", b"task_index", "tf_config", b"tf_config"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___StartTask: _TypeAlias = StartTask  # noqa: Y015
+
+@_typing.final
+class PortSpan(_message.Message):
+    """An inclusive range of TCP ports."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LOW_FIELD_NUMBER: _builtins.int
+    HIGH_FIELD_NUMBER: _builtins.int
+    low: _builtins.int
+    high: _builtins.int
+    def __init__(
+        self,
+        *,
+        low: _builtins.int = ...,
+        high: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["high", b"high", "low", b"low"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PortSpan: _TypeAlias = PortSpan  # noqa: Y015
 
 @_typing.final
 class StopTask(_message.Message):

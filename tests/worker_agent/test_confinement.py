@@ -18,7 +18,7 @@ from mwms.worker_agent.metrics import MetricsTail
 from mwms.worker_agent.sandbox import Confinement, SandboxError, closed_ancestor, find_bwrap
 from mwms.worker_agent.task_env import TaskPaths
 from mwms.worker_agent.task_files import pack_beneath, read_beneath
-from mwms.worker_agent.task_users import TaskIdentity, TaskUserError, TaskUsers
+from mwms.worker_agent.task_users import TaskIdentity, TaskUserError, TaskUsers, leftovers_of
 
 ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not ROOT, reason="changing a task's uid needs root")
@@ -26,22 +26,23 @@ needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewr
 
 
 def free_uid_range(size: int) -> tuple[int, int]:
-    """A range of uids with no account, for tests that hand them out."""
+    """A range of uids with no account and nothing left of them on this host (a process, an IPC object,
+    a file in /tmp: TaskUsers would skip such a uid), for tests that hand them out."""
     taken = {entry.pw_uid for entry in pwd.getpwall()}
     low = 61000
-    while any(uid in taken for uid in range(low, low + size)):
+    while any(uid in taken or leftovers_of(uid) for uid in range(low, low + size)):
         low += size
     return low, low + size - 1
 
 
 @needs_root
-def test_each_running_task_gets_a_uid_of_its_own_and_gives_it_back() -> None:
+def test_each_running_task_gets_a_uid_of_its_own_and_gives_it_back(tmp_path: Path) -> None:
     low, high = free_uid_range(2)
-    users = TaskUsers(None, (low, high))
+    users = TaskUsers(None, (low, high), lock_dir=tmp_path / "task-uids")
     first, second = users.acquire("a"), users.acquire("b")
     assert {first.uid, second.uid} == {low, high} and first.gid == first.uid and not first.shared
     assert users.acquire("a") == first  # asked again: the same
-    with pytest.raises(TaskUserError, match="in use; widen --task-uids"):
+    with pytest.raises(TaskUserError, match="in use .*; widen --task-uids"):
         users.acquire("c")
     users.release("a")
     assert users.acquire("c").uid == first.uid
@@ -49,12 +50,12 @@ def test_each_running_task_gets_a_uid_of_its_own_and_gives_it_back() -> None:
 
 
 @needs_root
-def test_a_range_holding_an_account_or_root_and_a_root_task_user_are_refused() -> None:
+def test_a_range_holding_an_account_or_root_and_a_root_task_user_are_refused(tmp_path: Path) -> None:
     account = next(e for e in pwd.getpwall() if e.pw_uid != 0)
     with pytest.raises(TaskUserError, match=f"holds uid {account.pw_uid}, the account"):
-        TaskUsers(None, (account.pw_uid, account.pw_uid))
+        TaskUsers(None, (account.pw_uid, account.pw_uid), lock_dir=tmp_path)
     with pytest.raises(TaskUserError, match="not a range of unprivileged uids"):
-        TaskUsers(None, (0, 10))
+        TaskUsers(None, (0, 10), lock_dir=tmp_path)
     for root in ("root", "0"):
         with pytest.raises(TaskUserError, match="root"):
             TaskUsers(root, (60000, 60999))
@@ -102,7 +103,8 @@ def test_a_sandboxed_task_runs_as_its_uid_sees_its_dirs_only_and_reaches_a_pytho
     work_dir.mkdir(mode=0o700)
     (work_dir / "agent-credential").write_text("secret")
     low, high = free_uid_range(1)
-    confinement = Confinement(work_dir, TaskUsers(None, (low, high)), find_bwrap("bwrap"))
+    users = TaskUsers(None, (low, high), lock_dir=tmp_path / "task-uids")
+    confinement = Confinement(work_dir, users, find_bwrap("bwrap"))
     paths = TaskPaths.for_task(work_dir, start())
     paths.create_fresh()
     (paths.bundle_dir / "train.py").write_text(
@@ -110,7 +112,7 @@ def test_a_sandboxed_task_runs_as_its_uid_sees_its_dirs_only_and_reaches_a_pytho
         "print(os.getuid(), os.getgid(), os.getgroups(), sorted(os.listdir(sys.argv[1])))\n"
         "open(os.path.join(os.environ['OUT'], 'made'), 'w').write('x')\n"
     )
-    identity = TaskUsers(None, (low, high)).acquire("t-0")
+    identity = users.acquire("t-0")
     paths.hand_over(identity.uid, identity.gid)
     launch = confinement.launch([sys.executable, "train.py", str(work_dir)], paths, identity, [])
     done = subprocess.run(
@@ -134,7 +136,7 @@ def test_without_a_sandbox_a_python_the_task_user_cannot_reach_is_refused_at_sta
     if not closed:
         pytest.skip("this Python is reachable by every user")
     with pytest.raises(SandboxError, match="cannot reach this agent's Python"):
-        Confinement(tmp_path, TaskUsers(None, free_uid_range(1)), None)
+        Confinement(tmp_path, TaskUsers(None, free_uid_range(1), lock_dir=tmp_path / "task-uids"), None)
 
 
 def test_reads_of_task_files_never_follow_a_link(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from mwms.v1 import agent_pb2
 from mwms.worker_agent.gpu_nodes import DriverPaths, GpuNode, gpu_nodes, locate_nodes, read_minor_numbers
 from mwms.worker_agent.sandbox import Confinement, find_bwrap
 from mwms.worker_agent.task_env import TaskPaths, child_environment, gpu_variables
-from mwms.worker_agent.task_users import TaskUsers
+from mwms.worker_agent.task_users import TaskUsers, leftovers_of
 
 ROOT = os.geteuid() == 0
 needs_sandbox = pytest.mark.skipif(
@@ -141,7 +141,7 @@ def free_uid_range(size: int) -> tuple[int, int]:
 
     taken = {entry.pw_uid for entry in pwd.getpwall()}
     low = 62000
-    while any(uid in taken for uid in range(low, low + size)):
+    while any(uid in taken or leftovers_of(uid) for uid in range(low, low + size)):  # TaskUsers skips those
         low += size
     return low, low + size - 1
 
@@ -151,7 +151,7 @@ def test_a_sandbox_binds_exactly_its_gpus_nodes_found_by_minor_number(tmp_path: 
     driver = driver_in(tmp_path)
     work_dir = tmp_path / "agent"
     work_dir.mkdir(mode=0o700)
-    users = TaskUsers(None, free_uid_range(1))
+    users = TaskUsers(None, free_uid_range(1), lock_dir=tmp_path / "task-uids")
     confinement = Confinement(work_dir, users, find_bwrap("bwrap"), driver)
     paths = TaskPaths.for_task(work_dir, start())
     paths.create_fresh()

@@ -15,7 +15,7 @@ from mwms.v1 import agent_pb2
 from mwms.worker_agent.job_shares import JobShares
 from mwms.worker_agent.sandbox import Confinement, find_bwrap
 from mwms.worker_agent.task_env import TaskPaths
-from mwms.worker_agent.task_users import TaskUsers
+from mwms.worker_agent.task_users import TaskUsers, leftovers_of
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("bwrap") is None, reason="a sandbox as another uid needs root and bwrap"
@@ -43,7 +43,7 @@ def free_uid_range(size: int) -> tuple[int, int]:
 
     taken = {entry.pw_uid for entry in pwd.getpwall()}
     low = 63000
-    while any(uid in taken for uid in range(low, low + size)):
+    while any(uid in taken or leftovers_of(uid) for uid in range(low, low + size)):  # TaskUsers skips those
         low += size
     return low, low + size - 1
 
@@ -51,7 +51,7 @@ def free_uid_range(size: int) -> tuple[int, int]:
 def test_a_jobs_tasks_share_dev_shm_and_ipc_and_another_jobs_task_sees_neither(tmp_path: Path) -> None:
     work_dir = tmp_path / "agent"
     work_dir.mkdir(mode=0o700)
-    users = TaskUsers(None, free_uid_range(4))
+    users = TaskUsers(None, free_uid_range(4), lock_dir=tmp_path / "task-uids")
     confinement = Confinement(work_dir, users, find_bwrap("bwrap"))
     shares = JobShares(work_dir)
     outputs = []
@@ -92,11 +92,11 @@ def test_a_jobs_tasks_share_dev_shm_and_ipc_and_another_jobs_task_sees_neither(t
     assert not shares.shm_root.exists() and not list(shares.ns_root.iterdir())
 
 
-def test_tasks_of_one_job_share_a_uid_and_each_job_has_its_own() -> None:
-    users = TaskUsers(None, free_uid_range(3))
+def test_tasks_of_one_job_share_a_uid_and_each_job_has_its_own(tmp_path: Path) -> None:
+    users = TaskUsers(None, free_uid_range(2), lock_dir=tmp_path / "task-uids")
     a0, a1, b0 = users.acquire("a0", "A"), users.acquire("a1", "A"), users.acquire("b0", "B")
     assert a0 == a1 and a0.uid != b0.uid
     assert not users.sole_holder("a0") and users.sole_holder("b0")
     assert users.release("a0") is False  # a1 still runs as it
     assert users.sole_holder("a1") and users.release("a1") is True
-    assert users.acquire("c0", "C").uid == a0.uid  # free again
+    assert users.acquire("c0", "C").uid == a0.uid  # free again (the only one)
