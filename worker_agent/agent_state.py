@@ -46,6 +46,9 @@ class TaskEntry:
     exit_code: int = 0
     message: str = ""
     final_acked: bool = False
+    # The uid of its own it ran as (0: the agent's, or a fixed --task-user): taken back after a restart
+    # so that what still runs as it is stopped before the uid passes on (worker_agent/task_users.py).
+    uid: int = 0
 
 
 class AgentStateFile:

@@ -150,4 +150,5 @@ class TaskRecord:
             exit_code=report.exit_code,
             message=report.message,
             final_acked=self.final_acked,
+            uid=self.identity.uid if self.identity is not None and not self.identity.shared else 0,
         )

@@ -304,6 +304,7 @@ class TaskManager:
             )
             agent_state.stop_groups([e.pgid for e in orphans], grace_seconds)
         stopped = {e.task_id for e in orphans}
+        self._reclaim_uids(entries)
         self._shares.clean_stale()  # their jobs' /dev/shm and IPC namespaces
         if self._cgroups is not None:
             self._cgroups.clean_stale()  # and their cgroups, with whatever still ran in them
@@ -334,6 +335,19 @@ class TaskManager:
             log.info("took over %d task(s) from the previous agent process", len(entries))
         self._persist()
         return len(entries)
+
+    def _reclaim_uids(self, entries: list[agent_state.TaskEntry]) -> None:
+        """Takes back the uids the previous agent process's tasks ran as (its locks died with it), ends
+        what still runs as them, and gives them back: no uid passes on with a process of its last task."""
+        users = self._confinement.users
+        if not users.per_task:
+            return
+        for entry in entries:
+            if not entry.uid or users.adopt(entry.task_id, entry.job_id, entry.uid) is None:
+                continue  # someone else holds it now, so nothing of this task's runs as it
+            if users.sole_holder(entry.task_id):
+                end_processes_of(entry.uid)
+            users.release(entry.task_id)
 
     @staticmethod
     def _drain_metrics(record: TaskRecord) -> None:
