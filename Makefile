@@ -44,5 +44,11 @@ bench: install
 bench-postgres: install
 	$(BIN)/python bench/run.py --db postgres
 
+# On a GPU machine, as root: sandboxed tasks see exactly their GPUs, at full speed (scripts/gpu_check.py;
+# exit 0 passed, 1 failed, 2 skipped: no GPU, not root, no bubblewrap). GPU_CHECK_ARGS="--json --keep".
+.PHONY: gpu-check
+gpu-check: install
+	$(BIN)/python scripts/gpu_check.py $(GPU_CHECK_ARGS)
+
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

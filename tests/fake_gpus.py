@@ -125,3 +125,25 @@ def start_fake_gpu_agent(
     cluster.agents[name] = agent
     wait_until(lambda: cluster.agent_online(name), 60, f"agent {name} online\n{agent.log_tail()}")
     return agent
+
+
+def write_fake_gpu_tools(directory: Path, samples: Path) -> dict[str, str]:
+    """Writes the stand-in GPUs' `nvidia-smi`, sampler and driver files under `directory` (made readable to
+    every user: a sandboxed task runs that `nvidia-smi` as a uid of its own) and the samples the sampler
+    reports, unless `samples` exists; returns the variables that show them to an agent started with them,
+    or to a program that starts one (scripts/gpu_check.py), PATH first."""
+    directory.mkdir(parents=True, exist_ok=True)
+    directory.chmod(0o755)
+    smi = directory / "nvidia-smi"
+    smi.write_text(FAKE_NVIDIA_SMI)
+    smi.chmod(0o755)
+    (directory / "fake_gpu_sampler.py").write_text(SAMPLER)
+    if not samples.exists():
+        write_samples(samples, two_gpus(10.0, 20.0))
+    return {
+        "PATH": f"{directory}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": str(directory),
+        "MWMS_DEVICE_SAMPLER": "fake_gpu_sampler:sample",
+        "FAKE_GPU_SAMPLES": str(samples),
+        **write_stand_in_driver(directory),
+    }
