@@ -29,6 +29,11 @@ MAX_NAME_CHARS = MAX_NAME_LENGTH
 ARG_STRLEN_MAX = 128 * 1024
 # The longest worker address in a TF_CONFIG: an advertise address (255 characters) and ":65535".
 MAX_WORKER_ADDRESS_CHARS = 255 + 6
+# A job's memory per worker (its tasks' cgroup limit): below 64 MiB no Python with TensorFlow starts; 64 TiB
+# is more than any machine holds. CPUs per worker (the tasks' cgroup cpu.max): more than 0, at most 1024.
+MIN_MEMORY_PER_WORKER = 64 * 2**20
+MAX_MEMORY_PER_WORKER = 64 * 2**40
+MAX_CPUS_PER_WORKER = 1024
 # StartTask fields other than command, env and tf_config: ids, digest, device indices, the checkpoint
 # directory and the communication variables the coordinator adds to env. Generous on purpose.
 START_TASK_FIXED_BYTES = 64 * 1024

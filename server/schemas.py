@@ -23,7 +23,14 @@ from pydantic import (
 
 from mwms import environment_lock, task_environment
 from mwms.metrics_line import NonFinite
-from mwms.server.limits import INT64_MAX, MAX_NAME_CHARS, MAX_WORKERS
+from mwms.server.limits import (
+    INT64_MAX,
+    MAX_CPUS_PER_WORKER,
+    MAX_MEMORY_PER_WORKER,
+    MAX_NAME_CHARS,
+    MAX_WORKERS,
+    MIN_MEMORY_PER_WORKER,
+)
 from mwms.server.schema_types import (
     NAME_RULE,
     NO_NUL_PATTERN,
@@ -38,6 +45,7 @@ from mwms.server.schema_types import (
     pattern_in_schema,
 )
 from mwms.server.states import JobState
+from mwms.sizes import format_size
 
 DIGEST_PATTERN = r"^[0-9a-f]{64}$"
 ENV_NAME_PATTERN = r"^[^=\u0000]+$"
@@ -95,6 +103,42 @@ GraceSeconds = Annotated[
     ),
     Strict(),
     WHOLE_FLOATS_AS_INT,
+]
+
+
+def _memory_in_bounds(value: int) -> int:
+    if not MIN_MEMORY_PER_WORKER <= value <= MAX_MEMORY_PER_WORKER:
+        raise ValueError(
+            f"{value} bytes is not a memory per worker: give bytes from {format_size(MIN_MEMORY_PER_WORKER)} "
+            f"({MIN_MEMORY_PER_WORKER}) to {format_size(MAX_MEMORY_PER_WORKER)} ({MAX_MEMORY_PER_WORKER})"
+        )
+    return value
+
+
+def _cpus_in_bounds(value: float) -> float:
+    # NaN passes no comparison: refused here too, with the same words.
+    if not (value > 0 and value <= MAX_CPUS_PER_WORKER):
+        raise ValueError(
+            f"{value} is not a number of CPUs per worker: give more than 0 and at most {MAX_CPUS_PER_WORKER} "
+            "(fractions allowed, e.g. 0.5)"
+        )
+    return value
+
+
+# Bytes of memory each worker may use (its tasks' cgroup limit); the bounds are in the document, the
+# validator beside them refuses with what to give.
+MemoryPerWorker = Annotated[
+    int,
+    Field(json_schema_extra={"minimum": MIN_MEMORY_PER_WORKER, "maximum": MAX_MEMORY_PER_WORKER}),
+    Strict(),
+    WHOLE_FLOATS_AS_INT,
+    AfterValidator(_memory_in_bounds),
+]
+CpusPerWorker = Annotated[
+    float,
+    Field(json_schema_extra={"exclusiveMinimum": 0, "maximum": MAX_CPUS_PER_WORKER}),
+    Strict(),
+    AfterValidator(_cpus_in_bounds),
 ]
 
 
@@ -230,6 +274,17 @@ class JobCreate(BaseModel):
     )
     workers: Integer = Field(ge=1, le=MAX_WORKERS, description="number of MWMS workers (tasks)")
     gpus_per_worker: Integer = Field(default=0, ge=0, le=64, description="0 runs on CPU slots")
+    memory_per_worker: MemoryPerWorker | None = Field(
+        default=None,
+        description="bytes of memory each worker may use (64 MiB to 64 TiB): its tasks' limit, past which "
+        "the agent kills them (out of memory), and what placement counts against each agent's memory; "
+        "null: no reservation, the agent applies its default share",
+    )
+    cpus_per_worker: CpusPerWorker | None = Field(
+        default=None,
+        description="CPUs each worker may use at most (more than 0, at most 1024; fractions allowed): a cap "
+        "on its tasks' CPU time, not a reservation; null: no cap",
+    )
     env: dict[str, Text] = Field(
         default_factory=dict,
         description="at most MWMS_MAX_ENV_VARS variables; names, values and their total bounded by "
@@ -354,6 +409,16 @@ class TaskOut(BaseModel):
     environment_build_seconds: float | None = Field(
         default=None, description="how long its build took on this agent; 0: found in the agent's cache"
     )
+    peak_memory_bytes: int | None = Field(
+        default=None,
+        description="the most memory the task has held so far, as its agent measured it (its cgroup); null: "
+        "not reported",
+    )
+    memory_limit_bytes: int | None = Field(
+        default=None,
+        description="the memory limit its agent applied: the job's memory_per_worker, else the agent's "
+        "share for tasks; null: none reported",
+    )
 
 
 class AttemptOut(BaseModel):
@@ -379,6 +444,8 @@ class JobSummary(BaseModel):
     reason: str
     workers: int
     gpus_per_worker: int
+    memory_per_worker: int | None = Field(default=None, description="bytes per worker, as submitted")
+    cpus_per_worker: float | None = Field(default=None, description="CPUs per worker, as submitted")
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
@@ -499,6 +566,11 @@ class AgentOut(BaseModel):
     lost_at: datetime | None = Field(None, description="when the coordinator handled it as lost; null if not")
     last_heartbeat_at: datetime | None
     devices: list[DeviceOut]
+    memory_bytes: int | None = Field(
+        default=None,
+        description="memory the agent offers its tasks in all (placement counts jobs' memory_per_worker "
+        "against it); null: not reported",
+    )
     devices_used: int
     devices_free: int
     tasks: list[AgentTaskOut]
@@ -809,6 +881,7 @@ class QueueEntry(BaseModel):
     priority: int
     workers: int
     gpus_per_worker: int
+    memory_per_worker: int | None = Field(default=None, description="bytes per worker; null: none asked")
     preemptible: bool
     created_at: datetime
     waiting: dict[str, Any] = Field(

@@ -16,6 +16,7 @@ from mwms.cli.safe_text import SafeConsole, safe_text, terminal_safe
 from mwms.client.models import parse_number
 from mwms.environment_lock import distinct_count
 from mwms.metrics_line import parse_value
+from mwms.sizes import format_size
 
 # stdout carries results (tables, JSON, job ids, log text); stderr carries progress and errors.
 # Piped output is not cut to 80 columns: scripts and files want whole rows.
@@ -125,6 +126,29 @@ def format_devices(job: dict[str, Any]) -> str:
     return f"{job.get('workers', '?')}×{gpus} GPU" if gpus else f"{job.get('workers', '?')}×CPU"
 
 
+def format_resources(job: dict[str, Any]) -> str:
+    """'8 GiB memory, 4 CPUs per worker' (as submitted); 'the agents' defaults' when neither was asked."""
+    memory = job.get("memory_per_worker")
+    cpus = job.get("cpus_per_worker")
+    parts = [f"{format_size(memory)} memory"] if memory else []
+    if cpus:
+        parts.append(f"{cpus:g} CPU{'' if cpus == 1 else 's'}")
+    return f"{', '.join(parts)} per worker" if parts else "the agents' defaults"
+
+
+def task_memory(task: dict[str, Any]) -> str:
+    """A task's peak memory and its limit: 'peak 1.2 GiB of 8 GiB', 'limit 8 GiB', '-' when unreported."""
+    peak, limit = task.get("peak_memory_bytes"), task.get("memory_limit_bytes")
+    if peak:
+        return f"peak {format_size(peak)}" + (f" of {format_size(limit)}" if limit else "")
+    return f"limit {format_size(limit)}" if limit else "-"
+
+
+def agent_memory(agent: dict[str, Any]) -> str:
+    memory = agent.get("memory_bytes")
+    return format_size(memory) if memory else "-"
+
+
 def jobs_table(jobs: list[dict[str, Any]]) -> Table:
     table = Table(box=None, header_style="bold")
     columns = ("ID", "NAME", "SUBMITTED BY", "TEAM", "PRIO", "STATE", "WORKERS", "STEP", "LOSS", "CREATED")
@@ -178,6 +202,7 @@ def agents_table(agents: list[dict[str, Any]]) -> Table:
         "DEVICES",
         "USED",
         "FREE",
+        "MEMORY",
         "TASKS",
         "ISOLATION",
         "HEARTBEAT",
@@ -203,6 +228,7 @@ def agents_table(agents: list[dict[str, Any]]) -> Table:
                 ", ".join(f"{count}×{kind}" for kind, count in kinds.items()) or "-",
                 agent.get("devices_used", "-"),
                 agent.get("devices_free", "-"),
+                agent_memory(agent),
                 tasks or "-",
                 isolation_cell(agent.get("task_isolation", "")),
                 format_time(agent.get("last_heartbeat_at")),
@@ -223,7 +249,19 @@ def agent_status_text(agent: dict[str, Any]) -> Text:
 
 def tasks_table(tasks: list[dict[str, Any]]) -> Table:
     table = Table(box=None, header_style="bold")
-    for column in ("TASK", "STATE", "AGENT", "ADDRESS", "DEVICES", "EXIT", "STARTED", "ENDED", "MESSAGE"):
+    columns = (
+        "TASK",
+        "STATE",
+        "AGENT",
+        "ADDRESS",
+        "DEVICES",
+        "MEMORY",
+        "EXIT",
+        "STARTED",
+        "ENDED",
+        "MESSAGE",
+    )
+    for column in columns:
         table.add_column(column)
     for task in sorted(tasks, key=lambda item: item.get("index", 0)):
         indices = task.get("device_indices") or []
@@ -235,6 +273,7 @@ def tasks_table(tasks: list[dict[str, Any]]) -> Table:
                 task.get("agent_name") or task.get("agent_id") or "-",
                 task.get("address") or "-",
                 devices,
+                task_memory(task),
                 "-" if task.get("exit_code") is None else task["exit_code"],
                 format_time(task.get("started_at")),
                 format_time(task.get("ended_at")),
@@ -293,6 +332,7 @@ def print_job(job: dict[str, Any]) -> None:
         ),
         ("command", " ".join(job.get("command") or [])),
         ("workers", format_devices(job)),
+        ("resources", format_resources(job)),
         ("created", format_time(job.get("created_at"))),
         ("started", format_time(job.get("started_at"))),
         ("finished", format_time(job.get("finished_at"))),

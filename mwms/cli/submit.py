@@ -25,6 +25,7 @@ from mwms.client.environment import environment_file_in
 from mwms.client.environment import resolve as resolve_environment
 from mwms.client.packing import PackedBundle, human_size, pack_directory
 from mwms.environment_lock import distinct_count, pinned_packages
+from mwms.sizes import SizeError, parse_size
 
 # Below this size an upload is over before a progress bar could tell anyone anything.
 PROGRESS_BAR_MIN_BYTES = 4 * 1024 * 1024
@@ -102,6 +103,8 @@ def build_job_spec(
     command: list[str],
     workers: int,
     gpus_per_worker: int | None = None,
+    memory_per_worker: int | None = None,
+    cpus_per_worker: float | None = None,
     env: dict[str, str] | None = None,
     communication: str | None = None,
     collective_timeout: float | None = None,
@@ -127,6 +130,10 @@ def build_job_spec(
     }
     if gpus_per_worker is not None:
         spec["gpus_per_worker"] = gpus_per_worker
+    if memory_per_worker is not None:
+        spec["memory_per_worker"] = memory_per_worker
+    if cpus_per_worker is not None:
+        spec["cpus_per_worker"] = cpus_per_worker
     if env:
         spec["env"] = env
     collectives = _without_none(
@@ -160,6 +167,16 @@ def build_job_spec(
     if preemption_grace is not None:
         spec["preemption_grace_seconds"] = preemption_grace
     return spec
+
+
+def parse_memory_option(text: str | None, option: str = "--memory-per-worker") -> int | None:
+    """--memory-per-worker 8G -> 8589934592 (binary units); CliError saying how to write one."""
+    if text is None:
+        return None
+    try:
+        return parse_size(text, option)
+    except SizeError as error:
+        raise CliError(str(error)) from None
 
 
 def upload(client: Client, bundle: PackedBundle, *, show_progress: bool) -> dict[str, Any]:
@@ -283,6 +300,26 @@ def submit(
     workers: Annotated[int, typer.Option("--workers", "-n", min=1, help="Number of workers (tasks).")],
     gpus_per_worker: Annotated[
         int | None, typer.Option("--gpus-per-worker", min=0, help="GPUs per worker; 0 runs on CPU slots.")
+    ] = None,
+    memory_per_worker: Annotated[
+        str | None,
+        typer.Option(
+            "--memory-per-worker",
+            metavar="SIZE",
+            help="Memory each worker may use, e.g. 8G or 512M (binary units): past it the agent kills the "
+            "worker (out of memory), and placement counts it against each agent's memory [default: the "
+            "agent's share for tasks].",
+            show_default=False,
+        ),
+    ] = None,
+    cpus_per_worker: Annotated[
+        float | None,
+        typer.Option(
+            "--cpus-per-worker",
+            metavar="N",
+            help="CPUs each worker may use at most, e.g. 4 or 0.5 (a cap, not a reservation) [default: no cap].",
+            show_default=False,
+        ),
     ] = None,
     name: Annotated[str | None, typer.Option(help="Job name; default: the directory's name.")] = None,
     env: Annotated[
@@ -410,6 +447,11 @@ def submit(
         raise CliError("give the command to run after --, e.g. mwms submit . --workers 2 -- python train.py")
     check_command_words(list(command), directory)
     environment = parse_env(env or [])
+    memory = parse_memory_option(memory_per_worker)
+    if cpus_per_worker is not None and not 0 < cpus_per_worker <= 1024:
+        raise CliError(
+            f"--cpus-per-worker {cpus_per_worker:g}: give more than 0 and at most 1024, e.g. 4 or 0.5"
+        )
     job_priority = None if priority is None else parse_priority(priority)
     job_name = name or directory.resolve().name
     job_environment = submit_environment(directory, requirements, python, quiet=json_output)
@@ -420,6 +462,8 @@ def submit(
         command=list(command),
         workers=workers,
         gpus_per_worker=gpus_per_worker,
+        memory_per_worker=memory,
+        cpus_per_worker=cpus_per_worker,
         env=environment,
         communication=communication,
         collective_timeout=collective_timeout,

@@ -25,6 +25,7 @@ from mwms.client.rest import RestApi
 from mwms.client.transport import Transport
 from mwms.connection import Connection, resolve_connection
 from mwms.errors import InvalidSpec
+from mwms.sizes import SizeError, parse_size
 
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_RETRY_S = 30.0
@@ -34,6 +35,19 @@ QUEUE_PAGE = 500  # the most GET /api/v1/queue answers at once
 def new_idempotency_key() -> str:
     """A fresh key for one submit: resends of that submit carry it, a new submit gets a new one."""
     return uuid.uuid4().hex
+
+
+def memory_bytes(size: int | str, what: str = "memory_per_worker") -> int:
+    """A memory size as bytes: an int as it is, a string as a size ("8G", "512MiB", binary units);
+    InvalidSpec for one that is not."""
+    if isinstance(size, bool):
+        raise InvalidSpec(f"{what}={size!r}: give bytes or a size such as 8G or 512M")
+    if isinstance(size, int):
+        return size
+    try:
+        return parse_size(str(size), what)
+    except SizeError as error:
+        raise InvalidSpec(str(error)) from None
 
 
 class Client:
@@ -119,6 +133,8 @@ class Client:
         *,
         workers: int,
         gpus_per_worker: int | None = None,
+        memory_per_worker: int | str | None = None,
+        cpus_per_worker: float | None = None,
         env: Mapping[str, str] | None = None,
         name: str | None = None,
         restart: Mapping[str, Any] | None = None,
@@ -133,6 +149,10 @@ class Client:
         job a Python environment of its own: resolved here once with uv, built on each agent, the same
         packages for every worker; `python` ("3.11") the version to build it with (default: the agents').
 
+        `memory_per_worker` is the memory each worker may use, in bytes or as a size ("8G", "512MiB";
+        binary units): its tasks are killed past it, and placement counts it against each agent's memory.
+        `cpus_per_worker` caps the CPUs each worker may use (2, 0.5). Unset: the agents' defaults.
+
         `command` is an argv list, or a string split like a shell would. `restart` is the restart policy,
         e.g. {"max_restarts": 0} or {"restart_on": "any", "fail_on_nan": ["loss"]}. `options` are
         further job spec fields, passed as given: communication={"implementation": "RING"},
@@ -145,6 +165,7 @@ class Client:
             raise InvalidSpec("python= names the version of a job's own environment: give requirements= too")
         # Resolved before the upload: a requirement that cannot be resolved costs no upload.
         environment = None if requirements is None else resolve_environment(directory, requirements, python)
+        memory = None if memory_per_worker is None else memory_bytes(memory_per_worker)
         spec: dict[str, Any] = {
             "name": name or Path(directory).resolve().name,
             "bundle_digest": self.upload(directory),
@@ -153,6 +174,10 @@ class Client:
         }
         if gpus_per_worker is not None:
             spec["gpus_per_worker"] = gpus_per_worker
+        if memory is not None:
+            spec["memory_per_worker"] = memory
+        if cpus_per_worker is not None:
+            spec["cpus_per_worker"] = cpus_per_worker
         if env:
             spec["env"] = dict(env)
         if restart:

@@ -192,6 +192,11 @@ class Agent:
         )
 
     @property
+    def memory_bytes(self) -> int:
+        """The memory it offers its tasks in all; 0 when it did not report it."""
+        return int(self.raw.get("memory_bytes") or 0)
+
+    @property
     def cordoned(self) -> bool:
         """True when an admin cordoned (or drained) it: nothing new is placed on it."""
         return bool(self.raw.get("cordoned"))

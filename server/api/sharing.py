@@ -70,6 +70,7 @@ def queue_entry(row: QueueRow) -> QueueEntry:
         priority=row.priority,
         workers=row.workers,
         gpus_per_worker=row.gpus_per_worker,
+        memory_per_worker=row.memory_per_worker or None,
         preemptible=row.preemptible,
         created_at=row.created_at,
         waiting=dict(row.waiting),

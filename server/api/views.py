@@ -50,6 +50,8 @@ def task_out(task: Task, view: JobView) -> TaskOut:
         ended_at=task.ended_at,
         environment=task.environment,
         environment_build_seconds=task.environment_build_s,
+        peak_memory_bytes=task.peak_memory_bytes,
+        memory_limit_bytes=task.memory_limit_bytes,
     )
 
 
@@ -63,6 +65,8 @@ def job_summary(job: Job, attempts: int, progress: Progress) -> JobSummary:
         reason=job.reason,
         workers=job.num_workers,
         gpus_per_worker=job.gpus_per_worker,
+        memory_per_worker=job.memory_per_worker,
+        cpus_per_worker=job.cpus_per_worker,
         created_at=job.created_at,
         started_at=job.started_at,
         finished_at=job.finished_at,
@@ -153,6 +157,7 @@ def agent_out(view: AgentView) -> AgentOut:
         lost_at=agent.lost_at,
         last_heartbeat_at=agent.last_heartbeat_at,
         devices=[DeviceOut(**d) for d in agent.devices],
+        memory_bytes=agent.memory_bytes or None,
         devices_used=view.devices_used,
         devices_free=view.devices_free,
         tasks=[

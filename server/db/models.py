@@ -71,6 +71,8 @@ class Agent(Base):
     task_isolation: Mapped[str] = mapped_column(String(200), default="", server_default="")
     # [{"kind": "gpu"|"cpu", "index": int, "name": str, "uuid": str, "memory_mib": int}]
     devices: Mapped[list[Any]] = mapped_column(default=list)
+    # Memory the agent offers its tasks in all (RegisterRequest.memory_bytes); 0: unknown (no memory check).
+    memory_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     registered_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_heartbeat_at: Mapped[datetime | None] = mapped_column(default=None)
     # Liveness as data: the agent is online while now < online_until.
@@ -151,6 +153,10 @@ class Job(Base):
     env: Mapped[dict[str, Any]] = mapped_column(default=dict)
     num_workers: Mapped[int] = mapped_column(Integer)
     gpus_per_worker: Mapped[int] = mapped_column(Integer, default=0)
+    # Bytes of memory each worker may use (its tasks' limit; placement counts it against agents' memory_bytes)
+    # and the CPUs each may use at most; None: not asked.
+    memory_per_worker: Mapped[int | None] = mapped_column(BigInteger, default=None, nullable=True)
+    cpus_per_worker: Mapped[float | None] = mapped_column(Float, default=None, nullable=True)
     # Everything else the user asked for: communication options, restart policy, timeouts.
     options: Mapped[dict[str, Any]] = mapped_column(default=dict)
     restarts: Mapped[int] = mapped_column(Integer, default=0)
@@ -275,6 +281,10 @@ class Task(Base):
     # every worker's digest agrees.
     environment_digest: Mapped[str] = mapped_column(String(64), default="", server_default="")
     environment_platform: Mapped[str] = mapped_column(String(100), default="", server_default="")
+    # What its agent reports of its memory: the most its cgroup has held so far, and the limit it applied;
+    # None: not reported.
+    peak_memory_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None, nullable=True)
+    memory_limit_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None, nullable=True)
 
 
 class DeviceClaim(Base):

@@ -360,7 +360,7 @@ class AgentStream:
                 for task, job in commands.starts:
                     if task.id not in self.sent_starts:
                         self.sent_starts.add(task.id)
-                        command = await self._start_command(task, job)
+                        command = await self._start_command(task, job, commands.guarded_ports)
                         if command is not None:
                             await self.send(command)
                             count_command("start")
@@ -374,7 +374,9 @@ class AgentStream:
         except Exception:  # noqa: BLE001 - one agent's trouble must not reach the hub
             log.exception("sending commands to agent %s failed", self.agent_id)
 
-    async def _start_command(self, task: Any, job: Any) -> pb.CoordinatorMessage | None:
+    async def _start_command(
+        self, task: Any, job: Any, agent_ranges: list[tuple[int, int]]
+    ) -> pb.CoordinatorMessage | None:
         """The StartTask for `task`, or None when it cannot go out (the service then fails its job).
 
         Built and measured here (a message's size is the transport's to know); whether it is refused, and
@@ -388,8 +390,9 @@ class AgentStream:
                 preflight=settings.preflight,
                 preflight_timeout_s=settings.preflight_timeout_s,
                 preflight_allreduce=settings.preflight_allreduce,
+                own_ports=(settings.http_port, settings.grpc_port),
             )
-            command = convert.start_task(start_commands.start_spec(task, job, defaults))
+            command = convert.start_task(start_commands.start_spec(task, job, defaults, agent_ranges))
         except Exception as error:  # noqa: BLE001 - a damaged job row must not stop this agent's commands
             contain(log, "start_task", task.id, f"the start command of task {task.id} (job {job.id})")
             reason = start_commands.unbuildable_reason(error)

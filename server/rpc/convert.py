@@ -52,6 +52,7 @@ def registration(request: pb.RegisterRequest) -> Registration:
         ],
         version=request.version,
         task_isolation=request.task_isolation,
+        memory_bytes=max(0, request.memory_bytes),  # a negative says nothing: unknown
     )
 
 
@@ -84,6 +85,9 @@ def task_report(report: pb.TaskReport) -> TaskReport | None:
         else None,
         environment_digest=report.environment_digest[:MAX_DIGEST_CHARS],
         environment_platform=report.environment_platform[:MAX_PLATFORM_CHARS],
+        # An agent's numbers: a negative says nothing (unknown, none).
+        peak_memory_bytes=max(0, report.peak_memory_bytes),
+        memory_limit_bytes=max(0, report.memory_limit_bytes),
     )
 
 
@@ -137,6 +141,9 @@ def start_task(spec: StartSpec) -> pb.CoordinatorMessage:
             preflight_timeout_seconds=spec.preflight_timeout_s or 0,
             environment_lock=spec.environment_lock,
             environment_python=spec.environment_python,
+            memory_limit_bytes=spec.memory_limit_bytes,
+            cpus=spec.cpus,
+            guarded_ports=[pb.PortSpan(low=low, high=high) for low, high in spec.guarded_ports],
         )
     )
 

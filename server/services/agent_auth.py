@@ -121,6 +121,7 @@ def known_registration(session: Session, reg: Registration, credential: str) -> 
         agent.devices,
         agent.version,
         agent.task_isolation,
+        agent.memory_bytes,
     )
     wanted = (
         reg.hostname,
@@ -130,6 +131,7 @@ def known_registration(session: Session, reg: Registration, credential: str) -> 
         reg.devices,
         reg.version,
         reg.task_isolation,
+        reg.memory_bytes,
     )
     if on_record != wanted:
         return None

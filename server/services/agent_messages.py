@@ -208,6 +208,9 @@ class Commands:
 
     starts: list[tuple[Task, Job]] = field(default_factory=list)
     stops: list[Task] = field(default_factory=list)
+    # Every agent's task port range, merged: no task may bind them but its own port, nor reach them but
+    # at its own job's peers (StartTask.guarded_ports, worker_agent/port_guard.py).
+    guarded_ports: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -218,6 +221,20 @@ class PendingCommands:
     refused: dict[str, str] = field(default_factory=dict)  # agent id -> why its session ends
     # agent id -> (replica holding its stream, stream epoch), as the database says (server/live/hub.py)
     streams: dict[str, tuple[str | None, int]] = field(default_factory=dict)
+
+
+def agent_port_ranges(session: Session) -> list[tuple[int, int]]:
+    """The task port ranges of every agent not removed, merged (one query)."""
+    rows = session.execute(
+        select(Agent.port_low, Agent.port_high).where(Agent.removed_at.is_(None)).distinct()
+    ).all()
+    merged: list[list[int]] = []
+    for low, high in sorted((int(a), int(b)) for a, b in rows if a and b and a <= b):
+        if merged and low <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], high)
+        else:
+            merged.append([low, high])
+    return [(a, b) for a, b in merged]
 
 
 def pending_commands(session: Session, agent_ids: list[str]) -> PendingCommands:
@@ -247,8 +264,11 @@ def pending_commands(session: Session, agent_ids: list[str]) -> PendingCommands:
         )
         .order_by(Task.created_at, Task.index)
     ).all()
+    guarded = agent_port_ranges(session) if starts else []
     for task, job in starts:
-        result.by_agent.setdefault(task.agent_id, Commands()).starts.append((task, job))
+        commands = result.by_agent.setdefault(task.agent_id, Commands())
+        commands.starts.append((task, job))
+        commands.guarded_ports = guarded
     open_states = [s.value for s in TaskState if not s.terminal]
     stops = session.scalars(
         select(Task).where(

@@ -12,7 +12,7 @@ from sqlalchemy import Table, bindparam, or_, select, update
 from sqlalchemy.orm import Session, object_session
 
 from mwms.agent_references import NAME_WITH_ID_FORM_HELP, name_has_id_form
-from mwms.server.db.models import Agent, Task, utcnow
+from mwms.server.db.models import Agent, Job, Task, utcnow
 from mwms.server.errors import InvalidInput, NameTaken, NotFound, Unauthenticated
 from mwms.server.observability.event_log import log_after_commit
 from mwms.server.observability.instruments import count_registration
@@ -35,6 +35,7 @@ class Registration:
     devices: list[dict[str, Any]]
     version: str
     task_isolation: str = ""
+    memory_bytes: int = 0  # what the agent offers its tasks in all; 0: unknown
 
 
 # Bounds of what an agent says about itself; the columns' sizes, and an address that fits TF_CONFIG.
@@ -44,6 +45,7 @@ MAX_VERSION = 50
 MAX_ISOLATION = 200
 MAX_DEVICES = 1024
 MAX_DEVICE_TEXT = 200
+MAX_MEMORY_BYTES = 2**63 - 1  # the column's (BIGINT) largest
 _ADDRESS = re.compile(r"[A-Za-z0-9.:\-\[\]%_]+")
 
 
@@ -81,6 +83,8 @@ def validate_registration(reg: Registration) -> None:
             raise InvalidInput(f"device indices must lie in 0-{MAX_DEVICES - 1}")
     if len({int(d["index"]) for d in reg.devices}) != len(reg.devices):
         raise InvalidInput("device indices must be distinct")
+    if not 0 <= reg.memory_bytes <= MAX_MEMORY_BYTES:
+        raise InvalidInput(f"memory must lie in 0-{MAX_MEMORY_BYTES} bytes (0: unknown)")
     if not (1 <= reg.port_low <= reg.port_high <= 65535):
         raise InvalidInput(f"port range {reg.port_low}-{reg.port_high} is invalid: use LO-HI within 1-65535")
     if not reg.devices:
@@ -120,6 +124,7 @@ def register_agent(
     agent.devices = reg.devices
     agent.version = reg.version
     agent.task_isolation = reg.task_isolation
+    agent.memory_bytes = reg.memory_bytes
     agent.registered_at = now
     touch_agent(agent, timeout_s, now)
     session.flush()
@@ -301,7 +306,8 @@ def refused_ports_by_agent(session: Session, now: datetime) -> dict[str, set[int
 def capacities(
     session: Session, now: datetime | None = None, connected: frozenset[str] | None = None
 ) -> list[AgentCapacity]:
-    """What every online agent can offer now, net of the tasks it holds and the ports it refused.
+    """What every online agent can offer now, net of the tasks it holds (their devices, and the memory their
+    jobs asked per worker) and the ports it refused.
 
     `connected` (agent ids with a live session), when given, narrows the offer further: right after a
     coordinator start, agents count as online for a grace period before they have reconnected. Read as
@@ -309,12 +315,15 @@ def capacities(
     """
     now = now or utcnow()
     held: dict[str, list[tuple[list[Any], int]]] = {}
-    for agent_id, indices, port in session.execute(
-        select(Task.agent_id, Task.device_indices, Task.port).where(
-            Task.state.in_(DEVICE_HOLDING_TASK_STATES)
-        )
+    promised: dict[str, int] = {}  # agent id -> the memory_per_worker of the tasks holding its devices
+    for agent_id, indices, port, memory in session.execute(
+        select(Task.agent_id, Task.device_indices, Task.port, Job.memory_per_worker)
+        .join(Job, Job.id == Task.job_id)
+        .where(Task.state.in_(DEVICE_HOLDING_TASK_STATES))
     ):
         held.setdefault(agent_id, []).append((indices, port))
+        if memory:
+            promised[agent_id] = promised.get(agent_id, 0) + int(memory)
     refused = refused_ports_by_agent(session, now)
     rows = session.execute(
         select(
@@ -324,12 +333,13 @@ def capacities(
             Agent.devices,
             Agent.port_low,
             Agent.port_high,
+            Agent.memory_bytes,
         )
         .where(Agent.removed_at.is_(None), Agent.online_until > now)
         .order_by(Agent.name)
     ).all()
     result = []
-    for agent_id, name, address, devices, port_low, port_high in rows:
+    for agent_id, name, address, devices, port_low, port_high, memory_bytes in rows:
         if connected is not None and agent_id not in connected:
             continue
         try:
@@ -347,6 +357,8 @@ def capacities(
                     port_low=port_low,
                     port_high=port_high,
                     used_ports=frozenset({port for _, port in tasks} | refused.get(agent_id, set())),
+                    memory_bytes=max(0, int(memory_bytes or 0)),
+                    memory_used=promised.get(agent_id, 0),
                 )
             )
         except Exception:  # noqa: BLE001 - one damaged agent row must not stall placement for everyone

@@ -63,6 +63,8 @@ def spec_differences(job: Job, spec: JobCreate) -> list[str]:
         "env": dict(job.env),
         "workers": job.num_workers,
         "gpus_per_worker": job.gpus_per_worker,
+        "memory_per_worker": job.memory_per_worker,
+        "cpus_per_worker": job.cpus_per_worker,
     }
     if spec.name:  # without one the job was named after the command
         kept["name"] = job.name

@@ -78,7 +78,13 @@ def create_job(
         )
     check_pins(session, spec.agents)
     if policy is not None and policy.refuse_impossible:
-        why = impossible_reason(registered_agents(session), spec.workers, spec.gpus_per_worker, spec.agents)
+        why = impossible_reason(
+            registered_agents(session),
+            spec.workers,
+            spec.gpus_per_worker,
+            spec.agents,
+            memory_per_worker=spec.memory_per_worker or 0,
+        )
         if why is not None:
             raise Conflict(f"this job can never be placed: {why}")
     job = Job(
@@ -89,6 +95,8 @@ def create_job(
         env=dict(spec.env),
         num_workers=spec.workers,
         gpus_per_worker=spec.gpus_per_worker,
+        memory_per_worker=spec.memory_per_worker,
+        cpus_per_worker=spec.cpus_per_worker,
         submitted_by=submitted_by,
         team=teams.team_of(session, submitted_by),
         priority=spec.priority,

@@ -1,5 +1,9 @@
 """Gang placement: every task of an attempt placed at once, or none, with equal devices per task.
 
+A job's memory_per_worker counts against each agent's memory as its devices do: the memory_per_worker of
+the tasks an agent holds, plus the new one's, stays within what the agent offers its tasks (memory_bytes).
+An agent that did not report its memory (0) is only not checked.
+
 Pure functions over plain data, so the rules are tested without a database.
 """
 
@@ -13,6 +17,7 @@ from dataclasses import dataclass, field
 from mwms.agent_references import AmbiguousAgent, UnknownAgent, resolve_agent_reference
 from mwms.server.services.wording import count as wcount
 from mwms.server.services.wording import listed
+from mwms.sizes import format_size
 
 
 @dataclass(frozen=True)
@@ -28,6 +33,13 @@ class AgentCapacity:
     port_low: int
     port_high: int
     used_ports: frozenset[int] = field(default_factory=frozenset)
+    memory_bytes: int = 0  # what it offers its tasks in all; 0: not reported (not checked)
+    memory_used: int = 0  # the memory_per_worker of the tasks that hold its devices
+
+    @property
+    def memory_free(self) -> int | None:
+        """Memory not yet promised to its tasks; None when the agent did not report its memory."""
+        return max(0, self.memory_bytes - self.memory_used) if self.memory_bytes > 0 else None
 
 
 @dataclass(frozen=True)
@@ -38,6 +50,7 @@ class TaskPlacement:
     port: int
     device_kind: str
     device_indices: tuple[int, ...]
+    memory_bytes: int = 0  # the job's memory_per_worker (0: none asked), counted against its agent
 
     @property
     def endpoint(self) -> str:
@@ -54,6 +67,34 @@ class NoFit:
 def devices_needed(gpus_per_worker: int) -> tuple[str, int]:
     """The device kind and count one task takes: G GPUs, or one CPU slot when G is 0."""
     return ("gpu", gpus_per_worker) if gpus_per_worker > 0 else ("cpu", 1)
+
+
+def memory_fits(free: int | None, memory_per_worker: int) -> bool:
+    """Whether one more worker asking `memory_per_worker` (0: none) fits in `free` (None: not reported)."""
+    return memory_per_worker <= 0 or free is None or free >= memory_per_worker
+
+
+def workers_fitting(
+    free_devices: int, per_worker: int, memory_free: int | None, memory_per_worker: int
+) -> int:
+    """Workers of a shape one agent holds: by `free_devices`, and by its memory when both are known."""
+    by_devices = free_devices // per_worker
+    if memory_per_worker <= 0 or memory_free is None:
+        return by_devices
+    return min(by_devices, memory_free // memory_per_worker)
+
+
+def fitting_now(agent: AgentCapacity, per_worker: int, memory_per_worker: int = 0) -> int:
+    """Workers of a shape an agent can start now, on its free devices and memory."""
+    return workers_fitting(len(agent.free_devices), per_worker, agent.memory_free, memory_per_worker)
+
+
+def _largest_memory(agents: Iterable[AgentCapacity]) -> AgentCapacity | None:
+    """The agent that offers the most memory, when every one reported its memory; else None."""
+    agents = list(agents)
+    if not agents or any(a.memory_bytes <= 0 for a in agents):
+        return None
+    return max(agents, key=lambda a: (a.memory_bytes, a.name))
 
 
 # How much of a co-location note lists: the workers of one agent, and the agents.
@@ -99,11 +140,16 @@ def shared_agent_note(tasks: Iterable[TaskPlacement], names: Mapping[str, str]) 
 
 
 def place_gang(
-    agents: list[AgentCapacity], workers: int, gpus_per_worker: int, rng: random.Random | None = None
+    agents: list[AgentCapacity],
+    workers: int,
+    gpus_per_worker: int,
+    rng: random.Random | None = None,
+    memory_per_worker: int = 0,
 ) -> list[TaskPlacement] | NoFit:
-    """Places `workers` tasks, spreading them over the agents with the most free devices first."""
+    """Places `workers` tasks, spreading them over the agents with the most free devices first; each
+    agent takes only as many as its free memory holds when the job asks for memory."""
     rng = rng or random.Random()
-    never = never_fits(agents, workers, gpus_per_worker)
+    never = never_fits(agents, workers, gpus_per_worker, memory_per_worker)
     if never is not None:
         return never
     kind, count = devices_needed(gpus_per_worker)
@@ -112,9 +158,10 @@ def place_gang(
 
     free: dict[str, list[int]] = {a.agent_id: sorted(a.free_devices) for a in candidates}
     ports: dict[str, set[int]] = {a.agent_id: set(a.used_ports) for a in candidates}
+    memory: dict[str, int | None] = {a.agent_id: a.memory_free for a in candidates}
     # Worst fit: each worker goes to the agent with the most free devices (ties by name), so workers
-    # spread over machines. A heap keeps that choice O(log agents): an agent only loses devices and
-    # ports, so one that cannot take a worker now never can again in this placement.
+    # spread over machines. A heap keeps that choice O(log agents): an agent only loses devices, ports
+    # and memory, so one that cannot take a worker now never can again in this placement.
     heap = [(-len(free[a.agent_id]), a.name, a.agent_id, a) for a in candidates]
     heapq.heapify(heap)
     placements: list[TaskPlacement] = []
@@ -122,26 +169,51 @@ def place_gang(
         agent = None
         while heap:
             _, _, agent_id, candidate = heapq.heappop(heap)
-            if len(free[agent_id]) >= count and _has_free_port(candidate, ports):
+            if (
+                len(free[agent_id]) >= count
+                and _has_free_port(candidate, ports)
+                and memory_fits(memory[agent_id], memory_per_worker)
+            ):
                 agent = candidate
                 break
         if agent is None:
-            free_now = sum(len(a.free_devices) // count for a in candidates)
-            return NoFit(
-                f"waiting for capacity: needs {wcount(workers, 'worker')} × {wcount(count, unit)}, "
-                f"{free_now} can start now on {wcount(len(candidates), 'online agent')}; "
-                "it starts when running jobs finish or agents join"
-            )
+            return _no_capacity(candidates, workers, count, unit, memory_per_worker)
         taken = tuple(free[agent.agent_id][:count])
         free[agent.agent_id] = free[agent.agent_id][count:]
+        left = memory[agent.agent_id]
+        if left is not None and memory_per_worker > 0:
+            memory[agent.agent_id] = left - memory_per_worker
         port = _pick_port(agent, ports[agent.agent_id], rng)
         ports[agent.agent_id].add(port)
-        placements.append(TaskPlacement(index, agent.agent_id, agent.address, port, kind, taken))
+        placements.append(
+            TaskPlacement(index, agent.agent_id, agent.address, port, kind, taken, max(0, memory_per_worker))
+        )
         heapq.heappush(heap, (-len(free[agent.agent_id]), agent.name, agent.agent_id, agent))
     return placements
 
 
-def never_fits(agents: list[AgentCapacity], workers: int, gpus_per_worker: int) -> NoFit | None:
+def _no_capacity(
+    candidates: list[AgentCapacity], workers: int, count: int, unit: str, memory_per_worker: int
+) -> NoFit:
+    """Why a gang that fits an idle cluster waits: devices, or (when those would do) memory."""
+    shape = f"{wcount(workers, 'worker')} × {wcount(count, unit)}"
+    by_devices = sum(len(a.free_devices) // count for a in candidates)
+    free_now = sum(fitting_now(a, count, memory_per_worker) for a in candidates)
+    if memory_per_worker > 0 and free_now < workers <= by_devices:
+        return NoFit(
+            f"waiting for memory: needs {shape} and {format_size(memory_per_worker)} per worker; the free "
+            f"devices are on agents whose memory is promised to running tasks, {free_now} can start now on "
+            f"{wcount(len(candidates), 'online agent')}; it starts when running jobs finish or agents join"
+        )
+    return NoFit(
+        f"waiting for capacity: needs {shape}, {free_now} can start now on "
+        f"{wcount(len(candidates), 'online agent')}; it starts when running jobs finish or agents join"
+    )
+
+
+def never_fits(
+    agents: list[AgentCapacity], workers: int, gpus_per_worker: int, memory_per_worker: int = 0
+) -> NoFit | None:
     """Why the gang could not fit even if every agent were idle, or None when it could."""
     kind, count = devices_needed(gpus_per_worker)
     unit = "GPU" if kind == "gpu" else "CPU slot"
@@ -166,6 +238,26 @@ def never_fits(agents: list[AgentCapacity], workers: int, gpus_per_worker: int) 
             f"{wcount(len(candidates), 'online agent')} can hold at most {wcount(capacity_total, 'such worker')} "
             "even when idle; add agents or lower --workers"
         )
+    if memory_per_worker <= 0:
+        return None
+    largest_memory = _largest_memory(candidates)
+    if largest_memory is not None and largest_memory.memory_bytes < memory_per_worker:
+        return NoFit(
+            f"needs {format_size(memory_per_worker)} per worker; the largest agent ({largest_memory.name}) "
+            f"offers {format_size(largest_memory.memory_bytes)}: lower --memory-per-worker or add machines "
+            "with more memory"
+        )
+    idle_total = sum(
+        workers_fitting(len(a.all_devices), count, a.memory_bytes or None, memory_per_worker)
+        for a in candidates
+    )
+    if idle_total < workers:
+        return NoFit(
+            f"needs {wcount(workers, 'worker')} × {wcount(count, unit)} and {format_size(memory_per_worker)} "
+            f"per worker, but the memory of the {wcount(len(candidates), 'online agent')} holds at most "
+            f"{wcount(idle_total, 'such worker')} even when idle; add agents, or lower --workers or "
+            "--memory-per-worker"
+        )
     return None
 
 
@@ -189,6 +281,7 @@ def place_pinned(
     gpus_per_worker: int,
     rng: random.Random | None = None,
     known: Iterable[tuple[str, str]] | None = None,
+    memory_per_worker: int = 0,
 ) -> list[TaskPlacement] | NoFit:
     """Places worker i on the agent `wanted[i]` names (its id, else its name), or says which agent it waits for.
 
@@ -220,19 +313,36 @@ def place_pinned(
         )
     free: dict[str, list[int]] = {a.agent_id: sorted(a.free_devices) for a in agents}
     ports: dict[str, set[int]] = {a.agent_id: set(a.used_ports) for a in agents}
+    memory: dict[str, int | None] = {a.agent_id: a.memory_free for a in agents}
     placements: list[TaskPlacement] = []
     for index, agent_id in enumerate(resolved):
         agent = offered[agent_id]
         if agent.device_kind != kind:
             return NoFit(f"worker {index} needs {unit}s but agent {agent.name} offers {agent.device_kind}")
+        if 0 < agent.memory_bytes < memory_per_worker:
+            return NoFit(
+                f"worker {index} needs {format_size(memory_per_worker)} but agent {agent.name} offers "
+                f"{format_size(agent.memory_bytes)} in all: pin it elsewhere, or lower --memory-per-worker"
+            )
         if len(free[agent.agent_id]) < count or not _has_free_port(agent, ports):
             return NoFit(
                 f"waiting for capacity on agent {agent.name} (worker {index} needs {wcount(count, unit)}, "
                 f"{len(free[agent.agent_id])} free); it starts when its running jobs finish"
             )
+        left = memory[agent.agent_id]
+        if not memory_fits(left, memory_per_worker):
+            return NoFit(
+                f"waiting for memory on agent {agent.name} (worker {index} needs "
+                f"{format_size(memory_per_worker)}, {format_size(left or 0)} free); it starts when its "
+                "running jobs finish"
+            )
+        if left is not None and memory_per_worker > 0:
+            memory[agent.agent_id] = left - memory_per_worker
         taken = tuple(free[agent.agent_id][:count])
         free[agent.agent_id] = free[agent.agent_id][count:]
         port = _pick_port(agent, ports[agent.agent_id], rng)
         ports[agent.agent_id].add(port)
-        placements.append(TaskPlacement(index, agent.agent_id, agent.address, port, kind, taken))
+        placements.append(
+            TaskPlacement(index, agent.agent_id, agent.address, port, kind, taken, max(0, memory_per_worker))
+        )
     return placements

@@ -41,6 +41,8 @@ class WaitingJob:
     max_runtime_s: float | None = None
     # Capacity held for it while the jobs it preempted exit: {agent_id: device indices}.
     hold: Mapping[str, tuple[int, ...]] | None = None
+    # Bytes of memory each worker asks for (0: none), counted against each agent's memory at placement.
+    memory_per_worker: int = 0
     # Its stored reason text, so a pass writes only the reasons that changed.
     stored_reason: Any = field(default=None, compare=False)
     kind: str = field(init=False, compare=False)  # "gpu" or "cpu"

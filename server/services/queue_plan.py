@@ -4,6 +4,8 @@ Pure (server/services/scheduling.py reads the data and applies the plan), so eve
 without a database:
 
 - **Order**: queue_order.py (priority, fair share, age).
+- **Memory**: a job's memory_per_worker counts against each agent's memory as its devices do
+  (placement.py); running jobs free theirs when they end or are preempted, as their devices.
 - **Quotas**: a job that would take its team over quota waits (over_quota), unless it is preemptible
   and the capacity is idle: then it borrows, and is the first to be reclaimed.
 - **Reservation and backfill** (EASY backfill): the first job in the order that does not fit gets a
@@ -28,9 +30,11 @@ from mwms.server.services.placement import (
     AgentCapacity,
     NoFit,
     TaskPlacement,
+    fitting_now,
     never_fits,
     place_gang,
     place_pinned,
+    workers_fitting,
 )
 from mwms.server.services.queue_order import WaitingJob
 
@@ -55,6 +59,7 @@ class RunningJob:
     # May be preempted now: preemptible, RUNNING, past the minimum run time, under the hourly cap.
     preemptable: bool = False
     grace_s: int = 30
+    memory: Mapping[str, int] = field(default_factory=dict)  # agent_id -> memory_per_worker its tasks hold
 
     @property
     def size(self) -> int:
@@ -103,7 +108,7 @@ class PlanInputs:
 
 
 class _Free:
-    """Free devices and used ports per agent, updated as the pass places jobs."""
+    """Free devices, used ports and promised memory per agent, updated as the pass places jobs."""
 
     def __init__(self, agents: Sequence[AgentCapacity]) -> None:
         self.agents = {a.agent_id: a for a in agents}
@@ -112,18 +117,29 @@ class _Free:
             a.agent_id: frozenset(a.free_devices) for a in agents
         }
         self.ports: dict[str, frozenset[int] | set[int]] = {a.agent_id: a.used_ports for a in agents}
+        self.memory_used: dict[str, int] = {a.agent_id: a.memory_used for a in agents}
         self.version = 0
 
     def take(self, tasks: Sequence[TaskPlacement]) -> None:
         for t in tasks:
             self.free[t.agent_id] = set(self.free[t.agent_id]) - set(t.device_indices)
             self.ports[t.agent_id] = set(self.ports[t.agent_id]) | {t.port}
+            self.memory_used[t.agent_id] += t.memory_bytes
         self.version += 1
 
+    def memory_free(self, agent_id: str, freeing: int = 0) -> int | None:
+        """Memory of the agent not promised to tasks (less `freeing`'s); None when it reported none."""
+        offered = self.agents[agent_id].memory_bytes
+        return max(0, offered - max(0, self.memory_used[agent_id] - freeing)) if offered > 0 else None
+
     def offer(
-        self, without: Mapping[str, set[int]] | None = None, adding: Mapping[str, set[int]] | None = None
+        self,
+        without: Mapping[str, set[int]] | None = None,
+        adding: Mapping[str, set[int]] | None = None,
+        freeing: Mapping[str, int] | None = None,
     ) -> list[AgentCapacity]:
-        """The agents as AgentCapacity with what is free, less `without`, plus `adding`."""
+        """The agents as AgentCapacity with what is free, less `without`, plus `adding` (devices) and
+        `freeing` (memory of jobs that would end)."""
         result = []
         for agent_id, agent in self.agents.items():
             free = set(self.free[agent_id])
@@ -131,27 +147,37 @@ class _Free:
                 free |= adding[agent_id] & set(agent.all_devices)
             if without and agent_id in without:
                 free -= without[agent_id]
+            used = max(0, self.memory_used[agent_id] - (freeing or {}).get(agent_id, 0))
             result.append(
-                replace(agent, free_devices=tuple(sorted(free)), used_ports=frozenset(self.ports[agent_id]))
+                replace(
+                    agent,
+                    free_devices=tuple(sorted(free)),
+                    used_ports=frozenset(self.ports[agent_id]),
+                    memory_used=used,
+                )
             )
         return result
 
-    def units(self, kind: str, per_worker: int, without: Mapping[str, set[int]] | None = None) -> int:
-        """Workers of this shape that fit on what is free, less `without`, counted without building offers."""
+    def units(
+        self, kind: str, per_worker: int, without: Mapping[str, set[int]] | None = None, memory: int = 0
+    ) -> int:
+        """Workers of this shape (asking `memory` each) that fit on what is free, less `without`, counted
+        without building offers."""
         total = 0
         for agent_id, free in self.free.items():
             if self.agents[agent_id].device_kind != kind:
                 continue
-            if without and agent_id in without:
-                total += len(free - without[agent_id]) // per_worker
+            devices = len(free - without[agent_id]) if without and agent_id in without else len(free)
+            if memory > 0:
+                total += workers_fitting(devices, per_worker, self.memory_free(agent_id), memory)
             else:
-                total += len(free) // per_worker
+                total += devices // per_worker
         return total
 
 
-def _units(offer: Sequence[AgentCapacity], kind: str, per_worker: int) -> int:
-    """How many workers of this shape fit on `offer` now."""
-    return sum(len(a.free_devices) // per_worker for a in offer if a.device_kind == kind)
+def _units(offer: Sequence[AgentCapacity], kind: str, per_worker: int, memory: int = 0) -> int:
+    """How many workers of this shape (asking `memory` each) fit on `offer` now."""
+    return sum(fitting_now(a, per_worker, memory) for a in offer if a.device_kind == kind)
 
 
 def _merge(*parts: Mapping[str, set[int]]) -> dict[str, set[int]]:
@@ -199,18 +225,18 @@ def plan_pass(inputs: PlanInputs) -> Plan:
         return blocked
 
     def plain_units(job: WaitingJob) -> int:
-        key = (free.version, job.kind, job.per_worker)
+        key = (free.version, job.kind, job.per_worker, job.memory_per_worker)
         if key not in cache:
-            cache[key] = free.units(job.kind, job.per_worker, held_all)
+            cache[key] = free.units(job.kind, job.per_worker, held_all, job.memory_per_worker)
         return cache[key]
 
     def units_for(job: WaitingJob, own_hold: bool) -> int:
         """Workers of the job's shape its offer holds; cached for the common case (no hold, no backfill)."""
         if own_hold or reservation is None or _ends_before(job, reservation, now):
-            return free.units(job.kind, job.per_worker, blocked_for(job))
-        key = (free.version, job.kind, job.per_worker, -1)
+            return free.units(job.kind, job.per_worker, blocked_for(job), job.memory_per_worker)
+        key = (free.version, job.kind, job.per_worker, job.memory_per_worker, -1)
         if key not in cache:
-            cache[key] = free.units(job.kind, job.per_worker, blocked_for(job))
+            cache[key] = free.units(job.kind, job.per_worker, blocked_for(job), job.memory_per_worker)
         return cache[key]
 
     reservation_tries = 0
@@ -218,7 +244,7 @@ def plan_pass(inputs: PlanInputs) -> Plan:
     idle = _Idle(inputs.offer, inputs.cordoned, inputs.connecting)
 
     def blocked(job: WaitingJob) -> dict[str, Any]:
-        key = (free.version, len(held_all), job.kind, job.per_worker, job.workers)
+        key = (free.version, len(held_all), job.kind, job.per_worker, job.workers, job.memory_per_worker)
         if key not in reasons:
             reasons[key] = _blocked_reason(job, free, held_all, idle, reservation, holds)
         return reasons[key]
@@ -240,6 +266,7 @@ def plan_pass(inputs: PlanInputs) -> Plan:
                 job.gpus_per_worker,
                 rng,
                 known=inputs.known_agents or None,
+                memory_per_worker=job.memory_per_worker,
             )
             if isinstance(pinned, NoFit):
                 plan.waiting[job.job_id] = wait_reasons.pinned(pinned.reason)
@@ -248,7 +275,13 @@ def plan_pass(inputs: PlanInputs) -> Plan:
             continue
         own_hold = job.job_id in holds
         if (own_hold or plain_units(job) >= job.workers) and units_for(job, own_hold) >= job.workers:
-            tasks = place_gang(free.offer(without=blocked_for(job)), job.workers, job.gpus_per_worker, rng)
+            tasks = place_gang(
+                free.offer(without=blocked_for(job)),
+                job.workers,
+                job.gpus_per_worker,
+                rng,
+                job.memory_per_worker,
+            )
             if isinstance(tasks, list):
                 _placed(plan, free, usage, job, tasks, borrowed=over_quota)
                 continue
@@ -339,10 +372,14 @@ def _choose_victims(
 
     def fits(victims: list[RunningJob]) -> list[TaskPlacement] | None:
         adding = _merge(*({a: set(d) for a, d in v.devices.items()} for v in victims))
-        offer = free.offer(without=held, adding=adding)
-        if _units(offer, job.kind, job.per_worker) < job.workers:
+        freeing: dict[str, int] = {}
+        for victim in victims:
+            for agent_id, memory in victim.memory.items():
+                freeing[agent_id] = freeing.get(agent_id, 0) + memory
+        offer = free.offer(without=held, adding=adding, freeing=freeing)
+        if _units(offer, job.kind, job.per_worker, job.memory_per_worker) < job.workers:
             return None
-        tasks = place_gang(offer, job.workers, job.gpus_per_worker, rng)
+        tasks = place_gang(offer, job.workers, job.gpus_per_worker, rng, job.memory_per_worker)
         return tasks if isinstance(tasks, list) else None
 
     for victim in ranked:
@@ -376,12 +413,22 @@ def _reserve(
 ) -> _Reservation | None:
     """The devices that free soonest for `job` and when; None when it cannot fit even on an idle cluster."""
     sim = {a: set(d) - held.get(a, set()) for a, d in free.free.items()}
+    freed = {a: 0 for a in free.free}  # memory of the running jobs that ended, per agent
     kinds = {a: agent.device_kind for a, agent in free.agents.items()}
 
-    def units() -> int:
-        return sum(len(d) // job.per_worker for a, d in sim.items() if kinds[a] == job.kind)
+    def agent_units(agent_id: str) -> int:
+        memory = free.memory_free(agent_id, freed[agent_id])
+        return workers_fitting(len(sim[agent_id]), job.per_worker, memory, job.memory_per_worker)
 
-    total = units()
+    def release(r: RunningJob) -> None:
+        for agent_id, devices in r.devices.items():
+            if agent_id in sim:
+                sim[agent_id] |= set(devices) - held.get(agent_id, set())
+        for agent_id, memory in r.memory.items():
+            if agent_id in freed:
+                freed[agent_id] += memory
+
+    total = sum(agent_units(a) for a in sim if kinds[a] == job.kind)
     ending = sorted(
         ((r.ends_at, r) for r in running if r.ends_at is not None and r.kind == job.kind),
         key=lambda pair: pair[0],
@@ -389,11 +436,10 @@ def _reserve(
     starts_at: datetime | None = None
     found = False
     for ends_at, r in ending:
-        for agent_id, devices in r.devices.items():
-            if agent_id in sim:
-                before = len(sim[agent_id]) // job.per_worker
-                sim[agent_id] |= set(devices) - held.get(agent_id, set())
-                total += len(sim[agent_id]) // job.per_worker - before
+        touched = [a for a in {*r.devices, *r.memory} if a in sim]
+        before = sum(agent_units(a) for a in touched)
+        release(r)
+        total += sum(agent_units(a) for a in touched) - before
         if total >= job.workers:
             starts_at, found = max(ends_at, now), True
             break
@@ -401,12 +447,16 @@ def _reserve(
         for r in running:  # then the ones that never end
             if r.kind != job.kind or r.ends_at is not None:
                 continue
-            for agent_id, devices in r.devices.items():
-                if agent_id in sim:
-                    sim[agent_id] |= set(devices) - held.get(agent_id, set())
-    adding = {a: d for a, d in sim.items()}
-    offer = [replace(agent, free_devices=tuple(sorted(adding[a]))) for a, agent in free.agents.items()]
-    tasks = place_gang(offer, job.workers, job.gpus_per_worker, rng)
+            release(r)
+    offer = [
+        replace(
+            agent,
+            free_devices=tuple(sorted(sim[a])),
+            memory_used=max(0, free.memory_used[a] - freed[a]),
+        )
+        for a, agent in free.agents.items()
+    ]
+    tasks = place_gang(offer, job.workers, job.gpus_per_worker, rng, job.memory_per_worker)
     if not isinstance(tasks, list):
         return None
     return _Reservation(job, _devices_of(tasks), starts_at)
@@ -424,21 +474,21 @@ class _Idle:
         self.offer = list(offer)
         self.cordoned = list(cordoned)
         self.connecting = list(connecting)
-        self._never: dict[tuple[str, int, int], str] = {}
+        self._never: dict[tuple[str, int, int, int], str] = {}
 
     def never(self, job: WaitingJob) -> str:
         """place_gang's own explanation when the job could not fit even on an idle cluster, else ''."""
-        key = (job.kind, job.per_worker, job.workers)
+        key = (job.kind, job.per_worker, job.workers, job.memory_per_worker)
         if key not in self._never:
-            result = never_fits(self.offer, job.workers, job.gpus_per_worker)
+            result = never_fits(self.offer, job.workers, job.gpus_per_worker, job.memory_per_worker)
             self._never[key] = result.reason if result is not None else ""
         return self._never[key]
 
     def cordoned_units(self, job: WaitingJob) -> int:
-        return _units(self.cordoned, job.kind, job.per_worker)
+        return _units(self.cordoned, job.kind, job.per_worker, job.memory_per_worker)
 
     def connecting_units(self, job: WaitingJob) -> int:
-        return _units(self.connecting, job.kind, job.per_worker)
+        return _units(self.connecting, job.kind, job.per_worker, job.memory_per_worker)
 
 
 def _blocked_reason(
@@ -449,8 +499,9 @@ def _blocked_reason(
     reservation: _Reservation | None,
     holds: Mapping[str, Mapping[str, set[int]]],
 ) -> dict[str, Any]:
-    """Why a job that does not fit waits: held for a preemptor, reserved for the head, cordons, or no fit."""
-    bare = free.units(job.kind, job.per_worker)
+    """Why a job that does not fit waits: held for a preemptor, reserved for the head, cordons, or no fit
+    (its memory, when the free devices would hold it)."""
+    bare = free.units(job.kind, job.per_worker, memory=job.memory_per_worker)
     if bare >= job.workers:
         if reservation is not None and reservation.job.job_id != job.job_id:
             return wait_reasons.reserved_for(job, reservation.job.job_id)
@@ -461,4 +512,8 @@ def _blocked_reason(
         return wait_reasons.cordoned(job)
     if bare < job.workers <= bare + idle.connecting_units(job):
         return wait_reasons.connecting(job, [a.name for a in idle.connecting])
-    return wait_reasons.no_fit(job, idle.never(job))
+    never = idle.never(job)
+    short_of_memory = (
+        not never and job.memory_per_worker > 0 and free.units(job.kind, job.per_worker) >= job.workers
+    )
+    return wait_reasons.no_fit(job, never, short_of_memory=short_of_memory)

@@ -14,6 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from mwms.server.db.models import Job, utcnow
+from mwms.server.services.placement import fitting_now
 from mwms.server.services.queue_order import WaitingJob
 from mwms.server.services.scheduling import SharingPolicy, read_inputs
 from mwms.server.services.wait_reasons import not_placeable
@@ -34,6 +35,7 @@ class QueueRow:
     gpus_per_worker: int
     preemptible: bool
     created_at: datetime
+    memory_per_worker: int  # bytes per worker; 0: none asked
     # {"kind": ..., "message": "...", "estimated_start": iso or None, ...details} (wait_reasons.py)
     waiting: dict[str, Any]
 
@@ -57,14 +59,17 @@ def queue(session: Session, now: datetime | None = None) -> list[QueueRow]:
         if ids
         else {}
     )
-    fits: dict[tuple[str, int], int] = {}
+    fits: dict[tuple[str, int, int], int] = {}
 
     def fits_now(job: WaitingJob) -> int:
-        """Workers of the job's shape that fit on what is free now (ignoring holds and reservations)."""
-        key = (job.kind, job.per_worker)
+        """Workers of the job's shape that fit on what is free now, devices and memory (ignoring holds
+        and reservations)."""
+        key = (job.kind, job.per_worker, job.memory_per_worker)
         if key not in fits:
             fits[key] = sum(
-                len(a.free_devices) // job.per_worker for a in inputs.offer if a.device_kind == job.kind
+                fitting_now(a, job.per_worker, job.memory_per_worker)
+                for a in inputs.offer
+                if a.device_kind == job.kind
             )
         return fits[key]
 
@@ -89,6 +94,7 @@ def queue(session: Session, now: datetime | None = None) -> list[QueueRow]:
                 gpus_per_worker=job.gpus_per_worker,
                 preemptible=job.preemptible,
                 created_at=job.created_at,
+                memory_per_worker=job.memory_per_worker,
                 waiting=waiting,
             )
         )

@@ -254,7 +254,7 @@ def read_inputs(
     )
     key = (
         waiting_jobs.version if waiting_jobs is not None else None,
-        tuple((a.agent_id, a.free_devices, a.used_ports) for a in offered),
+        tuple((a.agent_id, a.free_devices, a.used_ports, a.memory_bytes, a.memory_used) for a in offered),
         tuple(a.agent_id for a in connecting),  # a connecting agent that goes away changes reasons
         frozenset(cordoned_ids),
         tuple((r.job_id, r.preemptable, r.ends_at, r.size) for r in running),
@@ -310,6 +310,7 @@ def read_waiting(session: Session, now: datetime, ids: Collection[str] | None = 
             _option(session, "max_runtime_seconds"),
             _option(session, "agents"),
             Job.reason,
+            Job.memory_per_worker,
         ).where(Job.state.in_(WAITING_STATES), *([Job.id.in_(list(ids))] if ids is not None else []))
     ).all()
     holds = read_holds(session, now)
@@ -339,7 +340,8 @@ def hold_of(value: Any) -> dict[str, tuple[int, ...]] | None:
 
 
 def _waiting_job(row: Any, hold: Any) -> WaitingJob:
-    job_id, state, priority, team, created, workers, gpus, preemptible, runtime, pins_json, reason = row
+    job_id, state, priority, team, created, workers, gpus, preemptible, runtime, pins_json, reason = row[:-1]
+    memory = row[-1]  # memory_per_worker
     pins = json.loads(pins_json) if isinstance(pins_json, str) and pins_json.startswith("[") else None
     if not (isinstance(workers, int) and workers >= 1 and isinstance(gpus, int) and gpus >= 0):
         raise ValueError(f"job {job_id} has workers={workers!r}, gpus_per_worker={gpus!r}")
@@ -357,6 +359,7 @@ def _waiting_job(row: Any, hold: Any) -> WaitingJob:
         hold={a: tuple(int(i) for i in d) for a, d in hold.items()}
         if isinstance(hold, dict) and hold
         else None,
+        memory_per_worker=max(0, int(memory or 0)),
         stored_reason=reason,
     )
 
@@ -411,6 +414,7 @@ def read_running(session: Session, now: datetime, policy: SharingPolicy) -> list
                 _option(session, "max_runtime_seconds"),
                 _option(session, "preempted_s"),
                 type_coerce(Job.started_at, String),
+                Job.memory_per_worker,
             ).where(Job.id.in_(job_ids))
         )
     }
@@ -437,10 +441,13 @@ def read_running(session: Session, now: datetime, policy: SharingPolicy) -> list
         ).all()
     )
     devices: dict[str, dict[str, list[int]]] = {}
+    placed: dict[str, dict[str, int]] = {}  # job id -> agent id -> its tasks there
     first: dict[str, Any] = {}
     for task in tasks:
         first.setdefault(task.job_id, task)
         devices.setdefault(task.job_id, {}).setdefault(task.agent_id, []).extend(task.device_indices)
+        per_agent = placed.setdefault(task.job_id, {})
+        per_agent[task.agent_id] = per_agent.get(task.agent_id, 0) + 1
     result = []
     for job_id, task in first.items():
         try:
@@ -450,6 +457,7 @@ def read_running(session: Session, now: datetime, policy: SharingPolicy) -> list
                     attempts[task.attempt_id],
                     task.device_kind,
                     devices[job_id],
+                    placed[job_id],
                     now,
                     policy,
                     recent.get(job_id, 0),
@@ -466,12 +474,14 @@ def _running_job(
     attempt: Any,
     kind: str,
     devices: dict[str, list[int]],
+    tasks_per_agent: dict[str, int],
     now: datetime,
     policy: SharingPolicy,
     recent_preemptions: int,
     preempted_at: datetime | None,
 ) -> RunningJob:
-    job_id, job_state, priority, team, preemptible, grace, runtime, paused, started = job
+    job_id, job_state, priority, team, preemptible, grace, runtime, paused, started, memory = job
+    per_worker = max(0, int(memory or 0))
     _, attempt_state, borrowed, attempt_created = attempt
     grace_s = int(float(grace)) if _seconds(grace) is not None or grace in (0, "0") else policy.grace_s
     grace_s = min(max(grace_s, 0), 3600)
@@ -500,6 +510,7 @@ def _running_job(
             and (now - attempt_started).total_seconds() >= policy.min_runtime_s
         ),
         grace_s=grace_s,
+        memory={a: n * per_worker for a, n in tasks_per_agent.items()} if per_worker else {},
     )
 
 

@@ -9,7 +9,7 @@ cannot be built, or one over the agents' receive limit, fails the task's job wit
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mwms import task_environment
 from mwms.agent_link import AGENT_RECEIVE_LIMIT_BYTES
@@ -29,6 +29,8 @@ class StartDefaults:
     preflight: bool = False  # for jobs that do not choose
     preflight_timeout_s: int = 120
     preflight_allreduce: bool = True
+    # The coordinator's own ports (HTTP, gRPC): no task reaches them (StartTask.guarded_ports).
+    own_ports: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -53,9 +55,14 @@ class StartSpec:
     preflight_timeout_s: int | None
     environment_lock: str = ""  # the job's own environment's pinned requirements; "": the agent's
     environment_python: str = ""
+    memory_limit_bytes: int = 0  # the job's memory_per_worker; 0: none (the agent applies its default share)
+    cpus: float = 0.0  # the job's cpus_per_worker; 0: no cap
+    guarded_ports: list[tuple[int, int]] = field(default_factory=list)
 
 
-def start_spec(task: Task, job: Job, defaults: StartDefaults) -> StartSpec:
+def start_spec(
+    task: Task, job: Job, defaults: StartDefaults, agent_ranges: list[tuple[int, int]] | None = None
+) -> StartSpec:
     """The start command of `task`; the preflight check runs first when the job (else the default) wants
     it, without its all-reduce phase when the default leaves it out (unless the job's env asks for it)."""
     env = job_env(job)
@@ -82,6 +89,9 @@ def start_spec(task: Task, job: Job, defaults: StartDefaults) -> StartSpec:
         preflight_timeout_s=preflight_s,
         environment_lock=(job.environment or {}).get("locked") or "",
         environment_python=(job.environment or {}).get("python") or "",
+        memory_limit_bytes=job.memory_per_worker or 0,
+        cpus=job.cpus_per_worker or 0.0,
+        guarded_ports=[*(agent_ranges or []), *((p, p) for p in defaults.own_ports if p)],
     )
 
 

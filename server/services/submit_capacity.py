@@ -6,6 +6,11 @@ cordoned (all of these can come back or be uncordoned, and a lost machine's job 
 it reboots). A cluster without any registered agent refuses nothing: agents may join after the submit
 (a fresh cluster, a test that starts agents last). A job pinned to agents counts only the agents it names,
 and of those only the ones registered (a pin to an agent that has not joined yet waits for it).
+
+A job's memory_per_worker counts against the memory each agent offers its tasks (memory_bytes) as its
+devices do; an agent that did not report its memory (0) is taken to hold any, so only a cluster whose
+every candidate reported too little is refused. Agents do not report their CPUs, so cpus_per_worker (a cap,
+not a reservation) is never refused here.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from mwms.agent_references import AmbiguousAgent, UnknownAgent, resolve_agent_re
 from mwms.server.db.models import Agent
 from mwms.server.services.placement import devices_needed
 from mwms.server.services.wording import count
+from mwms.sizes import format_size
 
 # Agents named in a refusal: enough to see the shape of a small cluster, not a page of a large one.
 NAMED_AGENTS = 5
@@ -32,18 +38,28 @@ class RegisteredAgent:
     name: str
     kind: str  # "gpu" or "cpu"
     devices: int
+    memory_bytes: int = 0  # offered to its tasks in all; 0: not reported
+
+    def workers(self, per_worker: int, memory_per_worker: int) -> int:
+        """Workers of this shape it holds when idle: by its devices, and by its memory when both are known."""
+        by_devices = self.devices // per_worker
+        if memory_per_worker <= 0 or self.memory_bytes <= 0:
+            return by_devices
+        return min(by_devices, self.memory_bytes // memory_per_worker)
 
 
 def registered_agents(session: Session) -> list[RegisteredAgent]:
-    """Every agent not removed, with its device kind and count (columns only: one query)."""
+    """Every agent not removed, with its device kind and count and its memory (columns only: one query)."""
     rows = session.execute(
-        select(Agent.id, Agent.name, Agent.devices).where(Agent.removed_at.is_(None)).order_by(Agent.name)
+        select(Agent.id, Agent.name, Agent.devices, Agent.memory_bytes)
+        .where(Agent.removed_at.is_(None))
+        .order_by(Agent.name)
     ).all()
     agents = []
-    for agent_id, name, devices in rows:
+    for agent_id, name, devices, memory in rows:
         listed = devices if isinstance(devices, list) else []
         kind = listed[0].get("kind", "cpu") if listed and isinstance(listed[0], dict) else "cpu"
-        agents.append(RegisteredAgent(agent_id, name, kind, len(listed)))
+        agents.append(RegisteredAgent(agent_id, name, kind, len(listed), max(0, int(memory or 0))))
     return agents
 
 
@@ -57,8 +73,19 @@ def _named(agents: Sequence[RegisteredAgent]) -> str:
     return f"{shown}{more}"
 
 
+def _named_memory(agents: Sequence[RegisteredAgent]) -> str:
+    shown = ", ".join(f"{a.name} {format_size(a.memory_bytes)}" for a in agents[:NAMED_AGENTS])
+    more = f" and {len(agents) - NAMED_AGENTS} more" if len(agents) > NAMED_AGENTS else ""
+    return f"{shown}{more}"
+
+
 def impossible_reason(
-    agents: Sequence[RegisteredAgent], workers: int, gpus_per_worker: int, pins: Sequence[str] | None
+    agents: Sequence[RegisteredAgent],
+    workers: int,
+    gpus_per_worker: int,
+    pins: Sequence[str] | None,
+    *,
+    memory_per_worker: int = 0,
 ) -> str | None:
     """Why no set of `agents` can ever hold the job, phrased as what to change; None when some can."""
     if not agents:
@@ -66,7 +93,7 @@ def impossible_reason(
     kind, per_worker = devices_needed(gpus_per_worker)
     unit = _unit(kind)
     if pins:
-        return _pinned_reason(agents, kind, per_worker, pins)
+        return _pinned_reason(agents, kind, per_worker, pins, memory_per_worker)
     of_kind = [a for a in agents if a.kind == kind]
     if not of_kind:
         other = _unit("cpu" if kind == "gpu" else "gpu")
@@ -91,11 +118,38 @@ def impossible_reason(
             f"{count(len(of_kind), 'registered agent')} with {unit}s ({_named(of_kind)}) can hold at "
             f"most {count(most, 'such worker')} even when idle: lower --workers to at most {most}, or {start}"
         )
+    return (
+        _memory_reason(of_kind, workers, per_worker, unit, memory_per_worker) if memory_per_worker else None
+    )
+
+
+def _memory_reason(
+    of_kind: Sequence[RegisteredAgent], workers: int, per_worker: int, unit: str, memory: int
+) -> str | None:
+    """For a job whose devices fit: why the agents' memory never can hold it, or None."""
+    if any(a.memory_bytes <= 0 for a in of_kind):
+        return None  # an agent that did not report its memory may hold any
+    wanted = format_size(memory)
+    largest = max(of_kind, key=lambda a: a.memory_bytes)
+    if largest.memory_bytes < memory:
+        return (
+            f"needs {wanted} per worker; the largest registered agent ({largest.name}) offers "
+            f"{format_size(largest.memory_bytes)} to its tasks: lower --memory-per-worker to at most "
+            f"{format_size(largest.memory_bytes)}, or add a machine with more memory"
+        )
+    most = sum(a.workers(per_worker, memory) for a in of_kind)
+    if most < workers:
+        return (
+            f"needs {count(workers, 'worker')} × {count(per_worker, unit)} and {wanted}, but the memory of the "
+            f"{count(len(of_kind), 'registered agent')} ({_named_memory(of_kind)}) holds at most "
+            f"{count(most, 'such worker')} even when idle: lower --workers to at most {most} or "
+            "--memory-per-worker, or add machines"
+        )
     return None
 
 
 def _pinned_reason(
-    agents: Sequence[RegisteredAgent], kind: str, per_worker: int, pins: Sequence[str]
+    agents: Sequence[RegisteredAgent], kind: str, per_worker: int, pins: Sequence[str], memory: int = 0
 ) -> str | None:
     """For a pinned job: a named, registered agent that can never hold the workers pinned to it."""
     known = [(a.agent_id, a.name) for a in agents]
@@ -118,5 +172,11 @@ def _pinned_reason(
             return (
                 f"{count(workers, 'worker')} × {count(per_worker, unit)} are pinned to agent {agent.name}, "
                 f"which has {count(agent.devices, unit)}: pin fewer workers to it, or lower --gpus-per-worker"
+            )
+        if memory and 0 < agent.memory_bytes < workers * memory:
+            return (
+                f"{count(workers, 'worker')} × {format_size(memory)} are pinned to agent {agent.name}, which "
+                f"offers {format_size(agent.memory_bytes)} to its tasks: pin fewer workers to it, or lower "
+                "--memory-per-worker"
             )
     return None

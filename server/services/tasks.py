@@ -32,6 +32,8 @@ class TaskReport:
     environment_build_s: float | None = None  # with "ready": the build's seconds, 0 from the agent's cache
     environment_digest: str = ""  # with "ready": what it holds, hashed (workers must agree)
     environment_platform: str = ""  # with "ready": the Python and platform it was built for
+    peak_memory_bytes: int = 0  # the most its cgroup has held so far; 0: unknown
+    memory_limit_bytes: int = 0  # the memory limit its agent applied; 0: none
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ def apply_report(
     task = session.get(Task, report.task_id)
     if task is None or task.agent_id != agent.id:
         return ReportOutcome(known=False, final=report.state.terminal, stop=not report.state.terminal)
+    note_memory(task, report)
     current = TaskState(task.state)
     differing = (
         note_environment(session, task, report, now) if report.environment and not current.terminal else None
@@ -86,6 +89,15 @@ def apply_report(
     return ReportOutcome(
         known=True, final=report.state.terminal, stop=task.stop_requested and not report.state.terminal
     )
+
+
+def note_memory(task: Task, report: TaskReport) -> None:
+    """Keeps the highest peak memory the agent reported for the task, and the limit it applied (a report
+    without them, 0, changes nothing: an agent without cgroups, or one older than the fields)."""
+    if report.peak_memory_bytes > 0 and report.peak_memory_bytes > (task.peak_memory_bytes or 0):
+        task.peak_memory_bytes = report.peak_memory_bytes
+    if report.memory_limit_bytes > 0 and report.memory_limit_bytes != task.memory_limit_bytes:
+        task.memory_limit_bytes = report.memory_limit_bytes
 
 
 def active_tasks_on_agent(session: Session, agent_id: str) -> list[Task]:

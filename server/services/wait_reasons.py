@@ -5,7 +5,9 @@ Each reason is a dict: `kind` (below), `message` (one line a person can act on, 
 details of its kind.
 
 - over_quota: team, unit, need, in_use, quota, borrowable (a preemptible job borrows idle capacity)
-- no_fit: need (workers), per_worker, unit; the queue view adds fits_now (such workers that fit now)
+- no_fit: need (workers), per_worker, unit; memory_per_worker (bytes) when the job asks for memory, and
+  short_of "memory" when the free devices would hold it but the agents' free memory does not; the queue
+  view adds fits_now (such workers that fit now)
 - reserved: for_job (the reserved job at the head of the order), starts when it starts
 - head: this job holds the reservation; estimated_start when running jobs' max_runtime tell
 - behind_priority: for_job (a higher-priority job the capacity is held for while its victims exit)
@@ -23,6 +25,7 @@ from typing import Any
 
 from mwms.server.services.queue_order import WaitingJob
 from mwms.server.services.wording import count
+from mwms.sizes import format_size
 
 
 def _unit(job: WaitingJob) -> str:
@@ -41,7 +44,8 @@ def _reason(
 
 
 def _shape(job: WaitingJob) -> str:
-    return f"{count(job.workers, 'worker')} × {count(job.per_worker, _unit(job))}"
+    memory = f" with {format_size(job.memory_per_worker)} each" if job.memory_per_worker > 0 else ""
+    return f"{count(job.workers, 'worker')} × {count(job.per_worker, _unit(job))}{memory}"
 
 
 def not_placeable(state: str) -> dict[str, Any]:
@@ -70,16 +74,28 @@ def over_quota(job: WaitingJob, in_use: int, quota: int, borrowable: bool) -> di
     )
 
 
-def no_fit(job: WaitingJob, never: str) -> dict[str, Any]:
-    """Nothing frees for it soon enough to reserve (or it can never fit: `never` says why).
+def no_fit(job: WaitingJob, never: str, short_of_memory: bool = False) -> dict[str, Any]:
+    """Nothing frees for it soon enough to reserve (or it can never fit: `never` says why); with
+    `short_of_memory`, the free devices would hold it but the memory the agents have left would not.
 
     How many such workers fit now is not part of the stored reason (it changes with every placement, and
     rewriting thousands of reasons for it would cost a pass its time): the queue view adds it live.
     """
-    message = never or (
-        f"waiting for capacity: needs {_shape(job)}; it starts when running jobs finish or agents join"
-    )
-    return _reason("no_fit", message, need=job.workers, per_worker=job.per_worker, unit=_unit(job))
+    if never:
+        message = never
+    elif short_of_memory:
+        message = (
+            f"waiting for memory: needs {_shape(job)}; the agents with free {_unit(job)}s have too little "
+            "memory left for it (promised to running tasks); it starts when running jobs finish or agents join"
+        )
+    else:
+        message = (
+            f"waiting for capacity: needs {_shape(job)}; it starts when running jobs finish or agents join"
+        )
+    memory: dict[str, Any] = {"memory_per_worker": job.memory_per_worker} if job.memory_per_worker > 0 else {}
+    if short_of_memory:
+        memory["short_of"] = "memory"
+    return _reason("no_fit", message, need=job.workers, per_worker=job.per_worker, unit=_unit(job), **memory)
 
 
 def reserved_head(job: WaitingJob, starts_at: datetime | None) -> dict[str, Any]:

@@ -94,6 +94,9 @@ def _task(
         f'"task": {{"type": "worker", "index": {index}}}}}',
         "started_at": _iso(created + timedelta(minutes=3 * (attempt - 1), seconds=20)),
         "ended_at": _iso(created + timedelta(minutes=9)) if exit_code is not None else None,
+        # Worker 0 reported its peak memory (1.2 GiB), worker 1 only the limit its agent applied.
+        "peak_memory_bytes": 1288490188 if index == 0 else None,
+        "memory_limit_bytes": 8 * 2**30,
     }
 
 

@@ -128,6 +128,8 @@ def _job_object(job_id: str, spec: JobCreate, submitted_by: str) -> dict[str, An
         "tasks": [],
         "attempt_history": [],
         "events": [],
+        "memory_per_worker": spec.memory_per_worker,
+        "cpus_per_worker": spec.cpus_per_worker,
     }
 
 

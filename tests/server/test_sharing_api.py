@@ -290,7 +290,7 @@ def test_the_queue_lists_waiting_jobs(coordinator: Coordinator) -> None:
     assert set(body) == {"jobs", "total", "offset", "limit"} and body["offset"] == 0
     assert {entry["job_id"] for entry in body["jobs"]} >= waiting and body["total"] >= 3
     fields = {"position", "job_id", "name", "state", "team", "submitted_by", "priority", "workers"}
-    fields |= {"gpus_per_worker", "preemptible", "created_at", "waiting"}
+    fields |= {"gpus_per_worker", "memory_per_worker", "preemptible", "created_at", "waiting"}
     for entry in body["jobs"]:
         assert set(entry) == fields, entry
     assert sorted(entry["position"] for entry in body["jobs"]) == list(range(1, len(body["jobs"]) + 1))

@@ -2,7 +2,7 @@
 
 import { API, getJson, describeError, UnreachableError } from "../api.js";
 import { clampedText, h, panel, replaceChildren, emptyState, table } from "../dom.js";
-import { formatAgo, formatTime } from "../format.js";
+import { formatAgo, formatBytes, formatTime } from "../format.js";
 import { startPolling } from "../poll.js";
 import { deviceReadings, latestDevicesByAgent } from "./devices.js";
 
@@ -84,13 +84,14 @@ function agentRow(agent, readings) {
     h("td", { class: "nowrap" }, h("div", { class: "mono" }, agent.address), h("div", { class: "muted small" }, agent.port_range ? `ports ${agent.port_range}` : "")),
     h("td", { class: "cell-devices" }, describeDevices(agent.devices), deviceReadings(readings)),
     h("td", null, usageBar(agent.devices_used, agent.devices_free)),
+    h("td", { class: "nowrap", title: "memory the agent offers its tasks in all" }, agent.memory_bytes ? formatBytes(agent.memory_bytes) : "–"),
     h("td", null, taskLinks(agent.tasks)),
     h("td", { class: "nowrap", title: formatTime(agent.last_heartbeat_at) }, formatAgo(agent.last_heartbeat_at)),
     h("td", { class: "muted mono small" }, agent.version || "–"),
   );
 }
 
-const COLUMNS = ["Agent", "Status", "Address", "Devices", "In use", "Running tasks", "Last heartbeat", "Version"].map(
+const COLUMNS = ["Agent", "Status", "Address", "Devices", "In use", "Memory", "Running tasks", "Last heartbeat", "Version"].map(
   (label) => ({ label }),
 );
 

@@ -78,6 +78,14 @@ export function pythonEnvironment(job) {
   );
 }
 
+// A task's peak memory as its agent measured it, and the limit the agent applied: "1.2 GiB of 8.0 GiB".
+function taskMemory(task) {
+  const peak = task.peak_memory_bytes;
+  const limit = task.memory_limit_bytes;
+  if (!peak) return limit ? `– of ${formatBytes(limit)}` : "–";
+  return limit ? `${formatBytes(peak)} of ${formatBytes(limit)}` : formatBytes(peak);
+}
+
 function stat(label, valueNode, testid) {
   return h("div", { class: "kv" }, h("span", { class: "kv-label" }, label), h("span", { class: "kv-value", dataset: { testid } }, valueNode));
 }
@@ -255,6 +263,7 @@ export function mountJob(container, jobId) {
         h("td", { class: "cell-agent", title: task.agent_name || task.agent_id || null }, task.agent_name || task.agent_id || "–"),
         h("td", { class: "mono" }, task.address || "–"),
         h("td", null, task.device_kind ? `${task.device_kind}${task.device_indices.length ? ` ${task.device_indices.join(",")}` : ""}` : "–"),
+        h("td", { class: "num nowrap", dataset: { testid: "task-peak-memory" } }, taskMemory(task)),
         h("td", { class: "num mono" }, task.exit_code === null || task.exit_code === undefined ? "–" : String(task.exit_code)),
         h("td", { class: "cell-message" }, clampedText(task.message, { limit: 120 })),
         h("td", { class: "nowrap" }, formatShortTime(task.started_at)),
@@ -276,9 +285,10 @@ export function mountJob(container, jobId) {
         ),
       ),
     );
-    const columns = ["#", "State", "Agent", "Address", "Devices", "Exit", "Message", "Started", "Ran", "Logs", "Config"].map((label) => ({ label }));
+    const columns = ["#", "State", "Agent", "Address", "Devices", "Peak memory", "Exit", "Message", "Started", "Ran", "Logs", "Config"].map((label) => ({ label }));
     columns[0].class = "num";
     columns[5].class = "num";
+    columns[6].class = "num";
     replaceChildren(tasksBody, table(columns, rows, { class: "tasks-table", attrs: { "data-testid": "tasks-table" } }));
   }
 
@@ -322,6 +332,8 @@ export function mountJob(container, jobId) {
       definitionList([
         ["Command", h("code", { class: "mono wrap" }, shellJoin(job.command))],
         ["Workers", formatShape(job.workers, job.gpus_per_worker)],
+        ["Memory per worker", job.memory_per_worker ? formatBytes(job.memory_per_worker) : "the agent's share"],
+        ["CPUs per worker", job.cpus_per_worker ? String(job.cpus_per_worker) : "no cap"],
         ["Bundle", h("code", { class: "mono wrap", title: job.bundle_digest }, `sha256:${job.bundle_digest}`)],
         ["Python environment", pythonEnvironment(job)],
         ["Environment", job.env_names && job.env_names.length ? h("span", { class: "tags" }, job.env_names.map((name) => h("code", { class: "tag" }, name))) : h("span", { class: "muted" }, "none")],
