@@ -188,7 +188,9 @@ class Cluster:
         except httpx.HTTPError:
             return False
 
-    def start_agent(self, name: str, port_low: int, slots: int = 1, extra_args: Sequence[str] = ()) -> Process:
+    def start_agent(
+        self, name: str, port_low: int, slots: int = 1, extra_args: Sequence[str] = ()
+    ) -> Process:
         agent = self._spawn(
             name,
             [

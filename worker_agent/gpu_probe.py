@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from mwms.v1 import agent_pb2
+from mwms.worker_agent import seccomp
 from mwms.worker_agent.devices import GpuQuery
 from mwms.worker_agent.gpu_nodes import DriverPaths, GpuNode, gpu_nodes, locate_nodes
 from mwms.worker_agent.sandbox import Confinement, SandboxError
@@ -75,9 +76,16 @@ def _probe(confinement: Confinement, smi: str, gpu: GpuNode) -> str:
     try:
         argv = confinement.probe_argv([smi, "-L"], identity, [gpu])
         env = {name: value for name, value in os.environ.items() if inherited(name)}
-        done = subprocess.run(
-            argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False, env=env
-        )
+        with seccomp.filled_argv(argv) as (filled, fds):
+            done = subprocess.run(
+                filled,
+                capture_output=True,
+                text=True,
+                timeout=PROBE_TIMEOUT_S,
+                check=False,
+                env=env,
+                pass_fds=fds,
+            )
     except subprocess.TimeoutExpired:
         return f"{prefix} ran nvidia-smi -L, which did not answer within {PROBE_TIMEOUT_S:.0f} s"
     except (OSError, SandboxError) as error:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import IO
 
 from mwms.task_environment import COMMAND_NOT_EXECUTABLE_EXIT_CODE, COMMAND_NOT_FOUND_EXIT_CODE
+from mwms.worker_agent import seccomp
 from mwms.worker_agent.output_lines import read_output
 from mwms.worker_agent.stacks import group_members
 
@@ -154,8 +155,22 @@ class TaskProcess:
 
     def start(self) -> int:
         """Spawns the process (OSError when it cannot be) and returns its pid."""
-        self._popen = subprocess.Popen(
-            self._command,
+        with seccomp.filled_argv(self._command) as (argv, fds):
+            self._popen = self._spawn(argv, fds)
+        for stream, pipe in (("stdout", self._popen.stdout), ("stderr", self._popen.stderr)):
+            assert pipe is not None
+            reader = threading.Thread(
+                target=self._read_lines, args=(stream, pipe), name=f"task-{self.pid}-{stream}", daemon=True
+            )
+            reader.start()
+            self._readers.append(reader)
+        threading.Thread(target=self._wait, name=f"task-{self.pid}-waiter", daemon=True).start()
+        return self._popen.pid
+
+    def _spawn(self, argv: list[str], fds: tuple[int, ...]) -> subprocess.Popen[bytes]:
+        """`argv` in a session of its own; `fds`: descriptors it inherits (its sandbox's seccomp filter)."""
+        return subprocess.Popen(
+            argv,
             cwd=self._cwd,
             env=self._env,
             stdin=subprocess.DEVNULL,
@@ -168,16 +183,8 @@ class TaskProcess:
             group=self._group,
             extra_groups=[] if self._user is not None else None,
             umask=0o077 if self._user is not None else -1,
+            pass_fds=fds,
         )
-        for stream, pipe in (("stdout", self._popen.stdout), ("stderr", self._popen.stderr)):
-            assert pipe is not None
-            reader = threading.Thread(
-                target=self._read_lines, args=(stream, pipe), name=f"task-{self.pid}-{stream}", daemon=True
-            )
-            reader.start()
-            self._readers.append(reader)
-        threading.Thread(target=self._wait, name=f"task-{self.pid}-waiter", daemon=True).start()
-        return self._popen.pid
 
     def terminate(self, grace_seconds: float) -> None:
         """SIGTERM to the process group, SIGKILL to it when the process outlives `grace_seconds`."""

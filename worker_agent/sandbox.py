@@ -38,7 +38,7 @@ from pathlib import Path
 import mwms
 import mwms_runtime
 from mwms import agent_defaults
-from mwms.worker_agent import landlock
+from mwms.worker_agent import landlock, seccomp
 from mwms.worker_agent.cgroups import TaskCgroup
 from mwms.worker_agent.gpu_nodes import DriverPaths, GpuNode, control_device_paths
 from mwms.worker_agent.job_shares import JobShare
@@ -144,6 +144,8 @@ class Confinement:
         # Enters a job's shared IPC namespace (util-linux, like setpriv); only root can make one.
         self._nsenter = shutil.which("nsenter") if os.geteuid() == 0 else None
         self._needed = needed_paths()
+        # The syscall filter every sandboxed task runs under (worker_agent/seccomp.py), where it can be had.
+        self.seccomp = bwrap is not None and _seccomp_works(bwrap)
         # Directories above the needed ones that task users may not enter (found once: they are masked
         # and the needed dirs bound back in every sandbox, or refused at start without one).
         self._closed = sorted({a for a in map(closed_ancestor, self._needed) if a is not None})
@@ -212,6 +214,7 @@ class Confinement:
         argv = [*join, *self._enter(share)]
         argv += [self.bwrap, *self.mounts(paths, gpus, readable, share, tmpfs_bytes)]
         argv += self._unshare(share)
+        argv += self._filter()
         argv += ["--chdir", str(paths.bundle_dir), "--"]
         return Launch([*argv, *self._drop_to(identity), *command], spare_leader=True)
 
@@ -223,8 +226,12 @@ class Confinement:
         args = self._system_mounts([program.parent], None)
         args += ["--perms", "0755", "--tmpfs", str(self.work_dir)]
         args += self._device_binds(gpus)
-        argv = [self.bwrap, *args, "--unshare-pid", "--unshare-ipc", "--chdir", "/", "--"]
+        argv = [self.bwrap, *args, "--unshare-pid", "--unshare-ipc", *self._filter(), "--chdir", "/", "--"]
         return [*argv, *self._drop_to(identity), *command]
+
+    def _filter(self) -> list[str]:
+        """bwrap's seccomp option, its fd filled in at each spawn (seccomp.filled_argv)."""
+        return ["--seccomp", seccomp.FD_PLACEHOLDER] if self.seccomp else []
 
     def _drop_to(self, identity: TaskIdentity, umask: bool = False) -> list[str]:
         """setpriv's options that drop a sandboxed process to `identity` ([] for the agent's own);
@@ -332,6 +339,29 @@ class Confinement:
         for source, target in control_device_paths(self.driver):
             args += ["--dev-bind", str(source), str(target)]
         return args
+
+
+def _seccomp_works(bwrap: str) -> bool:
+    """Whether tasks can run under the seccomp filter here: libseccomp builds it and bwrap installs it."""
+    why = seccomp.available()
+    if not why:
+        argv = [bwrap, "--ro-bind", "/", "/", "--seccomp", seccomp.FD_PLACEHOLDER, "--", "/bin/true"]
+        try:
+            with seccomp.filled_argv(argv) as (filled, fds):
+                done = subprocess.run(
+                    filled, pass_fds=fds, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S
+                )
+            why = "" if done.returncode == 0 else f"bwrap refused it: {done.stderr.strip()[-200:]}"
+        except (OSError, subprocess.TimeoutExpired, seccomp.SeccompError) as error:
+            why = str(error)
+    if why:
+        log.warning(
+            "tasks run without a seccomp filter (user namespaces, keyrings and io_uring stay open to them): %s; "
+            "install libseccomp2",
+            why,
+        )
+        return False
+    return True
 
 
 def _sized(tmpfs_bytes: int) -> list[str]:

@@ -56,7 +56,6 @@ HARDENING = (
     "PrivateTmp=yes",
     "ProtectHome=read-only",
     "ProtectKernelModules=yes",
-    "ProtectControlGroups=yes",
     "ProtectHostname=yes",
     "LockPersonality=yes",
     "RestrictRealtime=yes",
@@ -65,7 +64,7 @@ HARDENING = (
     "SystemCallArchitectures=native",
     # Capabilities neither the agent, bwrap, setpriv nor NVML use (tasks drop all of theirs anyway).
     "CapabilityBoundingSet=~CAP_SYS_TIME CAP_WAKE_ALARM CAP_SYS_BOOT CAP_SYS_PACCT CAP_LINUX_IMMUTABLE "
-    "CAP_MAC_ADMIN CAP_MAC_OVERRIDE CAP_AUDIT_CONTROL CAP_AUDIT_READ CAP_BPF CAP_LEASE CAP_BLOCK_SUSPEND",
+    "CAP_MAC_ADMIN CAP_MAC_OVERRIDE CAP_AUDIT_CONTROL CAP_AUDIT_READ CAP_LEASE CAP_BLOCK_SUSPEND",
 )
 # Kept only when the agent runs as root (see the module docstring).
 ROOT_ONLY = ("ProtectKernelTunables=yes", "ProtectKernelLogs=yes", "ProtectProc=invisible")
@@ -79,6 +78,8 @@ OMITTED = (
     "nvidia-modprobe, which makes /dev/nvidia-uvm on first CUDA use, would stop working",
     "CapabilityBoundingSet= not empty: bwrap mounts and makes namespaces (CAP_SYS_ADMIN), setpriv switches "
     "to the task's uid (CAP_SETUID, CAP_SETGID), the agent signals and tidies tasks of other uids",
+    "ProtectControlGroups= off: the agent makes a cgroup for every task under its own (Delegate=yes)",
+    "CAP_BPF kept: the agent puts each task's port rules (cgroup BPF programs) on its cgroup",
     "PrivateDevices= off: tasks need /dev/nvidia*, /dev/nvidia-caps and /dev/infiniband of the host",
     "DevicePolicy=/DeviceAllow= off: GPU and RDMA device names and majors differ from host to host",
     "ProtectClock= off: it implies DeviceAllow=char-rtc, which closes the device policy and so "

@@ -299,8 +299,9 @@ def test_the_agent_unit_is_hardened_only_where_tasks_and_gpus_keep_working() -> 
         "ProtectKernelModules": "yes",
         "ProtectKernelLogs": "yes",
         "ProtectKernelTunables": "yes",
-        "ProtectControlGroups": "yes",
         "ProtectHostname": "yes",
+        "Delegate": "yes",  # a cgroup per task under the agent's
+        "OOMScoreAdjust": "-900",  # tasks (1000) are killed first
         "LockPersonality": "yes",
         "RestrictRealtime": "yes",
         "RestrictSUIDSGID": "yes",
@@ -318,6 +319,7 @@ def test_the_agent_unit_is_hardened_only_where_tasks_and_gpus_keep_working() -> 
         "RestrictNamespaces",
         "SystemCallFilter",
         "ProtectClock",
+        "ProtectControlGroups",
     ):
         assert omitted not in values
         assert f"# {omitted}= off: " in as_root

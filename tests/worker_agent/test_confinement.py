@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import subprocess
 import sys
 import tarfile
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 from mwms.v1 import agent_pb2
 from mwms.worker_agent.metrics import MetricsTail
 from mwms.worker_agent.sandbox import Confinement, SandboxError, closed_ancestor, find_bwrap
+from mwms.worker_agent.seccomp import run_filled
 from mwms.worker_agent.task_env import TaskPaths
 from mwms.worker_agent.task_files import pack_beneath, read_beneath
 from mwms.worker_agent.task_users import TaskIdentity, TaskUserError, TaskUsers, leftovers_of
@@ -115,7 +115,7 @@ def test_a_sandboxed_task_runs_as_its_uid_sees_its_dirs_only_and_reaches_a_pytho
     identity = users.acquire("t-0")
     paths.hand_over(identity.uid, identity.gid)
     launch = confinement.launch([sys.executable, "train.py", str(work_dir)], paths, identity, [])
-    done = subprocess.run(
+    done = run_filled(
         launch.argv,
         cwd=paths.bundle_dir,
         env={"OUT": str(paths.output_dir), "PATH": os.environ["PATH"]},

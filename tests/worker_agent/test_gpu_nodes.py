@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from fake_gpus import BUS_IDS, MINORS, UUIDS, write_stand_in_driver
 from mwms.v1 import agent_pb2
 from mwms.worker_agent.gpu_nodes import DriverPaths, GpuNode, gpu_nodes, locate_nodes, read_minor_numbers
 from mwms.worker_agent.sandbox import Confinement, find_bwrap
+from mwms.worker_agent.seccomp import run_filled
 from mwms.worker_agent.task_env import TaskPaths, child_environment, gpu_variables
 from mwms.worker_agent.task_users import TaskUsers, leftovers_of
 
@@ -160,9 +160,9 @@ def test_a_sandbox_binds_exactly_its_gpus_nodes_found_by_minor_number(tmp_path: 
     given = [GpuNode(1, UUIDS[1], MINORS[1])]  # GPU 1, whose node is /dev/nvidia0 here
     listing = "import os; print(sorted(n for n in os.listdir('/dev') if n.startswith('nvidia')))"
     launch = confinement.launch([sys.executable, "-c", listing], paths, identity, given)
-    done = subprocess.run(launch.argv, capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin"})
+    done = run_filled(launch.argv, capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin"})
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(sorted([f"nvidia{MINORS[1]}", "nvidia-uvm", "nvidiactl"]))
     # A CPU task gets no GPU node and no control device.
     cpu = confinement.launch([sys.executable, "-c", listing], paths, identity, [])
-    assert subprocess.run(cpu.argv, capture_output=True, text=True, timeout=60).stdout.strip() == "[]"
+    assert run_filled(cpu.argv, capture_output=True, text=True, timeout=60).stdout.strip() == "[]"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 from mwms.v1 import agent_pb2
 from mwms.worker_agent.job_shares import JobShares
 from mwms.worker_agent.sandbox import Confinement, find_bwrap
+from mwms.worker_agent.seccomp import run_filled
 from mwms.worker_agent.task_env import TaskPaths
 from mwms.worker_agent.task_users import TaskUsers, leftovers_of
 
@@ -68,9 +68,7 @@ def test_a_jobs_tasks_share_dev_shm_and_ipc_and_another_jobs_task_sees_neither(t
         launch = confinement.launch(
             [sys.executable, "shm.py", f"{job}-{index}"], paths, identity, [], share=share
         )
-        done = subprocess.run(
-            launch.argv, capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin"}
-        )
+        done = run_filled(launch.argv, capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin"})
         assert done.returncode == 0, done.stderr
         outputs.append(done.stdout.split(" ", 2))
     (a0_ns, a0_uid, _), (a1_ns, a1_uid, a1_seen), (b_ns, b_uid, b_seen) = outputs
