@@ -219,14 +219,24 @@ class TaskCgroups:
 
 
 def detect(work_dir: Path, root: Path = CGROUP_ROOT) -> tuple[TaskCgroups | None, str]:
-    """The task cgroups this agent can make, or (None, why not)."""
+    """The task cgroups this agent can make, tried once with limits like a task's, or (None, why not)."""
     tag = hashlib.sha256(str(Path(os.path.realpath(work_dir))).encode()).hexdigest()[:12]
     own = own_cgroups()
     if (root / "cgroup.controllers").is_file() and "" in own:
-        return _detect_v2(root, own[""], tag)
-    if (root / "memory" / "cgroup.procs").is_file() or (root / "pids" / "cgroup.procs").is_file():
-        return _detect_v1(root, own, tag)
-    return None, f"no cgroup hierarchy is mounted at {root}"
+        found, why = _detect_v2(root, own[""], tag)
+    elif (root / "memory" / "cgroup.procs").is_file() or (root / "pids" / "cgroup.procs").is_file():
+        found, why = _detect_v1(root, own, tag)
+    else:
+        return None, f"no cgroup hierarchy is mounted at {root}"
+    if found is not None:
+        # A hierarchy that refuses a limit would reject every task: find out now, not at the first task.
+        try:
+            found.create(
+                "probe", TaskLimits(memory_bytes=64 * 1024**2, pids_max=64, devices=1, cpus=0.5)
+            ).remove()
+        except CgroupError as error:
+            return None, str(error)
+    return found, why
 
 
 def own_cgroups(path: Path = Path("/proc/self/cgroup")) -> dict[str, str]:
