@@ -42,8 +42,10 @@ OPTIONAL_NAME_PATTERN = f"^(?:{_NAME})?$"
 NAME_RULE = "printable characters, not blank (no control characters, line breaks or emoji)"
 # What str.strip() removes (str.isspace()), spelled out: \s differs between the three regex dialects.
 SPACE_CLASS = r"[\u0009-\u000d\u001c-\u0020\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
-NOT_BLANK_PATTERN = "[^" + SPACE_CLASS[1:]  # somewhere a character strip() keeps (unanchored)
 NO_NUL_PATTERN = r"^[^\u0000]*$"
+# A program word: no NUL anywhere and a character strip() keeps (prefixItems takes the first word out of
+# `items`, so its pattern must say both).
+PROGRAM_WORD_PATTERN = r"^[^\u0000]*[^\u0000" + SPACE_CLASS[1:] + r"[^\u0000]*$"
 
 
 def matching(pattern: str, rule: str) -> AfterValidator:

@@ -34,9 +34,9 @@ from mwms.server.limits import (
 from mwms.server.schema_types import (
     NAME_RULE,
     NO_NUL_PATTERN,
-    NOT_BLANK_PATTERN,
     OPTIONAL_NAME_PATTERN,
     PRINTABLE_PATTERN,
+    PROGRAM_WORD_PATTERN,
     WHOLE_FLOATS_AS_INT,
     Integer,
     PrintableName,
@@ -268,7 +268,7 @@ class JobCreate(BaseModel):
         description="argv run in the bundle's directory, its first word a program; at most "
         "MWMS_MAX_COMMAND_ARGS arguments and MWMS_MAX_COMMAND_BYTES bytes",
         json_schema_extra={
-            "prefixItems": [{"type": "string", "pattern": NOT_BLANK_PATTERN}],
+            "prefixItems": [{"type": "string", "pattern": PROGRAM_WORD_PATTERN}],
             SETTING_LIMIT: {"maxItems": "max_command_args"},
         },
     )
