@@ -938,7 +938,24 @@ def check_registration(report: Report, gpus: list[Gpu], record: dict[str, Any], 
         report.add("agent.registered", FAIL, "; ".join(problems + said[-3:]), offered=len(offered))
     else:
         report.add("agent.registered", PASS, f"offers {detail}", offered=len(offered))
+    check_confinement(report, isolation, agent)
     return offered
+
+
+def check_confinement(report: Report, isolation: str, agent: Proc) -> None:
+    """agent.confined: tasks get a cgroup each, port rules and the seccomp filter on this machine's kernel."""
+    missing = [what for what in ("cgroup v", "ports guarded") if what not in isolation]
+    warned = [
+        line.strip()[-200:]
+        for line in agent.tail(400).splitlines()
+        if "without a seccomp filter" in line or "not confined" in line or "not held to" in line
+    ]
+    if missing or warned:
+        report.add(
+            "agent.confined", FAIL, "; ".join([f"task_isolation {isolation!r} lacks {missing}", *warned])
+        )
+    else:
+        report.add("agent.confined", PASS, isolation)
 
 
 # --- step 4: the probe jobs --------------------------------------------------------------------------
@@ -1414,7 +1431,7 @@ def colocated_job(
 def check_machine(options: argparse.Namespace, report: Report, session: Session, deadline: Deadline) -> None:
     progress("listing the GPUs")
     gpus = list_gpus(report)
-    names = ["cuda.outside", "agent.registered"]
+    names = ["cuda.outside", "agent.registered", "agent.confined"]
     for gpu in gpus:
         names += [
             f"gpu{gpu.index}.{s}"

@@ -112,9 +112,9 @@ def test_job_page_shows_charts_tasks_logs_and_artifacts(new_page, cluster_url) -
 
     tasks = page.locator("[data-testid=tasks-table] tbody tr")
     expect(tasks).to_have_count(2)
-    expect(tasks.locator("[data-testid=task-peak-memory]")).to_have_text(
-        ["1.2 GiB of 8.0 GiB", "– of 8.0 GiB"]
-    )
+    memory = tasks.locator("[data-testid=task-peak-memory]")
+    expect(memory).to_have_text(["1.2 GiB", "–"])
+    expect(memory.first).to_have_attribute("title", "peak 1.2 GiB of its 8.0 GiB limit")
     config = tasks.first.locator("details.tf-config")
     expect(config.locator("pre")).not_to_be_visible()
     config.locator("summary").click()

@@ -115,7 +115,7 @@ def test_stand_in_gpus_pass_every_check_that_needs_no_cuda_driver(stand_in_gpus)
     assert done.returncode == 0, done.stdout + done.stderr
     document = json.loads(done.stdout)
     assert document["result"] == "PASS" and document["exit_code"] == 0, done.stdout
-    assert document["counts"] == {"PASS": 20, "FAIL": 0, "SKIP": 6}, done.stdout
+    assert document["counts"] == {"PASS": 21, "FAIL": 0, "SKIP": 6}, done.stdout
 
     # What it found outside any sandbox: the GPUs, their minor numbers; no CUDA driver, so no figure.
     assert [(g["index"], g["uuid"], g["minor"], g["node"]) for g in document["gpus"]] == [
@@ -125,7 +125,7 @@ def test_stand_in_gpus_pass_every_check_that_needs_no_cuda_driver(stand_in_gpus)
     assert all(g["tflops_outside"] is None for g in document["gpus"])
 
     found = statuses(document)
-    passed = ["gpus", "sandbox", "agent.registered"]
+    passed = ["gpus", "sandbox", "agent.registered", "agent.confined"]
     for gpu in (0, 1):
         passed += [f"gpu{gpu}.{name}" for name in ("job", "env", "nodes", "nvidia_smi", "telemetry")]
     passed += [f"two_gpus.{name}" for name in ("job", "env", "nodes", "nvidia_smi")]
@@ -176,7 +176,7 @@ def test_the_table_says_each_result_and_keep_keeps_the_logs(stand_in_gpus) -> No
         }
         assert rows["gpu0.env"] == "PASS" and rows["gpu0.throughput"] == "SKIP", done.stdout
         assert rows["colocated.dev_shm"] == "PASS", done.stdout
-        assert any(line.startswith("PASS: 20 passed, 0 failed, 6 skipped") for line in lines), done.stdout
+        assert any(line.startswith("PASS: 21 passed, 0 failed, 6 skipped") for line in lines), done.stdout
         [work_dir] = kept
         assert (Path(work_dir) / "agent.log").is_file() and (Path(work_dir) / "server.log").is_file()
     finally:

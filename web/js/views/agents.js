@@ -82,16 +82,21 @@ function agentRow(agent, readings) {
     h("td", { class: "cell-name" }, h("div", { class: "strong" }, agent.name), h("div", { class: "muted small" }, agent.hostname)),
     h("td", { class: "cell-status" }, h("span", { class: ["badge", `state-${state}`] }, state), cordonStatus(agent)),
     h("td", { class: "nowrap" }, h("div", { class: "mono" }, agent.address), h("div", { class: "muted small" }, agent.port_range ? `ports ${agent.port_range}` : "")),
-    h("td", { class: "cell-devices" }, describeDevices(agent.devices), deviceReadings(readings)),
+    h(
+      "td",
+      { class: "cell-devices" },
+      describeDevices(agent.devices),
+      agent.memory_bytes ? h("div", { class: "muted small", title: "memory the agent offers its tasks in all", dataset: { testid: "agent-memory" } }, `memory ${formatBytes(agent.memory_bytes)}`) : null,
+      deviceReadings(readings),
+    ),
     h("td", null, usageBar(agent.devices_used, agent.devices_free)),
-    h("td", { class: "nowrap", title: "memory the agent offers its tasks in all" }, agent.memory_bytes ? formatBytes(agent.memory_bytes) : "–"),
     h("td", null, taskLinks(agent.tasks)),
     h("td", { class: "nowrap", title: formatTime(agent.last_heartbeat_at) }, formatAgo(agent.last_heartbeat_at)),
     h("td", { class: "muted mono small" }, agent.version || "–"),
   );
 }
 
-const COLUMNS = ["Agent", "Status", "Address", "Devices", "In use", "Memory", "Running tasks", "Last heartbeat", "Version"].map(
+const COLUMNS = ["Agent", "Status", "Address", "Devices", "In use", "Running tasks", "Last heartbeat", "Version"].map(
   (label) => ({ label }),
 );
 

@@ -78,12 +78,14 @@ export function pythonEnvironment(job) {
   );
 }
 
-// A task's peak memory as its agent measured it, and the limit the agent applied: "1.2 GiB of 8.0 GiB".
+// A task's peak memory as its agent measured it ("1.2 GiB"; the cell stays narrow), and on hover the
+// limit the agent applied: "peak 1.2 GiB of its 8.0 GiB limit".
 function taskMemory(task) {
   const peak = task.peak_memory_bytes;
   const limit = task.memory_limit_bytes;
-  if (!peak) return limit ? `– of ${formatBytes(limit)}` : "–";
-  return limit ? `${formatBytes(peak)} of ${formatBytes(limit)}` : formatBytes(peak);
+  const shown = peak ? formatBytes(peak) : "–";
+  const title = `peak ${peak ? formatBytes(peak) : "not reported"}${limit ? ` of its ${formatBytes(limit)} limit` : ""}`;
+  return { shown, title };
 }
 
 function stat(label, valueNode, testid) {
@@ -263,7 +265,7 @@ export function mountJob(container, jobId) {
         h("td", { class: "cell-agent", title: task.agent_name || task.agent_id || null }, task.agent_name || task.agent_id || "–"),
         h("td", { class: "mono" }, task.address || "–"),
         h("td", null, task.device_kind ? `${task.device_kind}${task.device_indices.length ? ` ${task.device_indices.join(",")}` : ""}` : "–"),
-        h("td", { class: "num nowrap", dataset: { testid: "task-peak-memory" } }, taskMemory(task)),
+        h("td", { class: "num nowrap", title: taskMemory(task).title, dataset: { testid: "task-peak-memory" } }, taskMemory(task).shown),
         h("td", { class: "num mono" }, task.exit_code === null || task.exit_code === undefined ? "–" : String(task.exit_code)),
         h("td", { class: "cell-message" }, clampedText(task.message, { limit: 120 })),
         h("td", { class: "nowrap" }, formatShortTime(task.started_at)),
@@ -285,7 +287,7 @@ export function mountJob(container, jobId) {
         ),
       ),
     );
-    const columns = ["#", "State", "Agent", "Address", "Devices", "Peak memory", "Exit", "Message", "Started", "Ran", "Logs", "Config"].map((label) => ({ label }));
+    const columns = ["#", "State", "Agent", "Address", "Devices", "Peak mem", "Exit", "Message", "Started", "Ran", "Logs", "Config"].map((label) => ({ label }));
     columns[0].class = "num";
     columns[5].class = "num";
     columns[6].class = "num";
