@@ -36,7 +36,7 @@ proto: install
 	$(BIN)/python scripts/gen_proto.py
 
 bench: install
-	$(BIN)/python bench/run.py; status=$$?; $(BIN)/python bench/sharing.py || status=1; \
+	$(BIN)/python bench/run.py; status=$$?; $(BIN)/python bench/sharing.py --db sqlite --db postgres || status=1; \
 		$(BIN)/python bench/replicas.py || status=1; $(BIN)/python bench/environments.py || status=1; \
 		$(BIN)/python bench/confinement.py || status=1; \
 		exit $$status

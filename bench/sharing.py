@@ -57,6 +57,7 @@ TARGETS = [
     ("scale", "gang64_running_s", 2, "<="),
     ("scale", "heartbeat_rtt_p99_ms", 50, "<"),
     ("scale", "agents_lost", 0, "=="),
+    ("scale", "invariant_violations", 0, "=="),
     ("preemption", "preemptor_running_over_grace_s", 3, "<="),
     ("preemption", "victim_steps_lost", 0, "=="),
     ("preemption", "victims_running_again", True, "=="),
@@ -74,12 +75,12 @@ FREE_SLOTS = 64
 SEED_BATCH = 500
 SEED_PAUSE_S = 0.1
 
-# Runs `mwms server` with the scheduler loop timed: each pass (`schedule_pending`, as the loop calls it)
-# and the loop's whole step (writer lock, pass, commit, waking agents) as lines "pass|step <unix time>
-# <seconds>" in $MWMS_BENCH_PASS_LOG; with $MWMS_BENCH_PASS_PROFILE every pass while the file of that name
-# plus ".on" exists also runs under cProfile (slower: for finding where a pass's time goes, not for its
-# figures). A bench-only wrapper: the
-# coordinator's code is unchanged.
+# Runs `mwms server` with the scheduler loop timed: each pass (its own time, as the scheduler process
+# reports it: server/live/scheduler_process.py) and the loop's whole step (the request to that process,
+# the pass, waking agents) as lines "pass|step <unix time> <seconds>" in $MWMS_BENCH_PASS_LOG; with
+# $MWMS_BENCH_PASS_PROFILE the passes run in the coordinator's process (MWMS_SCHEDULER_PROCESS=false) and
+# every pass while the file of that name plus ".on" exists runs under cProfile (slower: for finding where a
+# pass's time goes, not for its figures). A bench-only wrapper: the coordinator's code is unchanged.
 PASS_TIMER = """
 import functools, os, sys, time
 import mwms.server.live.loops as loops
@@ -90,25 +91,26 @@ if profile_path:
     profiler = cProfile.Profile()
 pass_of = loops.schedule_pass
 @functools.wraps(pass_of)
-def timed_pass(*args, **kwargs):
+def profiled_pass(*args, **kwargs):
     profiling = profile_path and os.path.exists(profile_path + ".on")
     if profiling:
         profiler.enable()
-    start = time.perf_counter()
     try:
         return pass_of(*args, **kwargs)
     finally:
-        log.write(f"pass {time.time():.3f} {time.perf_counter() - start:.6f}\\n")
         if profiling:
             profiler.disable()
             profiler.dump_stats(profile_path)
-loops.schedule_pass = timed_pass
+loops.schedule_pass = profiled_pass
 step_of = loops.BackgroundLoops._schedule
 async def timed_step(self):
+    before = self.passes_run
     start = time.perf_counter()
     try:
         await step_of(self)
     finally:
+        if self.passes_run != before and self.last_pass_s is not None:
+            log.write(f"pass {time.time():.3f} {self.last_pass_s:.6f}\\n")
         log.write(f"step {time.time():.3f} {time.perf_counter() - start:.6f}\\n")
 loops.BackgroundLoops._schedule = timed_step
 from mwms.cli.main import app
@@ -141,6 +143,7 @@ class TimedCluster(Cluster):
         )
         if self.profile_passes:
             env["MWMS_BENCH_PASS_PROFILE"] = str(self.pass_profile)
+            env["MWMS_SCHEDULER_PROCESS"] = "false"
         env.pop("TF_CONFIG", None)
         with log_path.open("ab") as out:
             popen = subprocess.Popen(
@@ -255,6 +258,14 @@ async def until_state(http: httpx.AsyncClient, job_id: str, states: set[str], ti
     raise TimeoutError(
         f"job {job_id} not in {sorted(states)} within {timeout_s} s (last {last}: {job['reason']}; {path})"
     )
+
+
+async def invariant_violations(http: httpx.AsyncClient) -> float:
+    """Jobs the coordinator's passes left waiting unexplained beside devices that fit them
+    (server/services/pass_check.py), from its /metrics."""
+    text = (await http.get("/metrics", timeout=60)).text
+    name = "mwms_scheduler_invariant_violations_total"
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
 
 
 async def offer_seen(http: httpx.AsyncClient, sim: Simulator) -> dict[str, int]:
@@ -402,6 +413,7 @@ async def scenario_scale(
             results |= await scale.lost_agents(http, sim)
             results["devices_assigned_twice"] = sim.devices_assigned_twice()
             results["starts_refused"] = sum(len(a.refused_starts) for a in sim.agents)
+            results["invariant_violations"] = await invariant_violations(http)
     finally:
         await sim.close()
 
@@ -660,19 +672,30 @@ def profile_summary(path: Path, limit: int = 30) -> list[str]:
     return [header] + [f"{1000 * c / max(1, passes):8.1f}  {what}" for c, what in rows[:limit]]
 
 
-def report(scenarios: dict[str, dict[str, Any]]) -> list[str]:
-    """Prints every figure that has a target beside it; returns the missed ones."""
+def report(by_database: dict[str, dict[str, dict[str, Any]]], printing: bool = True) -> list[str]:
+    """Prints every figure that has a target, one column per database, beside its target; returns the
+    missed ones."""
+    databases = list(by_database)
     missed = []
-    print(f"\n{'scenario':<11} {'figure':<32} {'measured':>12}  target")
+    columns = "".join(f" {db:>12}" for db in databases)
+    out = print if printing else (lambda *_: None)
+    out(f"\n{'scenario':<11} {'figure':<32}{columns}  target")
     for name, key, target, op in TARGETS:
-        if name not in scenarios:
+        if not any(name in scenarios for scenarios in by_database.values()):
             continue
-        value = scenarios[name].get(key)
-        ok = bench_run.meets(value, target, op)
-        shown = f"{value:,.2f}" if isinstance(value, float) else str(value)
-        print(f"{name:<11} {key:<32} {shown:>12}  {op} {target}  {'ok' if ok else 'MISSED'}")
-        if not ok:
-            missed.append(f"{name}.{key}: {shown} (target {op} {target})")
+        shown_all = []
+        for db in databases:
+            scenarios = by_database[db]
+            if name not in scenarios:
+                shown_all.append(f" {'-':>12}")
+                continue
+            value = scenarios[name].get(key)
+            ok = bench_run.meets(value, target, op)
+            shown = f"{value:,.2f}" if isinstance(value, float) else str(value)
+            shown_all.append(f" {shown + ('' if ok else ' ✘'):>12}")
+            if not ok:
+                missed.append(f"{name}.{key} ({db}): {shown} (target {op} {target})")
+        out(f"{name:<11} {key:<32}{''.join(shown_all)}  {op} {target}")
     return missed
 
 
@@ -697,19 +720,39 @@ def main() -> int:
         "--profile-passes", action="store_true", help="run every pass under cProfile (slower; for the cause)"
     )
     parser.add_argument("--logs", type=Path, help="keep each coordinator's log and pass times in this folder")
-    parser.add_argument("--db", choices=CHOICES, default="sqlite", help="the coordinators' database")
-    parser.add_argument("--out", type=Path, help="default: bench/results_sharing.json (_postgres with --db)")
+    parser.add_argument(
+        "--db",
+        action="append",
+        choices=CHOICES,
+        help="the coordinators' database; repeatable (figures side by side); default: sqlite",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="default: bench/results_sharing.json (_postgres for PostgreSQL); one --db only",
+    )
     args = parser.parse_args()
-    if args.out is None:
-        suffix = "" if args.db == "sqlite" else f"_{args.db}"
-        args.out = ROOT / "bench" / f"results_sharing{suffix}.json"
+    databases = list(dict.fromkeys(args.db or ["sqlite"]))
+    if args.out is not None and len(databases) > 1:
+        parser.error("--out takes one --db")
     chosen = args.scenario or list(SCENARIOS)
+    by_database = {db: run_database(db, args, chosen) for db in databases}
+    missed = report(by_database)
+    for line in missed:
+        print(f"MISSED TARGET {line}", file=sys.stderr)
+    return 1 if missed else 0
+
+
+def run_database(db: str, args: argparse.Namespace, chosen: list[str]) -> dict[str, dict[str, Any]]:
+    """The chosen scenarios against coordinators on `db`; results written to its results file."""
+    out = args.out or ROOT / "bench" / f"results_sharing{'' if db == 'sqlite' else '_' + db}.json"
+    args = argparse.Namespace(**{**vars(args), "db": db})
     stamp = {
         "run_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "commit": bench_run.commit(),
         "machine": bench_run.machine(),
         "arguments": " ".join(sys.argv[1:]),
-        "database": args.db,
+        "database": db,
     }
     scenarios: dict[str, dict[str, Any]] = {}
     with bench_database(args.db) as database:
@@ -725,12 +768,10 @@ def main() -> int:
             scenarios[name]["load_average_after"] = os.getloadavg()
             scenarios[name].update(stamp)
             print(json.dumps({name: scenarios[name]}, indent=2, default=str), flush=True)
-            bench_run.write_results(args.out, stamp, scenarios, missed=None)  # type: ignore[arg-type]
-    missed = report(scenarios)
-    bench_run.write_results(args.out, stamp, scenarios, missed)  # type: ignore[arg-type]
-    for line in missed:
-        print(f"MISSED TARGET {line}", file=sys.stderr)
-    return 1 if missed else 0
+            bench_run.write_results(out, stamp, scenarios, missed=None)  # type: ignore[arg-type]
+    missed = report({db: scenarios}, printing=False)
+    bench_run.write_results(out, stamp, scenarios, missed)  # type: ignore[arg-type]
+    return scenarios
 
 
 if __name__ == "__main__":

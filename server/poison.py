@@ -38,6 +38,7 @@ KNOWN_KINDS = (
     "agent_stacks",
     "agent_task",
     "device_sample",
+    "fair_share",
     "log_line",
     "metric_point",
     "preempt_job",

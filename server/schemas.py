@@ -421,6 +421,54 @@ class TaskOut(BaseModel):
     )
 
 
+# A job shows this many of its newest attempts (attempt_history); `attempts` counts them all.
+ATTEMPTS_SHOWN = 20
+
+
+class AttemptEndingOut(BaseModel):
+    """Why an attempt ended and what acted on it (server/services/attempt_endings.py lists the kinds)."""
+
+    kind: str = Field(
+        description="succeeded, preempted, reclaimed, drained, agent_lost, task_failed, hang, startup_timeout, "
+        "environment_mismatch, refused, start_failed, cancelled, runtime_limit, nan_metric; unrecorded: it "
+        "ended before endings were recorded"
+    )
+    message: str = Field(
+        description="the ending in words, e.g. 'preempted by job 3f2a9c1d0b4e (priority 900)'"
+    )
+    job_id: str | None = Field(default=None, description="preempted, reclaimed: the job it made room for")
+    priority: int | None = Field(default=None, description="preempted, reclaimed: that job's priority then")
+    team: str | None = Field(default=None, description="reclaimed: the team that took its quota back")
+    agent: str | None = Field(
+        default=None, description="drained, agent_lost, task_failed, refused: the agent's name"
+    )
+    agent_id: str | None = Field(default=None, description="that agent's id")
+    task: int | None = Field(
+        default=None, description="agent_lost, task_failed, refused, start_failed: the task's index"
+    )
+    exit_code: int | None = Field(default=None, description="task_failed: the task's exit code, if any")
+    by: str | None = Field(default=None, description="cancelled, drained: the user who did it, if known")
+    restart: int | None = Field(default=None, description="the restart this failure led to; null: none")
+    restart_cause: str | None = Field(
+        default=None,
+        description="that restart's cause as mwms_job_restarts_total counts it: agent_lost, signal, "
+        "exit_code, hang, startup_timeout, other",
+    )
+    details: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the kind's other details: how (agent_lost: silent, stopped, removed, forgot), note, "
+        "timeout_s, workers, limit_s, metric, step, max_restarts",
+    )
+
+
+class AttemptEventOut(BaseModel):
+    from_state: str | None
+    to_state: str
+    reason: str
+    at: datetime
+    cause: str = Field(default="", description="an ending's kind (AttemptEndingOut.kind); empty otherwise")
+
+
 class AttemptOut(BaseModel):
     number: int
     state: str
@@ -428,6 +476,12 @@ class AttemptOut(BaseModel):
     created_at: datetime
     ended_at: datetime | None
     tasks: list[TaskOut]
+    ended: AttemptEndingOut | None = Field(
+        default=None, description="why it ended and what acted on it; null while it is ACTIVE"
+    )
+    events: list[AttemptEventOut] = Field(
+        default_factory=list, description="its state changes, oldest first (placed, then how it ended)"
+    )
 
 
 class JobEventOut(BaseModel):
@@ -480,7 +534,9 @@ class JobOut(JobSummary):
     preemption_grace_seconds: int | None = Field(default=None, description="as submitted")
     environment: EnvironmentOut | None = Field(default=None, description="the job's own Python environment")
     tasks: list[TaskOut] = Field(description="tasks of the newest attempt")
-    attempt_history: list[AttemptOut]
+    attempt_history: list[AttemptOut] = Field(
+        description=f"the newest {ATTEMPTS_SHOWN} attempts, oldest first; `attempts` counts them all"
+    )
     events: list[JobEventOut]
 
 
@@ -887,6 +943,19 @@ class QueueEntry(BaseModel):
     waiting: dict[str, Any] = Field(
         description="why it waits: kind, message, estimated_start (ISO time or null) and the kind's details"
     )
+    estimated_start: datetime | None = Field(
+        default=None,
+        description="when it is estimated to start, for people (server/services/start_estimates.py): from "
+        "running jobs' max_runtime, else from how long their users' jobs of the same shape usually run; "
+        "null: unknown. waiting.estimated_start is the scheduler's own reservation (max_runtime only)",
+    )
+    estimate_basis: Literal["max_runtime", "similar_jobs", "overdue", "unknown"] = Field(
+        default="unknown",
+        description="what estimated_start rests on: max_runtime (every end it waits for is a max_runtime), "
+        "similar_jobs (some come from the typical run time of the same user's jobs of that shape), overdue "
+        "(running jobs have run past that typical time and may end any moment: it may start any time now), "
+        "unknown (nothing to go on)",
+    )
 
 
 class QueuePage(BaseModel):
@@ -903,13 +972,33 @@ class DeviceCounts(BaseModel):
     cpu_slots: int | None = Field(default=None, description="CPU slots; null in a quota: no cap")
 
 
+class DeviceAmounts(BaseModel):
+    gpus: float = Field(description="of GPUs")
+    cpu_slots: float = Field(description="of CPU slots")
+
+
 class TeamOut(BaseModel):
-    """A team: its members, its quota (null: none) and the devices its jobs hold now."""
+    """A team: its members, its quota (null: none), the devices its jobs hold now, and its fair share over time:
+    within a priority band the team with the lowest standing plus dominant share now (in_use over share, the
+    larger of the two kinds) goes first."""
 
     team: str
     members: list[str]
     quota: DeviceCounts | None
     in_use: DeviceCounts
+    usage_device_hours: DeviceAmounts = Field(
+        description="device-hours its jobs held, each hour decayed with MWMS_FAIR_SHARE_HALF_LIFE_HOURS "
+        "(one half-life ago counts half)"
+    )
+    share: DeviceAmounts = Field(
+        description="its share: its quota, else an even part of the online devices among the teams that run "
+        "or wait (itself included)"
+    )
+    standing: float = Field(
+        ge=0,
+        description="its decayed usage over its share, in hours of its whole share (the larger of the two "
+        "kinds); 0: no usage on record",
+    )
 
 
 QuotaCount = Annotated[int, Field(ge=0, le=MAX_QUOTA_DEVICES), Strict(), WHOLE_FLOATS_AS_INT]

@@ -64,6 +64,10 @@ class Settings(BaseSettings):
     # While passes find nothing to place or preempt, timed passes (those no event asked for) run at most
     # this often; a submit, an ended task or a joining agent still starts one at once.
     scheduler_idle_interval_s: float = Field(default=2.0, ge=0, le=60, allow_inf_nan=False)
+    # Scheduler passes run in a process of their own (server/live/scheduler_worker.py), so a pass over
+    # thousands of waiting jobs never holds the interpreter that answers heartbeats and REST calls.
+    # False: in a thread of the coordinator's process (an in-memory SQLite database always does).
+    scheduler_process: bool = True
     # The polled lists (agents, jobs, overview, queue) are built once for every caller within this many
     # seconds (server/api/view_cache.py); a write answered by this replica shows at once, what agents,
     # loops and other replicas change within this time. 0: built for each request. Default: 1 on an
@@ -158,6 +162,10 @@ class Settings(BaseSettings):
     max_preemptions_per_hour: int = Field(default=4, ge=0, le=100)
     # False: only admins may submit a job with preemptible=false.
     users_may_opt_out_of_preemption: bool = True
+    # Fair share over time (server/services/fair_share.py): a team's past device use counts half after this
+    # many hours, a quarter after twice as many (Slurm's PriorityDecayHalfLife is 7 days too). From 6
+    # minutes to 10 years.
+    fair_share_half_life_hours: float = Field(default=168.0, ge=0.1, le=87600, allow_inf_nan=False)
     # --- end of sharing ---
 
     # --- connection limits (issue 16) ---

@@ -10,6 +10,7 @@ import typer
 from rich.text import Text
 
 from mwms import metrics_line
+from mwms.cli.attempt_stories import print_attempt_stories
 from mwms.cli.connect import with_client
 from mwms.cli.errors import CliError
 from mwms.cli.log_printer import LogPrinter
@@ -102,12 +103,14 @@ def status(
     job_id: JobArgument,
     json_output: JsonOption = False,
 ) -> None:
-    """Show one job: its settings, the newest attempt's tasks and its state changes."""
+    """Show one job: its settings, the newest attempt's tasks, its state changes, and each attempt's
+    story (why it ended, what acted on it, after how long)."""
     job = client.rest.get_job(job_id)
     if json_output:
         print_json(job)
     else:
         print_job(job)
+        print_attempt_stories(job)
 
 
 @with_client

@@ -27,7 +27,6 @@ from mwms.cli.output import (
     first_line,
     format_devices,
     format_duration,
-    format_time,
     out,
     parse_time,
     print_json,
@@ -36,6 +35,7 @@ from mwms.cli.output import (
 from mwms.cli.parsing import parse_priority
 from mwms.cli.safe_text import safe_text
 from mwms.client import Client
+from mwms.errors import MwmsError
 
 # How often `mwms agent drain --wait` asks whether the agent still runs something.
 DRAIN_POLL_S = 1.0
@@ -113,6 +113,39 @@ def reason_text(waiting: dict[str, Any]) -> Text:
     return Text.assemble(safe_text(kind, "yellow"), safe_text(f": {message}" if message else ""))
 
 
+# What an estimated start rests on (GET /api/v1/queue's estimate_basis), as the EST. START column says it.
+ESTIMATE_BASES = {"max_runtime": "from max_runtime", "similar_jobs": "from similar jobs"}
+
+
+def about(seconds: float) -> str:
+    """A time to come, roughly: 'about now', 'about 12 min', 'about 2 h 15 min', 'about 3 days'."""
+    minutes = round(seconds / 60)
+    if minutes < 1:
+        return "about now"
+    if minutes < 60:
+        return f"about {minutes} min"
+    if minutes < 48 * 60:
+        hours, rest = divmod(5 * round(minutes / 5), 60)
+        return f"about {hours} h" + (f" {rest} min" if rest else "")
+    return f"about {round(minutes / (24 * 60))} days"
+
+
+def estimate_text(entry: dict[str, Any], now: datetime | None = None) -> str:
+    """A queue row's estimated start and what it rests on: 'about 12 min, from similar jobs'; 'any time
+    now' when the running jobs it waits for have run longer than their similar jobs did; 'unknown' when
+    nothing tells. A coordinator without estimate_basis gives the reservation's time (max_runtime)."""
+    basis = entry.get("estimate_basis")
+    estimate = parse_time(
+        entry.get("estimated_start") if basis else (entry.get("waiting") or {}).get("estimated_start")
+    )
+    if estimate is None or basis == "unknown":
+        return "unknown"
+    if basis == "overdue":
+        return "any time now (running jobs overdue)"
+    wait = (estimate - (now or datetime.now(timezone.utc))).total_seconds()
+    return f"{about(wait)}, {ESTIMATE_BASES.get(basis or 'max_runtime', 'estimated')}"
+
+
 def queue_table(entries: list[dict[str, Any]]) -> Table:
     table = Table(box=None, header_style="bold")
     columns = ("POS", "JOB", "NAME", "TEAM", "USER", "PRIORITY", "WORKERS", "STATE", "WAITING", "REASON")
@@ -120,7 +153,6 @@ def queue_table(entries: list[dict[str, Any]]) -> Table:
         table.add_column(column, no_wrap=column not in {"NAME", "REASON"})
     for entry in entries:
         waiting = entry.get("waiting") or {}
-        estimate = waiting.get("estimated_start")
         table.add_row(
             *cells(
                 entry.get("position", "-"),
@@ -133,7 +165,7 @@ def queue_table(entries: list[dict[str, Any]]) -> Table:
                 state_text(entry.get("state")),
                 waiting_for(entry),
                 reason_text(waiting),
-                format_time(estimate) if estimate else "unknown",
+                estimate_text(entry),
             )
         )
     return table
@@ -149,7 +181,8 @@ def queue(
     json_output: JsonOption = False,
 ) -> None:
     """List the waiting jobs in the order the scheduler places them, with why each waits and when it is
-    estimated to start."""
+    estimated to start: from running jobs' max_runtime, else from how long the same user's jobs of the same
+    shape usually ran ('unknown' when neither tells)."""
     page = client.rest.queue(offset=offset, limit=limit)
     if json_output:
         print_json(page)
@@ -162,6 +195,7 @@ def queue(
     total = page.get("total", len(entries))
     if total > offset + len(entries):
         err.print(f"showing {offset + 1}-{offset + len(entries)} of {total}; see more with --offset/--limit")
+    print_standings(client, entries)
 
 
 # -- mwms team / mwms quota -------------------------------------------------------------------------------
@@ -178,10 +212,35 @@ def format_counts(counts: dict[str, Any] | None, *, caps: bool) -> str:
     return f"{one(counts.get('gpus'), 'GPU')}, {one(counts.get('cpu_slots'), 'CPU')}"
 
 
+def format_amounts(amounts: dict[str, Any] | None, unit: str = "") -> str:
+    """{"gpus": 2.5, "cpu_slots": 0} -> '2.5 GPU, 0 CPU' (unit "-h": '2.5 GPU-h, 0 CPU-h'); '-' when absent
+    (a coordinator from before fair share over time)."""
+    if not amounts:
+        return "-"
+    return f"{float(amounts.get('gpus') or 0):.3g} GPU{unit}, {float(amounts.get('cpu_slots') or 0):.3g} CPU{unit}"
+
+
+def format_standing(team: dict[str, Any]) -> str:
+    """A team's standing: '1.25 h' (hours of its whole share its decayed usage amounts to); '-' when absent."""
+    standing = team.get("standing")
+    return "-" if standing is None else f"{float(standing):.3g} h"
+
+
+def share_in_use(team: dict[str, Any]) -> float:
+    """What it holds over its share, the larger of the two kinds (infinite: it holds a kind it has no share of)."""
+    in_use, share = team.get("in_use") or {}, team.get("share") or {}
+    ratio = 0.0
+    for kind in ("gpus", "cpu_slots"):
+        held, part = float(in_use.get(kind) or 0), float(share.get(kind) or 0)
+        if held > 0:
+            ratio = max(ratio, held / part if part > 0 else float("inf"))
+    return ratio
+
+
 def teams_table(teams: list[dict[str, Any]]) -> Table:
     table = Table(box=None, header_style="bold")
-    for column in ("TEAM", "MEMBERS", "QUOTA", "IN USE"):
-        table.add_column(column)
+    for column in ("TEAM", "MEMBERS", "QUOTA", "IN USE", "SHARE", "RECENT USE", "STANDING"):
+        table.add_column(column, no_wrap=column not in {"TEAM", "MEMBERS"})
     for team in teams:
         table.add_row(
             *cells(
@@ -189,9 +248,53 @@ def teams_table(teams: list[dict[str, Any]]) -> Table:
                 ", ".join(team.get("members") or []) or "-",
                 format_counts(team.get("quota"), caps=True),
                 format_counts(team.get("in_use"), caps=False),
+                format_amounts(team.get("share")),
+                format_amounts(team.get("usage_device_hours"), "-h"),
+                format_standing(team),
             )
         )
     return table
+
+
+def standings_table(teams: list[dict[str, Any]]) -> Table:
+    """The teams' fair share, in the order it puts them in within a priority: lowest standing plus share in
+    use first."""
+    table = Table(
+        box=None,
+        header_style="bold",
+        title="fair share: within a priority, the team with the lowest STANDING + NOW goes first",
+        title_justify="left",
+    )
+    for column in ("TEAM", "STANDING", "NOW", "IN USE", "SHARE", "RECENT USE"):
+        table.add_column(column, no_wrap=column != "TEAM")
+    ranked = sorted(teams, key=lambda t: (float(t.get("standing") or 0) + share_in_use(t), t.get("team", "")))
+    for team in ranked:
+        now = share_in_use(team)
+        table.add_row(
+            *cells(
+                team.get("team", ""),
+                format_standing(team),
+                "all" if now == float("inf") else f"{now:.2f}",
+                format_counts(team.get("in_use"), caps=False),
+                format_amounts(team.get("share")),
+                format_amounts(team.get("usage_device_hours"), "-h"),
+            )
+        )
+    return table
+
+
+def print_standings(client: Client, entries: list[dict[str, Any]]) -> None:
+    """The fair share of the teams `entries` (queue rows) belong to, after the queue; a note on stderr when
+    the teams cannot be read."""
+    waiting = {entry.get("team") for entry in entries if entry.get("team")}
+    try:
+        found = client.rest.list_teams()
+    except MwmsError as error:
+        err.print(safe_text(f"fair share not shown: the teams could not be read ({first_line(str(error))})"))
+        return
+    teams = [team for team in found if team.get("team") in waiting and "standing" in team]
+    if teams:
+        out.print(standings_table(teams))
 
 
 def print_team(team: dict[str, Any], json_output: bool) -> None:
@@ -207,7 +310,9 @@ def print_team(team: dict[str, Any], json_output: bool) -> None:
 @team_app.command("list")
 @with_client
 def list_teams(client: Client, json_output: JsonOption = False) -> None:
-    """List teams with members, a quota or jobs holding devices: members, quota and devices in use."""
+    """List teams with members, a quota, jobs holding devices or recent use: members, quota, devices in use,
+    share, recent use (device-hours, decayed with the coordinator's half-life) and standing (that use over
+    the share, in hours of the whole share: lower goes first within a priority)."""
     found = client.rest.list_teams()
     if json_output:
         print_json(found)

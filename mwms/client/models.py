@@ -253,30 +253,56 @@ class QueueEntry:
 
     @property
     def estimated_start(self) -> datetime | None:
-        """When the scheduler expects to place it; None when it cannot tell."""
+        """When it is estimated to start (see `estimate_basis`); None when nothing tells. From a coordinator
+        that sends no estimate of its own: the scheduler's reservation time (max_runtime)."""
+        if "estimate_basis" in self.raw:
+            return parse_time(self.raw.get("estimated_start"))
         return parse_time(self.waiting.get("estimated_start"))
+
+    @property
+    def estimate_basis(self) -> str:
+        """What `estimated_start` rests on: "max_runtime", "similar_jobs" (how long the same user's jobs of
+        that shape usually ran), "overdue" (running jobs ran past that: any time now) or "unknown"."""
+        if "estimate_basis" in self.raw:
+            return str(self.raw.get("estimate_basis") or "unknown")
+        return "max_runtime" if self.waiting.get("estimated_start") else "unknown"
 
 
 @dataclass(frozen=True)
 class Team:
     """A team: its members, its quota ({"gpus", "cpu_slots"}, None for no quota; a None value: no cap of
-    that kind) and the devices its jobs hold now ({"gpus", "cpu_slots"})."""
+    that kind), the devices its jobs hold now ({"gpus", "cpu_slots"}), and its fair share over time: its
+    share ({"gpus", "cpu_slots"}), the device-hours its jobs held, decayed with the coordinator's half-life
+    (`usage_device_hours`), and its standing, that usage over its share in hours of its whole share (lower
+    goes first within a priority; None from a coordinator that does not say)."""
 
     name: str
     members: list[str]
     quota: dict[str, int | None] | None
     in_use: dict[str, int]
     raw: dict[str, Any] = field(repr=False, compare=False)
+    share: dict[str, float] = field(default_factory=dict)
+    usage_device_hours: dict[str, float] = field(default_factory=dict)
+    standing: float | None = None
 
     @classmethod
     def from_api(cls, raw: dict[str, Any]) -> Team:
         """The Team an API object describes (kept as `raw`)."""
         quota = raw.get("quota")
         in_use = raw.get("in_use") or {}
+
+        def amounts(key: str) -> dict[str, float]:
+            given = raw.get(key) or {}
+            return {kind: float(given.get(kind) or 0) for kind in ("gpus", "cpu_slots")} if given else {}
+
+        standing = raw.get("standing")
         return cls(
             name=str(raw["team"]),
             members=[str(member) for member in raw.get("members") or []],
             quota=None if quota is None else {"gpus": quota.get("gpus"), "cpu_slots": quota.get("cpu_slots")},
             in_use={"gpus": int(in_use.get("gpus") or 0), "cpu_slots": int(in_use.get("cpu_slots") or 0)},
             raw=raw,
+            share=amounts("share"),
+            usage_device_hours=amounts("usage_device_hours"),
+            standing=None if standing is None else float(standing),
         )

@@ -259,7 +259,8 @@ class RestApi:
         return self._json("GET", f"{API_PREFIX}/queue", params={"offset": offset, "limit": limit})
 
     def list_teams(self) -> list[dict[str, Any]]:
-        """[{"team", "members", "quota", "in_use"}, ...]: every team with members, a quota or usage."""
+        """[{"team", "members", "quota", "in_use", "usage_device_hours", "share", "standing"}, ...]: every team
+        with members, a quota, devices in use or recent use."""
         return self._json("GET", f"{API_PREFIX}/teams")
 
     def add_team_member(self, team: str, user: str) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from mwms.server.schema_types import NAME_PATTERN, NAME_RULE, matching
 from mwms.server.schemas import (
     AgentOut,
     CordonIn,
+    DeviceAmounts,
     DeviceCounts,
     DrainIn,
     ErrorOut,
@@ -74,17 +75,26 @@ def queue_entry(row: QueueRow) -> QueueEntry:
         preemptible=row.preemptible,
         created_at=row.created_at,
         waiting=dict(row.waiting),
+        estimated_start=row.estimate.starts_at,
+        estimate_basis=row.estimate.basis,
     )
 
 
 def team_out(view: TeamView) -> TeamOut:
-    quota = view.quota
+    quota, fair = view.quota, view.fair_share
     return TeamOut(
         team=view.team,
         members=list(view.members),
         quota=None if quota is None else DeviceCounts(gpus=quota.gpus, cpu_slots=quota.cpu_slots),
         in_use=DeviceCounts(gpus=view.in_use.get("gpu", 0), cpu_slots=view.in_use.get("cpu", 0)),
+        usage_device_hours=amounts({kind: s / 3600 for kind, s in fair.usage.items()}),
+        share=amounts(fair.share),
+        standing=round(fair.standing, 3),
     )
+
+
+def amounts(by_kind: dict[str, float]) -> DeviceAmounts:
+    return DeviceAmounts(gpus=round(by_kind.get("gpu", 0.0), 3), cpu_slots=round(by_kind.get("cpu", 0.0), 3))
 
 
 # -- the queue -------------------------------------------------------------------------------------------
@@ -121,7 +131,8 @@ def queue(
 
 @router.get("/teams", response_model=list[TeamOut])
 def list_teams(session: ReadSession) -> list[TeamOut]:
-    """Every team with members, a quota or jobs holding devices: members, quota and devices in use."""
+    """Every team with members, a quota, jobs holding devices or usage on record: members, quota, devices in
+    use, and its fair share over time (decayed usage, share, standing)."""
     return [team_out(view) for view in teams_view(session)]
 
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from mwms.server.db.models import Attempt, Job, StoredFile, Task, Token
+from mwms.server.db.models import Attempt, AttemptEvent, Job, StoredFile, Task, Token
 from mwms.server.schemas import (
+    ATTEMPTS_SHOWN,
     AgentOut,
     AgentTaskOut,
     ArtifactOut,
+    AttemptEndingOut,
+    AttemptEventOut,
     AttemptOut,
     CommunicationOptions,
     DeviceOut,
@@ -22,6 +25,7 @@ from mwms.server.schemas import (
     TaskOut,
     TokenOut,
 )
+from mwms.server.services import attempt_endings
 from mwms.server.services.jobs import JobListing
 from mwms.server.services.log_pages import LogEntry
 from mwms.server.services.telemetry import Progress
@@ -83,7 +87,39 @@ def job_summary(job: Job, attempts: int, progress: Progress) -> JobSummary:
     )
 
 
+# Details shown as fields of their own in AttemptEndingOut, with the type each must have.
+_ENDING_FIELDS: dict[str, type] = {
+    "job_id": str,
+    "priority": int,
+    "team": str,
+    "agent": str,
+    "agent_id": str,
+    "task": int,
+    "exit_code": int,
+    "by": str,
+    "restart": int,
+    "restart_cause": str,
+}
+
+
+def ending_out(attempt: Attempt, event: AttemptEvent | None) -> AttemptEndingOut:
+    """How the attempt ended, from its ending event (None or one without a cause: unrecorded)."""
+    kind = event.cause if event is not None and event.cause else attempt_endings.UNRECORDED
+    details = dict(event.details or {}) if event is not None and event.cause else {}
+    found = {name: details.pop(name, None) for name in _ENDING_FIELDS}  # a damaged value is left out
+    lifted: dict[str, Any] = {
+        name: value
+        for name, value in found.items()
+        if isinstance(value, _ENDING_FIELDS[name]) and not isinstance(value, bool)
+    }
+    message = attempt_endings.describe(kind, {**details, **lifted}, attempt.reason or attempt.state.lower())
+    return AttemptEndingOut(kind=kind, message=message, details=details, **lifted)
+
+
 def attempt_out(attempt: Attempt, view: JobView) -> AttemptOut:
+    """An attempt with its tasks, its events and, once it has ended, why and through whom."""
+    events = list(attempt.events)
+    ending = next((e for e in reversed(events) if e.to_state == attempt.state), None)
     return AttemptOut(
         number=attempt.number,
         state=attempt.state,
@@ -91,6 +127,13 @@ def attempt_out(attempt: Attempt, view: JobView) -> AttemptOut:
         created_at=attempt.created_at,
         ended_at=attempt.ended_at,
         tasks=[task_out(t, view) for t in attempt.tasks],
+        ended=ending_out(attempt, ending) if attempt.ended_at is not None else None,
+        events=[
+            AttemptEventOut(
+                from_state=e.from_state, to_state=e.to_state, reason=e.reason, at=e.at, cause=e.cause
+            )
+            for e in events
+        ],
     )
 
 
@@ -132,7 +175,7 @@ def job_out(view: JobView) -> JobOut:
         preemption_grace_seconds=options.get("preemption_grace_seconds"),
         environment=environment_out(job.environment),
         tasks=[task_out(t, view) for t in (job.attempts[-1].tasks if job.attempts else [])],
-        attempt_history=[attempt_out(a, view) for a in job.attempts],
+        attempt_history=[attempt_out(a, view) for a in job.attempts[-ATTEMPTS_SHOWN:]],
         events=[
             JobEventOut(from_state=e.from_state, to_state=e.to_state, reason=e.reason, at=e.at)
             for e in job.events

@@ -236,6 +236,9 @@ class AttemptEvent(Base):
     to_state: Mapped[str] = mapped_column(String(20))
     reason: Mapped[str] = mapped_column(Text, default="")
     at: Mapped[datetime] = mapped_column(default=utcnow)
+    # An ending's kind and what acted on it (mwms.server.services.attempt_endings); "" and {} otherwise.
+    cause: Mapped[str] = mapped_column(String(30), default="", server_default="")
+    details: Mapped[dict[str, Any]] = mapped_column(default=dict, server_default="{}")
 
 
 class Task(Base):
@@ -465,6 +468,28 @@ class TeamQuota(Base):
     cpu_slots: Mapped[int | None] = mapped_column(Integer, default=None)
     set_by: Mapped[str] = mapped_column(String(200), default="")
     set_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class TeamUsage(Base):
+    """A team's use of one device kind ("gpu", "cpu") in device-seconds, decayed with the fair-share half-life,
+    as of `as_of` (server/services/fair_share.py): written only while the team holds devices of that kind."""
+
+    __tablename__ = "team_usage"
+
+    team: Mapped[str] = mapped_column(String(200), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(10), primary_key=True)
+    device_seconds: Mapped[float] = mapped_column(Float)
+    as_of: Mapped[datetime] = mapped_column()
+
+
+class UsageClock(Base):
+    """One row (id 1): the moment team usage is counted up to, and the half-life it decays with."""
+
+    __tablename__ = "usage_clock"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    accrued_to: Mapped[datetime] = mapped_column()
+    half_life_s: Mapped[float] = mapped_column(Float)
 
 
 class Replica(Base):

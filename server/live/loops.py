@@ -22,8 +22,10 @@ from mwms.server.live.agent_notify import Doorbell
 from mwms.server.live.hub import AgentHub
 from mwms.server.live.liveness import Liveness
 from mwms.server.live.pass_locks import PassLocks
+from mwms.server.live.scheduler_process import SchedulerProcess, runs_apart, worker_config
 from mwms.server.live.task_progress import TaskProgress
-from mwms.server.services import replicas
+from mwms.server.observability.instruments import observe_scheduler_pass
+from mwms.server.services import fair_share, replicas
 from mwms.server.services.agents import record_heartbeats
 from mwms.server.services.command_targets import track_command_targets
 from mwms.server.services.hangs import record_progress
@@ -69,7 +71,15 @@ class BackgroundLoops:
         self._ringing = self._ring_again = False
         self._rings: set[asyncio.Task[None]] = set()
         self.sharing = SharingPolicy.of(settings)
-        self.waiting = WaitingJobs()  # the scheduler's cache of waiting jobs
+        self.waiting = WaitingJobs()  # the scheduler's cache of waiting jobs (passes run here)
+        # Passes run in a process of their own (server/live/scheduler_worker.py), unless told otherwise.
+        self.scheduler: SchedulerProcess | None = (
+            SchedulerProcess(worker_config(settings, db.url, self.sharing, replica.id))
+            if runs_apart(settings, db.url)
+            else None
+        )
+        self.last_pass_s: float | None = None  # the last pass's own time (benchmarks)
+        self.passes_run = 0
         self._pokes = self._pokes_seen = 0
         self._idle = False
         self._last_pass = 0.0
@@ -104,6 +114,8 @@ class BackgroundLoops:
         for task in [*self._tasks, *self._rings]:
             task.cancel()
         await asyncio.gather(*self._tasks, *self._rings, return_exceptions=True)
+        if self.scheduler is not None:
+            await self.scheduler.stop()
         try:
             await self.flush_liveness(stopping=True)  # a restart's grace then counts from what was last heard
         except Exception:  # noqa: BLE001 - shutting down either way
@@ -252,10 +264,24 @@ class BackgroundLoops:
             if self.db.is_postgres:
                 with self.db.read() as session:
                     connected = held | replicas.streams_elsewhere(session, self.replica.id)
-            return schedule_pass(self.db, connected=connected, policy=self.sharing, waiting_jobs=self.waiting)
+            began = time.perf_counter()
+            try:
+                return schedule_pass(
+                    self.db, connected=connected, policy=self.sharing, waiting_jobs=self.waiting
+                )
+            finally:
+                self.last_pass_s = time.perf_counter() - began
 
         async def one_pass() -> None:
-            touched = await asyncio.to_thread(run)
+            if self.scheduler is not None:
+                result = await self.scheduler.run_pass(held)
+                self.last_pass_s = result.seconds
+                touched = result.touched
+            else:
+                touched = await asyncio.to_thread(run)
+            self.passes_run += 1
+            if self.last_pass_s is not None:
+                observe_scheduler_pass(self.last_pass_s)
             self._idle = not touched
             if touched:
                 self.hub.wake(touched)
@@ -290,6 +316,7 @@ class BackgroundLoops:
                     default_startup_timeout_s=self.settings.startup_timeout_s,
                     now=taken_at,
                 )
+                fair_share.accrue(session, taken_at, self.settings.fair_share_half_life_hours * 3600)
             return targets
 
         targets = await asyncio.to_thread(run)

@@ -56,6 +56,11 @@ HEARTBEAT_ROUND_TRIP = Histogram(
     "Round trip of agents' heartbeats (agent sends, coordinator answers), as the agents measured it",
     buckets=_ROUND_TRIP_BUCKETS,
 )
+SCHEDULER_PASS = Histogram(
+    "mwms_scheduler_pass_seconds",
+    "Time one scheduler pass took to read, plan and apply (in the scheduler process, when it runs there)",
+    buckets=_ROUND_TRIP_BUCKETS,
+)
 API_REQUEST_LATENCY = Histogram(
     "mwms_api_request_duration_seconds",
     "REST API requests: time until the response starts, by route template, method and status class",
@@ -176,6 +181,11 @@ def count_ingested(lines: int, points: int) -> None:
         LOG_LINES_INGESTED.inc(lines)
     if points:
         METRIC_POINTS_INGESTED.inc(points)
+
+
+def observe_scheduler_pass(seconds: float) -> None:
+    """One scheduler pass's own time."""
+    SCHEDULER_PASS.observe(max(0.0, seconds))
 
 
 def count_command(kind: str) -> None:

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from mwms.server.db.models import Agent, Job, Task, utcnow
 from mwms.server.observability.event_log import log_after_commit
 from mwms.server.poison import is_transient, isolated
-from mwms.server.services import replicas
+from mwms.server.services import attempt_endings, replicas
 from mwms.server.services.agents import get_agent, mark_stopped, touch_agent
 from mwms.server.services.lifecycle import end_job, fail_on_nan_metric, mark_task_lost
 from mwms.server.services.tasks import (
@@ -198,7 +198,8 @@ def refuse_start(session: Session, task_id: str, reason: str) -> bool:
     job = session.get(Job, task.job_id) if task is not None else None
     if task is None or job is None or JobState(job.state).terminal:
         return False
-    end_job(session, job, JobState.FAILED, f"task {task.index} cannot be started: {reason}")
+    ending = attempt_endings.start_failed(task, reason)
+    end_job(session, job, JobState.FAILED, f"task {task.index} cannot be started: {reason}", ending=ending)
     return True
 
 

@@ -18,6 +18,7 @@ from mwms.server.db.models import Agent, Job, Task, utcnow
 from mwms.server.errors import Conflict, InvalidInput
 from mwms.server.limits import LimitExceeded
 from mwms.server.schemas import MAX_CORDON_REASON_CHARS
+from mwms.server.services import attempt_endings
 from mwms.server.services.agent_references import find_agent
 from mwms.server.services.lifecycle import preempt_job
 from mwms.server.states import JobState, TaskState
@@ -114,6 +115,9 @@ def drain(
     if not let_finish:
         why = f"agent {agent.name} is drained by {by}: {agent.cordon_reason or 'no reason given'}"
         for job in jobs_on_agent(session, agent.id):
-            preempt_job(session, job, "drain", why, grace_for(job, grace_s, default_grace_s), now=now)
+            ending = attempt_endings.drained(agent, by, agent.cordon_reason)
+            preempt_job(
+                session, job, "drain", why, grace_for(job, grace_s, default_grace_s), now=now, ending=ending
+            )
     session.flush()
     return agent

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy.orm import Session
 
 from mwms.server.db.models import Agent, Attempt, Job, Task
+from mwms.server.services import attempt_endings
 from mwms.server.services.lifecycle import fail_attempt
 from mwms.server.states import TaskState
 
@@ -86,4 +87,5 @@ def fail_disagreeing_attempt(
         backoff_base_s=backoff_base_s,
         now=now,
         not_retried=NOT_RETRIED,
+        ending=attempt_endings.environment_mismatch([first.index, second.index]),
     )

@@ -17,6 +17,7 @@ from sqlalchemy import Table, bindparam, or_, select, update
 from sqlalchemy.orm import Session, selectinload
 
 from mwms.server.db.models import Attempt, Job, Task, utcnow
+from mwms.server.services import attempt_endings
 from mwms.server.services.jobs import NEVER_S
 from mwms.server.services.lifecycle import fail_attempt
 from mwms.server.services.stacks import describe_workers_outside_collectives
@@ -124,6 +125,14 @@ def act_on_hang(
     )
     reason = f"no progress for {timeout_s:g} s (no log line or metric point from any worker); {where}"
     fail_attempt(
-        session, job, attempt, reason, retryable=True, backoff_base_s=backoff_base_s, now=now, cause="hang"
+        session,
+        job,
+        attempt,
+        reason,
+        retryable=True,
+        backoff_base_s=backoff_base_s,
+        now=now,
+        cause="hang",
+        ending=attempt_endings.hang(timeout_s),
     )
     return reason

@@ -182,11 +182,15 @@ def list_jobs(
 
 
 def read_job(session: Session, job_id: str) -> Job:
-    """A job to show in full: its attempts, their tasks and its events loaded in a fixed number of queries."""
+    """A job to show in full: its attempts, their tasks and events, and its events loaded in a fixed number
+    of queries."""
     job = session.scalars(
         select(Job)
         .where(Job.id == job_id)
-        .options(selectinload(Job.attempts).selectinload(Attempt.tasks), selectinload(Job.events))
+        .options(
+            selectinload(Job.attempts).options(selectinload(Attempt.tasks), selectinload(Attempt.events)),
+            selectinload(Job.events),
+        )
     ).one_or_none()
     if job is None:
         raise NotFound(f"no job with id {job_id}; list jobs with GET /api/v1/jobs or `mwms jobs`")

@@ -8,7 +8,9 @@ runtime limit, NaN metric), a restart's backoff is over, the job is preempted (a
 reclaiming its quota, a drain) and its workers have all exited. Every stop of a job's tasks carries the
 job's own grace (preemption_grace_seconds) when it set one, else the coordinator's short MWMS_STOP_GRACE_S.
 The services that notice these things (tasks, jobs, scheduling, reconcile, hangs, agents) call in here;
-server/services/transitions.py applies the chosen change, checked against server/states.py.
+server/services/transitions.py applies the chosen change, checked against server/states.py. Every ending
+of an attempt carries its cause and what acted on it (server/services/attempt_endings.py): the caller that
+knows the actor (a drain's agent and admin, a cancel's user) passes it, the rest are built here.
 
 Restart policy defaults come from schemas.RestartPolicy alone (restart_policy_value).
 """
@@ -25,6 +27,8 @@ from mwms.server.db.models import Agent, Attempt, Job, LogLine, Preemption, Task
 from mwms.server.observability.event_log import log_after_commit, reason_summary
 from mwms.server.observability.instruments import count_preemption, count_restart
 from mwms.server.schemas import RestartOn, RestartPolicy
+from mwms.server.services import attempt_endings
+from mwms.server.services.attempt_endings import AttemptEnding
 from mwms.server.services.transitions import transition_attempt, transition_job, transition_task
 from mwms.server.services.wording import count
 from mwms.server.states import AttemptState, JobState, TaskState
@@ -209,12 +213,14 @@ def preempt_job(
     grace_s: int,
     preemptor: Job | None = None,
     now: datetime | None = None,
+    ending: AttemptEnding | None = None,
 ) -> bool:
     """Preempts a placed job's whole gang: every task is asked to stop now with `grace_s` of grace.
 
     The attempt ends PREEMPTED and the job is PREEMPTING until every task has exited
     (release_preempted); it then waits again in its original place, no restart used. Returns False
-    (nothing done) for a job that has no ACTIVE attempt or is not SCHEDULED/RUNNING.
+    (nothing done) for a job that has no ACTIVE attempt or is not SCHEDULED/RUNNING. The attempt's
+    ending is `ending`, else made from `cause` and `preemptor` (its id and priority, its team's reclaim).
     """
     now = now or utcnow()
     attempt = current_attempt(job)
@@ -228,7 +234,8 @@ def preempt_job(
         request_stop(task, f"preempted: {why}")
         if task.state == TaskState.ASSIGNED.value and _agent_is_gone(session, task):
             transition_task(session, task, TaskState.STOPPED, f"preempted: {why}", now)
-    transition_attempt(session, attempt, AttemptState.PREEMPTED, f"preempted: {why}", now)
+    ending = ending or attempt_endings.for_preemption(cause, preemptor)
+    transition_attempt(session, attempt, AttemptState.PREEMPTED, f"preempted: {why}", now, ending)
     session.add(
         Preemption(
             victim_job_id=job.id,
@@ -304,8 +311,17 @@ def preempted_seconds(job: Job, now: datetime) -> float:
 # -- ending a job -------------------------------------------------------------------------------------
 
 
-def end_job(session: Session, job: Job, final: JobState, reason: str, now: datetime | None = None) -> None:
-    """Ends a job now (cancel, runtime limit): stops every task of its current attempt."""
+def end_job(
+    session: Session,
+    job: Job,
+    final: JobState,
+    reason: str,
+    now: datetime | None = None,
+    ending: AttemptEnding | None = None,
+) -> None:
+    """Ends a job now (cancel, runtime limit): stops every task of its current attempt.
+
+    An attempt still ACTIVE ends with `ending`; without one, a cancel names job.cancelled_by."""
     attempt = current_attempt(job)
     if attempt is not None:
         for task in attempt.tasks:
@@ -314,7 +330,13 @@ def end_job(session: Session, job: Job, final: JobState, reason: str, now: datet
                 transition_task(session, task, TaskState.STOPPED, reason, now)
         if attempt.state == AttemptState.ACTIVE.value:  # an attempt that already ended keeps its ending
             outcome = AttemptState.CANCELLED if final == JobState.CANCELLED else AttemptState.FAILED
-            transition_attempt(session, attempt, outcome, reason, now)
+            if ending is None:
+                ending = (
+                    attempt_endings.cancelled(job.cancelled_by)
+                    if final == JobState.CANCELLED
+                    else AttemptEnding(attempt_endings.UNRECORDED)
+                )
+            transition_attempt(session, attempt, outcome, reason, now, ending)
     transition_job(session, job, final, reason, now)
 
 
@@ -337,6 +359,7 @@ def fail_on_nan_metric(
         f"metric {name!r} was NaN at step {step} in attempt {attempt.number}; restart.fail_on_nan "
         "fails the job without a restart",
         now,
+        attempt_endings.nan_metric(name, step),
     )
     return True
 
@@ -356,13 +379,15 @@ def fail_attempt(
     log_tail: list[str] | None = None,
     cause: str = "other",
     not_retried: str = "",
+    ending: AttemptEnding | None = None,
 ) -> None:
     """Ends an attempt after a failure: stops any task still running, then restarts or fails the job.
 
     An attempt that is no longer ACTIVE is left as it is. The reason people read is `reason`, then what
     happens next, then the failing task's last log lines. `cause` labels a restart in
     mwms_job_restarts_total (mwms.server.observability.instruments.RESTART_CAUSES). `not_retried`
-    replaces the usual explanation of a failure that is not retryable.
+    replaces the usual explanation of a failure that is not retryable. The attempt ends with `ending`
+    (what failed), which notes the restart when the job restarts.
     """
     now = now or utcnow()
     if attempt.state != AttemptState.ACTIVE.value:
@@ -370,11 +395,16 @@ def fail_attempt(
     for task in attempt.tasks:
         request_stop(task, f"attempt {attempt.number} ended: another task failed", stop_grace_for(job))
     tail = ("\nlast log lines:\n" + "\n".join(log_tail)) if log_tail else ""
-    transition_attempt(session, attempt, AttemptState.FAILED, reason + tail, now)
-    if JobState(job.state).terminal:
+    ended = JobState(job.state).terminal  # a job already ended keeps its ending: no restart
+    max_restarts = 0 if ended else int(restart_policy_value(job, "max_restarts"))
+    restarts = not ended and retryable and job.restarts < max_restarts
+    ending = ending or AttemptEnding(attempt_endings.UNRECORDED)
+    if restarts:
+        ending = ending.with_restart(job.restarts + 1, max_restarts, cause)
+    transition_attempt(session, attempt, AttemptState.FAILED, reason + tail, now, ending)
+    if ended:
         return
-    max_restarts = int(restart_policy_value(job, "max_restarts"))
-    if retryable and job.restarts < max_restarts:
+    if restarts:
         delay = restart_backoff(backoff_base_s, job.restarts)
         job.restarts += 1
         job.not_before = now + timedelta(seconds=delay)
@@ -410,12 +440,20 @@ def fail_attempt(
     transition_job(session, job, JobState.FAILED, reason + suffix + tail, now)
 
 
-def replace_attempt(session: Session, job: Job, attempt: Attempt, reason: str, now: datetime | None) -> None:
+def replace_attempt(
+    session: Session,
+    job: Job,
+    attempt: Attempt,
+    reason: str,
+    now: datetime | None,
+    ending: AttemptEnding | None = None,
+) -> None:
     """An agent could not start its ACTIVE attempt's task: drop the attempt and place the job again,
     not as a restart."""
     for task in attempt.tasks:
         request_stop(task, "attempt is being placed again", stop_grace_for(job))
-    transition_attempt(session, attempt, AttemptState.REPLACED, reason, now)
+    ending = ending or AttemptEnding(attempt_endings.UNRECORDED)
+    transition_attempt(session, attempt, AttemptState.REPLACED, reason, now, ending)
     # Tasks are refused only before they run, so the job is still SCHEDULED (unless it was cancelled).
     if job.state != JobState.SCHEDULED.value:
         return
@@ -462,7 +500,14 @@ def after_task_change(
             )
     elif state == TaskState.SUCCEEDED:
         if all(t.state == TaskState.SUCCEEDED.value for t in attempt.tasks):
-            transition_attempt(session, attempt, AttemptState.SUCCEEDED, "every task exited 0", now)
+            transition_attempt(
+                session,
+                attempt,
+                AttemptState.SUCCEEDED,
+                "every task exited 0",
+                now,
+                attempt_endings.succeeded(),
+            )
             if job.state == JobState.SCHEDULED.value:
                 transition_job(session, job, JobState.RUNNING, "all workers started", now)
             transition_job(
@@ -481,6 +526,7 @@ def after_task_change(
             attempt,
             f"agent {agent.name} could not start task {task.index}: {task.message}",
             now,
+            attempt_endings.refused(task, agent),
         )
     elif state in (TaskState.FAILED, TaskState.STOPPED, TaskState.LOST):
         if _is_cause(task):
@@ -542,6 +588,7 @@ def _settle_failed_attempt(
             not_retried=ENVIRONMENT_NOT_RETRIED
             if root.exit_code == ENVIRONMENT_NOT_BUILT_EXIT_CODE
             else NEVER_STARTED_NOT_RETRIED,
+            ending=attempt_endings.task_failed(root, agent.name if agent else root.agent_id),
         )
         return
     restart_on = restart_policy_value(job, "restart_on")
@@ -561,7 +608,15 @@ def _settle_failed_attempt(
         now=now,
         log_tail=tail,
         cause=_restart_cause(root),
+        ending=_failure_ending(root, agent),
     )
+
+
+def _failure_ending(task: Task, agent: Agent | None) -> AttemptEnding:
+    """The ending an attempt gets from the task whose failure ends it: its agent lost, or its own exit."""
+    if task.state == TaskState.LOST.value:
+        return attempt_endings.agent_lost(task, agent)
+    return attempt_endings.task_failed(task, agent.name if agent else task.agent_id)
 
 
 def _restart_cause(task: Task) -> str:

@@ -1,11 +1,25 @@
 """The order waiting jobs are considered in: priority, then their team's fair share, then age.
 
-Pure functions over plain data (server/services/queue_plan.py builds the data), so the rules are tested
-without a database. Fair share is dominant-resource share: a team's use of each device kind divided
-by its share of that kind (its quota when it has one, else an equal part of the cluster among the
-teams that run or wait), the larger of the two. Within one priority band the team furthest below its
-share goes next; as each job is taken its team's use grows by what the job needs, as if it were
-placed, so a team with many waiting jobs takes turns with the others instead of going first for all.
+Pure functions over plain data (server/services/scheduling.py reads the data), so the rules are tested
+without a database. Within one priority band the team with the lowest fair-share key goes next, its
+oldest job first; ties go to the older job. A team's key is its standing plus its dominant share now:
+
+- **Share**: of each device kind, its quota when it has one, else an equal part of the cluster's devices
+  among the teams that run or wait.
+- **Standing**: its past use, decayed with the half-life (server/services/fair_share.py, the `history`
+  argument), over its share, in hours of its whole share: a team that held all of its share for the last
+  hour stands at about 1, twice its share for ten hours at about 20 (less its decay). The larger over
+  device kinds; a kind it has no share of (no such devices online, a quota of 0) does not count.
+- **Dominant share now**: what it holds, over its share, the larger over device kinds (infinite when it
+  holds a kind it has no share of). Added to the standing as it is, so what a team holds now weighs as
+  much as the next hour of holding it would add to its standing: a team that has just taken the cluster
+  stops going first at once, and the past (a half-life of days) still outweighs the moment.
+- **Turns**: as each job is taken its team's holding grows by what the job needs, as if it were placed,
+  so teams with many waiting jobs take turns instead of one going first for all; a team far below the
+  others in standing goes first until its projected holding makes up the difference.
+
+With no history (a new cluster, or past use decayed below 0.02 device-hours: fair_share.coarse) the key
+is the dominant share now alone: fair share by current use.
 """
 
 from __future__ import annotations
@@ -19,6 +33,7 @@ from typing import Any
 from mwms.server.services.placement import devices_needed
 
 KINDS = ("gpu", "cpu")
+HOUR_S = 3600.0
 
 
 @dataclass(slots=True)
@@ -82,15 +97,33 @@ def share_ratio(used: Mapping[str, int], share: Mapping[str, float]) -> float:
     return ratio
 
 
+def standing_hours(history: Mapping[str, float], share: Mapping[str, float]) -> float:
+    """Past use (device-seconds, decayed) over share, in hours of the whole share: the largest over device
+    kinds the team has a share of (0 without history)."""
+    hours = 0.0
+    for kind in KINDS:
+        part = share.get(kind, 0.0)
+        used = history.get(kind, 0.0)
+        if part > 0 and used > 0:
+            hours = max(hours, used / (part * HOUR_S))
+    return hours
+
+
 def queue_order(
     waiting: Iterable[WaitingJob],
     usage: Mapping[str, Mapping[str, int]],
     totals: Mapping[str, int],
     quotas: Mapping[str, Mapping[str, int | None]],
+    history: Mapping[str, Mapping[str, float]] | None = None,
 ) -> list[WaitingJob]:
-    """Every waiting job in the order the scheduler considers them (see the module docstring)."""
+    """Every waiting job in the order the scheduler considers them (see the module docstring).
+
+    `usage`: devices each team holds now; `history`: each team's decayed past use in device-seconds, by
+    team then kind (fair_share.read_history), taken as it is."""
     jobs = list(waiting)
     team_shares = shares([j.team for j in jobs] + list(usage), totals, quotas)
+    history = history or {}
+    standing = {team: standing_hours(history.get(team, {}), share) for team, share in team_shares.items()}
     projected = {team: dict(used) for team, used in usage.items()}
     bands: dict[int, dict[str, list[WaitingJob]]] = {}
     for job in sorted(jobs, key=lambda j: (j.created_at, j.job_id), reverse=True):
@@ -99,7 +132,12 @@ def queue_order(
     for priority in sorted(bands, reverse=True):
         per_team = bands[priority]
         heap = [
-            (share_ratio(projected.get(team, {}), team_shares[team]), q[-1].created_at, q[-1].job_id, team)
+            (
+                standing[team] + share_ratio(projected.get(team, {}), team_shares[team]),
+                q[-1].created_at,
+                q[-1].job_id,
+                team,
+            )
             for team, q in per_team.items()
         ]
         heapq.heapify(heap)
@@ -112,8 +150,8 @@ def queue_order(
             used[job.kind] = used.get(job.kind, 0) + job.need
             if queue:
                 head = queue[-1]
-                ratio = share_ratio(used, team_shares[team])
-                heapq.heapreplace(heap, (ratio, head.created_at, head.job_id, team))
+                key = standing[team] + share_ratio(used, team_shares[team])
+                heapq.heapreplace(heap, (key, head.created_at, head.job_id, team))
             else:
                 heapq.heappop(heap)
     return ordered

@@ -12,6 +12,9 @@ without a database:
   reservation: the devices that free soonest (running jobs end at `started + max_runtime`; a job
   without one never ends), and the time they do. Jobs after it are placed only on devices the
   reservation does not need, or on reserved ones when their own max_runtime ends before it starts.
+- **Connecting agents**: a job that fits once agents that are online but not connected yet have connected
+  (a fraction of a second after a registration, or a coordinator start's reconnect grace) waits for them
+  with that reason: it neither preempts nor takes the reservation.
 - **Preemption**: a job that does not fit, within its team's quota, may preempt preemptible jobs of
   lower priority, or other teams' borrowed jobs: whole gangs, the fewest devices·seconds lost. The
   devices freed (and the free ones it needs) are held for it until its victims have exited.
@@ -291,6 +294,27 @@ def plan_pass(inputs: PlanInputs) -> Plan:
             continue
         if own_hold:
             plan.waiting[job.job_id] = wait_reasons.preempting_for(job)
+            continue
+        if (
+            reservation is None
+            and idle.connecting
+            and units_for(job, own_hold) + idle.connecting_units(job) >= job.workers
+        ):
+            # It fits once agents that are online connect their streams (seconds): it waits for them and
+            # says so; it preempts nothing, and the free devices it will take are kept from later jobs.
+            plan.waiting[job.job_id] = wait_reasons.connecting(job, [a.name for a in idle.connecting])
+            tasks = place_gang(
+                free.offer(without=blocked_for(job)) + idle.connecting,
+                job.workers,
+                job.gpus_per_worker,
+                rng,
+                job.memory_per_worker,
+            )
+            if isinstance(tasks, list):
+                offered = {a.agent_id for a in inputs.offer}
+                reservation = _Reservation(job, _devices_of([t for t in tasks if t.agent_id in offered]), now)
+                reasons.clear()
+                cache.clear()
             continue
         if reservation is None and searches < MAX_PREEMPTION_SEARCHES:
             candidates = [r for r in preemptable.values() if r.kind == job.kind and _may_preempt(job, r)]

@@ -1,13 +1,16 @@
 """The queue as the scheduler sees it: every waiting job in placement order, with why it waits.
 
 Read by `GET /api/v1/queue`, `mwms queue` and the dashboard's queue view. The order and the reasons
-come from the same planner the scheduler runs (server/services/queue_plan.py).
+come from the same planner the scheduler runs (server/services/queue_plan.py); each job's estimated start
+for people from server/services/start_estimates.py, fed by two more queries (the running jobs' users and
+shapes, and their users' recent run times: server/services/run_history.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import select
@@ -16,8 +19,20 @@ from sqlalchemy.orm import Session
 from mwms.server.db.models import Job, utcnow
 from mwms.server.services.placement import fitting_now
 from mwms.server.services.queue_order import WaitingJob
+from mwms.server.services.queue_plan import PlanInputs
+from mwms.server.services.run_history import typical_run_times
 from mwms.server.services.scheduling import SharingPolicy, read_inputs
+from mwms.server.services.start_estimates import (
+    MAX_RUNTIME,
+    NO_ESTIMATE,
+    Estimate,
+    Running,
+    Waiting,
+    earlier,
+    estimate_starts,
+)
 from mwms.server.services.wait_reasons import not_placeable
+from mwms.server.states import JobState
 
 
 @dataclass(frozen=True)
@@ -38,6 +53,8 @@ class QueueRow:
     memory_per_worker: int  # bytes per worker; 0: none asked
     # {"kind": ..., "message": "...", "estimated_start": iso or None, ...details} (wait_reasons.py)
     waiting: dict[str, Any]
+    # When it is estimated to start, for people, and on what basis (start_estimates.py).
+    estimate: Estimate = NO_ESTIMATE
 
 
 def queue(session: Session, now: datetime | None = None) -> list[QueueRow]:
@@ -59,6 +76,7 @@ def queue(session: Session, now: datetime | None = None) -> list[QueueRow]:
         if ids
         else {}
     )
+    estimates = _estimates(session, inputs, rows)
     fits: dict[tuple[str, int, int], int] = {}
 
     def fits_now(job: WaitingJob) -> int:
@@ -96,6 +114,75 @@ def queue(session: Session, now: datetime | None = None) -> list[QueueRow]:
                 created_at=job.created_at,
                 memory_per_worker=job.memory_per_worker,
                 waiting=waiting,
+                estimate=earlier(estimates.get(job.job_id, NO_ESTIMATE), _reservation(waiting, now)),
             )
         )
     return result
+
+
+def _estimates(session: Session, inputs: PlanInputs, rows: Mapping[str, Any]) -> dict[str, Estimate]:
+    """Every waiting job's estimated start (start_estimates.py): `rows` are the waiting jobs' (id,
+    submitted_by, waiting)."""
+    offered = {a.agent_id for a in inputs.offer}
+    free: dict[str, int] = {}
+    for agent in inputs.offer:
+        free[agent.device_kind] = free.get(agent.device_kind, 0) + len(agent.free_devices)
+    shapes = (
+        {
+            row.id: row
+            for row in session.execute(
+                select(Job.id, Job.submitted_by, Job.num_workers, Job.gpus_per_worker, Job.started_at).where(
+                    Job.id.in_([r.job_id for r in inputs.running])
+                )
+            )
+        }
+        if inputs.running
+        else {}
+    )
+    running = [
+        Running(
+            kind=r.kind,
+            devices=sum(len(d) for agent_id, d in r.devices.items() if agent_id in offered),
+            started_at=shape.started_at or inputs.now,
+            ends_at=r.ends_at,
+            shape=(shape.submitted_by, shape.num_workers, shape.gpus_per_worker),
+        )
+        for r in inputs.running
+        if (shape := shapes.get(r.job_id)) is not None
+    ]
+    waiting = [
+        Waiting(
+            job_id=job.job_id,
+            kind=job.kind,
+            need=job.need,
+            shape=(row.submitted_by, job.workers, job.gpus_per_worker),
+            max_runtime_s=job.max_runtime_s,
+            # Over its team's quota it waits for its team's jobs, pinned for its agents: not for capacity.
+            for_capacity=(
+                job.state == JobState.PENDING.value
+                and not job.pinned
+                and not (isinstance(row.waiting, dict) and row.waiting.get("kind") == "over_quota")
+            ),
+        )
+        for job in inputs.order
+        if (row := rows.get(job.job_id)) is not None
+    ]
+    if not any(w.for_capacity for w in waiting):
+        return {}
+    people = {w.shape[0] for w in waiting if w.for_capacity} | {r.shape[0] for r in running}
+    typical = typical_run_times(session, people)
+    return estimate_starts(waiting, running, free, typical, inputs.now)
+
+
+def _reservation(waiting: dict[str, Any], now: datetime) -> Estimate:
+    """The head's reservation time from the last pass (max_runtime, per agent), never in the past."""
+    at = waiting.get("estimated_start") if waiting.get("kind") == "head" else None
+    if not isinstance(at, str):
+        return NO_ESTIMATE
+    try:
+        starts_at = datetime.fromisoformat(at)
+    except ValueError:
+        return NO_ESTIMATE
+    if starts_at.tzinfo is None:
+        starts_at = starts_at.replace(tzinfo=timezone.utc)
+    return Estimate(max(starts_at, now), MAX_RUNTIME)

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from mwms.server.db.models import Agent, Attempt, Job, Task, utcnow
 from mwms.server.observability.event_log import log_after_commit
 from mwms.server.poison import isolated
-from mwms.server.services import replicas
+from mwms.server.services import attempt_endings, replicas
 from mwms.server.services.agents import newly_lost_agents
 from mwms.server.services.jobs import time_limit
 from mwms.server.services.lifecycle import end_job, fail_attempt, mark_task_lost, preempted_seconds
@@ -166,6 +166,7 @@ def _check_startup_timeouts(session: Session, backoff_base_s: float, default_s: 
                 backoff_base_s=backoff_base_s,
                 now=now,
                 cause="startup_timeout",
+                ending=attempt_endings.startup_timeout(waiting, limit),
             )
 
 
@@ -187,4 +188,5 @@ def _check_max_runtime(session: Session, now: datetime) -> None:
                     JobState.FAILED,
                     f"ran longer than max_runtime_seconds={limit:g}; stopped",
                     now,
+                    attempt_endings.runtime_limit(limit),
                 )

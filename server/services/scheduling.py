@@ -24,7 +24,7 @@ from mwms.server.db.engine import Database
 from mwms.server.db.models import Agent, Attempt, Job, Preemption, Task, utcnow
 from mwms.server.observability.instruments import observe_queue_wait
 from mwms.server.poison import contain, isolated
-from mwms.server.services import device_claims, teams
+from mwms.server.services import device_claims, fair_share, pass_check, teams
 from mwms.server.services.agents import capacities
 from mwms.server.services.jobs import NEVER_S
 from mwms.server.services.lifecycle import (
@@ -99,7 +99,9 @@ def schedule_pending(
     inputs = read_inputs(session, now, connected, policy)
     if not inputs.order:
         return []
-    return apply_plan(session, inputs, plan_pass(inputs), policy, now)
+    plan = plan_pass(inputs)
+    pass_check.check(inputs, plan)
+    return apply_plan(session, inputs, plan, policy, now)
 
 
 def schedule_pass(
@@ -126,6 +128,8 @@ def schedule_pass(
     with db.read() as session:
         inputs = read_inputs(session, now, connected, policy, waiting_jobs, unless_same_as=quiet)
         plan = plan_pass(inputs) if inputs.order else None
+        if plan is not None:
+            pass_check.check(inputs, plan)
     decided = plan is not None and bool(plan.placements or plan.preemptions)
     touched: list[str] = []
     if plan is not None and (decided or _changed_reasons(inputs, plan)):
@@ -246,6 +250,7 @@ def read_inputs(
     running = read_running(session, now, policy)
     usage = _usage(running)
     quotas = {q.team: {"gpu": q.gpus, "cpu": q.cpu_slots} for q in teams.quotas(session).values()}
+    history = fair_share.read_history(session, now)  # coarse, so that it changes the key seldom
     totals = _totals(offered)
     known = (
         [(a, n) for a, n in session.execute(select(Agent.id, Agent.name).where(Agent.removed_at.is_(None)))]
@@ -259,12 +264,13 @@ def read_inputs(
         frozenset(cordoned_ids),
         tuple((r.job_id, r.preemptable, r.ends_at, r.size) for r in running),
         tuple(sorted((team, q["gpu"], q["cpu"]) for team, q in quotas.items())),
+        fair_share.history_key(history),
     )
     if waiting_jobs is not None and unless_same_as is not None and key == unless_same_as:
         return PlanInputs(order=[], offer=[], cordoned=[], running=[], usage={}, quotas={}, now=now, key=key)
     return PlanInputs(
         key=key,
-        order=queue_order(waiting, usage, totals, quotas),
+        order=queue_order(waiting, usage, totals, quotas, history),
         offer=offer,
         cordoned=cordoned,
         running=running,

@@ -1,6 +1,7 @@
 """The one place job, attempt and task states change: checked against the tables (server/states.py).
 
-Job and attempt changes are recorded as events (job_events, attempt_events) with time and reason.
+Job and attempt changes are recorded as events (job_events, attempt_events) with time and reason; an
+attempt's ending also with its cause and what acted on it (server/services/attempt_endings.py).
 Which change to make is decided in server/services/lifecycle.py; this module only applies it.
 """
 
@@ -14,6 +15,7 @@ from mwms.server.db.models import Attempt, AttemptEvent, Job, JobEvent, Task, ut
 from mwms.server.observability.event_log import log_after_commit, reason_summary
 from mwms.server.observability.instruments import observe_job_transition
 from mwms.server.services import device_claims
+from mwms.server.services.attempt_endings import AttemptEnding
 from mwms.server.states import (
     DEVICE_HOLDING_TASK_STATES,
     AttemptState,
@@ -63,11 +65,17 @@ def transition_job(
 
 
 def transition_attempt(
-    session: Session, attempt: Attempt, to: AttemptState, reason: str = "", now: datetime | None = None
+    session: Session,
+    attempt: Attempt,
+    to: AttemptState,
+    reason: str = "",
+    now: datetime | None = None,
+    ending: AttemptEnding | None = None,
 ) -> None:
     """Moves `attempt` to `to`, recording an event; raises InvalidTransition when the table forbids it.
 
-    A new attempt (state "") becomes ACTIVE here; it must have been flushed so that it has an id.
+    A new attempt (state "") becomes ACTIVE here; it must have been flushed so that it has an id. An
+    ending (to a final state) carries `ending`, why it ended and what acted on it, stored on its event.
     """
     now = now or utcnow()
     current = AttemptState(attempt.state) if attempt.state else None
@@ -88,6 +96,7 @@ def transition_attempt(
         state=to.value,
         from_state=current.value if current else None,
         reason=summary,
+        cause=ending.kind if ending is not None else None,
     )
     session.add(
         AttemptEvent(
@@ -96,6 +105,8 @@ def transition_attempt(
             to_state=to.value,
             reason=reason,
             at=now,
+            cause=ending.kind if ending is not None else "",
+            details=dict(ending.details) if ending is not None else {},
         )
     )
     session.flush()

@@ -6,15 +6,18 @@ shape the results (server/api/views.py), they do not query.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from mwms.server.db.models import Agent, Job, StackDump, StackRequest, Task
-from mwms.server.services import stacks, teams
-from mwms.server.services.agents import AgentState, agent_state, live_tasks_by_agent
+from mwms.server.db.models import Agent, Job, StackDump, StackRequest, Task, utcnow
+from mwms.server.services import fair_share, stacks, teams
+from mwms.server.services.agents import AgentState, agent_state, capacities, live_tasks_by_agent
 from mwms.server.services.device_identity import GpuUuids, task_uuids, uuids_by_index
+from mwms.server.services.fair_share import TeamStanding
 from mwms.server.services.jobs import read_job
+from mwms.server.services.scheduling import WAITING_STATES
 from mwms.server.services.stack_text import DumpReading, ThreadStack, read_dump
 from mwms.server.services.teams import Quota
 from mwms.server.services.telemetry import Progress, latest_progress
@@ -99,26 +102,38 @@ def agent_names_and_gpu_uuids(session: Session, agent_ids: set[str]) -> tuple[di
 
 @dataclass(frozen=True)
 class TeamView:
-    """A team: its members, its quota (None: none) and the devices its jobs hold, by kind ("gpu", "cpu")."""
+    """A team: its members, its quota (None: none), the devices its jobs hold, by kind ("gpu", "cpu"), and its
+    fair share over time (server/services/fair_share.py): decayed usage, share and standing."""
 
     team: str
     members: list[str]
     quota: Quota | None
     in_use: dict[str, int]
+    fair_share: TeamStanding
 
 
-def teams_view(session: Session, team: str | None = None) -> list[TeamView]:
-    """Every team that has members, a quota or jobs holding devices, by name; or only `team` (three
-    queries)."""
+def teams_view(session: Session, team: str | None = None, now: datetime | None = None) -> list[TeamView]:
+    """Every team that has members, a quota, jobs holding devices or usage on record, by name; or only `team`
+    (seven queries). Its share is counted as queue order counts it, among the teams that run or wait, on
+    the online agents' devices."""
+    now = now or utcnow()
     members, quotas, used = teams.members(session), teams.quotas(session), teams.usage(session)
+    usage = fair_share.read_usage(session, now)
     # Jobs from before teams existed have team "": no team to show.
-    names = sorted(n for n in {*members, *quotas, *used} if n) if team is None else [team]
+    names = sorted(n for n in {*members, *quotas, *used, *usage} if n) if team is None else [team]
+    waiting = session.scalars(select(Job.team).where(Job.state.in_(WAITING_STATES)).distinct()).all()
+    totals = {"gpu": 0, "cpu": 0}
+    for agent in capacities(session, now):
+        totals[agent.device_kind] = totals.get(agent.device_kind, 0) + len(agent.all_devices)
+    caps = {q.team: {"gpu": q.gpus, "cpu": q.cpu_slots} for q in quotas.values()}
+    standings = fair_share.standings(usage, names, [*used, *waiting], totals, caps)
     return [
         TeamView(
             team=name,
             members=members.get(name, []),
             quota=quotas.get(name),
             in_use={"gpu": 0, "cpu": 0} | used.get(name, {}),
+            fair_share=standings[name],
         )
         for name in names
     ]

@@ -5,8 +5,11 @@ TensorFlow. The shapes follow server/schemas.py; the real coordinator is exercis
 Authentication is a small copy of the real rules (server/api/auth.py): three fixed tokens, session cookies,
 401 without one, 403 for a viewer's writes, someone else's cancel or a cookie write from a foreign origin.
 Sharing (issue 18): jobs carry team, priority, preemptible and waiting; /api/v1/queue lists the waiting jobs
-(PENDING, RESTARTING, PREEMPTING) highest priority first, then oldest; /api/v1/teams answers
+(PENDING, RESTARTING, PREEMPTING) highest priority first, then oldest, each with its estimated start and
+basis (`FakeJob.estimated_start`, `estimate_basis`); /api/v1/teams answers
 `FakeCluster.teams`; agents carry cordon fields, set per agent in `FakeCluster.agent_cordons`.
+Each attempt in a job's attempt_history carries its `ended` and `events` (attempt_ending, attempt_events);
+`FakeJob.ending` says how each ended, and a test's subclass may tell other stories.
 """
 
 from __future__ import annotations
@@ -52,15 +55,27 @@ NO_FIT = {
 
 
 def default_teams() -> list[dict[str, Any]]:
-    """What GET /api/v1/teams answers unless a test changes it: a team with a GPU quota and a team of one."""
+    """What GET /api/v1/teams answers unless a test changes it: a team with a GPU quota and recent use, and a
+    team of one that has not run lately."""
     return [
         {
             "team": "vision",
             "members": ["alice", "bob"],
             "quota": {"gpus": 4, "cpu_slots": None},
             "in_use": {"gpus": 1, "cpu_slots": 0},
+            "usage_device_hours": {"gpus": 10.5, "cpu_slots": 0.0},
+            "share": {"gpus": 4.0, "cpu_slots": 2.0},
+            "standing": 2.625,
         },
-        {"team": "carol", "members": [], "quota": None, "in_use": {"gpus": 0, "cpu_slots": 0}},
+        {
+            "team": "carol",
+            "members": [],
+            "quota": None,
+            "in_use": {"gpus": 0, "cpu_slots": 0},
+            "usage_device_hours": {"gpus": 0.0, "cpu_slots": 0.0},
+            "share": {"gpus": 2.0, "cpu_slots": 2.0},
+            "standing": 0.0,
+        },
     ]
 
 
@@ -118,6 +133,9 @@ class FakeJob:
     priority: int = 500
     preemptible: bool = True
     waiting: dict[str, Any] = field(default_factory=dict)
+    # The queue row's estimated start for people and its basis (server/services/start_estimates.py).
+    estimated_start: datetime | None = None
+    estimate_basis: str = "unknown"
 
     def summary(self) -> dict[str, Any]:
         last_loss = next((p for p in reversed(self.metrics) if p["name"] == "loss"), None)
@@ -159,7 +177,28 @@ class FakeJob:
             "preemptible": self.preemptible,
             "created_at": _iso(self.created_at),
             "waiting": self.waiting,
+            "estimated_start": _iso(self.estimated_start),
+            "estimate_basis": self.estimate_basis,
         }
+
+    def ending(self, number: int, state: str) -> dict[str, Any]:
+        """How attempt `number` ended (its `ended`), as the coordinator words it; a test's subclass may tell
+        other stories."""
+        if state == "FAILED":
+            return attempt_ending(
+                "task_failed",
+                "task 1 failed on agent gpu-node-2: exit code 137 (SIGKILL); restart 1 of 3",
+                task=1,
+                agent="gpu-node-2",
+                agent_id="agent-2",
+                exit_code=137,
+                restart=number,
+                restart_cause="signal",
+            )
+        if state == "CANCELLED":
+            by = self.cancelled_by
+            return attempt_ending("cancelled", f"cancelled by {by}" if by else "cancelled", by=by)
+        return attempt_ending("succeeded", "succeeded: every task exited 0")
 
     def detail(self) -> dict[str, Any]:
         task_state = {"SUCCEEDED": "SUCCEEDED", "CANCELLED": "STOPPED", "PENDING": None}.get(
@@ -177,16 +216,19 @@ class FakeJob:
         history = []
         for number in range(1, self.attempts + 1):
             newest = number == self.attempts
+            state = ("ACTIVE" if task_state == "RUNNING" else self.state) if newest else "FAILED"
+            created = self.created_at + timedelta(minutes=3 * (number - 1))
+            ended = None if state == "ACTIVE" else self.created_at + timedelta(minutes=3 * number)
             history.append(
                 {
                     "number": number,
-                    "state": ("ACTIVE" if task_state == "RUNNING" else self.state) if newest else "FAILED",
+                    "state": state,
                     "reason": "" if newest else FAILED_ATTEMPT_REASON,
-                    "created_at": _iso(self.created_at + timedelta(minutes=3 * (number - 1))),
-                    "ended_at": _iso(self.created_at + timedelta(minutes=3 * number))
-                    if not newest or task_state != "RUNNING"
-                    else None,
+                    "created_at": _iso(created),
+                    "ended_at": _iso(ended),
                     "tasks": tasks,
+                    "ended": None if ended is None else self.ending(number, state),
+                    "events": attempt_events(state, created, ended, self.ending(number, state)["kind"]),
                 }
             )
         events = [
@@ -226,6 +268,46 @@ class FakeJob:
             "attempt_history": history,
             "events": events,
         }
+
+
+ENDING_FIELDS = (
+    "job_id",
+    "priority",
+    "team",
+    "agent",
+    "agent_id",
+    "task",
+    "exit_code",
+    "by",
+    "restart",
+    "restart_cause",
+)
+
+
+def attempt_ending(kind: str, message: str, details: dict[str, Any] | None = None, **actors: Any) -> dict:
+    """An attempt's `ended` as the coordinator answers it (schemas.AttemptEndingOut): every actor field,
+    null where the kind has none."""
+    unknown = set(actors) - set(ENDING_FIELDS)
+    assert not unknown, f"not fields of AttemptEndingOut: {unknown}"
+    return {
+        "kind": kind,
+        "message": message,
+        **dict.fromkeys(ENDING_FIELDS),
+        **actors,
+        "details": details or {},
+    }
+
+
+def attempt_events(state: str, created: datetime, ended: datetime | None, cause: str) -> list[dict]:
+    """An attempt's events: placed (ACTIVE), then its ending with the ending's kind as cause."""
+    events = [
+        {"from_state": None, "to_state": "ACTIVE", "reason": "placing", "at": _iso(created), "cause": ""}
+    ]
+    if ended is not None:
+        events.append(
+            {"from_state": "ACTIVE", "to_state": state, "reason": "", "at": _iso(ended), "cause": cause}
+        )
+    return events
 
 
 def _loss_curve(attempts: int, steps_per_attempt: int) -> list[dict]:

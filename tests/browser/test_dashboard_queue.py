@@ -44,7 +44,8 @@ def fake() -> Iterator[tuple[FakeCluster, str]]:
 
 def populate(cluster: FakeCluster) -> None:
     """Four more waiting jobs around the fake cluster's own, one hostile, and a hostile team over quota."""
-    soon = _iso(datetime.now(timezone.utc) + timedelta(minutes=10))
+    now = datetime.now(timezone.utc)
+    soon = _iso(now + timedelta(minutes=10))
     jobs = [
         FakeJob(
             URGENT,
@@ -54,6 +55,8 @@ def populate(cluster: FakeCluster) -> None:
             priority=900,
             preemptible=False,
             waiting={"kind": "reserved", "message": RESERVED, "estimated_start": soon},
+            estimated_start=now + timedelta(minutes=10),
+            estimate_basis="max_runtime",
         ),
         FakeJob(
             PREEMPTED,
@@ -86,12 +89,18 @@ def populate(cluster: FakeCluster) -> None:
     ]
     with cluster.lock:
         cluster.jobs.update({job.id: job for job in jobs})
+        # The fake cluster's own waiting job: from how long its user's jobs of its shape ran.
+        cluster.jobs[PENDING_JOB].estimated_start = now + timedelta(minutes=12, seconds=10)
+        cluster.jobs[PENDING_JOB].estimate_basis = "similar_jobs"
         cluster.teams.append(
             {
                 "team": PWN_TEAM,
                 "members": [PWN_USER],
                 "quota": {"gpus": 2, "cpu_slots": 1},
                 "in_use": {"gpus": 3, "cpu_slots": 0},
+                "usage_device_hours": {"gpus": 30.25, "cpu_slots": 1.5},
+                "share": {"gpus": 2.0, "cpu_slots": 1.0},
+                "standing": 15.125,
             }
         )
 
@@ -143,15 +152,21 @@ def test_the_queue_lists_waiting_jobs_in_order_with_reasons_and_estimated_starts
     expect(urgent.locator(".cell-shape")).to_have_text("2 × 1 GPU")
     expect(urgent.locator(".wait-kind")).to_have_text("reserved")
     expect(urgent.locator(".wait-message")).to_have_text(RESERVED)
-    expect(urgent.locator(".estimated-start")).to_have_text(re.compile(r"^in (9|10)m \d\ds \("))
+    expect(urgent.locator(".estimated-start")).to_have_text(re.compile(r"^about (9|10) min \(.+\)$"))
+    expect(urgent.locator(".estimate-basis")).to_have_text("from max_runtime")
 
     preempted = page.locator(f"tr[data-job-id='{PREEMPTED}']")
     expect(preempted.locator(".badge")).to_have_text("PREEMPTING")
     expect(preempted.locator(".wait-kind")).to_have_text("preempting")
     expect(preempted.locator(".wait-message")).to_have_text(SAVING)
     expect(preempted.locator(".estimated-start")).to_have_text("unknown")
+    expect(preempted.locator(".estimate-basis")).to_have_count(0)
     expect(page.locator(f"tr[data-job-id='{PENDING_JOB}'] .wait-kind")).to_have_text("no fit")
     expect(page.locator(f"tr[data-job-id='{PENDING_JOB}'] .wait-message")).to_have_text(NO_FIT["message"])
+    similar = page.locator(f"tr[data-job-id='{PENDING_JOB}'] .cell-start")
+    expect(similar.locator(".estimated-start")).to_have_text(re.compile(r"^about 1[12] min \("))
+    expect(similar.locator(".estimate-basis")).to_have_text("from similar jobs")
+    expect(similar.locator(".estimate")).to_have_attribute("data-basis", "similar_jobs")
     quota = page.locator(f"tr[data-job-id='{OVER_QUOTA}']")
     expect(quota.locator(".wait-kind")).to_have_text("over quota")
     expect(quota.locator(".priority")).to_have_text("300 · normal")
@@ -169,7 +184,11 @@ def test_the_queue_lists_waiting_jobs_in_order_with_reasons_and_estimated_starts
     assert_nothing_hostile_ran(page)
     page.evaluate("window.__sameDocument = true")
 
-    # Refreshed without a reload: the urgent job is placed and leaves the queue.
+    # Refreshed without a reload: the jobs it waits for ran past their similar jobs' time...
+    cluster.jobs[PENDING_JOB].estimate_basis = "overdue"
+    expect(similar.locator(".estimated-start")).to_have_text("any time now")
+    expect(similar.locator(".estimate-basis")).to_have_text("running jobs it waits for are overdue")
+    # ... and the urgent job is placed and leaves the queue.
     cluster.jobs[URGENT].state = "SCHEDULED"
     expect(rows).to_have_count(4)
     expect(rows.first.locator(".job-link")).to_have_text("resnet-preempted")
@@ -200,6 +219,19 @@ def test_the_teams_panel_shows_quota_against_use(new_page, cluster_url) -> None:
     expect(hostile.locator(".cell-gpus .quota")).to_have_class(re.compile(r"\bover\b"))
     expect(hostile.locator(".cell-gpus")).to_contain_text("3 / 2 GPUs")
     expect(hostile.locator(".cell-gpus")).to_contain_text("borrowing idle capacity")
+    # Fair share over time: each team's standing and the recent use and share it rests on.
+    expect(vision.locator(".standing")).to_have_text("standing 2.625 h")
+    expect(vision.locator(".fair-share-basis")).to_have_text("10.5 GPU·h of a share of 4 GPUs, 2 slots")
+    expect(carol.locator(".standing")).to_have_text("standing 0 h")
+    expect(carol.locator(".fair-share-basis")).to_have_text("no recent use of a share of 2 GPUs, 2 slots")
+    expect(hostile.locator(".fair-share")).to_have_attribute("data-standing", "15.125")
+    expect(hostile.locator(".fair-share-basis")).to_have_text(
+        "30.25 GPU·h, 1.5 slot·h of a share of 2 GPUs, 1 slot"
+    )
+    assert "lowest standing" in (vision.locator(".fair-share").get_attribute("title") or "")
+    # The panel still fits a 1280 px window, the hostile team's long name included.
+    wrap = page.locator("#teams .table-wrap")
+    assert wrap.evaluate("(box) => box.scrollWidth <= box.clientWidth + 1")
     assert_nothing_hostile_ran(page)
 
     # The queue stays when the teams cannot be read, and the panel says why.

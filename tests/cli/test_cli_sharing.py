@@ -9,6 +9,7 @@ import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +18,16 @@ import pytest
 import uvicorn
 from coordinator_rows import place_task, register_request
 from in_process_coordinator import coordinator_settings
-from sqlalchemy import select
+from sqlalchemy import select, update
 from typer.testing import CliRunner
 
 from mwms.cli import connect, sharing_commands
 from mwms.cli.main import app
 from mwms.server.app import create_app
 from mwms.server.db.engine import Database
-from mwms.server.db.models import Job, Task, utcnow
+from mwms.server.db.models import Job, Task, TeamUsage, utcnow
+from mwms.server.schemas import JobCreate
+from mwms.server.services.jobs import cancel_job, create_job
 from mwms.server.services.tokens import Role, create_api_token
 from mwms.v1 import agent_pb2_grpc
 
@@ -251,3 +254,117 @@ def test_queue_lists_waiting_jobs(admin: Served, program: Path) -> None:
     assert entry["workers"] == 2 and entry["submitted_by"] == "admin" and "waiting" in entry
     table = runner.invoke(app, ["queue"])
     assert table.exit_code == 0 and job_id in table.stdout and "EST. START" in table.stdout
+
+
+@pytest.mark.parametrize(
+    ("entry", "expected"),
+    [
+        (
+            {"estimated_start": "2026-12-02T12:12:00Z", "estimate_basis": "similar_jobs"},
+            "about 12 min, from similar jobs",
+        ),
+        (
+            {"estimated_start": "2026-12-02T12:03:10Z", "estimate_basis": "max_runtime"},
+            "about 3 min, from max_runtime",
+        ),
+        (
+            {"estimated_start": "2026-12-02T14:14:00Z", "estimate_basis": "similar_jobs"},
+            "about 2 h 15 min, from similar jobs",
+        ),
+        (
+            {"estimated_start": "2026-12-05T13:00:00Z", "estimate_basis": "max_runtime"},
+            "about 3 days, from max_runtime",
+        ),
+        (
+            {"estimated_start": "2026-12-02T11:59:00Z", "estimate_basis": "max_runtime"},
+            "about now, from max_runtime",
+        ),
+        (
+            {"estimated_start": "2026-12-02T12:00:00Z", "estimate_basis": "overdue"},
+            "any time now (running jobs overdue)",
+        ),
+        ({"estimated_start": None, "estimate_basis": "unknown"}, "unknown"),
+        # A coordinator without estimates of its own: the reservation's time, from max_runtime.
+        ({"waiting": {"estimated_start": "2026-12-02T12:05:00Z"}}, "about 5 min, from max_runtime"),
+        ({"waiting": {"estimated_start": None}}, "unknown"),
+    ],
+)
+def test_estimated_starts_say_how_long_and_from_what(entry: dict[str, Any], expected: str) -> None:
+    now = datetime(2026, 12, 2, 12, 0, tzinfo=timezone.utc)
+    assert sharing_commands.estimate_text(entry, now) == expected
+
+
+def test_queue_estimates_a_start_from_the_users_similar_jobs(admin: Served, program: Path) -> None:
+    # dora's 1-worker CPU jobs ran 8, 10 and 12 minutes; her running one (no max_runtime) started 4 min ago.
+    started = utcnow().replace(microsecond=0) - timedelta(minutes=4)
+    running = place_task(admin.db, admin.agent_ids[1], digest=DIGEST, port=21050).job_id
+    with admin.db.write() as session:
+        for minutes in (8, 10, 12):
+            finished = started - timedelta(hours=1)
+            session.add(
+                Job(
+                    name="done",
+                    state="SUCCEEDED",
+                    bundle_digest=DIGEST,
+                    command=["python", "train.py"],
+                    num_workers=1,
+                    submitted_by="dora",
+                    created_at=finished - timedelta(minutes=minutes + 1),
+                    started_at=finished - timedelta(minutes=minutes),
+                    finished_at=finished,
+                )
+            )
+    with admin.db.write() as session:
+        session.execute(update(Job).where(Job.id == running).values(submitted_by="dora", started_at=started))
+    # High priority: ahead of what earlier tests left waiting (a job ahead that never ends holds it up).
+    argv = ["submit", str(program), "-n", "1", "--priority", "high", "--json", "--", "python", "train.py"]
+    submitted = runner.invoke(app, argv)
+    assert submitted.exit_code == 0, submitted.output
+    job_id = json.loads(submitted.stdout)["id"]
+
+    entry = next(entry for entry in mwms("queue", "--limit", "500")["jobs"] if entry["job_id"] == job_id)
+    assert entry["estimate_basis"] == "similar_jobs", entry
+    assert datetime.fromisoformat(entry["estimated_start"]) == started + timedelta(minutes=10)
+    table = runner.invoke(app, ["queue", "--limit", "500"], env={"COLUMNS": "250"})
+    assert table.exit_code == 0, table.output
+    row = next(line for line in table.stdout.splitlines() if job_id in line)
+    assert "about 6 min, from similar jobs" in row, table.stdout
+
+
+def test_queue_and_team_list_show_each_teams_fair_share(admin: Served) -> None:
+    """A team's recent use (device-hours, decayed), its share and its standing (that use over the share, in
+    hours of the whole share): after the queue for the teams waiting in it, and in `mwms team list`."""
+    with admin.db.write() as session:
+        spec = JobCreate(
+            bundle_digest=DIGEST, command=["python", "t.py"], workers=1, agents=["not-joined-yet"]
+        )
+        waiting = create_job(session, spec, submitted_by="fs-team").id
+        session.merge(TeamUsage(team="fs-team", kind="cpu", device_seconds=4.5 * 3600, as_of=utcnow()))
+
+    def fs_team() -> dict[str, Any]:
+        return next((team for team in mwms("team", "list") if team["team"] == "fs-team"), {})
+
+    # Shown once the coordinator's first reconciler pass has started the usage clock.
+    wait_until(lambda: fs_team().get("standing"), 30, "fs-team's standing")
+    team = fs_team()
+    assert team["usage_device_hours"] == {"gpus": 0.0, "cpu_slots": pytest.approx(4.5, abs=0.001)}
+    share = team["share"]["cpu_slots"]
+    assert 0 < share <= 2 and team["standing"] == pytest.approx(4.5 / share, rel=0.002)
+    standing = f"{team['standing']:.3g} h"
+
+    def row(argv: list[str]) -> str:
+        result = runner.invoke(app, argv)
+        assert result.exit_code == 0, result.output
+        return next(line for line in result.stdout.splitlines() if line.split()[:1] == ["fs-team"])
+
+    listed = row(["team", "list"])
+    assert "0 GPU-h, 4.5 CPU-h" in listed and standing in listed, listed
+    assert "STANDING" in runner.invoke(app, ["team", "list"]).stdout
+    queued = runner.invoke(app, ["queue", "--limit", "500"])
+    assert (
+        "fair share: within a priority, the team with the lowest STANDING + NOW goes first" in queued.stdout
+    )
+    line = row(["queue", "--limit", "500"])
+    assert standing in line and "0.00" in line and "0 GPU-h, 4.5 CPU-h" in line, line
+    with admin.db.write() as session:  # later tests read the queue
+        cancel_job(session, waiting)

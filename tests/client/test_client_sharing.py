@@ -79,6 +79,8 @@ def test_teams_quotas_and_priorities(coordinator: tuple[str, Database, str], pro
         waiting = dana.queue()
         assert all(isinstance(entry, QueueEntry) for entry in waiting)
         assert job.id in {entry.job_id for entry in waiting}
+        pinned = next(entry for entry in waiting if entry.job_id == job.id)
+        assert pinned.estimated_start is None and pinned.estimate_basis == "unknown"  # it waits for its agent
 
         assert admin.clear_quota("nlp").quota is None
         assert admin.remove_team_member("nlp", "dana").members == []

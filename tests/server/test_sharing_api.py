@@ -169,6 +169,10 @@ def test_team_membership_decides_a_new_jobs_team(coordinator: Coordinator) -> No
         "members": ["alice"],
         "quota": None,
         "in_use": {"gpus": 0, "cpu_slots": 0},
+        # Nobody runs or waits: were it to submit, its share would be both agents' slots.
+        "usage_device_hours": {"gpus": 0.0, "cpu_slots": 0.0},
+        "share": {"gpus": 0.0, "cpu_slots": 2.0},
+        "standing": 0.0,
     }
     assert coordinator.submit(alice).json()["team"] == "ml"
     assert coordinator.submit(bob).json()["team"] == "bob"  # a team of one
@@ -291,6 +295,7 @@ def test_the_queue_lists_waiting_jobs(coordinator: Coordinator) -> None:
     assert {entry["job_id"] for entry in body["jobs"]} >= waiting and body["total"] >= 3
     fields = {"position", "job_id", "name", "state", "team", "submitted_by", "priority", "workers"}
     fields |= {"gpus_per_worker", "memory_per_worker", "preemptible", "created_at", "waiting"}
+    fields |= {"estimated_start", "estimate_basis"}
     for entry in body["jobs"]:
         assert set(entry) == fields, entry
     assert sorted(entry["position"] for entry in body["jobs"]) == list(range(1, len(body["jobs"]) + 1))

@@ -19,6 +19,7 @@ import {
 } from "../format.js";
 import { LogViewer } from "../logs.js";
 import { startPolling } from "../poll.js";
+import { attemptStories } from "./attempts.js";
 import { JobDevices } from "./devices.js";
 import { JobStacks } from "./stacks.js";
 import { JobPreflight } from "./preflight.js";
@@ -307,20 +308,7 @@ export function mountJob(container, jobId) {
       replaceChildren(eventsBody, items.length ? h("ol", { class: "timeline", dataset: { testid: "events" } }, items) : emptyState("No state changes recorded.", null));
     }
     if (changed("attempts", job.attempt_history)) {
-      const rows = [...job.attempt_history].reverse().map((attempt) =>
-        h(
-          "tr",
-          null,
-          h("td", { class: "num" }, String(attempt.number)),
-          h("td", null, stateBadge(attempt.state)),
-          h("td", { class: "cell-message" }, clampedText(attempt.reason, { limit: 120 })),
-          h("td", { class: "nowrap" }, formatShortTime(attempt.created_at)),
-          h("td", { class: "nowrap" }, formatDuration(attempt.created_at, attempt.ended_at)),
-          h("td", { class: "num" }, String(attempt.tasks.length)),
-        ),
-      );
-      const columns = [{ label: "#", class: "num" }, { label: "State" }, { label: "Reason" }, { label: "Created" }, { label: "Lasted" }, { label: "Tasks", class: "num" }];
-      replaceChildren(attemptsBody, rows.length ? table(columns, rows) : emptyState("No attempts yet.", "An attempt starts when all workers are placed."));
+      replaceChildren(attemptsBody, attemptStories(job) || emptyState("No attempts yet.", "An attempt starts when all workers are placed."));
     }
   }
 

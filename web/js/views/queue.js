@@ -1,11 +1,13 @@
 // The queue as the scheduler sees it: every waiting job in placement order with why it waits and when it
-// may start, and the teams' quotas against what they use now. Refreshed every 2 s like the other views.
+// may start (estimated from running jobs' max_runtime, else from how long similar jobs ran, and saying
+// which), and the teams' quotas against what they use now with their fair share over time (standing).
+// Refreshed every 2 s like the other views.
 
 import { API, getJson, describeError, UnreachableError } from "../api.js";
 import { clampedText, emptyState, h, panel, replaceChildren, stateBadge, table } from "../dom.js";
-import { formatInteger, formatShape } from "../format.js";
+import { formatInteger, formatNumber, formatShape } from "../format.js";
 import { startPolling } from "../poll.js";
-import { estimatedStart, priorityText, waitKindBadge } from "../waiting.js";
+import { priorityText, queueEstimate, waitKindBadge } from "../waiting.js";
 
 const PAGE_SIZE = 50;
 
@@ -21,7 +23,10 @@ const QUEUE_COLUMNS = [
   { label: "Estimated start" },
 ];
 
-const TEAM_COLUMNS = [{ label: "Team" }, { label: "Members" }, { label: "GPUs" }, { label: "CPU slots" }];
+const TEAM_COLUMNS = [{ label: "Team" }, { label: "Members" }, { label: "GPUs" }, { label: "CPU slots" }, { label: "Fair share" }];
+const STANDING_HINT =
+  "Standing: the team's recent use (device-hours, counting half after each half-life) over its share, in hours of its whole share. " +
+  "Within a priority, the team with the lowest standing plus the part of its share in use goes first.";
 
 function queueRow(row) {
   const waiting = row.waiting || {};
@@ -41,7 +46,7 @@ function queueRow(row) {
       waiting.kind ? waitKindBadge(waiting.kind) : null,
       waiting.message ? h("div", { class: "wait-message" }, clampedText(waiting.message, { limit: 160 })) : null,
     ),
-    h("td", { class: "cell-start" }, estimatedStart(waiting)),
+    h("td", { class: "cell-start" }, queueEstimate(row)),
   );
 }
 
@@ -62,6 +67,28 @@ function quotaCell(used, cap, unit, hasQuota) {
   );
 }
 
+/** "1.2 GPU·h, 3 slot·h" (or "4 GPUs, 1 slot") of {gpus, cpu_slots}; the kinds at 0 left out. */
+function amountsText(amounts, [gpu, gpus], [slot, slots]) {
+  const parts = [];
+  for (const [value, one, many] of [[Number(amounts?.gpus), gpu, gpus], [Number(amounts?.cpu_slots), slot, slots]]) {
+    if (value > 0) parts.push(`${formatNumber(value)} ${value === 1 ? one : many}`);
+  }
+  return parts.join(", ");
+}
+
+/** A team's fair share over time: its standing, and the recent use and share it rests on. */
+function fairShareCell(team) {
+  if (team.standing === undefined || team.standing === null) return h("span", { class: "muted" }, "–");
+  const used = amountsText(team.usage_device_hours, ["GPU·h", "GPU·h"], ["slot·h", "slot·h"]) || "no recent use";
+  const share = amountsText(team.share, ["GPU", "GPUs"], ["slot", "slots"]) || "no devices online";
+  return h(
+    "div",
+    { class: "fair-share", dataset: { standing: String(team.standing) }, title: STANDING_HINT },
+    h("span", { class: "standing" }, `standing ${formatNumber(Number(team.standing))} h`),
+    h("span", { class: "muted small fair-share-basis" }, `${used} of a share of ${share}`),
+  );
+}
+
 function teamRow(team) {
   const quota = team.quota || null;
   const used = team.in_use || {};
@@ -73,6 +100,7 @@ function teamRow(team) {
     h("td", { class: "cell-members" }, members.length ? h("span", { class: "tags" }, members.map((member) => h("code", { class: "tag" }, member))) : h("span", { class: "muted" }, "a team of one")),
     h("td", { class: "cell-gpus" }, quotaCell(used.gpus, quota ? quota.gpus : null, "GPUs", Boolean(quota))),
     h("td", { class: "cell-cpus" }, quotaCell(used.cpu_slots, quota ? quota.cpu_slots : null, "slots", Boolean(quota))),
+    h("td", { class: "cell-fair-share" }, fairShareCell(team)),
   );
 }
 
