@@ -110,7 +110,8 @@ async def timed_step(self):
         await step_of(self)
     finally:
         if self.passes_run != before and self.last_pass_s is not None:
-            log.write(f"pass {time.time():.3f} {self.last_pass_s:.6f}\\n")
+            parts = " ".join(f"{k}={v:.4f}" for k, v in self.last_pass_phases.items())
+            log.write(f"pass {time.time():.3f} {self.last_pass_s:.6f} {parts}\\n")
         log.write(f"step {time.time():.3f} {time.perf_counter() - start:.6f}\\n")
 loops.BackgroundLoops._schedule = timed_step
 from mwms.cli.main import app
@@ -167,7 +168,7 @@ class TimedCluster(Cluster):
         result = []
         for line in lines:
             parts = line.split()
-            if len(parts) == 3 and parts[0] == kind and since_unix <= float(parts[1]) < until_unix:
+            if len(parts) >= 3 and parts[0] == kind and since_unix <= float(parts[1]) < until_unix:
                 result.append(float(parts[2]))
         return result
 

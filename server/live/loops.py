@@ -79,6 +79,7 @@ class BackgroundLoops:
             else None
         )
         self.last_pass_s: float | None = None  # the last pass's own time (benchmarks)
+        self.last_pass_phases: dict[str, float] = {}  # and its parts (scheduling.schedule_pass)
         self.passes_run = 0
         self._pokes = self._pokes_seen = 0
         self._idle = False
@@ -275,7 +276,7 @@ class BackgroundLoops:
         async def one_pass() -> None:
             if self.scheduler is not None:
                 result = await self.scheduler.run_pass(held)
-                self.last_pass_s = result.seconds
+                self.last_pass_s, self.last_pass_phases = result.seconds, result.phases
                 touched = result.touched
             else:
                 touched = await asyncio.to_thread(run)

@@ -35,7 +35,7 @@ class PassResult:
     touched: list[str]
     seconds: float  # the pass's own time, in the scheduler process
     metrics: int = 0  # metric records replayed here
-    extra: dict[str, Any] = field(default_factory=dict)
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per part (scheduling.schedule_pass)
 
 
 class SchedulerProcess:
@@ -77,6 +77,7 @@ class SchedulerProcess:
             touched=[str(a) for a in reply.get("touched") or []],
             seconds=float(reply.get("seconds") or 0.0),
             metrics=replayed,
+            phases={str(k): float(v) for k, v in (reply.get("phases") or {}).items()},
         )
 
     async def _running(self) -> asyncio.subprocess.Process:

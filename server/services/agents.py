@@ -18,6 +18,7 @@ from mwms.server.observability.event_log import log_after_commit
 from mwms.server.observability.instruments import count_registration
 from mwms.server.poison import contain
 from mwms.server.services.agent_references import find_agent
+from mwms.server.services.json_values import as_text, parsed
 from mwms.server.services.lifecycle import mark_task_lost
 from mwms.server.services.placement import AgentCapacity
 from mwms.server.states import DEVICE_HOLDING_TASK_STATES, TaskState
@@ -317,11 +318,11 @@ def capacities(
     held: dict[str, list[tuple[list[Any], int]]] = {}
     promised: dict[str, int] = {}  # agent id -> the memory_per_worker of the tasks holding its devices
     for agent_id, indices, port, memory in session.execute(
-        select(Task.agent_id, Task.device_indices, Task.port, Job.memory_per_worker)
+        select(Task.agent_id, as_text(Task.device_indices), Task.port, Job.memory_per_worker)
         .join(Job, Job.id == Task.job_id)
         .where(Task.state.in_(DEVICE_HOLDING_TASK_STATES))
     ):
-        held.setdefault(agent_id, []).append((indices, port))
+        held.setdefault(agent_id, []).append((parsed(indices), port))
         if memory:
             promised[agent_id] = promised.get(agent_id, 0) + int(memory)
     refused = refused_ports_by_agent(session, now)
@@ -330,7 +331,7 @@ def capacities(
             Agent.id,
             Agent.name,
             Agent.advertise_address,
-            Agent.devices,
+            as_text(Agent.devices),
             Agent.port_low,
             Agent.port_high,
             Agent.memory_bytes,
@@ -339,21 +340,22 @@ def capacities(
         .order_by(Agent.name)
     ).all()
     result = []
-    for agent_id, name, address, devices, port_low, port_high, memory_bytes in rows:
+    for agent_id, name, address, devices_json, port_low, port_high, memory_bytes in rows:
         if connected is not None and agent_id not in connected:
             continue
         try:
+            devices = parsed(devices_json)
             tasks = held.get(agent_id, [])
-            busy = {int(i) for indices, _ in tasks for i in indices}
-            indices = tuple(int(d["index"]) for d in devices)
+            busy = {int(i) for held_indices, _ in tasks for i in held_indices}
+            device_ids: tuple[int, ...] = tuple(int(d["index"]) for d in devices)
             result.append(
                 AgentCapacity(
                     agent_id=agent_id,
                     name=name,
                     address=address,
                     device_kind=devices[0]["kind"] if devices else "cpu",
-                    all_devices=indices,
-                    free_devices=tuple(i for i in indices if i not in busy),
+                    all_devices=device_ids,
+                    free_devices=tuple(i for i in device_ids if i not in busy),
                     port_low=port_low,
                     port_high=port_high,
                     used_ports=frozenset({port for _, port in tasks} | refused.get(agent_id, set())),

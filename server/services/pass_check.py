@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from prometheus_client import Counter
@@ -97,17 +97,28 @@ def _free_after(
     return result
 
 
-def _fits(agents: Sequence[AgentCapacity], job: WaitingJob) -> list[str] | None:
-    """The agents a placement of `job` on `agents` would use, or None when it does not fit."""
-    units = sum(
-        fitting_now(a, job.per_worker, job.memory_per_worker) for a in agents if a.device_kind == job.kind
-    )
-    if units < job.workers:
-        return None
-    tasks = place_gang(
-        list(agents), job.workers, job.gpus_per_worker, random.Random(0), job.memory_per_worker
-    )
-    return sorted({t.agent_id for t in tasks}) if isinstance(tasks, list) else None
+class _Capacity:
+    """Agents as a pass left them, with the workers of each shape they hold counted once per shape."""
+
+    def __init__(self, agents: list[AgentCapacity]) -> None:
+        self.agents = agents
+        self._units: dict[tuple[str, int, int], int] = {}
+
+    def fits(self, job: WaitingJob) -> list[str] | None:
+        """The agents a placement of `job` would use, or None when it does not fit."""
+        key = (job.kind, job.per_worker, job.memory_per_worker)
+        if key not in self._units:
+            self._units[key] = sum(
+                fitting_now(a, job.per_worker, job.memory_per_worker)
+                for a in self.agents
+                if a.device_kind == job.kind
+            )
+        if self._units[key] < job.workers:
+            return None
+        tasks = place_gang(
+            self.agents, job.workers, job.gpus_per_worker, random.Random(0), job.memory_per_worker
+        )
+        return sorted({t.agent_id for t in tasks}) if isinstance(tasks, list) else None
 
 
 def violations(inputs: PlanInputs, plan: Plan) -> list[Violation]:
@@ -120,9 +131,10 @@ def violations(inputs: PlanInputs, plan: Plan) -> list[Violation]:
     for decision in plan.preemptions:
         for agent_id, devices in decision.hold.items():
             held.setdefault(agent_id, set()).update(devices)
-    offer = _free_after(inputs.offer, plan, held)
-    everything = offer + _free_after(inputs.connecting, plan, held)
-    names = {a.agent_id: a.name for a in everything}
+    offered_now = _free_after(inputs.offer, plan, held)
+    offer = _Capacity(offered_now)
+    everything = _Capacity(offered_now + _free_after(inputs.connecting, plan, held))
+    names = {a.agent_id: a.name for a in everything.agents}
     offered = {a.agent_id for a in inputs.offer}
     found: list[Violation] = []
     seen: dict[tuple[str, int, int, int], tuple[bool, list[str] | None]] = {}
@@ -135,8 +147,8 @@ def violations(inputs: PlanInputs, plan: Plan) -> list[Violation]:
             continue  # the reason names the quota, reservation or hold that keeps it
         shape = (job.kind, job.per_worker, job.workers, job.memory_per_worker)
         if shape not in seen:
-            placed_on = _fits(offer, job)
-            seen[shape] = (placed_on is not None, placed_on or _fits(everything, job))
+            placed_on = offer.fits(job)
+            seen[shape] = (placed_on is not None, placed_on or everything.fits(job))
         fits_offer, agents = seen[shape]
         if agents is None or (kind == "connecting" and not fits_offer):
             continue  # fits nowhere, or only once agents connect, which its reason says

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable, Collection, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -27,6 +28,7 @@ from mwms.server.poison import contain, isolated
 from mwms.server.services import device_claims, fair_share, pass_check, teams
 from mwms.server.services.agents import capacities
 from mwms.server.services.jobs import NEVER_S
+from mwms.server.services.json_values import as_text, parsed
 from mwms.server.services.lifecycle import (
     attempt_placed,
     open_attempt,
@@ -110,36 +112,59 @@ def schedule_pass(
     connected: frozenset[str] | None = None,
     policy: SharingPolicy | None = None,
     waiting_jobs: WaitingJobs | None = None,
+    phases: dict[str, float] | None = None,
 ) -> list[str]:
     """One pass as the coordinator runs it: it plans in a read transaction and takes the writer only to
     release waiting jobs and to apply the plan, so submits, reports and heartbeats wait at most for those.
 
     Only this loop places tasks, so what it read stays true but for tasks ending (which frees devices)
     and agents leaving or being cordoned; apply_plan checks those again before it places.
+    `phases`, when given, receives the seconds each part took: release, read, plan, check, apply.
     """
     now = now or utcnow()
     policy = policy or SharingPolicy()
+    clock = _Phases(phases)
     with db.read() as session:
         releasable = session.scalar(select(func.count()).select_from(Job).where(Job.state.in_(_RELEASABLE)))
     if releasable:
         with db.write() as session:
             release_waiting(session, now)
+    clock.lap("release")
     quiet = waiting_jobs.quiet_key if waiting_jobs is not None else None
     with db.read() as session:
         inputs = read_inputs(session, now, connected, policy, waiting_jobs, unless_same_as=quiet)
+        clock.lap("read")
         plan = plan_pass(inputs) if inputs.order else None
+        clock.lap("plan")
         if plan is not None:
             pass_check.check(inputs, plan)
+        clock.lap("check")
     decided = plan is not None and bool(plan.placements or plan.preemptions)
     touched: list[str] = []
     if plan is not None and (decided or _changed_reasons(inputs, plan)):
         with db.write() as session:
             touched = apply_plan(session, inputs, plan, policy, now)
+    clock.lap("apply")
     if (
         waiting_jobs is not None
     ):  # a pass that placed and preempted nothing decides the same on the same inputs
         waiting_jobs.quiet_key = None if decided else inputs.key
     return touched
+
+
+class _Phases:
+    """Seconds per part of a pass, into `into` (nothing when None)."""
+
+    def __init__(self, into: dict[str, float] | None) -> None:
+        self._into = into
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        if self._into is None:
+            return
+        now = time.perf_counter()
+        self._into[name] = self._into.get(name, 0.0) + now - self._last
+        self._last = now
 
 
 def apply_plan(
@@ -250,7 +275,11 @@ def read_inputs(
     running = read_running(session, now, policy)
     usage = _usage(running)
     quotas = {q.team: {"gpu": q.gpus, "cpu": q.cpu_slots} for q in teams.quotas(session).values()}
-    history = fair_share.read_history(session, now)  # coarse, so that it changes the key seldom
+    history = (
+        waiting_jobs.history(session, now)
+        if waiting_jobs is not None
+        else fair_share.read_history(session, now)
+    )
     totals = _totals(offered)
     known = (
         [(a, n) for a, n in session.execute(select(Agent.id, Agent.name).where(Agent.removed_at.is_(None)))]
@@ -270,7 +299,7 @@ def read_inputs(
         return PlanInputs(order=[], offer=[], cordoned=[], running=[], usage={}, quotas={}, now=now, key=key)
     return PlanInputs(
         key=key,
-        order=queue_order(waiting, usage, totals, quotas, history),
+        order=_ordered(waiting_jobs, waiting, usage, totals, quotas, history),
         offer=offer,
         cordoned=cordoned,
         running=running,
@@ -280,6 +309,33 @@ def read_inputs(
         known_agents=known,
         connecting=connecting,
     )
+
+
+def _ordered(
+    waiting_jobs: WaitingJobs | None,
+    waiting: list[WaitingJob],
+    usage: Mapping[str, Mapping[str, int]],
+    totals: Mapping[str, int],
+    quotas: Mapping[str, Mapping[str, int | None]],
+    history: Any,
+) -> list[WaitingJob]:
+    """queue_order(...), kept in the waiting-jobs cache while its inputs stay the same: a pass that plans
+    again because an agent or a running job changed orders 10,000 jobs as the last one did."""
+    if waiting_jobs is None:
+        return queue_order(waiting, usage, totals, quotas, history)
+    key = (
+        waiting_jobs.version,
+        tuple(sorted((team, tuple(sorted(used.items()))) for team, used in usage.items())),
+        tuple(sorted(totals.items())),
+        tuple(sorted((team, tuple(sorted(q.items()))) for team, q in quotas.items())),
+        fair_share.history_key(history),
+    )
+    cached = waiting_jobs.order
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    order = queue_order(waiting, usage, totals, quotas, history)
+    waiting_jobs.order = (key, order)
+    return order
 
 
 def _option(session: Session, name: str) -> Any:
@@ -399,9 +455,9 @@ def read_running(session: Session, now: datetime, policy: SharingPolicy) -> list
     planning needs; a job whose row cannot be read is left out (and counted), not the pass.
     """
     tasks = session.execute(
-        select(Task.job_id, Task.attempt_id, Task.agent_id, Task.device_kind, Task.device_indices).where(
-            Task.state.in_(DEVICE_HOLDING_TASK_STATES)
-        )
+        select(
+            Task.job_id, Task.attempt_id, Task.agent_id, Task.device_kind, as_text(Task.device_indices)
+        ).where(Task.state.in_(DEVICE_HOLDING_TASK_STATES))
     ).all()
     if not tasks:
         return []
@@ -451,7 +507,7 @@ def read_running(session: Session, now: datetime, policy: SharingPolicy) -> list
     first: dict[str, Any] = {}
     for task in tasks:
         first.setdefault(task.job_id, task)
-        devices.setdefault(task.job_id, {}).setdefault(task.agent_id, []).extend(task.device_indices)
+        devices.setdefault(task.job_id, {}).setdefault(task.agent_id, []).extend(parsed(task[4]))
         per_agent = placed.setdefault(task.job_id, {})
         per_agent[task.agent_id] = per_agent.get(task.agent_id, 0) + 1
     result = []

@@ -20,11 +20,15 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from mwms.server.db.models import Job, JobEvent
+from mwms.server.services import fair_share
 from mwms.server.services.queue_order import WaitingJob
 from mwms.server.services.scheduling import WAITING_STATES, hold_of, read_holds, read_waiting
 
 FULL_READ_S = 600.0
 REREAD_EVENTS = 200
+# Fair share's usage (server/services/fair_share.py) is read again at most this often: it decays over hours
+# and grows by the second, and each new value would make a pass order 10,000 jobs again.
+HISTORY_READ_S = 30.0
 
 
 class WaitingJobs:
@@ -39,6 +43,15 @@ class WaitingJobs:
         self.version: Hashable = None
         # The inputs key of the last pass when it decided nothing (server/services/scheduling.py).
         self.quiet_key: Hashable = None
+        # The queue order of the last pass, with the inputs it was made from (scheduling._ordered).
+        self.order: tuple[Hashable, list[WaitingJob]] | None = None
+        self._history: tuple[datetime, fair_share.PerTeam] | None = None
+
+    def history(self, session: Session, now: datetime) -> fair_share.PerTeam:
+        """The teams' fair-share usage (fair_share.read_history), read again every HISTORY_READ_S."""
+        if self._history is None or not (0 <= (now - self._history[0]).total_seconds() < HISTORY_READ_S):
+            self._history = (now, fair_share.read_history(session, now))
+        return self._history[1]
         self._held: set[str] = set()  # jobs the cache holds with a hold
         self._priorities: int | None = None  # the sum of the cached jobs' priorities; None: sum again
 
