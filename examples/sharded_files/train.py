@@ -1,16 +1,18 @@
 """File-based input under MultiWorkerMirroredStrategy: experimental_distribute_dataset with explicit sharding.
 
-Writes a few small CSV text files (deterministic content: ``id,x,y`` with y = 3x + 1) into the task's
-working directory, reads them with ``TextLineDataset`` and picks the auto-shard policy explicitly: FILE
-when there is at least one file per worker (each worker reads its own files), DATA otherwise (every worker
-reads everything and keeps its share of the elements). Fits y = w*x + b and prints which example ids this
-worker saw.
+Writes a few small CSV text files (deterministic content: ``id,x,y`` with y = 3x + 1) into the temporary
+directory (``TMPDIR``: under mwms a per-task one, since a task's working directory, its bundle, is
+read-only; ``/tmp`` when run by hand; ``--data-dir`` picks another), reads them with ``TextLineDataset``
+and picks the auto-shard policy explicitly: FILE when there is at least one file per worker (each worker
+reads its own files), DATA otherwise (every worker reads everything and keeps its share of the elements).
+Fits y = w*x + b and prints which example ids this worker saw.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 
 import tensorflow as tf
 
@@ -45,7 +47,11 @@ def main() -> None:
     parser.add_argument("--num-files", type=int, default=4)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--global-batch-size", type=int, default=8)
-    parser.add_argument("--data-dir", default="data")
+    parser.add_argument(
+        "--data-dir",
+        default=os.path.join(tempfile.gettempdir(), "sharded_files"),
+        help="where the CSV files are written (default: sharded_files in TMPDIR, else /tmp)",
+    )
     args = parser.parse_args()
 
     strategy = mwms_runtime.strategy()  # before any other TensorFlow API
