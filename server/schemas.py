@@ -257,7 +257,13 @@ class EnvironmentOut(BaseModel):
 
 
 class JobCreate(BaseModel):
-    """What `POST /api/v1/jobs` takes."""
+    """What `POST /api/v1/jobs` takes.
+
+    Rules across fields, which JSON Schema cannot state, refused with 422 naming the rule: `agents`, when
+    given, names exactly `workers` agents; `command`'s arguments together are at most
+    MWMS_MAX_COMMAND_BYTES bytes; `env`'s names and values together are at most MWMS_MAX_ENV_TOTAL_BYTES
+    bytes. A `bundle_digest` that no uploaded bundle has is a 404.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
@@ -419,6 +425,11 @@ class TaskOut(BaseModel):
         description="the memory limit its agent applied: the job's memory_per_worker, else the agent's "
         "share for tasks; null: none reported",
     )
+    ended_attempt: bool = Field(
+        default=False,
+        description="its own failure (or its lost agent) ended its attempt: the worker that failed; the "
+        "others were stopped because of it",
+    )
 
 
 # A job shows this many of its newest attempts (attempt_history); `attempts` counts them all.
@@ -534,6 +545,11 @@ class JobOut(JobSummary):
     preemption_grace_seconds: int | None = Field(default=None, description="as submitted")
     environment: EnvironmentOut | None = Field(default=None, description="the job's own Python environment")
     tasks: list[TaskOut] = Field(description="tasks of the newest attempt")
+    latest_stacks: str | None = Field(
+        default=None,
+        description="the id of the job's newest stack dump (GET /api/v1/jobs/{id}/stacks answers it); null: "
+        "none taken yet, and that GET answers 404",
+    )
     attempt_history: list[AttemptOut] = Field(
         description=f"the newest {ATTEMPTS_SHOWN} attempts, oldest first; `attempts` counts them all"
     )

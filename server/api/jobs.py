@@ -117,7 +117,8 @@ def create_job(
     ] = None,
 ) -> JobOut:
     """Submits a job as the caller; it starts PENDING and is gang-placed when every worker fits. A job that
-    no set of the registered agents could ever hold is refused (409, saying what the cluster has)."""
+    no set of the registered agents could ever hold is refused (409, saying what the cluster has); a
+    bundle_digest no uploaded bundle has is a 404, and a rule across fields (see JobCreate) a 422."""
     with wiring.db.write() as session:
         job, created = idempotency.find_or_create_job(
             session, spec, caller.user, idempotency_key, submit_policy(caller, wiring)

@@ -32,9 +32,24 @@ from mwms.server.services.telemetry import Progress
 from mwms.server.services.views import AgentView, JobView
 from mwms.server.states import JobState
 
+# The endings that name the task whose own failure (or lost agent) ended the attempt.
+FAILED_TASK_ENDINGS = ("task_failed", "agent_lost")
 
-def task_out(task: Task, view: JobView) -> TaskOut:
-    """A task of `view`'s job, with its agent's name and its GPUs' UUIDs."""
+
+def failed_task_index(attempt: Attempt) -> int | None:
+    """The index of the task whose failure ended `attempt` (its ending's `task`); None for other endings."""
+    if attempt.ended_at is None:
+        return None
+    ending = next((e for e in reversed(list(attempt.events)) if e.to_state == attempt.state), None)
+    if ending is None or ending.cause not in FAILED_TASK_ENDINGS:
+        return None
+    index = (ending.details or {}).get("task")
+    return index if isinstance(index, int) else None
+
+
+def task_out(task: Task, view: JobView, failed_task: int | None = None) -> TaskOut:
+    """A task of `view`'s job, with its agent's name and its GPUs' UUIDs; `failed_task`: the index of the
+    task whose failure ended its attempt."""
     return TaskOut(
         id=task.id,
         index=task.index,
@@ -56,6 +71,7 @@ def task_out(task: Task, view: JobView) -> TaskOut:
         environment_build_seconds=task.environment_build_s,
         peak_memory_bytes=task.peak_memory_bytes,
         memory_limit_bytes=task.memory_limit_bytes,
+        ended_attempt=failed_task == task.index,
     )
 
 
@@ -126,7 +142,7 @@ def attempt_out(attempt: Attempt, view: JobView) -> AttemptOut:
         reason=attempt.reason,
         created_at=attempt.created_at,
         ended_at=attempt.ended_at,
-        tasks=[task_out(t, view) for t in attempt.tasks],
+        tasks=[task_out(t, view, failed_task_index(attempt)) for t in attempt.tasks],
         ended=ending_out(attempt, ending) if attempt.ended_at is not None else None,
         events=[
             AttemptEventOut(
@@ -161,6 +177,7 @@ def job_out(view: JobView) -> JobOut:
     job = view.job
     summary = job_summary(job, len(job.attempts), view.progress)
     options = job.options
+    newest = job.attempts[-1] if job.attempts else None
     return JobOut(
         **summary.model_dump(),
         command=list(job.command),
@@ -174,7 +191,8 @@ def job_out(view: JobView) -> JobOut:
         agents=options.get("agents"),
         preemption_grace_seconds=options.get("preemption_grace_seconds"),
         environment=environment_out(job.environment),
-        tasks=[task_out(t, view) for t in (job.attempts[-1].tasks if job.attempts else [])],
+        tasks=[task_out(t, view, failed_task_index(newest)) for t in newest.tasks] if newest else [],
+        latest_stacks=view.latest_stacks,
         attempt_history=[attempt_out(a, view) for a in job.attempts[-ATTEMPTS_SHOWN:]],
         events=[
             JobEventOut(from_state=e.from_state, to_state=e.to_state, reason=e.reason, at=e.at)

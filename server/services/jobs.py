@@ -72,7 +72,8 @@ def create_job(
     """
     (policy or SubmitPolicy()).check(spec.priority, spec.preemptible, spec.preemption_grace_seconds)
     if session.get(Bundle, spec.bundle_digest) is None:
-        raise InvalidInput(
+        # 404 like every other unknown resource a request names (a schema-valid digest no bundle has).
+        raise NotFound(
             f"unknown bundle digest {spec.bundle_digest}: upload the program with POST /api/v1/bundles "
             "and use the digest it returns"
         )

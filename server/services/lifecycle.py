@@ -131,6 +131,21 @@ def request_stop(task: Task, reason: str, grace_s: int | None = None) -> None:
             task.stop_grace_s = grace_s
 
 
+def worker_failed_reason(failed: Task) -> str:
+    """What a peer of `failed` reads when it is stopped because `failed` ended on its own."""
+    what = "was lost" if failed.state == TaskState.LOST.value else "failed"
+    return f"stopped because worker {failed.index} {what}"
+
+
+def peer_stop_reason(ending: AttemptEnding | None) -> str:
+    """What the tasks still running read when their attempt fails: the worker that failed, when one did."""
+    failed = ending.details.get("task") if ending is not None else None
+    if not isinstance(failed, int) or ending is None:
+        return "stopped because its attempt failed"
+    what = "was lost" if ending.kind == "agent_lost" else "failed"
+    return f"stopped because worker {failed} {what}"
+
+
 def last_log_lines(session: Session, task: Task, count: int = FAILURE_LOG_LINES) -> list[str]:
     """The task's last `count` log lines, oldest first (each line's newest state: no redrawn ones)."""
     rows = session.scalars(
@@ -393,7 +408,7 @@ def fail_attempt(
     if attempt.state != AttemptState.ACTIVE.value:
         return
     for task in attempt.tasks:
-        request_stop(task, f"attempt {attempt.number} ended: another task failed", stop_grace_for(job))
+        request_stop(task, peer_stop_reason(ending), stop_grace_for(job))
     tail = ("\nlast log lines:\n" + "\n".join(log_tail)) if log_tail else ""
     ended = JobState(job.state).terminal  # a job already ended keeps its ending: no restart
     max_restarts = 0 if ended else int(restart_policy_value(job, "max_restarts"))
@@ -531,11 +546,7 @@ def after_task_change(
     elif state in (TaskState.FAILED, TaskState.STOPPED, TaskState.LOST):
         if _is_cause(task):
             for other in attempt.tasks:
-                request_stop(
-                    other,
-                    f"attempt {attempt.number} is ending: task {task.index} failed",
-                    stop_grace_for(job),
-                )
+                request_stop(other, worker_failed_reason(task), stop_grace_for(job))
         _settle_failed_attempt(session, job, attempt, backoff_base_s, now)
 
 

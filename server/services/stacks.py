@@ -215,6 +215,16 @@ def count_answered(session: Session, request_id: str) -> int:
     return sum(1 for d in dumps if answered(d))
 
 
+def latest_request_id(session: Session, job_id: str) -> str | None:
+    """The id of the job's newest stack request (what GET /api/v1/jobs/{id}/stacks shows); None: none yet."""
+    return session.scalars(
+        select(StackRequest.id)
+        .where(StackRequest.job_id == job_id)
+        .order_by(StackRequest.requested_at.desc(), StackRequest.id.desc())
+        .limit(1)
+    ).first()
+
+
 def read_stack_request(session: Session, job_id: str, request_id: str | None = None) -> StackRequest:
     """A job's newest stack request (or the one named) with its dumps, ordered by task index."""
     job = get_job(session, job_id)

@@ -59,6 +59,7 @@ class JobView:
     agent_names: dict[str, str]
     progress: Progress
     gpu_uuids: GpuUuids = field(default_factory=dict)  # of its tasks' agents, by agent id then index
+    latest_stacks: str | None = None  # the id of its newest stack dump; None: none taken yet
 
     def device_uuids(self, task: Task) -> list[str]:
         """The UUIDs of `task`'s GPUs, in the order of its device_indices, from its agent's registration."""
@@ -165,7 +166,13 @@ def job_view(session: Session, job: Job) -> JobView:
     """`job` with its agents' names and progress; load it with jobs.read_job so its attempts, tasks and
     events come in fixed queries."""
     names, uuids = agent_names_and_gpu_uuids(session, {t.agent_id for a in job.attempts for t in a.tasks})
-    return JobView(job=job, agent_names=names, progress=latest_progress(session, job), gpu_uuids=uuids)
+    return JobView(
+        job=job,
+        agent_names=names,
+        progress=latest_progress(session, job),
+        gpu_uuids=uuids,
+        latest_stacks=stacks.latest_request_id(session, job.id),
+    )
 
 
 def read_job_view(session: Session, job_id: str) -> JobView:

@@ -103,15 +103,20 @@ def _task(
         "state": state,
         "exit_code": exit_code,
         "message": "exited with code 0" if exit_code == 0 else "",
+        "pid": 4100 + index if exit_code is None else None,
         "device_kind": "gpu",
         "device_indices": [index],
+        "device_uuids": [],
         "tf_config": f'{{"cluster": {{"worker": ["{workers[0]}", "{workers[1]}"]}}, '
         f'"task": {{"type": "worker", "index": {index}}}}}',
         "started_at": _iso(created + timedelta(minutes=3 * (attempt - 1), seconds=20)),
         "ended_at": _iso(created + timedelta(minutes=9)) if exit_code is not None else None,
+        "environment": "",
+        "environment_build_seconds": None,
         # Worker 0 reported its peak memory (1.2 GiB), worker 1 only the limit its agent applied.
         "peak_memory_bytes": 1288490188 if index == 0 else None,
         "memory_limit_bytes": 8 * 2**30,
+        "ended_attempt": False,
     }
 
 
@@ -265,6 +270,7 @@ class FakeJob:
             "startup_timeout_seconds": 300.0,
             "max_runtime_seconds": None,
             "tasks": tasks,
+            "latest_stacks": None,
             "attempt_history": history,
             "events": events,
         }
@@ -655,6 +661,35 @@ def create_fake_app(cluster: FakeCluster) -> FastAPI:
                 "created_at": _iso(T0),
             },
         ]
+
+    @app.get("/api/v1/jobs/{job_id}/devices")
+    def job_devices(job_id: str) -> dict:
+        # Its tasks' GPUs, without telemetry (the fake's agents sample none).
+        job = get_job(job_id)
+        tasks = [
+            {
+                "task_index": task["index"],
+                "agent_id": task["agent_id"],
+                "agent_name": task["agent_name"],
+                "device_kind": task["device_kind"],
+                "device_indices": task["device_indices"],
+                "device_uuids": [],
+                "started_at": task["started_at"],
+                "ended_at": task["ended_at"],
+                "series": [],
+            }
+            for task in job.detail()["tasks"]
+        ]
+        return {"job_id": job.id, "attempt": job.attempts, "bucket_seconds": 10, "tasks": tasks}
+
+    @app.get("/api/v1/jobs/{job_id}/preflight")
+    def job_preflight(job_id: str) -> dict:
+        return {"job_id": get_job(job_id).id, "attempts": []}
+
+    @app.get("/api/v1/jobs/{job_id}/stacks")
+    def latest_stacks(job_id: str) -> dict:
+        # Like the coordinator: 404 until a dump was taken (a job's latest_stacks names the newest).
+        raise HTTPException(404, f"no stacks of job {get_job(job_id).id} were dumped yet")
 
     @app.get("/api/v1/jobs/{job_id}/artifacts/{path:path}")
     def artifact(job_id: str, path: str) -> PlainTextResponse:

@@ -1,6 +1,7 @@
 """A user's first hour on the dashboard, against the fake coordinator (tests/browser/fake_api.py): the charts
 follow a job to its last point after it ends (a cancelled job's workers train on while they stop), and the
-job page's tables fit a 1280 px window with long artifact paths, agent names and messages."""
+job page's tables and the jobs, agents and queue tables fit 1280 and 800 px windows with long artifact
+paths, agent names and messages."""
 
 from __future__ import annotations
 
@@ -91,8 +92,8 @@ def cluster_url(fake: tuple[FakeCluster, str]) -> Iterator[tuple[FakeCluster, st
     cluster.reset()
 
 
-def logged_in(new_page, url: str):
-    watched = new_page(WIDE)
+def logged_in(new_page, url: str, viewport: dict[str, int] = WIDE):
+    watched = new_page(viewport)
     response = watched.page.request.post(f"{url}/api/v1/session", data={"token": ADMIN_TOKEN})
     assert response.status == 200, response.text()
     return watched
@@ -177,7 +178,22 @@ def overflowing_tables(page) -> list[str]:
     )
 
 
-def test_the_job_pages_tables_fit_a_1280_px_window(new_page, cluster_url) -> None:
+def assert_in_view(page, table: str, headings: list[str]) -> None:
+    """The table's first columns are `headings`, and they are inside its panel's visible box."""
+    found = page.locator(table).evaluate(
+        """(table) => {
+            const box = table.closest('.table-wrap').getBoundingClientRect();
+            return [...table.querySelectorAll('thead th')].map((th) => {
+                const cell = th.getBoundingClientRect();
+                return [th.textContent, cell.left >= box.left - 1 && cell.right <= box.right + 1];
+            });
+        }"""
+    )
+    assert found[: len(headings)] == [[heading, True] for heading in headings], found
+
+
+@pytest.mark.parametrize("width", [1280, 800])
+def test_the_job_pages_tables_fit_1280_and_800_px_windows(new_page, cluster_url, width: int) -> None:
     cluster, url = cluster_url
     job = StoppingJob(
         LONG_NAMES, "long-names", "SUCCEEDED", T0, metrics=points(0, 5), reason="all tasks exited 0"
@@ -187,13 +203,17 @@ def test_the_job_pages_tables_fit_a_1280_px_window(new_page, cluster_url) -> Non
     job.message = "exited with code 0 after writing " + "/a/path/without/spaces" * 8
     with cluster.lock:
         cluster.jobs[job.id] = job
-    watched = logged_in(new_page, url)
+    watched = logged_in(new_page, url, {**WIDE, "width": width})
     page = watched.page
     page.goto(f"{url}/#/jobs/{LONG_NAMES}")
     artifacts = page.locator("[data-testid=artifacts-table]")
     expect(artifacts.locator("tbody tr")).to_have_count(3)
     expect(page.locator("[data-testid=tasks-table] tbody tr")).to_have_count(2)
-    assert overflowing_tables(page) == []
+    # At 800 px only the tasks table scrolls, inside its panel: its first columns (how each worker fares)
+    # are in view.
+    scrolling = [] if width >= 1280 else ["Tasks"]
+    assert [found.split(":")[0] for found in overflowing_tables(page)] in ([], scrolling)
+    assert_in_view(page, "[data-testid=tasks-table]", ["#", "State", "Exit", "Message"])
     assert page.evaluate("document.documentElement.scrollWidth - window.innerWidth") <= 0
     # Long paths wrap inside their cell (nothing cut off), and say in full what they are on hover.
     link = artifacts.locator("a", has_text="ckpt-epoch-0001")
@@ -205,10 +225,11 @@ def test_the_job_pages_tables_fit_a_1280_px_window(new_page, cluster_url) -> Non
         "(cells) => cells.map((c) => c.getBoundingClientRect().width)"
     )
     assert min(widths) >= 48, widths
-    # An opened TF_CONFIG fits too.
+    # An opened TF_CONFIG fits too (at 800 px, inside the tasks table's scrolling panel).
     page.locator("[data-testid=tasks-table] details.tf-config summary").first.click()
-    assert overflowing_tables(page) == []
-    watched.screenshot("job-long-names-wide")
+    assert [found.split(":")[0] for found in overflowing_tables(page)] in ([], scrolling)
+    assert page.evaluate("document.documentElement.scrollWidth - window.innerWidth") <= 0
+    watched.screenshot(f"job-long-names-{width}")
 
     page.goto(f"{url}/#/jobs")
     expect(page.locator("[data-testid=jobs-table] tbody tr")).to_have_count(5)
@@ -220,4 +241,16 @@ def test_the_job_pages_tables_fit_a_1280_px_window(new_page, cluster_url) -> Non
         page.goto(f"{url}/#/{where}")
         page.wait_for_timeout(500)
         assert overflowing_tables(page) == [], where
+        assert page.evaluate("document.documentElement.scrollWidth - window.innerWidth") <= 0, where
+        watched.screenshot(f"{where}-{width}")
+    # Every state filter is in view (none scrolled out of the chips' row).
+    page.goto(f"{url}/#/jobs")
+    chips = page.locator(".chips .chip")
+    expect(chips.last).to_have_text("Cancelled")
+    assert chips.evaluate_all(
+        """(chips) => chips.every((chip) => {
+            const row = chip.parentElement.getBoundingClientRect(), box = chip.getBoundingClientRect();
+            return box.left >= row.left - 1 && box.right <= row.right + 1 && box.right <= window.innerWidth;
+        })"""
+    )
     watched.assert_clean()

@@ -318,7 +318,7 @@ def create_app(state: FakeState) -> FastAPI:
     def create(spec: JobCreate, request: Request) -> dict[str, Any]:
         state.idempotency_keys.append(request.headers.get("idempotency-key"))
         if spec.bundle_digest not in state.bundles:
-            raise HTTPException(400, f"unknown bundle {spec.bundle_digest[:12]}; upload it first")
+            raise HTTPException(404, f"unknown bundle digest {spec.bundle_digest[:12]}; upload it first")
         job_id = f"job{len(state.jobs) + 1:04d}"
         state.jobs[job_id] = _job_object(job_id, spec, request.state.token["user"])
         return state.jobs[job_id]

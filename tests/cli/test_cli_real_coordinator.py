@@ -15,8 +15,11 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
+from mwms.cli.errors import ExitCode, exit_code_for, message_for
 from mwms.cli.main import app
+from mwms.client import Client
 from mwms.connection import load_config
+from mwms.errors import NotFound
 
 from cluster import read_ports_file, wait_until
 
@@ -84,6 +87,18 @@ def test_unknown_job_exits_4(coordinator: str) -> None:
     result = runner.invoke(app, ["status", "nosuchjob", "--api", coordinator])
     assert result.exit_code == 4
     assert "nosuchjob" in result.stderr
+
+
+def test_an_unknown_bundle_digest_is_not_found_and_says_to_upload(coordinator: str, admin_token: str) -> None:
+    # The coordinator answers 404, as for every unknown resource: the client raises NotFound, the CLI
+    # exits 4 with the coordinator's advice.
+    spec = {"bundle_digest": "0" * 64, "command": ["python", "t.py"], "workers": 1}
+    with pytest.raises(NotFound) as refused:
+        Client(coordinator, admin_token).create_job(spec)
+    assert refused.value.status == 404
+    assert "upload the program with POST /api/v1/bundles" in refused.value.detail
+    assert exit_code_for(refused.value) == ExitCode.NOT_FOUND
+    assert message_for(refused.value, coordinator).startswith(f"not found: unknown bundle digest {'0' * 64}")
 
 
 def test_rejected_env_exits_2_with_the_reason(coordinator: str, program: Path) -> None:

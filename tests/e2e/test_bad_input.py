@@ -33,7 +33,7 @@ def test_unknown_bundle_digest(cluster):
     response = cluster.http.post(
         "/api/v1/jobs", json={"bundle_digest": "0" * 64, "command": ["python"], "workers": 1}
     )
-    assert response.status_code == 400
+    assert response.status_code == 404  # like every unknown resource
     assert (
         "unknown bundle digest" in response.json()["detail"]
         and "POST /api/v1/bundles" in response.json()["detail"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
+from mwms.server.api.views import job_out
 from mwms.server.db.engine import Database
 from mwms.server.db.models import Agent, Attempt, AttemptEvent, Job
 from mwms.server.schemas import JobCreate
@@ -14,6 +15,7 @@ from mwms.server.services.lifecycle import end_job, restart_policy_value
 from mwms.server.services.scheduling import schedule_pending
 from mwms.server.services.tasks import TaskReport, apply_report
 from mwms.server.services.transitions import transition_attempt
+from mwms.server.services.views import read_job_view
 from mwms.server.states import AttemptState, InvalidTransition, JobState, TaskState
 
 BACKOFF = 0.0
@@ -146,3 +148,24 @@ def test_policy_defaults_come_from_restart_policy(db):
         assert restart_policy_value(job, "max_restarts") == 3
         assert restart_policy_value(job, "restart_on") == "retryable"
         assert restart_policy_value(job, "fail_on_nan") == []
+
+
+def test_the_worker_that_failed_is_named_and_its_peers_are_stopped_because_of_it(db):
+    job_id = submit(db)
+    for index in (0, 1):
+        report(db, job_id, index, TaskState.RUNNING)
+    report(db, job_id, 1, TaskState.FAILED, 1, "exited with code 1")
+    with db.read() as session:
+        peer = session.get(Job, job_id).attempts[0].tasks[0]
+        assert peer.stop_requested and peer.stop_reason == "stopped because worker 1 failed"
+    # The peer's collective fails too, as it is being stopped: its agent reports the stop's reason.
+    report(db, job_id, 0, TaskState.STOPPED, 1, peer.stop_reason)
+    with db.read() as session:
+        job = job_out(read_job_view(session, job_id))
+    assert job.state == "FAILED"
+    assert [(t.index, t.state, t.exit_code, t.ended_attempt) for t in job.tasks] == [
+        (0, "STOPPED", 1, False),
+        (1, "FAILED", 1, True),
+    ]
+    assert job.tasks[0].message == "stopped because worker 1 failed"
+    assert [t.ended_attempt for t in job.attempt_history[0].tasks] == [False, True]

@@ -164,10 +164,13 @@ def test_refused_bundle_uploads_close_the_connection_and_other_errors_do_not(tmp
 def test_a_stacks_view_names_each_dumps_agent_and_parses_its_threads(db: Database) -> None:
     task = place_task(db, agent_id(db, "alpha"), digest=DIGEST)
     text = (Path(__file__).parent / "stack_dumps" / "py_spy_worker0_step_in_tf_function.txt").read_text()
+    with db.read() as session:
+        assert read_job_view(session, task.job_id).latest_stacks is None  # and its GET answers 404
     with db.write() as session:
         opened = stacks.open_stack_request(session, task.job_id, "request", "ann", any_owner=True)
     with db.read() as session:
         pending = read_stacks_view(session, task.job_id, None)
+        assert read_job_view(session, task.job_id).latest_stacks == opened.request_id
     assert [(t.agent_name, t.answered) for t in pending.tasks] == [("alpha", False)] and not pending.complete
     with db.write() as session:
         [asked] = opened.asked

@@ -58,6 +58,39 @@ export function environmentStatus(task) {
   return seconds ? `built in ${seconds.toFixed(1)} s` : "from the cache";
 }
 
+/** What a task of the shown attempt reads, as {state, message}: the worker whose own failure ended the
+ * attempt (`ended_attempt`) as FAILED (or LOST) with its own message; its peers that ended because of it as
+ * STOPPED "because worker N failed", their own message after it (often a collective that lost its peer). */
+export function taskOutcome(task, tasks) {
+  const failed = tasks.find((t) => t.ended_attempt);
+  if (!failed || !["FAILED", "STOPPED"].includes(task.state)) return { state: task.state, message: task.message || "" };
+  if (task === failed) return { state: "FAILED", message: task.message || "" };
+  const because = `stopped because worker ${failed.index} ${failed.state === "LOST" ? "was lost" : "failed"}`;
+  const own = task.message && !task.message.startsWith("stopped because") ? ` (${task.message})` : "";
+  return { state: "STOPPED", message: because + own };
+}
+
+const LOG_TAIL_MARK = "\nlast log lines:\n"; // how the coordinator appends the failing task's last lines
+
+/** A failed job's failure, open on the page: which worker failed (its exit code), the reason, and the
+ * failing worker's last log lines. */
+export function failureView(job) {
+  const text = String(job.reason || "");
+  const at = text.indexOf(LOG_TAIL_MARK);
+  const head = at < 0 ? text : text.slice(0, at);
+  const tail = at < 0 ? "" : text.slice(at + LOG_TAIL_MARK.length);
+  const failed = (job.tasks || []).find((task) => task.ended_attempt);
+  let title = "The job failed";
+  if (failed && failed.state === "LOST") title = `Worker ${failed.index} was lost (agent ${failed.agent_name || failed.agent_id})`;
+  else if (failed) title = `Worker ${failed.index} failed${failed.exit_code === null || failed.exit_code === undefined ? "" : ` with exit code ${failed.exit_code}`}`;
+  return [
+    h("div", { class: "failure-title", dataset: { testid: "job-failure-title" } }, title),
+    head ? h("div", { class: "failure-reason", dataset: { testid: "job-failure-reason" } }, head) : null,
+    tail ? h("div", { class: "muted small" }, "Its last log lines:") : null,
+    tail ? h("pre", { class: "code-block failure-log", dataset: { testid: "job-failure-log" } }, tail) : null,
+  ];
+}
+
 /** The job's own Python environment (submit --requirements): its file, Python, where each worker's build
  * stands, and the resolved packages behind a disclosure; or the agents' own. */
 export function pythonEnvironment(job) {
@@ -132,6 +165,8 @@ export function mountJob(container, jobId) {
   const stats = h("div", { class: "kv-strip" });
   // Why a waiting job waits and when it may start (its `waiting` reason); hidden once it is placed.
   const waitingBox = h("section", { class: "waiting-box", dataset: { testid: "job-waiting" }, hidden: true, "aria-label": "Why this job waits" });
+  // A failed job's reason and its failing worker's last lines, open (not behind a disclosure).
+  const failureBox = h("section", { class: "failure-box", dataset: { testid: "job-failure" }, hidden: true, "aria-label": "Why this job failed" });
   const chartsGrid = h("div", { class: "charts" });
   const charts = new Map();
   const devices = new JobDevices(jobId); // GPU utilisation and memory per task; hidden for CPU-only jobs
@@ -158,6 +193,7 @@ export function mountJob(container, jobId) {
     notice,
     loadError,
     waitingBox,
+    failureBox,
     stats,
     panel("Metrics", chartsGrid, { id: "metrics" }),
     devices.element,
@@ -206,8 +242,13 @@ export function mountJob(container, jobId) {
     title.textContent = job.name || job.id;
     document.title = `${job.name || job.id} · mwms`;
     if (changed("state", job.state)) replaceChildren(badgeSlot, stateBadge(job.state));
-    if (changed("reason", job.reason)) replaceChildren(reason, clampedText(job.reason, { limit: 240 }));
-    reason.hidden = !job.reason;
+    const failed = job.state === "FAILED" && Boolean(job.reason);
+    if (changed("reason", [job.reason, failed, job.tasks])) {
+      replaceChildren(reason, failed ? null : clampedText(job.reason, { limit: 240 }));
+      replaceChildren(failureBox, failed ? failureView(job) : null);
+    }
+    reason.hidden = !job.reason || failed;
+    failureBox.hidden = !failed;
     // Viewers never see Cancel, users only on their own jobs; the coordinator enforces the same rule.
     const cancellable = !isTerminal(job.state) && mayCancel(job);
     cancelButton.disabled = cancelling || !cancellable;
@@ -257,20 +298,21 @@ export function mountJob(container, jobId) {
       return;
     }
     const openConfigs = new Set([...tasksBody.querySelectorAll("details[open]")].map((d) => d.dataset.task));
-    const rows = job.tasks.map((task) =>
-      h(
+    const rows = job.tasks.map((task) => {
+      const outcome = taskOutcome(task, job.tasks);
+      return h(
         "tr",
-        { dataset: { taskIndex: String(task.index) } },
+        { dataset: task.ended_attempt ? { taskIndex: String(task.index), endedAttempt: "true" } : { taskIndex: String(task.index) } },
         h("td", { class: "num" }, String(task.index)),
-        h("td", null, stateBadge(task.state)),
+        h("td", { dataset: { testid: "task-state" } }, stateBadge(outcome.state)),
+        h("td", { class: "num mono", dataset: { testid: "task-exit-code" } }, task.exit_code === null || task.exit_code === undefined ? "–" : String(task.exit_code)),
+        h("td", { class: "cell-message", dataset: { testid: "task-message" } }, clampedText(outcome.message, { limit: 120 })),
         h("td", { class: "cell-agent", title: task.agent_name || task.agent_id || null }, task.agent_name || task.agent_id || "–"),
-        h("td", { class: "mono" }, task.address || "–"),
+        h("td", { class: "nowrap" }, formatDuration(task.started_at, task.ended_at)),
+        h("td", { class: "nowrap" }, formatShortTime(task.started_at)),
         h("td", null, task.device_kind ? `${task.device_kind}${task.device_indices.length ? ` ${task.device_indices.join(",")}` : ""}` : "–"),
         h("td", { class: "num nowrap", title: taskMemory(task).title, dataset: { testid: "task-peak-memory" } }, taskMemory(task).shown),
-        h("td", { class: "num mono" }, task.exit_code === null || task.exit_code === undefined ? "–" : String(task.exit_code)),
-        h("td", { class: "cell-message" }, clampedText(task.message, { limit: 120 })),
-        h("td", { class: "nowrap" }, formatShortTime(task.started_at)),
-        h("td", { class: "nowrap" }, formatDuration(task.started_at, task.ended_at)),
+        h("td", { class: "mono" }, task.address || "–"),
         h(
           "td",
           { class: "cell-actions" },
@@ -286,12 +328,13 @@ export function mountJob(container, jobId) {
             h("pre", { class: "code-block" }, prettyTfConfig(task.tf_config)),
           ),
         ),
-      ),
-    );
-    const columns = ["#", "State", "Agent", "Address", "Devices", "Peak mem", "Exit", "Message", "Started", "Ran", "Logs", "Config"].map((label) => ({ label }));
+      );
+    });
+    // The columns that say how each worker fares come first: at 800 px the rest scrolls inside the panel.
+    const columns = ["#", "State", "Exit", "Message", "Agent", "Ran", "Started", "Devices", "Peak mem", "Address", "Logs", "Config"].map((label) => ({ label }));
     columns[0].class = "num";
-    columns[5].class = "num";
-    columns[6].class = "num";
+    columns[2].class = "num";
+    columns[8].class = "num";
     replaceChildren(tasksBody, table(columns, rows, { class: "tasks-table", attrs: { "data-testid": "tasks-table" } }));
   }
 

@@ -79,18 +79,20 @@ export class JobStacks {
   dispose() {}
 
   /** Called on every poll of the job: shows the button when the caller may take stacks now, and fetches
-   * the newest dump when the job's attempt or state changed (hang detection takes one). Never throws. */
+   * the newest dump when the job names a new one (`latest_stacks`: a user or hang detection took it); a
+   * job with none is not asked for any, so the page makes no request that answers 404. Never throws. */
   async update(job) {
     const live = LIVE_STATES.has(job.state);
     // Taking stacks pauses the job's tasks: owners and admins only, like cancelling.
     this.button.hidden = !mayCancel(job) || !live;
     this.button.disabled = this.taking || !live;
-    const signature = `${job.state}/${job.attempts}/${job.restarts}`;
-    if (signature === this.signature) return;
-    this.signature = signature;
+    const latest = job.latest_stacks || null;
+    if (!latest || latest === this.signature) return;
+    this.signature = latest;
     try {
-      this.render(await getJson(this.url));
+      this.render(await getJson(`${this.url}?request=${encodeURIComponent(latest)}`));
     } catch (err) {
+      // Pruned between the job's read and this one (the newest 20 are kept): the next poll names another.
       if (!(err instanceof ApiError && err.status === 404)) this.fail(`Could not load stacks: ${describeError(err)}`);
     }
   }
@@ -100,7 +102,9 @@ export class JobStacks {
     this.button.disabled = true;
     this.button.textContent = "Taking stacks…";
     try {
-      this.render(await postJson(this.url, {}));
+      const dump = await postJson(this.url, {});
+      this.signature = dump.id; // the job's next read names it: no need to fetch it again
+      this.render(dump);
     } catch (err) {
       this.fail(`Could not take stacks: ${describeError(err)}`);
     }
