@@ -17,10 +17,10 @@ from rich.text import Text
 
 from mwms.agent_references import AmbiguousAgent, UnknownAgent, resolve_agent_reference
 from mwms.cli.connect import with_client
+from mwms.cli.durations import DURATION_METAVAR, duration_option_parser
 from mwms.cli.errors import CliError, ExitCode
 from mwms.cli.options import JsonOption
 from mwms.cli.output import cells, err, format_time, out, parse_time, print_json
-from mwms.cli.parsing import parse_duration
 from mwms.cli.safe_text import safe_text, terminal_safe
 from mwms.client import Client
 from mwms.client.rest import RestApi
@@ -46,9 +46,13 @@ agent_token_app = typer.Typer(
 
 TokenIdArgument = Annotated[str, typer.Argument(help="The token's id, as `list` shows it.")]
 ExpiresInOption = Annotated[
-    str | None,
+    float | None,
     typer.Option(
-        "--expires-in", help="Lifetime, e.g. 30d, 12h, 90m, 2w; default: never expires.", show_default=False
+        "--expires-in",
+        parser=duration_option_parser(),
+        metavar=DURATION_METAVAR,
+        help="Lifetime with its unit, e.g. 30d, 12h, 90m, 2w; default: never expires.",
+        show_default=False,
     ),
 ]
 
@@ -112,7 +116,7 @@ def create_token(
     role = role.lower()
     if role not in ROLES:
         raise CliError(f"--role {role!r} must be one of {', '.join(ROLES)}")
-    seconds = parse_duration(expires_in) if expires_in else None
+    seconds = None if expires_in is None else max(1, round(expires_in))
     created = client.rest.create_token(user, role, name, seconds)
     if json_output:
         print_json(created)
@@ -136,7 +140,7 @@ def create_join_token(
     json_output: JsonOption = False,
 ) -> None:
     """Create a join token for agents and print its secret, which cannot be shown again."""
-    seconds = parse_duration(expires_in) if expires_in else None
+    seconds = None if expires_in is None else max(1, round(expires_in))
     created = client.rest.create_join_token(name, seconds)
     if json_output:
         print_json(created)

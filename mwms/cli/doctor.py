@@ -18,6 +18,7 @@ from rich.table import Table
 
 import mwms.doctor_bundle
 from mwms.cli.connect import with_client
+from mwms.cli.durations import DURATION_METAVAR, duration_option_parser
 from mwms.cli.errors import CliError, ExitCode
 from mwms.cli.options import JsonOption
 from mwms.cli.output import cells, err, first_line, out, print_json
@@ -149,7 +150,11 @@ def doctor(
     ] = 64,
     timeout: Annotated[
         float,
-        typer.Option(help="Seconds to wait for the doctor job (it waits while agents are busy).", min=1),
+        typer.Option(
+            parser=duration_option_parser(),
+            metavar=DURATION_METAVAR,
+            help="How long to wait for the doctor job, e.g. 5m (it waits while agents are busy).",
+        ),
     ] = 300.0,
     json_output: JsonOption = False,
 ) -> None:

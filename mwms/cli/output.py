@@ -26,6 +26,22 @@ _PIPED_WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 200
 out = SafeConsole(highlight=False, soft_wrap=True, width=_PIPED_WIDTH)
 err = SafeConsole(stderr=True, highlight=False, soft_wrap=True)
 
+# Carriage return, then erase to the end of the line: takes a live status line off the screen.
+CLEAR_LINE = "\r\x1b[K"
+
+
+def clear_status_line(stream: Any) -> bool:
+    """Erases the line the cursor is on when `stream` is a terminal, so that what another stream prints
+    next (the program's output on stdout) starts at column 0 instead of after a status line; writes
+    nothing to a pipe or file. Says whether it cleared."""
+    isatty = getattr(stream, "isatty", None)
+    if isatty is None or not isatty():
+        return False
+    stream.write(CLEAR_LINE)
+    stream.flush()
+    return True
+
+
 STATE_STYLES = {
     "PENDING": "yellow",
     "SCHEDULED": "cyan",

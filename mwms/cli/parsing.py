@@ -1,9 +1,8 @@
-"""Parsers for option values that need more than a type: K=V pairs, port ranges, durations, priorities;
+"""Parsers for option values that need more than a type: K=V pairs, port ranges, priorities;
 and the slips of `mwms submit` arguments that can be told before anything is uploaded."""
 
 from __future__ import annotations
 
-import re
 import shlex
 from collections.abc import Iterable
 from pathlib import Path
@@ -60,27 +59,6 @@ def parse_uid_range(text: str) -> tuple[int, int]:
             f"--task-uids {text!r}: need {MIN_TASK_UID} <= LO <= HI <= {MAX_TASK_UID} (uid 0 is root)"
         )
     return low, high
-
-
-DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_DURATION = re.compile(r"(\d+)\s*([smhdw]?)")
-
-
-def parse_duration(text: str, option: str = "--expires-in") -> int:
-    """'30d' -> 2592000 seconds; also '12h', '90m', '2w', '1d12h', or bare seconds ('3600')."""
-    cleaned = text.strip().lower()
-    position, total = 0, 0
-    while position < len(cleaned):
-        match = _DURATION.match(cleaned, position)
-        if match is None:
-            break
-        total += int(match.group(1)) * DURATION_UNITS[match.group(2) or "s"]
-        position = match.end()
-    if not cleaned or position != len(cleaned):
-        raise CliError(f"{option} {text!r} must be a duration like 30d, 12h, 90m, 2w or 3600 (seconds)")
-    if total <= 0:
-        raise CliError(f"{option} {text!r} must be longer than zero")
-    return total
 
 
 PRIORITY_NAMES = ("low", "normal", "high")  # the coordinator's bands: 250, 500, 750

@@ -18,6 +18,7 @@ from rich.text import Text
 
 from mwms.cli.admin_commands import SUB_APP_SETTINGS
 from mwms.cli.connect import with_client
+from mwms.cli.durations import DURATION_METAVAR, duration_option_parser
 from mwms.cli.errors import CliError, ExitCode
 from mwms.cli.options import JsonOption
 from mwms.cli.output import (
@@ -430,12 +431,12 @@ def drain(
     agent: AgentArgument,
     reason: ReasonOption = "",
     grace: Annotated[
-        int | None,
+        float | None,
         typer.Option(
             "--grace",
-            min=0,
-            max=3600,
-            help="Seconds between SIGTERM and SIGKILL for the preempted workers to save; default: each job's "
+            parser=duration_option_parser(allow_zero=True, maximum=3600),
+            metavar=DURATION_METAVAR,
+            help="Time, e.g. 30s (at most 1h), between SIGTERM and SIGKILL for the preempted workers to save; default: each job's "
             "--preemption-grace, else the coordinator's MWMS_PREEMPTION_GRACE_S.",
             show_default=False,
         ),
@@ -450,7 +451,10 @@ def drain(
     timeout: Annotated[
         float,
         typer.Option(
-            "--timeout", min=0.0, help="With --wait: give up (exit code 1) after this many seconds."
+            "--timeout",
+            parser=duration_option_parser(allow_zero=True),
+            metavar=DURATION_METAVAR,
+            help="With --wait: give up (exit code 1) after this long, e.g. 10m.",
         ),
     ] = DEFAULT_DRAIN_TIMEOUT_S,
     json_output: JsonOption = False,
@@ -460,7 +464,7 @@ def drain(
     Each job's workers get SIGTERM, the grace to save a checkpoint, then SIGKILL; the job waits again in
     its place in the queue, no restart used. `mwms agent uncordon` ends the drain.
     """
-    drained = client.rest.drain_agent(agent, reason, grace, let_finish)
+    drained = client.rest.drain_agent(agent, reason, None if grace is None else round(grace), let_finish)
     if wait and drained.get("tasks"):
         drained = wait_until_drained(client, str(drained["id"]), timeout)
     print_agent(drained, json_output)

@@ -14,10 +14,21 @@ from rich.text import Text
 from typer.core import TyperCommand
 
 from mwms.cli.connect import with_client
+from mwms.cli.durations import DURATION_METAVAR, duration_option_parser
 from mwms.cli.errors import CliError, ExitCode
 from mwms.cli.follow import first_failed_task, running_tasks, tail_of_task_logs, watch_job
+from mwms.cli.option_slips import close_options, unknown_option_message
 from mwms.cli.options import JsonOption
-from mwms.cli.output import err, first_line, format_loss, log_line_text, out, print_json, state_text
+from mwms.cli.output import (
+    clear_status_line,
+    err,
+    first_line,
+    format_loss,
+    log_line_text,
+    out,
+    print_json,
+    state_text,
+)
 from mwms.cli.parsing import check_command_words, corrected_submit_line, parse_env, parse_priority
 from mwms.cli.safe_text import safe_text, terminal_safe
 from mwms.client import Client
@@ -53,15 +64,25 @@ class SubmitCommand(TyperCommand):
                 for p in self.params
                 if p.param_type_name == "option"
             ]
+            typed = str(getattr(error, "option_name", ""))
+            matches = close_options(typed, self, ctx)
+            if matches and "--" in given:
+                # The program is already after `--`: this is a slip in one of submit's own options.
+                raise _UsageError(unknown_option_message(typed, "mwms submit", matches), ctx) from None
             corrected = corrected_submit_line(given, options)
             example = (
                 shlex.join(["mwms", "submit", *corrected])
                 if corrected is not None
                 else "mwms submit . --workers 2 -- python train.py --epochs 1"
             )
+            if matches:
+                raise _UsageError(
+                    f"{unknown_option_message(typed, 'mwms submit', matches)} If it is the program's, it goes "
+                    f"after --, e.g.\n  {example}",
+                    ctx,
+                ) from None
             raise _UsageError(
-                f"{getattr(error, 'option_name', '')} is not an option of mwms submit: options for the program go after "
-                f"--, e.g.\n  {example}",
+                f"{typed} is not an option of mwms submit: options for the program go after --, e.g.\n  {example}",
                 ctx,
             ) from None
 
@@ -213,7 +234,17 @@ class TextFollower:
         self._state: str | None = None
         self._logs_console = out if logs_to_stdout else err
         self._live = (
-            Live(Text(""), console=err, transient=True, auto_refresh=False) if err.is_terminal else None
+            # No redirection of sys.stdout into the status console: the program's output stays on stdout.
+            Live(
+                Text(""),
+                console=err,
+                transient=True,
+                auto_refresh=False,
+                redirect_stdout=False,
+                redirect_stderr=False,
+            )
+            if err.is_terminal
+            else None
         )
 
     def __enter__(self) -> TextFollower:
@@ -224,6 +255,11 @@ class TextFollower:
     def __exit__(self, *exc_info: object) -> None:
         if self._live:
             self._live.stop()
+
+    @property
+    def state(self) -> str | None:
+        """The job's state as last seen (None before the first answer)."""
+        return self._state
 
     def on_job(self, job: dict[str, Any]) -> None:
         state = job.get("state")
@@ -240,21 +276,40 @@ class TextFollower:
             self._live.update(safe_text(status, style="bold"), refresh=True)
 
     def on_log_lines(self, lines: list[dict[str, Any]]) -> None:
+        # The status line is on stderr and the log on stdout: rich cannot move one above the other, so the
+        # status is taken off the screen first and drawn again under the new lines.
+        clearing = self._live is not None and self._logs_console is out
+        if clearing:
+            clear_status_line(err.file)
         for line in lines:
             self._logs_console.print(log_line_text(line, prefix=False))
+        if clearing and self._live is not None:
+            sys.stdout.flush()
+            self._live.refresh()
+
+
+# States in which a job has no running program: Ctrl-C leaves it waiting in the queue, not running.
+WAITING_STATES = frozenset({None, "PENDING"})
+
+
+def stopped_following_message(job_id: str, state: str | None) -> str:
+    """What Ctrl-C while following leaves behind, said as it is: a waiting job stays queued, a placed one
+    keeps running; both with how to watch and how to cancel."""
+    if state in WAITING_STATES:
+        doing = f"job {job_id} stays queued ({state or 'not yet placed'})"
+    else:
+        doing = f"job {job_id} keeps running ({state})"
+    return f"stopped following; {doing}: watch it with mwms logs {job_id} --follow, cancel it with mwms cancel {job_id}"
 
 
 def follow_to_end(client: Client, job_id: str, *, logs_to_stdout: bool) -> dict[str, Any]:
     """Follows the job until it ends, explaining how to keep watching when interrupted."""
+    follower = TextFollower(logs_to_stdout)
     try:
-        with TextFollower(logs_to_stdout) as follower:
+        with follower:
             return watch_job(client, job_id, on_job=follower.on_job, on_log_lines=follower.on_log_lines)
     except KeyboardInterrupt:
-        raise CliError(
-            f"stopped following; job {job_id} keeps running (watch: mwms logs {job_id} --follow, "
-            f"stop: mwms cancel {job_id})",
-            ExitCode.INTERRUPTED,
-        ) from None
+        raise CliError(stopped_following_message(job_id, follower.state), ExitCode.INTERRUPTED) from None
 
 
 def report_ending(client: Client, job: dict[str, Any]) -> None:
@@ -331,7 +386,12 @@ def submit(
         typer.Option(help="Collective implementation: AUTO, RING or NCCL.", case_sensitive=False),
     ] = None,
     collective_timeout: Annotated[
-        float | None, typer.Option(help="Timeout of each collective, seconds.", min=0.0)
+        float | None,
+        typer.Option(
+            parser=duration_option_parser(allow_zero=True),
+            metavar=DURATION_METAVAR,
+            help="Timeout of each collective, e.g. 10m.",
+        ),
     ] = None,
     bytes_per_pack: Annotated[int | None, typer.Option(help="Collective bytes per pack.", min=0)] = None,
     max_restarts: Annotated[
@@ -349,17 +409,28 @@ def submit(
         ),
     ] = None,
     startup_timeout: Annotated[
-        float | None, typer.Option(help="Seconds for all workers to start running.", min=0.0)
+        float | None,
+        typer.Option(
+            parser=duration_option_parser(allow_zero=True),
+            metavar=DURATION_METAVAR,
+            help="How long all workers may take to start running, e.g. 5m.",
+        ),
     ] = None,
     max_runtime: Annotated[
-        float | None, typer.Option(help="Seconds after which the job is failed.", min=0.0)
+        float | None,
+        typer.Option(
+            parser=duration_option_parser(allow_zero=True),
+            metavar=DURATION_METAVAR,
+            help="How long the job may run before it is failed, e.g. 12h.",
+        ),
     ] = None,
     hang_timeout: Annotated[
         float | None,
         typer.Option(
-            help="Seconds without a metric point or log line after which a RUNNING job counts as hung: "
-            "its stacks are dumped and it is restarted (0: off).",
-            min=0.0,
+            parser=duration_option_parser(allow_zero=True),
+            metavar=DURATION_METAVAR,
+            help="How long without a metric point or log line, e.g. 10m, after which a RUNNING job counts "
+            "as hung: its stacks are dumped and it is restarted (0: off).",
         ),
     ] = None,
     preflight: Annotated[
@@ -395,12 +466,12 @@ def submit(
         ),
     ] = None,
     preemption_grace: Annotated[
-        int | None,
+        float | None,
         typer.Option(
             "--preemption-grace",
-            min=0,
-            max=3600,
-            help="Seconds between the SIGTERM that preempts the workers and the SIGKILL, to save a checkpoint "
+            parser=duration_option_parser(allow_zero=True, maximum=3600),
+            metavar=DURATION_METAVAR,
+            help="Time, e.g. 30s (at most 1h), between the SIGTERM that preempts the workers and the SIGKILL, to save a checkpoint "
             "[default: the coordinator's MWMS_PREEMPTION_GRACE_S].",
             show_default=False,
         ),
@@ -478,7 +549,7 @@ def submit(
         agents=[a.strip() for a in agents.split(",") if a.strip()] if agents else None,
         priority=job_priority,
         preemptible=preemptible,
-        preemption_grace=preemption_grace,
+        preemption_grace=None if preemption_grace is None else round(preemption_grace),
     )
     if job_environment is not None:
         spec["environment"] = job_environment

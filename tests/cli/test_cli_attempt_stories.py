@@ -117,7 +117,7 @@ def test_status_prints_one_line_per_attempt_and_json_gives_the_apis_shape(served
 
     _, second_agent = served.attempt(job_id, 2)
     served.report(job_id, TaskState.RUNNING)
-    drained = runner.invoke(app, ["agent", "drain", second_agent, "--reason", "reboot", "--grace", "5"])
+    drained = runner.invoke(app, ["agent", "drain", second_agent, "--reason", "reboot", "--grace", "5s"])
     assert drained.exit_code == 0, drained.output
     served.report(job_id, TaskState.STOPPED, -15)
 

@@ -163,7 +163,7 @@ def test_cordon_and_uncordon_show_in_agents(admin: Served) -> None:
 def test_drain_preempts_and_wait_ends_when_the_agent_is_empty(admin: Served) -> None:
     job_id = admin.running_job(admin.agent_ids[1])
     timed_out = runner.invoke(
-        app, ["agent", "drain", "box-b", "--reason", "reboot", "--grace", "9", "--wait", "--timeout", "0.3"]
+        app, ["agent", "drain", "box-b", "--reason", "reboot", "--grace", "9s", "--wait", "--timeout", "0.3s"]
     )
     assert timed_out.exit_code == 1, timed_out.output
     assert "still runs" in timed_out.stderr and "waiting for j[0] to stop" in timed_out.stderr
@@ -182,7 +182,7 @@ def test_drain_preempts_and_wait_ends_when_the_agent_is_empty(admin: Served) -> 
     reporter = threading.Thread(target=agent_reports_the_exit)
     reporter.start()
     try:
-        drained = runner.invoke(app, ["agent", "drain", "box-b", "--wait", "--timeout", "30", "--json"])
+        drained = runner.invoke(app, ["agent", "drain", "box-b", "--wait", "--timeout", "30s", "--json"])
     finally:
         reporter.join()
     assert drained.exit_code == 0, drained.output
@@ -216,7 +216,7 @@ def test_submit_with_priority_and_preemption_options_then_change_it(admin: Serve
         "high",
         "--no-preemptible",
     ]
-    argv += ["--preemption-grace", "20", "--json", "--", "python", "train.py"]
+    argv += ["--preemption-grace", "20s", "--json", "--", "python", "train.py"]
     result = runner.invoke(app, argv)
     assert result.exit_code == 0, result.output
     job = json.loads(result.stdout)

@@ -135,7 +135,7 @@ def test_draining_an_agent_moves_its_job_elsewhere_and_wait_returns_once_it_is_e
     job = cluster.wait_for(job_id, {"RUNNING"}, timeout=60)
     here = job["tasks"][0]["agent_name"]
     other = next(n for n in ("pre-1", "pre-2") if n != here)
-    drained = _cli(cluster, "agent", "drain", here, "--reason", "swap a disk", "--wait", "--timeout", "60")
+    drained = _cli(cluster, "agent", "drain", here, "--reason", "swap a disk", "--wait", "--timeout", "60s")
     assert drained.returncode == 0, drained.stderr
     agent = _agent(cluster, here)
     assert agent["cordoned"] and agent["draining"] and agent["drained"]

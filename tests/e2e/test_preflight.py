@@ -151,7 +151,7 @@ def test_doctor_prints_reachability_allreduce_and_tcp_bandwidth_per_worker(clust
 
 
 def test_doctor_on_an_unknown_agent_says_why_it_waits_and_gives_up(cluster: Cluster) -> None:
-    shown = _doctor(cluster, "--agents", "e2e-1,no-such-agent", "--timeout", "3", timeout=60)
+    shown = _doctor(cluster, "--agents", "e2e-1,no-such-agent", "--timeout", "3s", timeout=60)
     assert shown.returncode == 2, shown.stdout + shown.stderr
     assert "no-such-agent is offline or unknown" in shown.stderr, shown.stderr
     assert "was cancelled" in shown.stderr, shown.stderr
