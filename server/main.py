@@ -20,6 +20,7 @@ from mwms.server.db.single_instance import AlreadyRunning, SingleInstanceLock
 from mwms.server.heap import settle_heap
 from mwms.server.http_protocol import bounded_http_protocol
 from mwms.server.limits import HttpBounds
+from mwms.server.listen_ports import CannotListen, check_grpc_port_free, claim_http_socket
 from mwms.server.open_files import raise_open_files_limit
 from mwms.server.private_files import ForeignFileError, refuse_foreign_dir, secure_data_dir, set_private_umask
 from mwms.server.settings import Settings
@@ -55,6 +56,13 @@ def serve(settings: Settings) -> None:
     except AlreadyRunning as error:
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
+    try:  # both ports before the lifespan: a taken one stops the start before any "ready" line
+        http_socket = claim_http_socket(settings.http_host, settings.http_port)
+        if settings.serve != "api":
+            check_grpc_port_free(settings.grpc_host, settings.grpc_port)
+    except CannotListen as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
     app = create_app(settings, single_instance=False)
     config = uvicorn.Config(
         app,
@@ -76,7 +84,7 @@ def serve(settings: Settings) -> None:
     )
     server = PortsReportingServer(config, app, settings)
     settle_heap()  # only in the coordinator's own process: tests build many apps in one
-    server.run()
+    server.run(sockets=[http_socket])
     if not server.started:
         raise SystemExit(1)
 
@@ -94,6 +102,8 @@ class PortsReportingServer(uvicorn.Server):
         await super().startup(sockets)  # the lifespan (which starts gRPC) runs first, then REST binds
         if not self.started:
             return
+        if sockets:  # uvicorn says where it runs only when it bound the socket itself
+            self._log_started_message(sockets)
         http_port = self.servers[0].sockets[0].getsockname()[1]
         grpc_port = self.app.state.grpc_port
         replica = self.app.state.wiring.replica  # its next beat names the addresses it serves
@@ -102,7 +112,7 @@ class PortsReportingServer(uvicorn.Server):
         grpc_host = self.settings.replica_address or _reachable(self.settings.grpc_host)
         replica.grpc_address = f"{grpc_host}:{grpc_port}" if grpc_port else ""
         log.info(
-            "listening: REST on %s:%d, gRPC on %s:%d",
+            "coordinator ready: REST on %s:%d, gRPC for agents on %s:%d",
             self.settings.http_host,
             http_port,
             self.settings.grpc_host,

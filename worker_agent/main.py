@@ -45,6 +45,7 @@ from mwms.worker_agent.task_limits import LimitPolicy, machine_memory, offered_m
 from mwms.worker_agent.task_users import TaskUserError, TaskUsers
 from mwms.worker_agent.tasks import TaskManager
 from mwms.worker_agent.work_dir import WorkDirInUse, lock_work_dir, prepare_work_dir
+from mwms.worker_agent.wrong_server import answers_http1, http1_server_sentence
 
 log = logging.getLogger("mwms.agent")
 
@@ -179,7 +180,9 @@ def _run_holding_the_work_dir(
                 exit_code = EXIT_REFUSED
                 break
             except grpc.RpcError as error:
-                log.warning("cannot register with %s yet: %s", servers.describe(), _describe(error))
+                log.warning(
+                    "cannot register with %s yet: %s", servers.describe(), _describe(error, servers.current)
+                )
                 if len(servers) > 1:
                     channel, stub = _move_on(channel, channels, servers, tasks, "registering failed")
                 stop.wait(backoff.next_delay())
@@ -371,7 +374,10 @@ def describe_devices(devices: list[agent_pb2.Device]) -> str:
     return f"{len(devices)} CPU slot(s)"
 
 
-def _describe(error: grpc.RpcError) -> str:
+def _describe(error: grpc.RpcError, address: str = "") -> str:
     if isinstance(error, grpc.Call):
-        return f"{error.code().name}: {error.details()}"
+        details = error.details() or ""
+        if address and answers_http1(details):  # the REST port given as --server (issue 31)
+            return http1_server_sentence(address)
+        return f"{error.code().name}: {details}"
     return str(error)

@@ -163,7 +163,7 @@ def render_unit(
 
     `work_dir` (absolute) is the `--work-dir` in `args`: one under a home directory is made writable."""
     if user is not None:
-        check_user(user, "--user")
+        check_user(user, "--service-user")
     command = " ".join(quote_argument(word) for word in [executable, *args])
     writable = []
     if work_dir is not None:

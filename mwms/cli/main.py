@@ -6,6 +6,12 @@ Heavy imports (the coordinator, the agent, TensorFlow) happen inside commands so
 from __future__ import annotations
 
 import os
+
+# The daemons start helper processes (the coordinator's scheduler and ingest processes, the agent's tasks)
+# with fork+exec while gRPC's threads run. gRPC's fork handlers serve children that go on using gRPC, which
+# none of these do, and they print a line of their own to stderr ("skipping fork() handlers") that no log
+# format can hold. gRPC reads this once, as it loads: before anything here imports it.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 import signal
 import socket
 import stat
@@ -20,12 +26,14 @@ from mwms import __version__, agent_defaults, log_setup
 from mwms.cli import admin_commands, auth_commands, job_commands, quickstart, sharing_commands, submit
 from mwms.cli.doctor import doctor
 from mwms.cli.errors import EXIT_CODES_HELP, CliError, ExitCode, handles_errors
+from mwms.cli.option_slips import SuggestingGroup
 from mwms.cli.parsing import parse_port_range, parse_uid_range
 from mwms.cli.stacks_command import stacks
 from mwms.sizes import SizeError, parse_size
 
 app = typer.Typer(
     name="mwms",
+    cls=SuggestingGroup,
     help="Run TensorFlow MultiWorkerMirroredStrategy jobs on a fleet of machines.\n\n"
     "Start a coordinator (`mwms server`), an agent per machine (`mwms agent`), then `mwms submit`. "
     "Try it all on one machine with `mwms quickstart`.",
@@ -403,9 +411,14 @@ def agent(
             "(root, mode 0600), which the unit reads.",
         ),
     ] = False,
-    user: Annotated[
-        str | None, typer.Option(help="With --systemd-unit: the user the service runs as.")
+    service_user: Annotated[
+        str | None,
+        typer.Option(
+            help="With --systemd-unit: the user the service runs as [default: root].", show_default=False
+        ),
     ] = None,
+    # `--user` was this option's name before it matched `mwms server --service-user`; kept, hidden.
+    user: Annotated[str | None, typer.Option("--user", hidden=True)] = None,
     stop_grace_seconds: Annotated[
         float | None,
         typer.Option(
@@ -657,7 +670,12 @@ def agent(
         elif tls:
             args += ["--tls"]
         try:
-            unit = render_unit(*_unit_command(args), user, work_dir=unit_work_dir, stop_grace_seconds=grace)
+            unit = render_unit(
+                *_unit_command(args),
+                service_user or user,
+                work_dir=unit_work_dir,
+                stop_grace_seconds=grace,
+            )
         except UnitError as error:
             raise CliError(str(error)) from None
         print(unit, end="")

@@ -15,12 +15,15 @@ router = APIRouter(tags=["health"])
 @router.get("/healthz")
 def healthz(session: ReadSession, request: Request) -> dict[str, str]:
     """ok when the coordinator can reach its database; where this process serves the agents' gRPC,
-    "grpc" says what its grpc.health.v1 answers (SERVING, or NOT_SERVING while it starts or stops)."""
+    "grpc" says what its grpc.health.v1 answers (SERVING, or NOT_SERVING while it starts or stops) and
+    "grpc_port" the port it serves it on (not secret: every agent is told it)."""
     session.execute(text("SELECT 1"))
     answer = {"status": "ok"}
     grpc_health = getattr(request.app.state, "grpc_health", None)  # None: an `--serve api` replica
     if grpc_health is not None:
         answer["grpc"] = grpc_health.status
+        # The port agents dial here: an agent given this HTTP port as --server names it (issue 31).
+        answer["grpc_port"] = str(getattr(request.app.state, "grpc_port", 0))
     return answer
 
 

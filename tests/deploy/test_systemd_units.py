@@ -5,6 +5,7 @@ shipped deploy/systemd/mwms-server.service being exactly the printed unit."""
 
 from __future__ import annotations
 
+import os
 import re
 import resource
 import shutil
@@ -270,7 +271,7 @@ def test_the_agent_unit_keeps_its_work_dir_in_its_state_dir_and_its_token_in_a_f
     assert values["LimitNOFILE"] == "65536"
     assert "ReadWritePaths" not in values
 
-    unit = print_unit("agent", "--work-dir", "/home/ops/agent", "--user", "ops")
+    unit = print_unit("agent", "--work-dir", "/home/ops/agent", "--service-user", "ops")
     values = dict(directives(unit))
     assert exec_start(unit)[exec_start(unit).index("--work-dir") + 1] == "/home/ops/agent"
     assert values["ReadWritePaths"] == "/home/ops/agent"  # under ProtectHome=read-only
@@ -326,16 +327,29 @@ def test_the_agent_unit_is_hardened_only_where_tasks_and_gpus_keep_working() -> 
     for reason in OMITTED:
         assert f"\n# {reason}\n" in as_root
     # An agent that is not root runs bwrap in a user namespace, which needs an uncovered /proc.
-    as_user = dict(directives(print_unit("agent", "--user", "mwms")))
+    as_user = dict(directives(print_unit("agent", "--service-user", "mwms")))
     for root_only in ("ProtectKernelTunables", "ProtectKernelLogs", "ProtectProc"):
         assert root_only not in as_user
+
+
+def test_both_daemons_name_the_unit_user_service_user() -> None:
+    """`mwms agent --user` was the agent's name for `--service-user`: it still works, hidden from --help."""
+    assert print_unit("agent", "--user", "ops") == print_unit("agent", "--service-user", "ops")
+    assert "User=ops" in print_unit("agent", "--service-user", "ops")
+    for command in ("server", "agent"):
+        wide = dict(os.environ, COLUMNS="200")  # rich wraps help to the terminal's width
+        shown = subprocess.run(
+            [MWMS, command, "--help"], capture_output=True, text=True, timeout=60, env=wide
+        )
+        assert "--service-user" in shown.stdout
+        assert not re.search(r"--user\b", shown.stdout), shown.stdout
 
 
 @needs_systemd_analyze
 def test_systemd_accepts_the_agent_units(tmp_path: Path) -> None:
     verify(print_unit("agent", "--server", "10.0.0.1:50051"), "mwms-agent.service", tmp_path)
     unit = print_unit(
-        "agent", "--user", "ops", "--work-dir", "/home/ops/my agent", "--stop-grace-seconds", "90"
+        "agent", "--service-user", "ops", "--work-dir", "/home/ops/my agent", "--stop-grace-seconds", "90"
     )
     verify(unit, "mwms-agent-user.service", tmp_path)
 

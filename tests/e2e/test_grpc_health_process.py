@@ -51,7 +51,8 @@ def test_health_and_reflection_answer_without_credentials(coordinator: Cluster) 
             assert health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10).status == SERVING
         assert AGENT_SERVICE in ProtoReflectionDescriptorDatabase(channel).get_services()
     healthz = httpx.get(f"{coordinator.api}/healthz", timeout=10)
-    assert healthz.json() == {"status": "ok", "grpc": "SERVING"}
+    grpc_port = str(coordinator.grpc_port)
+    assert healthz.json() == {"status": "ok", "grpc": "SERVING", "grpc_port": grpc_port}
 
 
 @pytest.mark.skipif(shutil.which("grpcurl") is None, reason="grpcurl is not installed")

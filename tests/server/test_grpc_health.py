@@ -64,7 +64,8 @@ def test_healthz_reports_the_grpc_state(coordinator) -> None:
     server, _ = coordinator
     response = server.http.get("/healthz")
     assert response.status_code == 200
-    assert response.json() == {"status": "ok", "grpc": "SERVING"}
+    grpc_port = str(server.app.state.grpc_port)
+    assert response.json() == {"status": "ok", "grpc": "SERVING", "grpc_port": grpc_port}
 
 
 def test_reflection_lists_the_agent_service_and_health(coordinator) -> None:
@@ -120,7 +121,12 @@ def test_an_agents_only_replica_serves_health(tmp_path: Path) -> None:
         server, channel = start(stack, tmp_path, serve="agents")
         answer = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
         assert answer.status == SERVING
-        assert server.http.get("/healthz").json() == {"status": "ok", "grpc": "SERVING"}
+        grpc_port = str(server.app.state.grpc_port)
+        assert server.http.get("/healthz").json() == {
+            "status": "ok",
+            "grpc": "SERVING",
+            "grpc_port": grpc_port,
+        }
 
 
 def test_an_api_only_replica_has_no_grpc_to_report(tmp_path: Path) -> None:
