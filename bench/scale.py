@@ -3,8 +3,10 @@
   agents: N agents heartbeating for T s: heartbeat round trip p50/p99, coordinator CPU (% of one core,
           from /proc/<pid>/stat over the window), agents marked lost, time to register all N.
   gangs:  with N agents connected, submit -> RUNNING of a 64-worker and a 256-worker job (CPU slots).
-  ingest: 50 tasks streaming metric points and log lines as fast as acks allow while the other agents
-          heartbeat: points/s and lines/s acked AND readable through the API, heartbeat round trips.
+  ingest: 50 tasks streaming metric points and log lines while the other agents heartbeat, in three
+          cases (INGEST_CASES: metrics alone, logs alone, both together, each offered at its target plus
+          10 %, or as fast as acks allow): points/s and lines/s acked AND readable through the API,
+          each stored once, heartbeat round trips, and how long a write of the API waits meanwhile.
 
 The coordinator is a real `mwms server` process (tests/cluster.py), on SQLite or on PostgreSQL as
 bench/run.py --db chooses; the simulator runs in this process, on one asyncio loop, and its own CPU and
@@ -23,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from simulator import SimAgent, SimConfig, Simulator, TelemetryPlan
+from simulator import BATCH_MAX_ITEMS, SimAgent, SimConfig, Simulator, TelemetryPlan
 
 from cluster import Cluster, pack
 
@@ -86,6 +88,7 @@ class Window:
         self.database0 = process_tree_cpu_seconds(database_pid) if database_pid else 0.0
         self.start = time.monotonic()
         self.cpu0 = cpu_seconds(coordinator_pid)
+        self.tree0 = process_tree_cpu_seconds(coordinator_pid)
         self.self0 = cpu_seconds("self")
         self.machine0 = machine_busy_seconds()
         self.wait0 = runqueue_wait_seconds(coordinator_pid)
@@ -94,6 +97,8 @@ class Window:
         self.end = time.monotonic()
         wall = self.end - self.start
         coordinator = 100 * (cpu_seconds(self.pid) - self.cpu0) / wall
+        # Its helper processes (the ingest and scheduler processes): the whole tree less the coordinator.
+        helpers = max(0.0, 100 * (process_tree_cpu_seconds(self.pid) - self.tree0) / wall - coordinator)
         simulator = 100 * (cpu_seconds("self") - self.self0) / wall
         machine = 100 * (machine_busy_seconds() - self.machine0) / wall
         database = (
@@ -104,12 +109,13 @@ class Window:
         return {
             "window_s": wall,
             "coordinator_cpu_pct": coordinator,
+            "coordinator_helpers_cpu_pct": helpers,
             "simulator_cpu_pct": simulator,
             # The PostgreSQL server's processes (0 with SQLite, which runs inside the coordinator).
             "database_cpu_pct": database,
             # Other processes on this machine in the same window (other benchmarks, test suites): a shared
             # machine makes every figure worse, so the figure says how shared it was.
-            "other_processes_cpu_pct": max(0.0, machine - coordinator - simulator - database),
+            "other_processes_cpu_pct": max(0.0, machine - coordinator - helpers - simulator - database),
             # Time the coordinator's threads were ready to run but had no CPU, % of the window (summed over
             # threads, so it can pass 100): round trips include this wait.
             "coordinator_cpu_wait_pct": 100 * (runqueue_wait_seconds(self.pid) - self.wait0) / wall,
@@ -190,6 +196,47 @@ class OfflineWatch:
 
     def figures(self) -> dict[str, int]:
         return {"agents_offline_max_in_window": self.most, "offline_polls": self.polls}
+
+
+class WriteProbe:
+    """Creates an API token (one small write transaction) every `interval_s` while a window is open and
+    times each call: how long the coordinator's own writes wait for the database's write lock while
+    telemetry is stored (task reports, the liveness flush and POST /jobs wait the same way)."""
+
+    def __init__(self, cluster: Cluster, interval_s: float = 0.5) -> None:
+        self.cluster, self.interval_s = cluster, interval_s
+        self.times: list[float] = []
+        self.errors = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def __enter__(self) -> WriteProbe:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _run(self) -> None:
+        async with admin_client(self.cluster) as http:
+            while True:
+                started = time.monotonic()
+                try:
+                    response = await http.post("/api/v1/tokens", json={"user": "write-probe"}, timeout=60)
+                    response.raise_for_status()
+                    self.times.append(time.monotonic() - started)
+                except httpx.HTTPError:
+                    self.errors += 1
+                await asyncio.sleep(self.interval_s)
+
+    def figures(self) -> dict[str, Any]:
+        return {
+            "api_write_p50_ms": _ms(percentile(self.times, 50)),
+            "api_write_p99_ms": _ms(percentile(self.times, 99)),
+            "api_write_max_ms": _ms(max(self.times) if self.times else None),
+            "api_writes": len(self.times),
+            "api_write_errors": self.errors,
+        }
 
 
 async def start_fleet(cluster: Cluster, agents: int, config: SimConfig, results: dict[str, Any]) -> Simulator:
@@ -301,6 +348,38 @@ async def run_gang(http: httpx.AsyncClient, sim: Simulator, digest: str, workers
     }
 
 
+# Ingest cases: offered items/s of each kind in all (None: as fast as acks allow; 0: none), and the stored
+# rate each kind must reach (bench/run.py's targets). A case offers its target plus INGEST_HEADROOM, so a
+# coordinator that keeps up stores at least the target although the figure's time runs on until the last
+# item is readable.
+INGEST_CASES: dict[str, dict[str, float]] = {
+    "metrics": {"metric_points_per_s": 100_000, "log_lines_per_s": 0},
+    "logs": {"metric_points_per_s": 0, "log_lines_per_s": 100_000},
+    "both": {"metric_points_per_s": 50_000, "log_lines_per_s": 50_000},
+}
+INGEST_HEADROOM = 1.1
+# At a chosen rate each task may have this many of each kind's batches unacknowledged: half the
+# coordinator's bound per stream (MAX_UNACKED_BATCHES, both kinds), so it is the coordinator that holds a
+# sender back, as with a real agent (which has no window of its own).
+PACED_WINDOW_BATCHES = 16
+
+
+def ingest_plan(
+    metric_points_per_s: float | None, log_lines_per_s: float | None, tasks: int
+) -> TelemetryPlan:
+    """Each task's share of the offered rates (None: as fast as acks allow, in the simulator's window)."""
+    if metric_points_per_s is None or log_lines_per_s is None:
+        return TelemetryPlan(
+            metric_points_per_s=None if metric_points_per_s is None else metric_points_per_s / tasks,
+            log_lines_per_s=None if log_lines_per_s is None else log_lines_per_s / tasks,
+        )
+    return TelemetryPlan(
+        metric_points_per_s=metric_points_per_s / tasks,
+        log_lines_per_s=log_lines_per_s / tasks,
+        window_items=PACED_WINDOW_BATCHES * BATCH_MAX_ITEMS,
+    )
+
+
 async def scenario_ingest(
     cluster: Cluster,
     results: dict[str, Any],
@@ -308,17 +387,26 @@ async def scenario_ingest(
     tasks: int,
     seconds: float,
     database_pid: int | None = None,
+    metric_points_per_s: float | None = None,
+    log_lines_per_s: float | None = None,
 ) -> None:
-    """`tasks` one-worker jobs streaming metrics and logs as fast as acks allow, the other agents heartbeating.
+    """`tasks` one-worker jobs streaming metrics and logs at the offered rates (in all; None: as fast as
+    acks allow), the other agents heartbeating.
 
     Counts what is acknowledged AND readable through the API, from the window's start until the last of it
     is readable; a coordinator that cannot drain the backlog within DRAIN_TIMEOUT_S is measured on what
     it acknowledged by then.
     """
     assert cluster.server is not None
-    results |= {"agents": agents, "tasks": tasks, "seconds": seconds}
+    results |= {
+        "agents": agents,
+        "tasks": tasks,
+        "seconds": seconds,
+        "offered_metric_points_per_s": metric_points_per_s,
+        "offered_log_lines_per_s": log_lines_per_s,
+    }
     sim = await start_fleet(cluster, agents, sim_config(cluster, task_run_s=None), results)
-    plan = TelemetryPlan(metric_points_per_s=None, log_lines_per_s=None)
+    plan = ingest_plan(metric_points_per_s, log_lines_per_s, tasks)
     try:
         async with admin_client(cluster) as http:
             digest = await upload_bundle(http)
@@ -330,13 +418,15 @@ async def scenario_ingest(
             for agent in sim.agents:
                 agent.telemetry = None  # only the first `tasks` starts stream
             others = [a for a in sim.agents if not a.tasks]
+            # Tasks stream from their start: what was acked before the window is not counted in it.
+            acked_before = {t.task_id: (t.acked_log_seq, t.acked_metric_seq) for t in sim.tasks()}
             window = Window(cluster.server.popen.pid, database_pid)
-            with OfflineWatch(cluster, sim) as watch:
+            with OfflineWatch(cluster, sim) as watch, WriteProbe(cluster) as writes:
                 await asyncio.sleep(seconds)
             for task in sim.tasks():
                 task.done.set()  # the producers stop; what is in flight is still acked
             sent_at = time.monotonic()
-            results |= window.close() | watch.figures()
+            results |= window.close() | watch.figures() | writes.figures()
             await drain_heartbeats(sim, window.end)
             results |= heartbeat_figures(sim, window.start, window.end, others)
             results |= {
@@ -361,8 +451,8 @@ async def scenario_ingest(
             acked_at = time.monotonic()
             await wait_until_readable(http, sim_tasks)
             readable_at = time.monotonic()
-            lines = sum(t.acked_log_seq for t in sim_tasks)
-            points = sum(t.acked_metric_seq for t in sim_tasks)
+            lines = sum(t.acked_log_seq - acked_before.get(t.task_id, (0, 0))[0] for t in sim_tasks)
+            points = sum(t.acked_metric_seq - acked_before.get(t.task_id, (0, 0))[1] for t in sim_tasks)
             elapsed = readable_at - window.start
             results |= {
                 "metric_points": points,
@@ -373,7 +463,12 @@ async def scenario_ingest(
                 "readable_after_acked_s": readable_at - acked_at,
                 "rejected_items": sum(t.rejected for t in sim_tasks),
             }
-            results["points_stored_once"] = await count_points(http, sim_tasks[0])
+            if plan.metric_points_per_s != 0:
+                results["points_stored_once"] = await count_points(http, sim_tasks[0])
+            if plan.log_lines_per_s != 0:
+                # The task that started last: its first line is not the log's first (see count_lines).
+                last = max(sim_tasks, key=lambda t: t.running_at or 0.0)
+                results["lines_stored_once"] = await count_lines(http, last)
             results |= await lost_agents(http, sim)
             del job_ids
     finally:
@@ -423,6 +518,28 @@ async def count_points(http: httpx.AsyncClient, task: Any) -> bool:
     ).json()
     steps = [p["step"] for p in points["points"]]
     return len(steps) == len(set(steps)) and set(range(1, task.acked_metric_seq + 1)) <= set(steps)
+
+
+async def count_lines(http: httpx.AsyncClient, task: Any) -> bool:
+    """True when one task's log through the API holds every acknowledged line exactly once.
+
+    Read oldest first, 10,000 lines a page after a cursor (a line id); the first cursor is 1 (0 asks for
+    the newest lines instead), so this must be a task whose first line is not the first line stored."""
+    seqs: list[int] = []
+    after = 1
+    while True:
+        page = (
+            await http.get(
+                f"/api/v1/jobs/{task.job_id}/logs",
+                params={"task": task.index, "attempt": task.attempt, "after": after, "tail": 10_000},
+                timeout=300,
+            )
+        ).json()
+        if not page["lines"]:
+            break
+        seqs += [line["seq"] for line in page["lines"]]
+        after = page["next_after"]
+    return len(seqs) == len(set(seqs)) and set(range(1, task.acked_log_seq + 1)) <= set(seqs)
 
 
 async def wait_for(predicate: Callable[[], bool], timeout: float) -> None:

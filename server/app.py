@@ -40,10 +40,12 @@ from mwms.server.limits import (
     GRPC_MAX_CONNECTION_IDLE_MS,
     GRPC_MAX_METADATA_BYTES,
 )
+from mwms.server.listen_ports import CannotListen, port_in_use_message
 from mwms.server.live.wiring import Wiring, build_wiring
 from mwms.server.observability.cluster_gauges import cluster_registry
 from mwms.server.observability.request_latency import RequestLatencyMiddleware
 from mwms.server.private_files import secure_data_dir
+from mwms.server.rpc import convert
 from mwms.server.rpc.agent_service import AgentService
 from mwms.server.rpc.auth import AgentAuthInterceptor
 from mwms.server.rpc.health import GrpcHealth
@@ -104,7 +106,7 @@ async def serving(app: FastAPI, settings: Settings) -> AsyncIterator[None]:
     await asyncio.to_thread(upgrade_to_head, db.engine)
     await asyncio.to_thread(_grant_reconnect_grace, db, settings, me)
     await asyncio.to_thread(bootstrap_admin_token, db, settings)
-    wiring = build_wiring(db, settings, me)
+    wiring = build_wiring(db, settings, me, decode=convert.telemetry_items)
     app.state.wiring = wiring  # routers get it through server/api/deps.py
     app.state.cluster_metrics = cluster_registry(db, wiring.hub.connected_count, wiring.passes.leads)
     app.state.grpc_port = 0
@@ -142,6 +144,9 @@ async def start_grpc(
             ("grpc.absolute_max_metadata_size", GRPC_ABSOLUTE_MAX_METADATA_BYTES),
             ("grpc.max_connection_idle_ms", GRPC_MAX_CONNECTION_IDLE_MS),
             ("grpc.server_handshake_timeout_ms", GRPC_HANDSHAKE_TIMEOUT_MS),
+            # gRPC's default SO_REUSEPORT let a second coordinator share the port, agents reaching
+            # either at random (issue 31): a taken port is refused (server/listen_ports.py).
+            ("grpc.so_reuseport", 0),
         ],
     )
     agent_pb2_grpc.add_AgentServiceServicer_to_server(
@@ -149,15 +154,17 @@ async def start_grpc(
         grpc_server,
     )
     await grpc_health.add_to(grpc_server, reflection_on=settings.grpc_reflection)
-    bound = bind_grpc_port(grpc_server, settings)  # TLS when a certificate is configured
+    taken = port_in_use_message("agents (gRPC)", settings.grpc_host, settings.grpc_port, "--grpc-port")
+    try:
+        bound = bind_grpc_port(grpc_server, settings)  # TLS when a certificate is configured
+    except RuntimeError:  # newer grpc raises where older returned 0
+        raise CannotListen(taken) from None
     if bound == 0:
-        raise RuntimeError(
-            f"cannot listen for agents on {settings.grpc_host}:{settings.grpc_port}: the port is in use; "
-            "pass another --grpc-port"
-        )
+        raise CannotListen(taken)
     app.state.grpc_port = bound
     await grpc_server.start()
-    log.info("coordinator ready: gRPC for agents on %s:%d", settings.grpc_host, bound)
+    # Not "ready": REST may not listen yet (server/main.py logs ready once both do).
+    log.info("gRPC for agents listens on %s:%d", settings.grpc_host, bound)
     return grpc_server
 
 

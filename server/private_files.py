@@ -29,7 +29,7 @@ FILE_MODE = 0o600
 # Files under the data dir that hold secrets (the database's files are added from the database URL).
 SECRET_FILES = ("admin-token", "tls/ca-key.pem", "tls/server-key.pem")
 PRIVATE_SUBDIRS = ("tls",)
-SQLITE_SUFFIXES = ("", "-wal", "-shm", "-journal", ".lock")
+SQLITE_SUFFIXES = ("", "-wal", "-shm", "-journal", ".lock", "-writers", "-writers.door")
 
 
 class ForeignFileError(Exception):

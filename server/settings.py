@@ -68,6 +68,10 @@ class Settings(BaseSettings):
     # thousands of waiting jobs never holds the interpreter that answers heartbeats and REST calls.
     # False: in a thread of the coordinator's process (an in-memory SQLite database always does).
     scheduler_process: bool = True
+    # Log lines and metric points are decoded and stored in a process of their own (server/ingest_worker.py),
+    # so 100,000 items a second never hold the interpreter that answers heartbeats and REST calls.
+    # False: in a thread of the coordinator's process (an in-memory SQLite database always does).
+    ingest_process: bool = True
     # The polled lists (agents, jobs, overview, queue) are built once for every caller within this many
     # seconds (server/api/view_cache.py); a write answered by this replica shows at once, what agents,
     # loops and other replicas change within this time. 0: built for each request. Default: 1 on an

@@ -8,9 +8,11 @@ from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from mwms.server.db import locks
+from mwms.server.db.write_turns import WriteTurns
 
 
 class Database:
@@ -32,6 +34,8 @@ class Database:
         self._write = sessionmaker(write_engine, expire_on_commit=False)
         self._read = sessionmaker(self.engine, expire_on_commit=False)
         self._writer_lock = threading.Lock()
+        # SQLite's writers in every process take turns (server/db/write_turns.py).
+        self._turns = WriteTurns(make_url(url).database if self.is_sqlite else None)
         self._lock_engine: Engine | None = None
 
     @property
@@ -46,13 +50,14 @@ class Database:
     def write(self) -> Iterator[Session]:
         """A read-then-write transaction, committed on success; one at a time, across every replica.
 
-        SQLite takes its write lock up front (BEGIN IMMEDIATE). PostgreSQL takes the writer advisory lock
-        first (server/db/locks.py), so read-then-write passes (a task report on one replica and the
-        reconciler on another ending the same attempt) never interleave; this process also lines its own
-        writers up before they take a pooled connection to wait on it.
+        SQLite takes its write lock up front (BEGIN IMMEDIATE), once the writer's turn came (writers of the
+        file take turns: server/db/write_turns.py). PostgreSQL takes the writer advisory lock first
+        (server/db/locks.py), so read-then-write passes (a task report on one replica and the reconciler
+        on another ending the same attempt) never interleave; this process also lines its own writers up
+        before they take a pooled connection to wait on it.
         """
         if self.is_sqlite:
-            with self._write() as session, session.begin():
+            with self._turns.turn(), self._write() as session, session.begin():
                 yield session
             return
         with self._writer_lock, self._write() as session, session.begin():

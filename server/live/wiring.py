@@ -18,6 +18,8 @@ from mwms.server.live.hang_detector import HangDetector
 from mwms.server.live.hello_writer import HelloWriter
 from mwms.server.live.hub import AgentHub
 from mwms.server.live.ingest import TelemetryWriter
+from mwms.server.live.ingest_process import IngestProcess, runs_apart, worker_config
+from mwms.server.live.ingest_store import Decode, GroupStore, ThreadStore
 from mwms.server.live.liveness import Liveness
 from mwms.server.live.loops import BackgroundLoops
 from mwms.server.live.pass_locks import PassLocks
@@ -78,8 +80,18 @@ class Wiring:
         await asyncio.gather(*self.background, return_exceptions=True)
 
 
-def build_wiring(db: Database, settings: Settings, replica: ReplicaIdentity) -> Wiring:
-    """The coordinator's machinery for `db` and `settings`, not started; call inside the running loop."""
+def telemetry_store(db: Database, settings: Settings, decode: Decode) -> GroupStore:
+    """Where telemetry transactions run: the ingest process (settings.ingest_process, a database another
+    process can open), else a thread of this process, decoding with `decode`."""
+    if runs_apart(settings, db.url):
+        return IngestProcess(worker_config(settings, db.url))
+    return ThreadStore(db, decode)
+
+
+def build_wiring(db: Database, settings: Settings, replica: ReplicaIdentity, decode: Decode) -> Wiring:
+    """The coordinator's machinery for `db` and `settings`, not started; call inside the running loop.
+    `decode` turns a log or metric batch's bytes into lines or points (server/rpc/convert.py's
+    telemetry_items: the live machinery imports no transport)."""
     loop = asyncio.get_running_loop()
     doorbell = Doorbell(db, loop, replica.id)
     hub = AgentHub(loop, db, replica_id=replica.id, doorbell=doorbell)
@@ -92,7 +104,9 @@ def build_wiring(db: Database, settings: Settings, replica: ReplicaIdentity) -> 
         db, settings, hub, liveness, replica=replica, passes=passes, progress=progress, doorbell=doorbell
     )
     doorbell.on("scheduler", loops.poked_by_ring)
-    telemetry = TelemetryWriter(db, hub.wake, loops.poke, progress=progress)
+    telemetry = TelemetryWriter(
+        telemetry_store(db, settings, decode), hub.wake, loops.poke, progress=progress
+    )
     stacks = StackCollector(db, hub, doorbell)
     return Wiring(
         db=db,

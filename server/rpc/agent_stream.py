@@ -27,6 +27,8 @@ from typing import Any, TypeVar
 import grpc
 
 from mwms.server.errors import DomainError
+from mwms.server.live.ingest_store import RawBatch
+from mwms.server.live.ingest_wire import IngestItemError
 from mwms.server.live.wiring import Wiring
 from mwms.server.observability.instruments import count_command, observe_heartbeat_round_trip
 from mwms.server.poison import contain, count_poison, is_transient
@@ -266,16 +268,17 @@ class AgentStream:
 
     async def _submit_batch(self, message: pb.AgentMessage, body: str) -> None:
         """Hands a log or metric batch to the telemetry writer, once fewer than MAX_UNACKED_BATCHES of this
-        stream (logs and metrics together) wait for their acknowledgement; till then the reader waits."""
+        stream (logs and metrics together) wait for their acknowledgement; till then the reader waits.
+
+        The batch goes as its serialized bytes: it is decoded item by item where it is stored (the ingest
+        process), never in this event loop."""
         if body == "logs":
-            batch = agent_messages.TelemetryBatch(
-                self.agent_id, message.logs.task_id, lines=convert.log_lines(message.logs)
-            )
+            part: pb.LogBatch | pb.MetricBatch = message.logs
+            size = len(message.logs.lines)
         else:
-            batch = agent_messages.TelemetryBatch(
-                self.agent_id, message.metrics.task_id, points=convert.metric_points(message.metrics)
-            )
-        # Converted first: a batch that cannot be converted is refused without ever holding a slot.
+            part = message.metrics
+            size = len(message.metrics.points)
+        batch = RawBatch(self.agent_id, part.task_id, body, part.SerializeToString(), size)
         await self._wait_for_a_slot()
         try:
             store = self.wiring.telemetry.submit(batch)
@@ -317,7 +320,9 @@ class AgentStream:
                 if is_transient(error):
                     raise  # the agent resends once it reconnects
                 self._unacked_slots.release()
-                await self._refuse(message, body)
+                # The ingest process says what it could not do (a batch that does not decode, one that
+                # killed the process); anything else is an internal error, logged here.
+                await self._refuse(message, body, str(error) if isinstance(error, IngestItemError) else "")
                 continue
             self._unacked_slots.release()
             if body == "logs":
@@ -327,12 +332,15 @@ class AgentStream:
                     convert.ack(message.metrics.task_id, metric_seq=stored.acked_seq, stored=stored)
                 )
 
-    async def _refuse(self, message: pb.AgentMessage, body: str | None) -> None:
-        """Contains a message that could not be applied: a batch is acknowledged as refused, so the agent
-        drops it instead of resending it forever; a report or hello is skipped (logged and counted)."""
+    async def _refuse(self, message: pb.AgentMessage, body: str | None, why: str = "") -> None:
+        """Contains a message that could not be applied: a batch is acknowledged as refused (with `why`,
+        when there is more to say than "an internal error"), so the agent drops it instead of resending it
+        forever; a report or hello is skipped (logged and counted)."""
         what = f"a {body} message from agent {self.agent_id}"
         contain(log, f"agent_{body}", f"{self.agent_id}/{body}", what)
-        reason = "the coordinator could not store this batch (an internal error, logged there)"
+        reason = f"the coordinator could not store this batch: {why}"
+        if not why:
+            reason = "the coordinator could not store this batch (an internal error, logged there)"
         if body == "logs":
             batch = message.logs
             refused = StoreOutcome(max((x.seq for x in batch.lines), default=0), len(batch.lines), reason)

@@ -92,17 +92,22 @@ def task_report(report: pb.TaskReport) -> TaskReport | None:
 
 
 def log_lines(batch: pb.LogBatch) -> list[IncomingLine]:
-    return [
-        IncomingLine(seq=x.seq, stream=x.stream, text=x.text, unix_ms=x.unix_ms, replaces_seq=x.replaces_seq)
-        for x in batch.lines
-    ]
+    # Positional: the ingest process converts 100,000 a second (IncomingLine's field order).
+    return [IncomingLine(x.seq, x.stream, x.text, x.unix_ms, x.replaces_seq) for x in batch.lines]
 
 
 def metric_points(batch: pb.MetricBatch) -> list[IncomingPoint]:
-    return [
-        IncomingPoint(seq=p.seq, name=p.name, step=p.step, value=p.value, unix_ms=p.unix_ms)
-        for p in batch.points
-    ]
+    return [IncomingPoint(p.seq, p.name, p.step, p.value, p.unix_ms) for p in batch.points]
+
+
+def telemetry_items(kind: str, payload: bytes) -> list[IncomingLine] | list[IncomingPoint]:
+    """The lines ("logs": a serialized LogBatch) or points ("metrics": a MetricBatch) of a batch an agent
+    stream handed to the telemetry writer as bytes (server/live/ingest_store.py); DecodeError when damaged."""
+    if kind == "logs":
+        return log_lines(pb.LogBatch.FromString(payload))
+    if kind == "metrics":
+        return metric_points(pb.MetricBatch.FromString(payload))
+    raise ValueError(f"no telemetry kind {kind!r}")
 
 
 def device_samples(telemetry: pb.DeviceTelemetry) -> list[IncomingSample]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
@@ -145,6 +146,9 @@ def accept_telemetry(session: Session, batches: list[TelemetryBatch]) -> list[St
     when its agent was removed); the others are stored. A database that cannot be written at all
     (a transient error) fails the whole call, so every agent resends.
     """
+    held = _hold_rows(session, Agent, {b.agent_id for b in batches}) + _hold_rows(
+        session, Task, {b.task_id for b in batches}
+    )
     outcomes: list[StoreOutcome | Exception] = []
     for batch in batches:
         try:
@@ -159,7 +163,24 @@ def accept_telemetry(session: Session, batches: list[TelemetryBatch]) -> list[St
             if is_transient(error):
                 raise
             outcomes.append(error)
+    del held
     return outcomes
+
+
+# Ids per query when rows are read by id: well within SQLite's and PostgreSQL's bounds on parameters.
+IDS_PER_QUERY = 500
+
+
+def _hold_rows(session: Session, model: type[Agent] | type[Task], ids: set[str]) -> list[Any]:
+    """Reads the rows of `ids` in a few queries and returns them, for the caller to hold: while held, the
+    session's `get` finds them without a query (it keeps only the objects something references), so a
+    transaction of hundreds of batches reads each batch's agent and task once, not twice per batch."""
+    ordered = sorted(ids)
+    rows: list[Any] = []
+    for start in range(0, len(ordered), IDS_PER_QUERY):
+        chunk = ordered[start : start + IDS_PER_QUERY]
+        rows += session.scalars(select(model).where(model.id.in_(chunk))).all()
+    return rows
 
 
 def accept_logs(session: Session, agent_id: str, task_id: str, lines: list[IncomingLine]) -> StoreOutcome:

@@ -20,10 +20,10 @@ import functools
 import logging
 import math
 import struct
-from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import ColumnElement, Dialect, ScalarSelect, Table, UniqueConstraint, func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -43,8 +43,9 @@ MAX_UNIX_MS = int(metrics_line.MAX_TIME * 1000)
 STREAMS = ("stdout", "stderr")
 
 
-@dataclass(frozen=True)
-class IncomingLine:
+class IncomingLine(NamedTuple):
+    """A log line as an agent sent it (a tuple: the ingest process makes 100,000 of these a second)."""
+
     seq: int
     stream: str
     text: str
@@ -53,8 +54,9 @@ class IncomingLine:
     replaces_seq: int = 0
 
 
-@dataclass(frozen=True)
-class IncomingPoint:
+class IncomingPoint(NamedTuple):
+    """A metric point as an agent sent it."""
+
     seq: int
     name: str
     step: int
@@ -125,19 +127,104 @@ def _short(error: BaseException) -> str:
 # 32 rows the two store as fast (bench/pg_copy_ingest.py, within its noise), and the executemany is one round
 # trip where COPY takes three, so the row-by-row retry of _insert_contained stays what it was.
 COPY_MIN_ROWS = 8
+# The columns each store fills, in the order of its rows' values (tuples: no dict per line or point).
+# `superseded` takes its server default (false).
+LOG_COLUMNS = ("job_id", "task_id", "seq", "stream", "text", "at", "replaces_seq")
+METRIC_COLUMNS = ("job_id", "task_id", "attempt", "seq", "name", "step", "value", "wall_time")
 
 
-def _insert_ignoring_duplicates(session: Session, model: type, rows: list[dict]) -> None:
+class _Bind:
+    """A table's columns as the database driver takes them: each row's values through the column types'
+    bind processors for the dialect, as SQLAlchemy's own execution would (a timestamp as SQLite's text, for
+    one). Processed values are remembered within a call (a batch's rows share a handful of times), but
+    for floats, where equal values can differ (0.0 and -0.0)."""
+
+    def __init__(self, table: Table, columns: tuple[str, ...], dialect: Dialect) -> None:
+        self.processors = tuple(
+            (i, process)
+            for i, name in enumerate(columns)
+            if (process := table.columns[name].type.dialect_impl(dialect).bind_processor(dialect)) is not None
+        )
+
+    def rows(self, rows: list[tuple]) -> list[tuple]:
+        if not self.processors:
+            return rows
+        if len(self.processors) == 1 and rows and type(rows[0][self.processors[0][0]]) is not float:
+            return self._one_column(rows)
+        remembered: list[dict[Any, Any]] = [{} for _ in self.processors]
+        bound = []
+        for row in rows:
+            values = list(row)
+            for (i, process), memo in zip(self.processors, remembered, strict=True):
+                value = values[i]
+                if type(value) is float:
+                    values[i] = process(value)
+                    continue
+                try:
+                    values[i] = memo[value]
+                except KeyError:
+                    values[i] = memo[value] = process(value)
+            bound.append(tuple(values))
+        return bound
+
+    def _one_column(self, rows: list[tuple]) -> list[tuple]:
+        """The same for the one processed column (a timestamp), in fewer steps: most batches."""
+        ((i, process),) = self.processors
+        memo: dict[Any, Any] = {}
+        bound = []
+        for row in rows:
+            value = row[i]
+            done = memo.get(value)
+            if done is None:
+                done = memo[value] = process(value)
+            bound.append((*row[:i], done, *row[i + 1 :]))
+        return bound
+
+
+@dataclass(frozen=True)
+class _InsertPlan:
+    """One executemany of `table` rows holding `columns`, skipping rows stored before (see _insert_plan)."""
+
+    columns: tuple[str, ...]
+    sql: str  # positional parameters in the order of `columns` (SQLite), else ""
+    bind: _Bind
+
+
+@functools.cache
+def _insert_plan(table: Table, columns: tuple[str, ...], dialect: Dialect) -> _InsertPlan:
+    """On SQLite, the INSERT ... ON CONFLICT DO NOTHING that the driver runs once per row of a batch with
+    values bound here: SQLAlchemy's own executemany built a dict and ran every type's processor per row,
+    which cost more than SQLite's insert itself (bench/README.md, ingest). Names come from the table."""
+    sql = ""
+    if dialect.name == "sqlite":
+        quote = dialect.identifier_preparer.quote
+        names = ", ".join(quote(name) for name in columns)
+        marks = ", ".join("?" for _ in columns)
+        sql = f"INSERT INTO {quote(table.name)} ({names}) VALUES ({marks}) ON CONFLICT DO NOTHING"
+    return _InsertPlan(columns=columns, sql=sql, bind=_Bind(table, columns, dialect))
+
+
+def _insert_ignoring_duplicates(
+    session: Session, model: type, columns: tuple[str, ...], rows: list[tuple]
+) -> None:
+    """Inserts `rows` (values in the order of `columns`) in the session's transaction, skipping rows whose
+    (task_id, seq) is stored already."""
     if not rows:
         return
     table: Table = model.__table__  # type: ignore[attr-defined]
     dialect = session.get_bind().dialect
     if dialect.name == "postgresql" and len(rows) >= COPY_MIN_ROWS:
-        _copy_ignoring_duplicates(session, table, rows)
+        _copy_ignoring_duplicates(session, table, columns, rows)
+        return
+    plan = _insert_plan(table, columns, dialect)
+    if plan.sql:
+        session.connection().exec_driver_sql(plan.sql, plan.bind.rows(rows))
         return
     insert = pg_insert if dialect.name == "postgresql" else sqlite_insert
     # One executemany of a compiled statement: compiling a multi-row VALUES costs more than the insert.
-    session.connection().execute(insert(table).on_conflict_do_nothing(), rows)
+    session.connection().execute(
+        insert(table).on_conflict_do_nothing(), [dict(zip(columns, row, strict=True)) for row in rows]
+    )
 
 
 @dataclass(frozen=True)
@@ -148,7 +235,7 @@ class _CopyPlan:
     create: str
     copy: str
     move: str
-    processors: tuple[tuple[int, Callable[[Any], Any]], ...]
+    bind: _Bind
 
 
 @functools.cache
@@ -169,11 +256,6 @@ def _copy_plan(table: Table, columns: tuple[str, ...], dialect: Dialect) -> _Cop
     staged = quote(f"mwms_staged_{table.name}")
     (unique,) = [c for c in table.constraints if isinstance(c, UniqueConstraint)]
     key = ", ".join(quote(c.name) for c in unique.columns)
-    processors = tuple(
-        (i, process)
-        for i, name in enumerate(columns)
-        if (process := table.columns[name].type.bind_processor(dialect)) is not None
-    )
     return _CopyPlan(
         columns=columns,
         create=(
@@ -188,7 +270,7 @@ def _copy_plan(table: Table, columns: tuple[str, ...], dialect: Dialect) -> _Cop
             f"INSERT INTO {quote(table.name)} ({names}) SELECT {names} FROM moved ORDER BY {key} "
             f"ON CONFLICT ({key}) DO NOTHING"
         ),
-        processors=processors,
+        bind=_Bind(table, columns, dialect),
     )
 
 
@@ -201,7 +283,9 @@ _COLUMN_TYPES = (
 _copy_types: dict[tuple[str, tuple[str, ...]], list[int]] = {}
 
 
-def _copy_ignoring_duplicates(session: Session, table: Table, rows: list[dict]) -> None:
+def _copy_ignoring_duplicates(
+    session: Session, table: Table, columns: tuple[str, ...], rows: list[tuple]
+) -> None:
     """Stores `rows` in `table` in the session's transaction: COPY (binary) into a temporary table, then one
     INSERT ... SELECT ... ON CONFLICT DO NOTHING, so rows stored before, or twice in the batch, are skipped.
 
@@ -209,7 +293,7 @@ def _copy_ignoring_duplicates(session: Session, table: Table, rows: list[dict]) 
     executemany. Which of two rows with one seq in a batch is kept is not defined (agents never send that).
     """
     dialect = session.get_bind().dialect
-    plan = _copy_plan(table, tuple(rows[0]), dialect)
+    plan = _copy_plan(table, columns, dialect)
     driver = session.connection().connection.driver_connection
     assert driver is not None
     try:
@@ -221,11 +305,8 @@ def _copy_ignoring_duplicates(session: Session, table: Table, rows: list[dict]) 
             cursor.execute(plan.create)
             with cursor.copy(plan.copy) as copy:
                 copy.set_types(types)
-                for row in rows:
-                    values = [row[name] for name in plan.columns]
-                    for i, process in plan.processors:
-                        values[i] = process(values[i])
-                    copy.write_row(values)
+                for row in plan.bind.rows(rows):
+                    copy.write_row(row)
             cursor.execute(plan.move)
     except dialect.loaded_dbapi.Error as error:
         # As SQLAlchemy would have raised it: _insert_contained and is_transient know its classes.
@@ -235,55 +316,85 @@ def _copy_ignoring_duplicates(session: Session, table: Table, rows: list[dict]) 
 
 
 def _insert_contained(
-    session: Session, model: type, rows: list[dict], outcome: StoreOutcome, kind: str
+    session: Session,
+    model: type,
+    columns: tuple[str, ...],
+    rows: list[tuple],
+    outcome: StoreOutcome,
+    kind: str,
 ) -> None:
-    """Inserts `rows`; when the database refuses the batch, row by row, refusing only the rows it refuses."""
+    """Inserts `rows`; when the database refuses the batch, row by row, refusing only the rows it refuses.
+
+    On PostgreSQL a refused statement aborts the transaction, so each try runs in a savepoint. SQLite backs
+    out only the refused statement (a row of the executemany) and keeps the rows before it, which the retry
+    then skips as stored: no savepoint there, whose cost per batch was more than a batch's inserts.
+    """
     if not rows:
         return
+    contained = session.begin_nested if session.get_bind().dialect.name != "sqlite" else nullcontext
     try:
-        with session.begin_nested():
-            _insert_ignoring_duplicates(session, model, rows)
+        with contained():
+            _insert_ignoring_duplicates(session, model, columns, rows)
         return
     except (SQLAlchemyError, ValueError, TypeError, OverflowError) as error:
         if is_transient(error):
             raise
         log.warning("the database refused a %s batch (%s); storing it row by row", kind, _short(error))
+    seq = columns.index("seq")
     for row in rows:
         try:
-            with session.begin_nested():
-                _insert_ignoring_duplicates(session, model, [row])
+            with contained():
+                _insert_ignoring_duplicates(session, model, columns, [row])
         except (SQLAlchemyError, ValueError, TypeError, OverflowError) as error:
             if is_transient(error):
                 raise
             count_poison(kind)
-            outcome.refuse(row["seq"], f"the database refused it ({_short(error)})")
+            outcome.refuse(row[seq], f"the database refused it ({_short(error)})")
+
+
+class _Times:
+    """Unix milliseconds as the datetimes stored, one object per distinct time of a batch."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, datetime] = {}
+
+    def at(self, unix_ms: int) -> datetime:
+        moment = self._seen.get(unix_ms)
+        if moment is None:
+            moment = self._seen[unix_ms] = _from_ms(unix_ms)
+        return moment
 
 
 def store_log_lines(session: Session, task: Task, lines: list[IncomingLine]) -> StoreOutcome:
     """Stores lines not stored before; all of them are acknowledged, the refused ones with a reason."""
     outcome = StoreOutcome(acked_seq=max((line.seq for line in lines), default=0))
-    rows: list[dict[str, Any]] = []
+    rows: list[tuple] = []
+    times = _Times()
+    job_id, task_id = task.job_id, task.id
     for line in lines:
-        problem = line_problem(line)
-        if problem:
-            count_poison("log_line")
-            outcome.refuse(line.seq, problem)
-            continue
+        seq, unix_ms, stream, replaces = line.seq, line.unix_ms, line.stream, line.replaces_seq
+        # The bounds of line_problem, checked inline: the function says why when one is broken.
+        if not (1 <= seq <= MAX_SEQ and 0 <= unix_ms <= MAX_UNIX_MS):
+            problem = line_problem(line)
+            if problem:
+                count_poison("log_line")
+                outcome.refuse(seq, problem)
+                continue
         rows.append(
-            {
-                "job_id": task.job_id,
-                "task_id": task.id,
-                "seq": line.seq,
-                "stream": line.stream if line.stream in STREAMS else line.stream[:10],
+            (
+                job_id,
+                task_id,
+                seq,
+                stream if stream in STREAMS else stream[:10],
                 # PostgreSQL text cannot hold NUL; a program that prints one keeps the rest of its line.
-                "text": line.text.replace("\x00", "\ufffd"),
-                "at": _from_ms(line.unix_ms),
+                line.text.replace("\x00", "\ufffd"),
+                times.at(unix_ms),
                 # A redraw replaces an earlier line; one naming itself or a later line is a line of its own.
-                "replaces_seq": line.replaces_seq if 0 < line.replaces_seq < line.seq else None,
-            }
+                replaces if 0 < replaces < seq else None,
+            )
         )
-    _insert_contained(session, LogLine, rows, outcome, "log_line")
-    _supersede_redrawn(session, task, [row["seq"] for row in rows if row["replaces_seq"] is not None])
+    _insert_contained(session, LogLine, LOG_COLUMNS, rows, outcome, "log_line")
+    _supersede_redrawn(session, task, [row[2] for row in rows if row[6] is not None])
     if outcome.rejected:
         log.warning("task %s: refused %d log line(s): %s", task.id, outcome.rejected, outcome.reason)
     return outcome
@@ -311,28 +422,33 @@ def _supersede_redrawn(session: Session, task: Task, redraw_seqs: list[int]) -> 
 def store_metric_points(session: Session, task: Task, points: list[IncomingPoint]) -> StoreOutcome:
     """Stores points not stored before; all of them are acknowledged, the refused ones with a reason."""
     outcome = StoreOutcome(acked_seq=max((p.seq for p in points), default=0))
-    rows = []
+    rows: list[tuple] = []
+    times = _Times()
+    names: dict[str, bool] = {}  # name -> within metrics_line's bounds (a batch repeats a few names)
+    job_id, task_id, attempt = task.job_id, task.id, task.attempt_number
     for p in points:
-        problem = point_problem(p)
-        if problem:
-            count_poison("metric_point")
-            outcome.refuse(p.seq, problem)
-            continue
-        rows.append(
-            {
-                "job_id": task.job_id,
-                "task_id": task.id,
-                "attempt": task.attempt_number,
-                "seq": p.seq,
-                "name": p.name,
-                "step": p.step,
-                "value": stored_value(p.value),
-                "wall_time": _from_ms(p.unix_ms),
-            }
-        )
-        if math.isnan(p.value):
+        seq, name, step, unix_ms, value = p.seq, p.name, p.step, p.unix_ms, p.value
+        fine = names.get(name)
+        if fine is None:
+            fine = names[name] = metrics_line.name_problem(name) is None
+        # The bounds of point_problem, checked inline (a time within them is a finite time within the
+        # metrics line's): the function says why when one is broken.
+        if not (
+            fine
+            and 1 <= seq <= MAX_SEQ
+            and 0 <= unix_ms <= MAX_UNIX_MS
+            and metrics_line.MIN_STEP <= step <= metrics_line.MAX_STEP
+        ):
+            problem = point_problem(p)
+            if problem:
+                count_poison("metric_point")
+                outcome.refuse(seq, problem)
+                continue
+        nan = math.isnan(value)
+        rows.append((job_id, task_id, attempt, seq, name, step, None if nan else value, times.at(unix_ms)))
+        if nan:
             outcome.nan_points.append(p)
-    _insert_contained(session, MetricPoint, rows, outcome, "metric_point")
+    _insert_contained(session, MetricPoint, METRIC_COLUMNS, rows, outcome, "metric_point")
     if outcome.rejected:
         log.warning("task %s: refused %d metric point(s): %s", task.id, outcome.rejected, outcome.reason)
     return outcome

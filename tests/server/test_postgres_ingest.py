@@ -79,9 +79,9 @@ def copies(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     seen: list[int] = []
     real = telemetry._copy_ignoring_duplicates
 
-    def counted(session: Session, table: object, rows: list[dict]) -> None:
+    def counted(session: Session, table: object, columns: tuple[str, ...], rows: list[tuple]) -> None:
         seen.append(len(rows))
-        real(session, table, rows)  # type: ignore[arg-type]
+        real(session, table, columns, rows)  # type: ignore[arg-type]
 
     monkeypatch.setattr(telemetry, "_copy_ignoring_duplicates", counted)
     return seen
@@ -198,7 +198,9 @@ def test_a_row_the_database_refuses_is_refused_alone(
         rows[6]["task_id"] = "no-such-task"
         rows[7]["step"] = 2**31  # over int4: refused by psycopg's binary COPY, then by the server
         refused = StoreOutcome()
-        telemetry._insert_contained(session, MetricPoint, rows, refused, "metric_point")
+        columns = telemetry.METRIC_COLUMNS
+        values = [tuple(row[name] for name in columns) for row in rows]
+        telemetry._insert_contained(session, MetricPoint, columns, values, refused, "metric_point")
         assert (refused.rejected, refused.reason) == (
             2,
             "seq 7: the database refused it (ForeignKeyViolation: "

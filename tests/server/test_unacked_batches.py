@@ -1,11 +1,12 @@
 """Issue 16 item 9e: log batches count against the same bound on unacknowledged batches as metric batches
 (MAX_UNACKED_BATCHES per stream, both kinds together, one code path), and a task report never overtakes
 the batches sent before it, on a real coordinator: its gRPC server on loopback, a real Connect stream,
-SQLite, and its telemetry writer held back by the test.
+SQLite, its ingest process, and its telemetry writer held back by the test.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -41,19 +42,20 @@ def coordinator_held_back(
         coordinator = Coordinator.start(stack, settings, admin_token=ADMIN_TOKEN)
         writer = coordinator.app.state.wiring.telemetry
         release = threading.Event()
-        stack.callback(release.set)  # never leave the writer's thread waiting at teardown
+        stack.callback(release.set)  # never leave the writer waiting at teardown
         submitted: list[Any] = []
-        store, submit = writer._write, writer.submit
+        store, submit = writer.store.store, writer.submit
 
-        def held_store(batches: list[Any]) -> Any:
-            release.wait(30)
-            return store(batches)
+        async def held_store(batches: list[Any]) -> Any:
+            # Whichever store runs the transactions (the ingest process, or a thread).
+            await asyncio.to_thread(release.wait, 30)
+            return await store(batches)
 
         def counted_submit(batch: Any) -> Any:
             submitted.append(batch)
             return submit(batch)
 
-        writer._write, writer.submit = held_store, counted_submit
+        writer.store.store, writer.submit = held_store, counted_submit
         yield coordinator, release, submitted
 
 
