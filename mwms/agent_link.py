@@ -3,6 +3,7 @@
 - ``AGENT_RECEIVE_LIMIT_BYTES``: the largest message an agent's channel takes (gRPC's default, set
   explicitly by worker_agent/channel.py). The coordinator never sends a StartTask over it
   (server/rpc/agent_stream.py) and its settings refuse job limits that could (server/limits.py).
+- ``MAX_DEVICES_PER_MESSAGE``: the GPUs one device telemetry message may describe.
 - Keepalive: the agent pings every ``CLIENT_PING_INTERVAL_MS``, also while no call is open, and drops a
   link whose ping is not answered within ``CLIENT_PING_TIMEOUT_MS``, so a silently lost network (no RST,
   no FIN) is noticed within about 15 s. The coordinator accepts a ping every
@@ -18,6 +19,8 @@ Dependency-free (standard library only).
 from __future__ import annotations
 
 AGENT_RECEIVE_LIMIT_BYTES = 4 * 1024 * 1024
+# GPUs one DeviceTelemetry message may sample: the agent sends no more, the coordinator refuses more.
+MAX_DEVICES_PER_MESSAGE = 64
 
 CLIENT_PING_INTERVAL_MS = 10_000
 CLIENT_PING_TIMEOUT_MS = 5_000

@@ -17,6 +17,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 import mwms
 from mwms.agent_link import server_keepalive_options
+from mwms.private_files import secure_data_dir
 from mwms.server.admin_token import bootstrap_admin_token
 from mwms.server.api import agents, bundles, dashboard, devices, health, jobs, login, tokens
 from mwms.server.api.auth import DOCS_PATH, AuthMiddleware
@@ -44,7 +45,6 @@ from mwms.server.listen_ports import CannotListen, port_in_use_message
 from mwms.server.live.wiring import Wiring, build_wiring
 from mwms.server.observability.cluster_gauges import cluster_registry
 from mwms.server.observability.request_latency import RequestLatencyMiddleware
-from mwms.server.private_files import secure_data_dir
 from mwms.server.rpc import convert
 from mwms.server.rpc.agent_service import AgentService
 from mwms.server.rpc.auth import AgentAuthInterceptor

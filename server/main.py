@@ -15,6 +15,7 @@ from fastapi import FastAPI
 
 from mwms import agent_defaults
 from mwms.log_setup import configure_logging
+from mwms.private_files import ForeignFileError, refuse_foreign_dir, secure_data_dir, set_private_umask
 from mwms.server.app import create_app
 from mwms.server.db.single_instance import AlreadyRunning, SingleInstanceLock
 from mwms.server.heap import settle_heap
@@ -22,7 +23,6 @@ from mwms.server.http_protocol import bounded_http_protocol
 from mwms.server.limits import HttpBounds
 from mwms.server.listen_ports import CannotListen, check_grpc_port_free, claim_http_socket
 from mwms.server.open_files import raise_open_files_limit
-from mwms.server.private_files import ForeignFileError, refuse_foreign_dir, secure_data_dir, set_private_umask
 from mwms.server.settings import Settings
 from mwms.server.tls import TlsError, TlsPlan, plan_tls, warn_if_clear_text
 

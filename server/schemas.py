@@ -23,6 +23,7 @@ from pydantic import (
 
 from mwms import environment_lock, task_environment
 from mwms.metrics_line import NonFinite
+from mwms.priorities import DEFAULT_PRIORITY, MAX_PRIORITY, PRIORITY_NAMES
 from mwms.server.limits import (
     INT64_MAX,
     MAX_CPUS_PER_WORKER,
@@ -177,11 +178,6 @@ class RestartPolicy(BaseModel):
     )
 
 
-PRIORITY_NAMES = {"low": 250, "normal": 500, "high": 750}
-MAX_PRIORITY = 1000
-DEFAULT_PRIORITY = 500
-
-
 # A band's name in any case, spaces around it allowed: spelled out letter by letter, since ECMA regexes
 # have no inline flags.
 PRIORITY_NAME_PATTERN = r"^ *(?:[lL][oO][wW]|[nN][oO][rR][mM][aA][lL]|[hH][iI][gG][hH]) *$"
@@ -248,11 +244,20 @@ class EnvironmentIn(BaseModel):
         "allowed; no options, URLs or ranges), as `uv pip compile --universal` writes it; every worker "
         "installs exactly these, with uv, from the index its agent's operator configured"
     )
+    isolated: bool = Field(
+        default=False,
+        description="false (default): the environment extends the agents' runtime, so TensorFlow, tf-keras "
+        "and numpy stay importable and the lock's packages take precedence over them; true: it holds the "
+        "lock alone (and mwms_runtime), so the lock must pin TensorFlow itself",
+    )
 
 
 class EnvironmentOut(BaseModel):
     requirements: str = Field(description="the file it was resolved from")
     python: str | None = Field(description="the Python version asked for; null: the agents' own")
+    isolated: bool = Field(
+        description="true: the lock alone; false: it extends the agents' runtime (TensorFlow, tf-keras, numpy)"
+    )
     packages: list[str] = Field(description="the resolved packages, name==version")
 
 
@@ -593,6 +598,13 @@ class MetricPointOut(BaseModel):
 
 class MetricSeries(BaseModel):
     points: list[MetricPointOut]
+    cursor: int = Field(
+        description="pass as `after` to read only the points stored after these (0: none stored yet)"
+    )
+    more: bool = Field(
+        description="true: more points match than this page holds; read on with after=cursor (pages read "
+        "after a cursor are in storage order)"
+    )
 
 
 class DeviceOut(BaseModel):

@@ -22,8 +22,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
-from mwms.worker_agent.systemd import (
+from mwms.systemd_units import (
     HOME_DIRS,
+    OPEN_FILES_LIMIT,
     UnitError,
     check_lasting_dir,
     check_user,
@@ -36,7 +37,6 @@ SERVER_ENV_FILE = "/etc/mwms/server.env"
 STATE_DIRECTORY = "mwms"
 STATE_DIR = f"/var/lib/{STATE_DIRECTORY}"
 DEFAULT_SERVICE_USER = "mwms"
-OPEN_FILES_LIMIT = 65536
 # The coordinator's own stop takes a few seconds (server/main.py SHUTDOWN_GRACE_S, the agents' streams
 # closed, the loops stopped); 30 s is ample before SIGKILL.
 TIMEOUT_STOP_SECONDS = 30

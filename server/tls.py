@@ -192,7 +192,7 @@ def ensure_self_signed(tls_dir: Path, bound_hosts: Iterable[str]) -> SelfSignedF
     A CA that ends within RENEW_BEFORE, lacks such constraints (an older mwms made it) or does not permit
     every name is replaced, with a warning: agents, CLIs and browsers then need the new files.
     """
-    tls_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # holds keys; server/private_files.py keeps it so
+    tls_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # holds keys; mwms/private_files.py keeps it so
     ca_cert_path, ca_key_path = tls_dir / "ca.pem", tls_dir / "ca-key.pem"
     browser_path = tls_dir / "browser-ca.pem"
     server = CertificatePair(cert=tls_dir / "server.pem", key=tls_dir / "server-key.pem")

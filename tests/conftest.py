@@ -16,6 +16,16 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from cluster import Cluster  # noqa: E402
 
+E2E_DIR = Path(__file__).parent / "e2e"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under tests/e2e/ is in the e2e tier by where it lives, whatever its module declares:
+    one without a marker would otherwise start a real cluster inside `make test-fast`."""
+    for item in items:
+        if E2E_DIR in item.path.parents and item.get_closest_marker("e2e") is None:
+            item.add_marker(pytest.mark.e2e)
+
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(

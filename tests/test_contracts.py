@@ -212,7 +212,7 @@ def test_help_shows_the_agents_defaults() -> None:
         agent_defaults.port_range(),
         agent_defaults.task_uid_range(),
         f"[default: {agent_defaults.SANDBOX}]",
-        f"[default: {agent_defaults.DEVICE_SAMPLE_INTERVAL_S:g}]",
+        f"[default: {agent_defaults.DEVICE_SAMPLE_INTERVAL_S:g}s]",
     ):
         assert shown in text, shown
 

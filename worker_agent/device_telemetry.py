@@ -19,14 +19,13 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from mwms.agent_link import MAX_DEVICES_PER_MESSAGE
 from mwms.v1 import agent_pb2
 
 log = logging.getLogger("mwms.agent.devices")
 
 SAMPLER_ENV = "MWMS_DEVICE_SAMPLER"
 DEFAULT_INTERVAL_SECONDS = 5.0
-# Devices per message; the coordinator refuses more (server/services/device_telemetry.py).
-MAX_DEVICES_PER_MESSAGE = 64
 MIB = 1024 * 1024
 
 Sampler = Callable[[], Iterable[agent_pb2.DeviceSample | Mapping[str, Any]]]

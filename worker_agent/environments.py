@@ -3,7 +3,10 @@
 A job brings a lock (pinned requirements); the agent builds `envs/<key>` from it with `uv venv` and `uv pip
 sync` (wheels only, unless the operator allows source builds: nothing of the job's runs as the agent),
 adds mwms_runtime and the few modules of mwms it imports, byte-compiles it all, and seals the tree
-read-only: tasks run as other uids, so they may read and run it but never change what the next
+read-only. By default the environment extends the agent's own runtime: a `.pth` file puts the agent's
+site-packages after the environment's own, so TensorFlow, tf-keras and numpy stay importable and the lock's
+packages come first (as `--system-site-packages` would for the system's). An isolated environment holds
+the lock alone: tasks run as other uids, so they may read and run it but never change what the next
 job of that key runs. `.mwms-complete`, written last, marks a whole environment; anything else is rebuilt.
 
 Several agent processes may share the root, so the locks are flocks: `locks/<key>.build` (exclusive, one
@@ -26,6 +29,7 @@ import re
 import selectors
 import shutil
 import signal
+import site
 import stat
 import subprocess
 import sys
@@ -39,8 +43,11 @@ from typing import Any
 
 log = logging.getLogger("mwms.agent.environments")
 
-KEY_FORMAT = "mwms-environment-1"
+KEY_FORMAT = "mwms-environment-2"
 COMPLETE = ".mwms-complete"
+# In site-packages of an environment that extends the agent's runtime: the agent's site-packages, one per
+# line, which Python's site module appends after the environment's own (their .pth files are not run).
+BASE_PTH = "_mwms_agent_runtime.pth"
 LAST_USED = ".mwms-last-used"
 MAX_LINE_CHARS = 2000
 MAX_LINES = 2000
@@ -99,6 +106,19 @@ RUNTIME_DIGEST = hashlib.sha256(
 ).hexdigest()
 
 
+def runtime_base() -> tuple[tuple[str, ...], str]:
+    """The agent's own site-packages, which a job's environment extends, and a digest of what they hold
+    (their paths and the name-version of every installed distribution): an agent whose TensorFlow was
+    upgraded builds its environments anew. Directory listings only, cheap enough for every key."""
+    directories = tuple(os.path.realpath(p) for p in site.getsitepackages() if os.path.isdir(p))
+    installed: list[str] = []
+    for directory in directories:
+        with contextlib.suppress(OSError):
+            installed += sorted(name for name in os.listdir(directory) if name.endswith(".dist-info"))
+    digest = hashlib.sha256("\0".join((*directories, "", *installed)).encode()).hexdigest()
+    return directories, digest
+
+
 class EnvironmentBuildError(Exception):
     """The job's environment could not be built; `retryable` says whether another try may succeed."""
 
@@ -110,17 +130,20 @@ class EnvironmentBuildError(Exception):
 
 @dataclass(frozen=True)
 class EnvironmentSpec:
-    """A job's environment: its lock and the Python it asks for ("" = the agent's own interpreter)."""
+    """A job's environment: its lock, the Python it asks for ("" = the agent's own interpreter), and
+    whether it holds the lock alone (`isolated`) or extends the agent's runtime."""
 
     locked: str
     python: str = ""
+    isolated: bool = False
 
     def key(self) -> str:
         """The cache key: what the built tree depends on (comments and blank lines of the lock do not)."""
         lines = (line.rstrip() for line in self.locked.splitlines())
         locked = "\n".join(line for line in lines if line and not line.lstrip().startswith("#"))
         python = self.python or f"agent-{platform.python_version()}"  # an agent on a new Python builds anew
-        parts = (KEY_FORMAT, locked, python, platform.machine(), sys.platform, RUNTIME_DIGEST)
+        base = "isolated" if self.isolated else f"extends-{runtime_base()[1]}"
+        parts = (KEY_FORMAT, locked, python, platform.machine(), sys.platform, RUNTIME_DIGEST, base)
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 
 
@@ -137,6 +160,8 @@ class Environment:
     # What it holds (name==version, sorted) and the Python it runs, from its marker.
     packages: tuple[str, ...] = ()
     python_version: str = ""
+    # The agent's site-packages it extends (after its own); empty: it holds its lock alone.
+    extends: tuple[str, ...] = ()
 
     @property
     def digest(self) -> str:
@@ -204,6 +229,7 @@ class EnvironmentCache:
                 env = Environment(key, prefix, prefix / "bin" / "python", False, 0.0)
                 env.packages = tuple(str(p) for p in marker.get("packages") or ())
                 env.python_version = str(marker.get("python") or "")
+                env.extends = tuple(str(p) for p in marker.get("extends") or ())
             else:
                 env = self._build(key, spec, log)
             env.use_fd = _open_lock(self._locks / f"{key}.use")
@@ -270,16 +296,26 @@ class EnvironmentCache:
                     sync.insert(2, "--no-build")  # uv's UV_NO_BUILD does not reach `pip sync`
                 self._uv_run(sync, "", out, deadline, private)
                 _overlay(Path(purelib), log_line)
+                extends = () if spec.isolated else _extend(Path(purelib), version, log_line)
                 self._compile(Path(purelib), version, deadline, log_line)
             seconds = time.monotonic() - started
             packages = sorted("==".join(p.stem.rsplit("-", 1)) for p in Path(purelib).glob("*.dist-info"))
-            _seal(prefix, key, {"python": version, "packages": packages, "build_seconds": round(seconds, 1)})
+            facts = {"python": version, "packages": packages, "build_seconds": round(seconds, 1)}
+            _seal(prefix, key, {**facts, "extends": list(extends)})
         except BaseException:
             remove_tree(prefix)
             raise
-        log_line(f"environment {key[:12]} built in {seconds:.1f} s: {len(packages)} packages")
+        what = "isolated" if not extends else "extends the agent's runtime"
+        log_line(f"environment {key[:12]} built in {seconds:.1f} s: {len(packages)} packages ({what})")
         return Environment(
-            key, prefix, python, True, seconds, packages=tuple(packages), python_version=version
+            key,
+            prefix,
+            python,
+            True,
+            seconds,
+            packages=tuple(packages),
+            python_version=version,
+            extends=extends,
         )
 
     def _uv_run(self, args: list[str], python: str, out: _Output, deadline: float, cwd: str) -> None:
@@ -456,6 +492,22 @@ def _overlay(purelib: Path, log_line: Callable[[str], None]) -> None:
     for name, data in RUNTIME_FILES.items():
         (purelib / name).parent.mkdir(parents=True, exist_ok=True)
         (purelib / name).write_bytes(data)
+
+
+def _extend(purelib: Path, version: str, log_line: Callable[[str], None]) -> tuple[str, ...]:
+    """Puts the agent's site-packages after the environment's own (BASE_PTH); the directories, or none
+    when the environment's Python is another version than the agent's (whose compiled packages, such as
+    TensorFlow, it could not load)."""
+    agent = ".".join(platform.python_version_tuple()[:2])
+    if ".".join(version.split(".")[:2]) != agent:
+        log_line(
+            f"the environment's Python {version} is not the agent's {agent}: it holds the lock alone, "
+            "without the agent's TensorFlow (pin tensorflow in the requirements)"
+        )
+        return ()
+    directories, _ = runtime_base()
+    (purelib / BASE_PTH).write_text("".join(f"{directory}\n" for directory in directories))
+    return directories
 
 
 def _seal(prefix: Path, key: str, facts: dict[str, object]) -> None:

@@ -30,10 +30,17 @@ ProtectKernelLogs= and ProtectProc= are then left off as well (`ROOT_ONLY`).
 from __future__ import annotations
 
 import math
-import re
 from pathlib import PurePosixPath
 
 from mwms import agent_defaults
+from mwms.systemd_units import (
+    HOME_DIRS,
+    OPEN_FILES_LIMIT,
+    check_lasting_dir,
+    check_user,
+    quote_argument,
+    quote_path,
+)
 
 UNIT_NAME = "mwms-agent.service"
 # Holds `MWMS_JOIN_TOKEN=...`; root's, mode 0600.
@@ -41,16 +48,10 @@ AGENT_ENV_FILE = "/etc/mwms/agent.env"
 # systemd's StateDirectory= (under /var/lib) and the work dir the unit gives the agent by default.
 STATE_DIR = agent_defaults.SERVICE_WORK_DIR
 STATE_DIRECTORY = PurePosixPath(STATE_DIR).relative_to("/var/lib").as_posix()
-# The coordinator's agent streams, the bundle cache and the task's log pipes; the default 1,024 is tight.
-OPEN_FILES_LIMIT = 65536
 # After the grace: stop_all waits up to 15 s for SIGKILLed tasks to be reaped and their artifacts sent
 # (worker_agent/tasks.py), then 5 s for the coordinator's final acks (main.FINAL_ACK_WAIT_SECONDS);
 # 10 s more for closing the channel and the interpreter's exit. systemd's SIGKILL comes only after that.
 STOP_MARGIN_SECONDS = agent_defaults.UNIT_STOP_MARGIN_S
-# /tmp and /var/tmp are the unit's own (PrivateTmp=yes) and emptied on every restart.
-PRIVATE_TEMP_DIRS = (PurePosixPath("/tmp"), PurePosixPath("/var/tmp"))
-# What ProtectHome=read-only makes read-only; a work dir there gets ReadWritePaths=.
-HOME_DIRS = (PurePosixPath("/home"), PurePosixPath("/root"), PurePosixPath("/run/user"))
 
 HARDENING = (
     "PrivateTmp=yes",
@@ -97,53 +98,6 @@ OMITTED = (
     "AF_INET, AF_INET6, AF_UNIX and AF_NETLINK",
     "ProcSubset=pid off: tasks read /proc/meminfo, /proc/cpuinfo and /proc/driver/nvidia",
 )
-_SAFE = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
-# A user name or uid for User= (what useradd accepts; systemd refuses the rest at start).
-_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}")
-
-
-class UnitError(ValueError):
-    """The unit cannot be written for these options; the message says what to change."""
-
-
-def quote_argument(argument: str) -> str:
-    """`argument` as one word of an ExecStart= line (systemd.syntax quoting; `%` and `$` escaped)."""
-    escaped = argument.replace("%", "%%").replace("$", "$$")
-    if _SAFE.fullmatch(argument):
-        return escaped
-    escaped = escaped.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-    return f'"{escaped}"'
-
-
-def quote_path(path: str) -> str:
-    """`path` as one word of a path list (ReadWritePaths=): quoted, `%` escaped; `$` means itself there."""
-    escaped = path.replace("%", "%%")
-    if _SAFE.fullmatch(path):
-        return escaped
-    return '"' + escaped.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def check_user(user: str, flag: str) -> str:
-    """`user` when it can be a User= of a unit; UnitError naming `flag` otherwise."""
-    if not _USER.fullmatch(user):
-        raise UnitError(
-            f"{flag} {user!r} is not a user name or uid (letters, digits, '_', '.', '-', at most 32, not "
-            "starting with '-' or '.')"
-        )
-    return user
-
-
-def check_lasting_dir(path: str, flag: str) -> str:
-    """`path` (absolute) when it outlives a restart of the unit; UnitError when it is in /tmp or /var/tmp,
-    which PrivateTmp=yes makes the unit's own and empties on every restart."""
-    where = PurePosixPath(path)
-    for temporary in PRIVATE_TEMP_DIRS:
-        if where == temporary or temporary in where.parents:
-            raise UnitError(
-                f"{flag} {path} is under {temporary}, which the unit replaces with a private one, empty at "
-                "every start (PrivateTmp=yes): choose a path elsewhere"
-            )
-    return path
 
 
 def timeout_stop_seconds(stop_grace_seconds: float) -> int:

@@ -12,6 +12,7 @@ from mwms.worker_agent import agent_state
 from mwms.worker_agent.agent_state import TaskEntry
 from mwms.worker_agent.cgroups import TaskCgroup
 from mwms.worker_agent.environments import Environment
+from mwms.worker_agent.import_failures import missing_module
 from mwms.worker_agent.job_shares import JobShare
 from mwms.worker_agent.outbox import Outbox
 from mwms.worker_agent.runner import TaskProcess
@@ -80,6 +81,8 @@ class TaskRecord:
         self.cgroup: TaskCgroup | None = None
         self.peak_memory = 0
         self.limit_breach: str | None = None
+        # The module of the last ModuleNotFoundError the task's own output reported (import_failures.py).
+        self.missing_module: str | None = None
         self.final_acked = False
         self.lock = threading.RLock()
         # Continues after every seq a previous agent process used for this task.
@@ -105,6 +108,8 @@ class TaskRecord:
         (LogLine.replaces_seq). An agent's note passes none; a redraw after a note is a line of its own,
         so the note is never replaced.
         """
+        if redraw is not None and stream == "stderr" and text.startswith("ModuleNotFoundError"):
+            self.missing_module = missing_module(text) or self.missing_module
         with self._log_seq_lock:
             self._log_seq += 1
             replaces = self._redrawable.get(stream, 0) if redraw else 0

@@ -28,7 +28,7 @@ from mwms import task_environment
 from mwms.agent_defaults import ENV_CACHE_BYTES
 from mwms.archive import ArchiveError, extract_archive
 from mwms.v1 import agent_pb2, agent_pb2_grpc
-from mwms.worker_agent import agent_state, artifacts, checkpoints, preflight
+from mwms.worker_agent import agent_state, artifacts, checkpoints, import_failures, preflight
 from mwms.worker_agent.agent_state import AgentStateFile
 from mwms.worker_agent.bundles import BundleCache, BundleError
 from mwms.worker_agent.cgroups import CgroupError, TaskCgroups
@@ -541,7 +541,11 @@ class TaskManager:
         None when the task ended meanwhile or the build failed (reported: FAILED, never started, when no
         retry can help; REJECTED, placed again, when it can). Its lines go to the task's log."""
         start = record.start
-        spec = EnvironmentSpec(locked=start.environment_lock, python=start.environment_python)
+        spec = EnvironmentSpec(
+            locked=start.environment_lock,
+            python=start.environment_python,
+            isolated=start.environment_isolated,
+        )
         self._publish(
             record,
             agent_pb2.TASK_STATE_STARTING,
@@ -799,6 +803,8 @@ class TaskManager:
             state, message = agent_pb2.TASK_STATE_SUCCEEDED, describe_exit(0)
         else:
             state, message = agent_pb2.TASK_STATE_FAILED, describe_exit(exit_code)
+            if record.missing_module is not None:
+                message += f"; {import_failures.explain(record.missing_module, record.environment)}"
         if record.start.task_index == 0:
             self._upload_artifacts(record)
         log.info("task %s ended: %s", record.task_id, message)

@@ -5,7 +5,9 @@ Rules:
   part may have a fraction (`0.5s`, `1.5h`). Case and spaces between a number and its unit do not matter.
 - A bare number is refused, with a sentence that shows it with each unit: `--expires-in 5` could mean five
   seconds or five days, and guessing wrong is silent. Options whose name ends in a unit (`--timeout-s`,
-  `--stop-grace-seconds`) take bare numbers and do not use this parser.
+  `--stop-grace-seconds`) take bare numbers and do not use this parser. The daemons' options
+  (`mwms server`, `mwms agent`) take units too, but read a bare number as seconds, as their help says:
+  unit files written before they took units must still start.
 - `0` alone is accepted where the option allows zero (it is zero in any unit): `--hang-timeout 0` is off.
 - Zero where the option needs more than zero, negative, empty or malformed text is refused.
 """
@@ -54,20 +56,34 @@ def parse_duration(text: str, *, allow_zero: bool = False) -> float:
 
 
 def duration_option_parser(
-    *, allow_zero: bool = False, maximum: float | None = None
+    *,
+    allow_zero: bool = False,
+    maximum: float | None = None,
+    minimum: float | None = None,
+    bare_seconds: bool = False,
 ) -> Callable[[str], float]:
-    """A typer `parser=` for a duration option: seconds as a float, or a usage error that says what to write."""
+    """A typer `parser=` for a duration option: seconds as a float, or a usage error that says what to
+    write. `bare_seconds`: a number without a unit is seconds (the daemons' options) instead of refused."""
 
     def parse(text: str) -> float:
         if not isinstance(text, str):  # a default that is already seconds
             return float(text)
         try:
-            seconds = parse_duration(text, allow_zero=allow_zero)
+            if bare_seconds and _BARE_NUMBER.fullmatch(text.strip()):
+                seconds = float(text.strip())
+                if seconds == 0 and not allow_zero:
+                    raise DurationError(f"{text.strip()} must be longer than zero, e.g. {ACCEPTED_FORMS}")
+            else:
+                seconds = parse_duration(text, allow_zero=allow_zero)
         except DurationError as error:
             raise typer.BadParameter(str(error)) from None
         if maximum is not None and seconds > maximum:
             raise typer.BadParameter(
                 f"{text.strip()} is longer than the most it may be, {format_seconds(maximum)}"
+            )
+        if minimum is not None and seconds < minimum and not (allow_zero and seconds == 0):
+            raise typer.BadParameter(
+                f"{text.strip()} is shorter than the least it may be, {format_seconds(minimum)}"
             )
         return seconds
 

@@ -187,13 +187,12 @@ def metrics(
 ) -> None:
     """Show the metrics a job reported: one row per step, one column per metric; per-epoch series
     (epoch_*, as fit's epoch logs are recorded) in a table of their own, one row per epoch."""
-    series = client.rest.metrics(job_id, name=name, min_step=min_step, max_step=max_step, attempt=attempt)
+    points = client.rest.all_metrics(job_id, name=name, min_step=min_step, max_step=max_step, attempt=attempt)
     if json_output:
-        print_json(series)
+        print_json({"points": points})
         return
-    points = series.get("points") or []
     if not points and name:
-        names = sorted({p["name"] for p in client.rest.metrics(job_id, attempt=attempt).get("points") or []})
+        names = sorted({p["name"] for p in client.rest.all_metrics(job_id, attempt=attempt)})
         if names:
             reported = terminal_safe(", ".join(names))
             err.print(f"no points for metric {name!r} in that range; this job reported: {reported}")

@@ -25,6 +25,7 @@ import typer
 from mwms import __version__, agent_defaults, log_setup
 from mwms.cli import admin_commands, auth_commands, job_commands, quickstart, sharing_commands, submit
 from mwms.cli.doctor import doctor
+from mwms.cli.durations import DURATION_METAVAR, duration_option_parser
 from mwms.cli.errors import EXIT_CODES_HELP, CliError, ExitCode, handles_errors
 from mwms.cli.option_slips import SuggestingGroup
 from mwms.cli.parsing import parse_port_range, parse_uid_range
@@ -125,9 +126,12 @@ def server(
     hang_timeout: Annotated[
         float | None,
         typer.Option(
-            min=0.0,
-            help="Seconds without a log line or metric point after which a RUNNING job that sets no "
-            "--hang-timeout of its own counts as hung (MWMS_HANG_TIMEOUT_S) [default: 0, off].",
+            parser=duration_option_parser(allow_zero=True, bare_seconds=True),
+            metavar=DURATION_METAVAR,
+            help="Time without a log line or metric point, e.g. 30m (a bare number is seconds), after "
+            "which a RUNNING job that sets no --hang-timeout of its own counts as hung "
+            "(MWMS_HANG_TIMEOUT_S) [default: 0, off].",
+            show_default=False,
         ),
     ] = None,
     ports_file: Annotated[
@@ -251,7 +255,7 @@ def server(
 def _print_server_unit(ctx: typer.Context, service_user: str | None) -> None:
     """Prints mwms-server.service for the `mwms server` flags on this command line (server/systemd_unit.py)."""
     from mwms.server.systemd_unit import DEFAULT_SERVICE_USER, exec_arguments, render_unit
-    from mwms.worker_agent.systemd import UnitError
+    from mwms.systemd_units import UnitError
 
     given: list[tuple[str, object]] = []
     for param in ctx.command.params:
@@ -451,10 +455,11 @@ def agent(
     device_sample_interval: Annotated[
         float | None,
         typer.Option(
-            min=0,
-            max=3600,
-            help="Seconds between two samples of the GPUs' utilisation, memory and temperature (NVML); "
-            f"0: none [default: {agent_defaults.DEVICE_SAMPLE_INTERVAL_S:g}].",
+            parser=duration_option_parser(allow_zero=True, maximum=3600, bare_seconds=True),
+            metavar=DURATION_METAVAR,
+            help="Time between two samples of the GPUs' utilisation, memory and temperature (NVML), e.g. "
+            f"10s (a bare number is seconds; at most 1h); 0: none "
+            f"[default: {agent_defaults.DEVICE_SAMPLE_INTERVAL_S:g}s].",
             show_default=False,
         ),
     ] = None,
@@ -494,11 +499,14 @@ def agent(
         float | None,
         typer.Option(
             "--env-build-timeout",
-            min=1,
-            max=agent_defaults.MAX_ENV_BUILD_TIMEOUT_S,
+            parser=duration_option_parser(
+                minimum=1, maximum=agent_defaults.MAX_ENV_BUILD_TIMEOUT_S, bare_seconds=True
+            ),
+            metavar=DURATION_METAVAR,
             envvar="MWMS_AGENT_ENV_BUILD_TIMEOUT",
-            help="Seconds one build of a job's own Python environment may take (the job's start-up timeout "
-            f"does not count it) [default: {agent_defaults.ENV_BUILD_TIMEOUT_S:g}].",
+            help="Time one build of a job's own Python environment may take, e.g. 45m (a bare number is "
+            "seconds; at most 6h); the job's start-up timeout does not count it "
+            f"[default: {agent_defaults.ENV_BUILD_TIMEOUT_S / 60:g}m].",
             show_default=False,
         ),
     ] = None,
@@ -623,7 +631,8 @@ def agent(
             )
     grace = agent_defaults.STOP_GRACE_S if stop_grace_seconds is None else stop_grace_seconds
     if systemd_unit:
-        from mwms.worker_agent.systemd import UnitError, render_unit
+        from mwms.systemd_units import UnitError
+        from mwms.worker_agent.systemd import render_unit
 
         unit_work_dir = str(work_dir.expanduser().resolve())
         args = [
@@ -642,13 +651,13 @@ def agent(
         if advertise_address:
             args += ["--advertise-address", advertise_address]
         if device_sample_interval is not None:
-            args += ["--device-sample-interval", str(device_sample_interval)]
+            args += ["--device-sample-interval", f"{device_sample_interval:g}s"]
         args += ["--sandbox", sandbox_mode, "--task-uids", f"{uid_low}-{uid_high}"]
         args += ["--stop-grace-seconds", f"{grace:g}"]
         if env_cache_bytes is not None:
             args += ["--env-cache-bytes", str(env_cache_bytes)]
         if env_build_timeout is not None:
-            args += ["--env-build-timeout", f"{env_build_timeout:g}"]
+            args += ["--env-build-timeout", f"{env_build_timeout:g}s"]
         if env_cache_dir is not None:
             args += ["--env-cache-dir", str(env_cache_dir.expanduser().resolve())]
         if env_source_builds:

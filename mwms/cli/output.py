@@ -309,7 +309,8 @@ def environment_rows(job: dict[str, Any]) -> list[tuple[str, str]]:
     rows = [
         (
             "python env",
-            f"{environment.get('requirements') or '-'} (Python {python}, {distinct_count(packages)} packages)",
+            f"{environment.get('requirements') or '-'} (Python {python}, {distinct_count(packages)} packages, "
+            + ("isolated)" if environment.get("isolated") else "over the agents' runtime)"),
         )
     ]
     built = [

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from mwms.cli.errors import CliError
+from mwms.priorities import MAX_PRIORITY, PRIORITY_NAMES
 
 MIN_PORT = 1024
 MAX_PORT = 65535
@@ -59,10 +60,6 @@ def parse_uid_range(text: str) -> tuple[int, int]:
             f"--task-uids {text!r}: need {MIN_TASK_UID} <= LO <= HI <= {MAX_TASK_UID} (uid 0 is root)"
         )
     return low, high
-
-
-PRIORITY_NAMES = ("low", "normal", "high")  # the coordinator's bands: 250, 500, 750
-MAX_PRIORITY = 1000
 
 
 def parse_priority(text: str, option: str = "--priority") -> int | str:

@@ -12,7 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-STOP_GRACE_S = 10.0
+from mwms import agent_defaults
+
+# What an agent gives its tasks when it stops: the quickstart's processes get as long.
+STOP_GRACE_S = agent_defaults.STOP_GRACE_S
 
 
 def mwms_command() -> list[str]:

@@ -4,7 +4,7 @@ Everything it starts is stopped again on the way out (also on Ctrl-C or an error
 The coordinator gets an admin token and a join token through its environment (never its command line,
 where `ps` shows them); the admin token is kept in <data dir>/admin-token (0600) for the dashboard's
 log-in and for the CLI, and reused on the next run. Others may not list the data dir, nor read its logs
-and results (server/private_files.py).
+and results (mwms/private_files.py).
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ from mwms.cli.processes import (
     start_process,
     stop_processes,
 )
-from mwms.cli.submit import build_job_spec, pack_and_upload
+from mwms.cli.submit import pack_and_upload
 from mwms.client import Client
+from mwms.client.job_spec import build_job_spec
 from mwms.connection import Connection
 from mwms.errors import MwmsError
 
@@ -62,7 +63,7 @@ def quickstart_admin_token(path: Path) -> str:
     except OSError:
         saved = ""
     if len(saved) >= MIN_TOKEN_LENGTH and not any(character.isspace() for character in saved):
-        from mwms.server.private_files import make_private_file  # not at import: `mwms --help` stays light
+        from mwms.private_files import make_private_file  # not at import: `mwms --help` stays light
 
         make_private_file(path)  # 0600; ForeignFileError when another user owns it
         return saved
@@ -276,7 +277,7 @@ def follow_with_lines(client: Client, job_id: str, total_steps: int) -> dict[str
 
 def report_results(client: Client, job: dict[str, Any], data_dir: Path) -> Path | None:
     """Prints the final metrics and downloads the artifacts; returns where they went."""
-    points = client.rest.metrics(job["id"]).get("points") or []
+    points = client.rest.all_metrics(job["id"])
     if points:
         out.print(Text("Metrics", style="bold"))
         out.print(metrics_summary_table(points))
@@ -317,7 +318,7 @@ def quickstart(
     example = example_dir()
     if not (example / "train.py").is_file():
         raise CliError(f"the example program is missing: {example / 'train.py'} (reinstall mwms)")
-    from mwms.server.private_files import ForeignFileError, prepare_quickstart_dir  # not at import, as above
+    from mwms.private_files import ForeignFileError, prepare_quickstart_dir  # not at import, as above
 
     try:
         prepare_quickstart_dir(data_dir, QUICKSTART_PRIVATE_DIRS)

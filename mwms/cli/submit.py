@@ -34,6 +34,7 @@ from mwms.cli.safe_text import safe_text, terminal_safe
 from mwms.client import Client
 from mwms.client.environment import environment_file_in
 from mwms.client.environment import resolve as resolve_environment
+from mwms.client.job_spec import build_job_spec
 from mwms.client.packing import PackedBundle, human_size, pack_directory
 from mwms.environment_lock import distinct_count, pinned_packages
 from mwms.sizes import SizeError, parse_size
@@ -87,18 +88,16 @@ class SubmitCommand(TyperCommand):
             ) from None
 
 
-def _without_none(values: dict[str, Any]) -> dict[str, Any]:
-    return {key: value for key, value in values.items() if value is not None}
-
-
 def submit_environment(
-    directory: Path, requirements: Path | None, python: str | None, *, quiet: bool
+    directory: Path, requirements: Path | None, python: str | None, *, quiet: bool, isolated: bool = False
 ) -> dict[str, Any] | None:
     """The job's own environment, resolved before anything is uploaded; without --requirements, a hint
     when DIR holds a file that could name one (the job then runs in the agents' environment)."""
     if requirements is None:
         if python is not None:
             raise CliError("--python is the version of the job's own environment: give --requirements too")
+        if isolated:
+            raise CliError("--isolated-env is about the job's own environment: give --requirements too")
         found = environment_file_in(directory)
         if found is not None and found.name != "pyproject.toml" and not quiet:
             err.print(
@@ -108,86 +107,15 @@ def submit_environment(
         return None
     if not quiet:
         err.print(f"resolving {requirements} with uv ...")
-    environment = resolve_environment(directory, requirements, python)
+    environment = resolve_environment(directory, requirements, python, isolated=isolated)
     if not quiet:
         count = distinct_count(pinned_packages(environment["locked"]))
+        base = "alone (isolated)" if isolated else "over the agents' runtime (TensorFlow, tf-keras, numpy)"
         err.print(
-            f"resolved {count} package{'s' if count != 1 else ''}; each agent builds them once and caches them"
+            f"resolved {count} package{'s' if count != 1 else ''}, to install {base}; each agent builds "
+            "them once and caches them"
         )
     return environment
-
-
-def build_job_spec(
-    *,
-    name: str,
-    bundle_digest: str,
-    command: list[str],
-    workers: int,
-    gpus_per_worker: int | None = None,
-    memory_per_worker: int | None = None,
-    cpus_per_worker: float | None = None,
-    env: dict[str, str] | None = None,
-    communication: str | None = None,
-    collective_timeout: float | None = None,
-    bytes_per_pack: int | None = None,
-    max_restarts: int | None = None,
-    restart_on: str | None = None,
-    fail_on_nan: list[str] | None = None,
-    startup_timeout: float | None = None,
-    max_runtime: float | None = None,
-    hang_timeout: float | None = None,
-    preflight: bool | None = None,
-    agents: list[str] | None = None,
-    priority: int | str | None = None,
-    preemptible: bool | None = None,
-    preemption_grace: int | None = None,
-) -> dict[str, Any]:
-    """The `POST /api/v1/jobs` body, leaving out what was not set so the coordinator's defaults apply."""
-    spec: dict[str, Any] = {
-        "name": name,
-        "bundle_digest": bundle_digest,
-        "command": command,
-        "workers": workers,
-    }
-    if gpus_per_worker is not None:
-        spec["gpus_per_worker"] = gpus_per_worker
-    if memory_per_worker is not None:
-        spec["memory_per_worker"] = memory_per_worker
-    if cpus_per_worker is not None:
-        spec["cpus_per_worker"] = cpus_per_worker
-    if env:
-        spec["env"] = env
-    collectives = _without_none(
-        {
-            "implementation": communication,
-            "timeout_seconds": collective_timeout,
-            "bytes_per_pack": bytes_per_pack,
-        }
-    )
-    if collectives:
-        spec["communication"] = collectives
-    restart = _without_none(
-        {"max_restarts": max_restarts, "restart_on": restart_on, "fail_on_nan": fail_on_nan or None}
-    )
-    if restart:
-        spec["restart"] = restart
-    if startup_timeout is not None:
-        spec["startup_timeout_seconds"] = startup_timeout
-    if max_runtime is not None:
-        spec["max_runtime_seconds"] = max_runtime
-    if hang_timeout is not None:
-        spec["hang_timeout_seconds"] = hang_timeout
-    if preflight is not None:
-        spec["preflight"] = preflight
-    if agents:
-        spec["agents"] = agents
-    if priority is not None:
-        spec["priority"] = priority
-    if preemptible is not None:
-        spec["preemptible"] = preemptible
-    if preemption_grace is not None:
-        spec["preemption_grace_seconds"] = preemption_grace
-    return spec
 
 
 def parse_memory_option(text: str | None, option: str = "--memory-per-worker") -> int | None:
@@ -482,11 +410,20 @@ def submit(
             "--requirements",
             "-r",
             help="A requirements.txt, pyproject.toml or uv.lock (relative to DIR): the job runs in a Python "
-            "environment of its own, resolved here once with uv and built on each agent, cached by hash "
-            "[default: the agents' own environment].",
+            "environment of its own, resolved here once with uv and built on each agent, cached by hash. "
+            "It extends the agents' runtime: TensorFlow, tf-keras and numpy stay importable, and the "
+            "file's pins take precedence [default: the agents' own environment].",
             show_default=False,
         ),
     ] = None,
+    isolated_env: Annotated[
+        bool,
+        typer.Option(
+            "--isolated-env",
+            help="With --requirements: the environment holds those packages alone (and mwms_runtime), "
+            "not the agents' TensorFlow; pin tensorflow and tf-keras in the file yourself.",
+        ),
+    ] = False,
     python: Annotated[
         str | None,
         typer.Option(
@@ -525,7 +462,9 @@ def submit(
         )
     job_priority = None if priority is None else parse_priority(priority)
     job_name = name or directory.resolve().name
-    job_environment = submit_environment(directory, requirements, python, quiet=json_output)
+    job_environment = submit_environment(
+        directory, requirements, python, quiet=json_output, isolated=isolated_env
+    )
     digest = pack_and_upload(client, directory, quiet=json_output)
     spec = build_job_spec(
         name=job_name,
@@ -550,9 +489,8 @@ def submit(
         priority=job_priority,
         preemptible=preemptible,
         preemption_grace=None if preemption_grace is None else round(preemption_grace),
+        environment=job_environment,
     )
-    if job_environment is not None:
-        spec["environment"] = job_environment
     job = client.create_job(spec).raw
     if not json_output:
         print(terminal_safe(job["id"]), flush=True)

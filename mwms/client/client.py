@@ -19,6 +19,7 @@ from typing import Any
 
 from mwms.client.environment import resolve as resolve_environment
 from mwms.client.job import Job
+from mwms.client.job_spec import build_job_spec
 from mwms.client.models import Agent, QueueEntry, Team
 from mwms.client.packing import pack_directory
 from mwms.client.rest import RestApi
@@ -141,6 +142,7 @@ class Client:
         idempotency_key: str | None = None,
         requirements: str | Path | None = None,
         python: str | None = None,
+        isolated_env: bool = False,
         **options: Any,
     ) -> Job:
         """Packs and uploads `directory` and starts `command` on `workers` workers; returns the Job.
@@ -148,6 +150,8 @@ class Client:
         `requirements` (a requirements.txt, pyproject.toml or uv.lock, relative to `directory`) gives the
         job a Python environment of its own: resolved here once with uv, built on each agent, the same
         packages for every worker; `python` ("3.11") the version to build it with (default: the agents').
+        The environment extends the agents' runtime (TensorFlow, tf-keras and numpy stay importable, the
+        job's pins first); `isolated_env=True` makes it hold the requirements alone.
 
         `memory_per_worker` is the memory each worker may use, in bytes or as a size ("8G", "512MiB";
         binary units): its tasks are killed past it, and placement counts it against each agent's memory.
@@ -161,29 +165,29 @@ class Client:
         unless given), so resending it after a dropped connection never creates a second job.
         """
         argv = shlex.split(command) if isinstance(command, str) else list(command)
-        if python is not None and requirements is None:
-            raise InvalidSpec("python= names the version of a job's own environment: give requirements= too")
+        if (python is not None or isolated_env) and requirements is None:
+            what = "python=" if python is not None else "isolated_env="
+            raise InvalidSpec(f"{what} is about a job's own environment: give requirements= too")
         # Resolved before the upload: a requirement that cannot be resolved costs no upload.
-        environment = None if requirements is None else resolve_environment(directory, requirements, python)
+        environment = (
+            None
+            if requirements is None
+            else resolve_environment(directory, requirements, python, isolated=isolated_env)
+        )
         memory = None if memory_per_worker is None else memory_bytes(memory_per_worker)
-        spec: dict[str, Any] = {
-            "name": name or Path(directory).resolve().name,
-            "bundle_digest": self.upload(directory),
-            "command": argv,
-            "workers": workers,
-        }
-        if gpus_per_worker is not None:
-            spec["gpus_per_worker"] = gpus_per_worker
-        if memory is not None:
-            spec["memory_per_worker"] = memory
-        if cpus_per_worker is not None:
-            spec["cpus_per_worker"] = cpus_per_worker
-        if env:
-            spec["env"] = dict(env)
+        spec = build_job_spec(
+            name=name or Path(directory).resolve().name,
+            bundle_digest=self.upload(directory),
+            command=argv,
+            workers=workers,
+            gpus_per_worker=gpus_per_worker,
+            memory_per_worker=memory,
+            cpus_per_worker=cpus_per_worker,
+            env=dict(env) if env else None,
+            environment=environment,
+        )
         if restart:
             spec["restart"] = dict(restart)
-        if environment is not None:
-            spec["environment"] = environment
         spec.update(options)
         return self.create_job(spec, idempotency_key=idempotency_key)
 

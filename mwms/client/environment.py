@@ -55,10 +55,16 @@ def _uv_command(uv: str, path: Path, python: str) -> list[str]:
 
 
 def resolve(
-    directory: str | Path, requirements: str | Path, python: str | None = None, *, uv: str | None = None
+    directory: str | Path,
+    requirements: str | Path,
+    python: str | None = None,
+    *,
+    uv: str | None = None,
+    isolated: bool = False,
 ) -> dict[str, Any]:
     """The spec's `environment` for `requirements` (relative to `directory` unless absolute): the file's
-    name as shown, the Python asked for, and the lock. The lock is resolved for Python `python` and newer
+    name as shown, the Python asked for, the lock, and `isolated` when it must not extend the agents'
+    runtime. The lock is resolved for Python `python` and newer
     (default: this Python's version). InvalidSpec with uv's own words when it cannot be resolved."""
     path = Path(requirements)
     if not path.is_absolute():
@@ -93,4 +99,6 @@ def resolve(
     environment: dict[str, Any] = {"requirements": shown, "locked": done.stdout}
     if python:
         environment["python"] = python
+    if isolated:
+        environment["isolated"] = True
     return environment

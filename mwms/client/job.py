@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
+from mwms import agent_defaults
 from mwms.client.models import Artifact, LogLine, MetricPoint, Metrics, parse_number
 from mwms.errors import CoordinatorUnreachable, InvalidSpec, JobFailed, WaitTimeout
 
@@ -23,7 +24,7 @@ ENDED_TASK_STATES = frozenset({"SUCCEEDED", "FAILED", "STOPPED", "REJECTED", "LO
 # tasks are still being stopped; `wait` then waits for them too, at most the job's own stop grace (or
 # this guess: a coordinator's MWMS_STOP_GRACE_S is not known here) plus a margin for the agents' reports
 # (a lost agent's tasks are marked LOST within the coordinator's agent timeout, 10 s by default).
-DEFAULT_STOP_GRACE_S = 10.0
+DEFAULT_STOP_GRACE_S = agent_defaults.STOP_GRACE_S  # the longest an agent gives a task by default
 TASK_ENDS_MARGIN_S = 30.0
 
 
@@ -248,8 +249,8 @@ class Job:
     def metrics(self, name: str | None = None, *, attempt: int | None = None) -> Metrics:
         """The metric points the chief reported (all names, or `name`): a list with `to_pandas()`, whose
         `per_step()` and `per_epoch()` keep steps and epochs apart."""
-        series = self._client.rest.metrics(self.id, name=name, attempt=attempt)
-        return Metrics(MetricPoint.from_api(point) for point in series.get("points") or [])
+        points = self._client.rest.all_metrics(self.id, name=name, attempt=attempt)
+        return Metrics(MetricPoint.from_api(point) for point in points)
 
     def artifacts(self) -> list[Artifact]:
         """The files the chief saved in MWMS_OUTPUT_DIR (`mwms_runtime.output_dir()`)."""

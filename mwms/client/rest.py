@@ -179,10 +179,41 @@ class RestApi:
         min_step: int | None = None,
         max_step: int | None = None,
         attempt: int | None = None,
+        after: int | None = None,
+        limit: int | None = None,
     ) -> dict[str, Any]:
-        """{"points": [{"name", "step", "value", "wall_time", "attempt"}, ...]}."""
-        params = _params(name=name, min_step=min_step, max_step=max_step, attempt=attempt)
+        """One page: {"points": [{"name", "step", "value", "wall_time", "attempt"}, ...], "cursor", "more"}."""
+        params = _params(
+            name=name, min_step=min_step, max_step=max_step, attempt=attempt, after=after, limit=limit
+        )
         return self._json("GET", f"{API_PREFIX}/jobs/{quote(job_id, safe='')}/metrics", params=params)
+
+    def all_metrics(
+        self,
+        job_id: str,
+        *,
+        name: str | None = None,
+        min_step: int | None = None,
+        max_step: int | None = None,
+        attempt: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Every matching point, read page by page, ordered by name, attempt and step."""
+        first = self.metrics(job_id, name=name, min_step=min_step, max_step=max_step, attempt=attempt)
+        if not first.get("more"):
+            return list(first.get("points") or [])
+        points: list[dict[str, Any]] = []
+        page: dict[str, Any] = {"more": True, "cursor": 0}
+        while page.get("more"):
+            page = self.metrics(
+                job_id,
+                name=name,
+                min_step=min_step,
+                max_step=max_step,
+                attempt=attempt,
+                after=int(page.get("cursor") or 0),
+            )
+            points += page.get("points") or []
+        return sorted(points, key=lambda point: (point["name"], point["attempt"], point["step"]))
 
     def list_artifacts(self, job_id: str) -> list[dict[str, Any]]:
         """[{"path", "size", "sha256", "attempt", "created_at"}, ...] of a job."""

@@ -712,6 +712,7 @@ class StartTask(_message.Message):
     MEMORY_LIMIT_BYTES_FIELD_NUMBER: _builtins.int
     CPUS_FIELD_NUMBER: _builtins.int
     GUARDED_PORTS_FIELD_NUMBER: _builtins.int
+    ENVIRONMENT_ISOLATED_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     job_id: _builtins.str
     attempt: _builtins.int
@@ -734,7 +735,8 @@ class StartTask(_message.Message):
     environment_lock: _builtins.str
     """When set, the task runs in a Python environment of its own: these pinned requirements (a lock the
     submitter resolved once for the job, in requirements.txt form), installed with uv into the agent's
-    cache, keyed by their hash, the Python version and the platform. Empty: the agent's own environment.
+    cache, keyed by their hash, the Python version, the platform and (unless isolated) the agent's own
+    packages, which the environment extends. Empty: the agent's own environment.
     """
     environment_python: _builtins.str
     """The Python version the environment asks for ("3.11"); empty: the agent's own interpreter's."""
@@ -745,6 +747,10 @@ class StartTask(_message.Message):
     cpus: _builtins.float
     """CPUs the task may use at most (cgroup cpu.max), the job's --cpus-per-worker; 0: no cap, only a
     weight in proportion to the devices it holds.
+    """
+    environment_isolated: _builtins.bool
+    """With environment_lock: the environment holds the lock alone (plus mwms_runtime). Unset: it extends
+    the agent's own runtime (TensorFlow, tf-keras, numpy stay importable, the lock's packages first).
     """
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
@@ -784,10 +790,11 @@ class StartTask(_message.Message):
         memory_limit_bytes: _builtins.int = ...,
         cpus: _builtins.float = ...,
         guarded_ports: _abc.Iterable[Global___PortSpan] | None = ...,
+        environment_isolated: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "bundle_digest", b"bundle_digest", "command", b"command", "cpus", b"cpus", "device_indices", b"device_indices", "device_kind", b"device_kind", "env", b"env", "environment_lock", b"environment_lock", "environment_python", b"environment_python", "guarded_ports", b"guarded_ports", "job_id", b"job_id", "memory_limit_bytes", b"memory_limit_bytes", "num_workers", b"num_workers", "port", b"port", "preflight", b"preflight", "preflight_timeout_seconds", b"preflight_timeout_seconds", "restore_checkpoint", b"restore_checkpoint", "shared_checkpoint_dir", b"shared_checkpoint_dir", "stop_grace_seconds", b"stop_grace_seconds", "task_id", b"task_id", "task_index", b"task_index", "tf_config", b"tf_config"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "bundle_digest", b"bundle_digest", "command", b"command", "cpus", b"cpus", "device_indices", b"device_indices", "device_kind", b"device_kind", "env", b"env", "environment_isolated", b"environment_isolated", "environment_lock", b"environment_lock", "environment_python", b"environment_python", "guarded_ports", b"guarded_ports", "job_id", b"job_id", "memory_limit_bytes", b"memory_limit_bytes", "num_workers", b"num_workers", "port", b"port", "preflight", b"preflight", "preflight_timeout_seconds", b"preflight_timeout_seconds", "restore_checkpoint", b"restore_checkpoint", "shared_checkpoint_dir", b"shared_checkpoint_dir", "stop_grace_seconds", b"stop_grace_seconds", "task_id", b"task_id", "task_index", b"task_index", "tf_config", b"tf_config"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -258,14 +258,42 @@ def job_metrics(
     min_step: Step = None,
     max_step: Step = None,
     attempt: AttemptNumber = None,
+    after: Annotated[
+        int | None,
+        Query(
+            ge=0,
+            le=INT64_MAX,
+            description="only the points stored after this cursor (a page's `cursor`), in storage order; "
+            "0: from the first",
+        ),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=telemetry.MAX_METRIC_POINTS_PER_PAGE)] = (
+        telemetry.MAX_METRIC_POINTS_PER_PAGE
+    ),
 ) -> MetricSeries:
-    """The chief's reduced metric series: name, step, value, wall time and attempt of every point."""
+    """The chief's reduced metric series: name, step, value, wall time and attempt of every point, at
+    most `limit` per page, ordered by name, attempt and step. A page that polls reads only what is new:
+    `after` the previous page's `cursor`. When `more` is true, read on with after=cursor (or, for a
+    first page read without `after`, from after=0)."""
     job = jobs.get_job(session, job_id)
     jobs.check_task_and_attempt(job, None, attempt)
-    points = telemetry.read_metrics(
-        session, job, name=name, min_step=min_step, max_step=max_step, attempt=attempt
+    points, more = telemetry.read_metrics(
+        session,
+        job,
+        name=name,
+        min_step=min_step,
+        max_step=max_step,
+        attempt=attempt,
+        after=after,
+        limit=limit,
     )
+    if after is not None:
+        cursor = points[-1].id if points else after
+    else:
+        cursor = 0 if more else max((p.id for p in points), default=0)
     return MetricSeries(
+        cursor=cursor,
+        more=more,
         points=[
             MetricPointOut(
                 name=p.name,
@@ -275,7 +303,7 @@ def job_metrics(
                 attempt=p.attempt,
             )
             for p in points
-        ]
+        ],
     )
 
 

@@ -168,6 +168,7 @@ def environment_out(stored: dict[str, Any] | None) -> EnvironmentOut | None:
     return EnvironmentOut(
         requirements=stored.get("requirements") or "",
         python=stored.get("python"),
+        isolated=bool(stored.get("isolated")),
         packages=list(stored.get("packages") or []),
     )
 

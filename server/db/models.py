@@ -325,6 +325,8 @@ class MetricPoint(Base):
         Index("ix_metric_points_job_name_step", "job_id", "name", "step"),
         # A job's newest attempt and its latest step and loss (the jobs list) are one index seek each.
         Index("ix_metric_points_job_attempt_step", "job_id", "attempt", "step"),
+        # The points stored after a cursor (a page polling for what is new) are one index seek.
+        Index("ix_metric_points_job_id_id", "job_id", "id"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)

@@ -26,7 +26,6 @@ from typing import Protocol
 from mwms.server.db.engine import Database
 from mwms.server.live.agent_notify import Doorbell
 from mwms.server.services import agent_messages
-from mwms.v1 import agent_pb2 as pb
 
 log = logging.getLogger("mwms.server.rpc")
 SWEEP_ALONE_S = 30.0
@@ -43,7 +42,7 @@ class CommandSink(Protocol):
 
     async def deliver(self, commands: agent_messages.Commands) -> None: ...
 
-    async def send(self, message: pb.CoordinatorMessage) -> None: ...
+    async def ask_stacks(self, request_id: str, task_ids: list[str]) -> None: ...
 
     def close(self, reason: str, superseded: bool = False) -> None: ...
 
@@ -96,16 +95,16 @@ class AgentHub:
         """Agents with a live stream; safe from any thread (no iteration)."""
         return len(self._owners)
 
-    async def send_to(self, agent_id: str, message: pb.CoordinatorMessage) -> bool:
-        """Sends one message on the agent's current stream (a stack dump request); False when it has
-        no stream that takes commands, or the send failed."""
+    async def ask_stacks(self, agent_id: str, request_id: str, task_ids: list[str]) -> bool:
+        """Asks the agent, on its current stream, for the stacks of `task_ids`; False when it has no
+        stream that takes commands, or the send failed."""
         owner = self._owners.get(agent_id)
         if owner is None or not owner.ready:
             return False
         try:
-            await owner.send(message)
+            await owner.ask_stacks(request_id, task_ids)
         except Exception as error:  # noqa: BLE001 - a broken stream answers nothing; its reader ends it
-            log.info("could not send a %s to agent %s: %s", message.WhichOneof("body"), agent_id, error)
+            log.info("could not ask agent %s for stacks: %s", agent_id, error)
             return False
         return True
 

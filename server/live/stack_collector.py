@@ -20,7 +20,6 @@ from mwms.server.live.agent_notify import Doorbell
 from mwms.server.live.hub import AgentHub
 from mwms.server.services import stacks
 from mwms.server.services.stacks import IncomingStackDump, OpenedRequest
-from mwms.v1 import agent_pb2 as pb
 
 log = logging.getLogger("mwms.server.stacks")
 T = TypeVar("T")
@@ -78,15 +77,7 @@ class StackCollector:
 
     async def _send(self, request_id: str, by_agent: dict[str, list[str]]) -> list[bool]:
         return await asyncio.gather(
-            *(
-                self._hub.send_to(
-                    agent_id,
-                    pb.CoordinatorMessage(
-                        dump_stacks=pb.DumpStacks(request_id=request_id, task_ids=task_ids)
-                    ),
-                )
-                for agent_id, task_ids in by_agent.items()
-            )
+            *(self._hub.ask_stacks(agent_id, request_id, task_ids) for agent_id, task_ids in by_agent.items())
         )
 
     async def _write(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:

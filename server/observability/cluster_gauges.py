@@ -25,13 +25,13 @@ from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from mwms.priorities import PRIORITY_BANDS
 from mwms.server.db.engine import Database
 from mwms.server.live.pass_locks import LOOPS
 from mwms.server.observability.lost_agents import MAX_LOST_AGENTS_LABELLED, lost_agent_gauge, lost_agent_names
 from mwms.server.services.agents import AGENT_STATES
 from mwms.server.services.cluster_counts import (
     LIVE_TASK_STATES,
-    PRIORITY_BANDS,
     SharingCounts,
     count_cluster,
     count_sharing,

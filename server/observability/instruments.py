@@ -17,9 +17,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 import mwms
+from mwms.priorities import PRIORITY_BANDS, priority_band
 from mwms.server.db.models import Job, JobEvent
 from mwms.server.observability.on_commit import on_commit
-from mwms.server.services.cluster_counts import PRIORITY_BANDS
 from mwms.server.states import TERMINAL_JOB_STATES, JobState
 
 # No `<name>_created` series: nothing reads them, they double the series and the text format shows them
@@ -146,11 +146,6 @@ def count_restart(session: Session, cause: str) -> None:
     """One attempt restarted for `cause` (one of RESTART_CAUSES), once committed."""
     label = cause if cause in RESTART_CAUSES else "other"
     on_commit(session, JOB_RESTARTS.labels(cause=label).inc)
-
-
-def priority_band(priority: int) -> str:
-    """The band a priority is counted in: low (< 250), normal (< 750) or high."""
-    return "low" if priority < 250 else "normal" if priority < 750 else "high"
 
 
 def observe_queue_wait(session: Session, priority: int, seconds: float) -> None:

@@ -96,6 +96,10 @@ class AgentStream:
         async with self.write_lock:
             await self.context.write(message)
 
+    async def ask_stacks(self, request_id: str, task_ids: list[str]) -> None:
+        """Asks the agent for the stacks of these tasks (server/live/stack_collector.py)."""
+        await self.send(convert.dump_stacks(request_id, task_ids))
+
     def close(self, reason: str, superseded: bool = False) -> None:
         """Ends the stream with `reason`: UNAUTHENTICATED (the agent may no longer talk), or ABORTED when
         the agent has a newer stream (`superseded`); loop thread only."""

@@ -146,6 +146,7 @@ def start_task(spec: StartSpec) -> pb.CoordinatorMessage:
             preflight_timeout_seconds=spec.preflight_timeout_s or 0,
             environment_lock=spec.environment_lock,
             environment_python=spec.environment_python,
+            environment_isolated=spec.environment_isolated,
             memory_limit_bytes=spec.memory_limit_bytes,
             cpus=spec.cpus,
             guarded_ports=[pb.PortSpan(low=low, high=high) for low, high in spec.guarded_ports],
@@ -209,6 +210,11 @@ def ack(
             reject_reason=stored.reason[:500] if stored else "",
         )
     )
+
+
+def dump_stacks(request_id: str, task_ids: list[str]) -> pb.CoordinatorMessage:
+    """The request for the stacks of `task_ids` (one StackDump answers it)."""
+    return pb.CoordinatorMessage(dump_stacks=pb.DumpStacks(request_id=request_id, task_ids=task_ids))
 
 
 def stack_dump(message: pb.StackDump) -> IncomingStackDump:

@@ -20,6 +20,7 @@ from datetime import datetime
 from sqlalchemy import Integer, case, func, select
 from sqlalchemy.orm import Session
 
+from mwms.priorities import HIGH_PRIORITY_FROM, NORMAL_PRIORITY_FROM
 from mwms.server.db.models import Agent, Job, Task, TeamQuota, utcnow
 from mwms.server.states import DEVICE_HOLDING_TASK_STATES, JobState, TaskState
 
@@ -35,11 +36,6 @@ _JOBS_PENDING = [JobState.PENDING.value, JobState.RESTARTING.value, JobState.PRE
 
 # The queue: jobs that wait to be placed (again), a preempted one whose workers are saving included.
 QUEUED_JOB_STATES = [JobState.PENDING.value, JobState.RESTARTING.value, JobState.PREEMPTING.value]
-# Priority bands: low < 250 <= normal < 750 <= high, as observability.instruments.priority_band names
-# them for the queue-wait histogram (a test holds the two to the same edges).
-PRIORITY_BANDS = ("low", "normal", "high")
-NORMAL_PRIORITY_FROM = 250
-HIGH_PRIORITY_FROM = 750
 # Quotas read per scrape at most; far above any real number of teams (services.teams lists as many).
 MAX_QUOTAS_COUNTED = 10_000
 

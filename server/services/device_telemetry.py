@@ -27,12 +27,12 @@ from sqlalchemy import delete, func, insert, select, true
 from sqlalchemy.orm import Session
 from sqlalchemy.sql import FromClause
 
+from mwms.agent_link import MAX_DEVICES_PER_MESSAGE
 from mwms.server.db.models import Agent, DeviceSample, utcnow
 
 # The memory columns are 32-bit integers on PostgreSQL; 2**31 MiB is 2 PiB, far above any device.
 MAX_MEMORY_MIB = 2**31 - 1
 MAX_TEMPERATURE_C = 200.0
-MAX_DEVICES_PER_MESSAGE = 64
 PURGE_ROWS = 5000  # rows deleted per agent per transaction
 PURGE_AGENTS = 100  # agents per purge transaction
 # How far back `stored_newest` looks: 12 samples at the agents' default interval

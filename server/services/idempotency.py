@@ -8,8 +8,6 @@ silently hand back an unrelated job.
 
 from __future__ import annotations
 
-from typing import Any
-
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -57,25 +55,11 @@ def find_or_create_job(
 
 def spec_differences(job: Job, spec: JobCreate) -> list[str]:
     """The spec fields whose values differ from what `job` was created with (those the job keeps)."""
-    kept: dict[str, Any] = {
-        "bundle_digest": job.bundle_digest,
-        "command": list(job.command),
-        "env": dict(job.env),
-        "workers": job.num_workers,
-        "gpus_per_worker": job.gpus_per_worker,
-        "memory_per_worker": job.memory_per_worker,
-        "cpus_per_worker": job.cpus_per_worker,
-    }
+    kept = jobs.spec_as_stored(job)
     if spec.name:  # without one the job was named after the command
         kept["name"] = job.name
-    differing = []
-    for field, wanted in spec.model_dump(mode="json").items():
-        if field in kept:
-            have = kept[field]
-        elif field in job.options:  # the rest of the spec: communication, restart, timeouts, ...
-            have = job.options[field]
-        else:
-            continue
-        if have != wanted:
-            differing.append(field)
-    return differing
+    return [
+        field
+        for field, wanted in spec.model_dump(mode="json").items()
+        if field in kept and kept[field] != wanted
+    ]

@@ -120,6 +120,29 @@ def create_job(
     return job
 
 
+def spec_as_stored(job: Job) -> dict[str, Any]:
+    """The spec fields `job` keeps, named as JobCreate names them and valued as `create_job` stored them
+    (the one place that knows both): what an idempotent resend is compared with. `name` is left out
+    (without one the job was named after its command)."""
+    environment = dict(job.environment) if job.environment else None
+    if environment is not None:
+        environment.pop("packages", None)  # derived from the lock, never sent
+        environment.setdefault("isolated", False)  # jobs stored before the field
+    return {
+        "bundle_digest": job.bundle_digest,
+        "command": list(job.command),
+        "env": dict(job.env),
+        "workers": job.num_workers,
+        "gpus_per_worker": job.gpus_per_worker,
+        "memory_per_worker": job.memory_per_worker,
+        "cpus_per_worker": job.cpus_per_worker,
+        "priority": job.priority,
+        "preemptible": job.preemptible,
+        "environment": environment,
+        **job.options,
+    }
+
+
 def stored_environment(environment: EnvironmentIn | None) -> dict[str, Any] | None:
     """What the job keeps of its environment: as submitted, with its packages listed once for the views."""
     if environment is None:
@@ -128,6 +151,7 @@ def stored_environment(environment: EnvironmentIn | None) -> dict[str, Any] | No
         "requirements": environment.requirements,
         "python": environment.python,
         "locked": environment.locked,
+        "isolated": environment.isolated,
         "packages": environment_lock.pinned_packages(environment.locked),
     }
 

@@ -15,6 +15,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from mwms.agent_references import AmbiguousAgent, UnknownAgent, resolve_agent_reference
+from mwms.server.services import fit_rules
+from mwms.server.services.fit_rules import AgentShape, Misfit, Rule, devices_needed, workers_fitting
 from mwms.server.services.wording import count as wcount
 from mwms.server.services.wording import listed
 from mwms.sizes import format_size
@@ -64,37 +66,14 @@ class NoFit:
     reason: str
 
 
-def devices_needed(gpus_per_worker: int) -> tuple[str, int]:
-    """The device kind and count one task takes: G GPUs, or one CPU slot when G is 0."""
-    return ("gpu", gpus_per_worker) if gpus_per_worker > 0 else ("cpu", 1)
-
-
 def memory_fits(free: int | None, memory_per_worker: int) -> bool:
     """Whether one more worker asking `memory_per_worker` (0: none) fits in `free` (None: not reported)."""
     return memory_per_worker <= 0 or free is None or free >= memory_per_worker
 
 
-def workers_fitting(
-    free_devices: int, per_worker: int, memory_free: int | None, memory_per_worker: int
-) -> int:
-    """Workers of a shape one agent holds: by `free_devices`, and by its memory when both are known."""
-    by_devices = free_devices // per_worker
-    if memory_per_worker <= 0 or memory_free is None:
-        return by_devices
-    return min(by_devices, memory_free // memory_per_worker)
-
-
 def fitting_now(agent: AgentCapacity, per_worker: int, memory_per_worker: int = 0) -> int:
     """Workers of a shape an agent can start now, on its free devices and memory."""
     return workers_fitting(len(agent.free_devices), per_worker, agent.memory_free, memory_per_worker)
-
-
-def _largest_memory(agents: Iterable[AgentCapacity]) -> AgentCapacity | None:
-    """The agent that offers the most memory, when every one reported its memory; else None."""
-    agents = list(agents)
-    if not agents or any(a.memory_bytes <= 0 for a in agents):
-        return None
-    return max(agents, key=lambda a: (a.memory_bytes, a.name))
 
 
 # How much of a co-location note lists: the workers of one agent, and the agents.
@@ -214,51 +193,45 @@ def _no_capacity(
 def never_fits(
     agents: list[AgentCapacity], workers: int, gpus_per_worker: int, memory_per_worker: int = 0
 ) -> NoFit | None:
-    """Why the gang could not fit even if every agent were idle, or None when it could."""
-    kind, count = devices_needed(gpus_per_worker)
-    unit = "GPU" if kind == "gpu" else "CPU slot"
-    candidates = [a for a in agents if a.device_kind == kind]
-    if not candidates:
+    """Why the gang could not fit the online agents even if every one were idle (services/fit_rules.py),
+    phrased for a waiting job; None when it could."""
+    shapes = [AgentShape(a.name, a.device_kind, len(a.all_devices), a.memory_bytes) for a in agents]
+    misfit = fit_rules.never_fits(shapes, workers, gpus_per_worker, memory_per_worker)
+    return None if misfit is None else NoFit(_waiting_reason(misfit, workers, memory_per_worker))
+
+
+def _waiting_reason(misfit: Misfit, workers: int, memory: int) -> str:
+    unit = "GPU" if misfit.kind == "gpu" else "CPU slot"
+    per_worker, candidates, largest = misfit.per_worker, misfit.candidates, misfit.largest
+    agents = wcount(len(candidates), "online agent")
+    if misfit.rule is Rule.NO_AGENT_OF_KIND:
         hint = (
             "start agents on GPU machines"
-            if kind == "gpu"
+            if misfit.kind == "gpu"
             else "start an agent with --slots N, or ask for --gpus-per-worker"
         )
-        return NoFit(f"no online agent offers {unit}s; {hint}")
-    largest = max(candidates, key=lambda a: len(a.all_devices))
-    if len(largest.all_devices) < count:
-        return NoFit(
-            f"each worker needs {wcount(count, unit)} but the largest agent ({largest.name}) has "
-            f"{len(largest.all_devices)}; lower --gpus-per-worker or add larger machines"
+        return f"no online agent offers {unit}s; {hint}"
+    assert largest is not None
+    if misfit.rule is Rule.DEVICES_PER_AGENT:
+        return (
+            f"each worker needs {wcount(per_worker, unit)} but the largest agent ({largest.name}) has "
+            f"{largest.devices}; lower --gpus-per-worker or add larger machines"
         )
-    capacity_total = sum(len(a.all_devices) // count for a in candidates)
-    if capacity_total < workers:
-        return NoFit(
-            f"needs {wcount(workers, 'worker')} × {wcount(count, unit)} but the "
-            f"{wcount(len(candidates), 'online agent')} can hold at most {wcount(capacity_total, 'such worker')} "
-            "even when idle; add agents or lower --workers"
+    if misfit.rule is Rule.DEVICES_IN_ALL:
+        return (
+            f"needs {wcount(workers, 'worker')} × {wcount(per_worker, unit)} but the {agents} can hold at "
+            f"most {wcount(misfit.most, 'such worker')} even when idle; add agents or lower --workers"
         )
-    if memory_per_worker <= 0:
-        return None
-    largest_memory = _largest_memory(candidates)
-    if largest_memory is not None and largest_memory.memory_bytes < memory_per_worker:
-        return NoFit(
-            f"needs {format_size(memory_per_worker)} per worker; the largest agent ({largest_memory.name}) "
-            f"offers {format_size(largest_memory.memory_bytes)}: lower --memory-per-worker or add machines "
-            "with more memory"
+    if misfit.rule is Rule.MEMORY_PER_AGENT:
+        return (
+            f"needs {format_size(memory)} per worker; the largest agent ({largest.name}) offers "
+            f"{format_size(largest.memory_bytes)}: lower --memory-per-worker or add machines with more memory"
         )
-    idle_total = sum(
-        workers_fitting(len(a.all_devices), count, a.memory_bytes or None, memory_per_worker)
-        for a in candidates
+    return (
+        f"needs {wcount(workers, 'worker')} × {wcount(per_worker, unit)} and {format_size(memory)} per "
+        f"worker, but the memory of the {agents} holds at most {wcount(misfit.most, 'such worker')} even "
+        "when idle; add agents, or lower --workers or --memory-per-worker"
     )
-    if idle_total < workers:
-        return NoFit(
-            f"needs {wcount(workers, 'worker')} × {wcount(count, unit)} and {format_size(memory_per_worker)} "
-            f"per worker, but the memory of the {wcount(len(candidates), 'online agent')} holds at most "
-            f"{wcount(idle_total, 'such worker')} even when idle; add agents, or lower --workers or "
-            "--memory-per-worker"
-        )
-    return None
 
 
 def _has_free_port(agent: AgentCapacity, ports: dict[str, set[int]]) -> bool:

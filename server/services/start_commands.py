@@ -55,6 +55,7 @@ class StartSpec:
     preflight_timeout_s: int | None
     environment_lock: str = ""  # the job's own environment's pinned requirements; "": the agent's
     environment_python: str = ""
+    environment_isolated: bool = False  # the lock alone, not extending the agents' runtime
     memory_limit_bytes: int = 0  # the job's memory_per_worker; 0: none (the agent applies its default share)
     cpus: float = 0.0  # the job's cpus_per_worker; 0: no cap
     guarded_ports: list[tuple[int, int]] = field(default_factory=list)
@@ -89,6 +90,7 @@ def start_spec(
         preflight_timeout_s=preflight_s,
         environment_lock=(job.environment or {}).get("locked") or "",
         environment_python=(job.environment or {}).get("python") or "",
+        environment_isolated=bool((job.environment or {}).get("isolated")),
         memory_limit_bytes=job.memory_per_worker or 0,
         cpus=job.cpus_per_worker or 0.0,
         guarded_ports=[*(agent_ranges or []), *((p, p) for p in defaults.own_ports if p)],

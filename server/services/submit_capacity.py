@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 
 from mwms.agent_references import AmbiguousAgent, UnknownAgent, resolve_agent_reference
 from mwms.server.db.models import Agent
-from mwms.server.services.placement import devices_needed
+from mwms.server.services.fit_rules import AgentShape, Misfit, Rule, devices_needed, never_fits
 from mwms.server.services.wording import count
 from mwms.sizes import format_size
 
@@ -40,12 +40,9 @@ class RegisteredAgent:
     devices: int
     memory_bytes: int = 0  # offered to its tasks in all; 0: not reported
 
-    def workers(self, per_worker: int, memory_per_worker: int) -> int:
-        """Workers of this shape it holds when idle: by its devices, and by its memory when both are known."""
-        by_devices = self.devices // per_worker
-        if memory_per_worker <= 0 or self.memory_bytes <= 0:
-            return by_devices
-        return min(by_devices, self.memory_bytes // memory_per_worker)
+    @property
+    def shape(self) -> AgentShape:
+        return AgentShape(self.name, self.kind, self.devices, self.memory_bytes)
 
 
 def registered_agents(session: Session) -> list[RegisteredAgent]:
@@ -67,13 +64,13 @@ def _unit(kind: str) -> str:
     return "GPU" if kind == "gpu" else "CPU slot"
 
 
-def _named(agents: Sequence[RegisteredAgent]) -> str:
+def _named(agents: Sequence[AgentShape]) -> str:
     shown = ", ".join(f"{a.name} {a.devices}" for a in agents[:NAMED_AGENTS])
     more = f" and {len(agents) - NAMED_AGENTS} more" if len(agents) > NAMED_AGENTS else ""
     return f"{shown}{more}"
 
 
-def _named_memory(agents: Sequence[RegisteredAgent]) -> str:
+def _named_memory(agents: Sequence[AgentShape]) -> str:
     shown = ", ".join(f"{a.name} {format_size(a.memory_bytes)}" for a in agents[:NAMED_AGENTS])
     more = f" and {len(agents) - NAMED_AGENTS} more" if len(agents) > NAMED_AGENTS else ""
     return f"{shown}{more}"
@@ -87,65 +84,64 @@ def impossible_reason(
     *,
     memory_per_worker: int = 0,
 ) -> str | None:
-    """Why no set of `agents` can ever hold the job, phrased as what to change; None when some can."""
+    """Why no set of `agents` can ever hold the job (services/fit_rules.py), phrased as what to change;
+    None when some can, or when no agent has registered yet."""
     if not agents:
         return None
     kind, per_worker = devices_needed(gpus_per_worker)
-    unit = _unit(kind)
     if pins:
         return _pinned_reason(agents, kind, per_worker, pins, memory_per_worker)
-    of_kind = [a for a in agents if a.kind == kind]
-    if not of_kind:
-        other = _unit("cpu" if kind == "gpu" else "gpu")
+    misfit = never_fits([a.shape for a in agents], workers, gpus_per_worker, memory_per_worker)
+    return None if misfit is None else _refusal(misfit, len(agents), workers, memory_per_worker)
+
+
+def _refusal(misfit: Misfit, registered: int, workers: int, memory: int) -> str:
+    unit, per_worker, of_kind, largest = (
+        _unit(misfit.kind),
+        misfit.per_worker,
+        misfit.candidates,
+        misfit.largest,
+    )
+    if misfit.rule is Rule.NO_AGENT_OF_KIND:
+        other = _unit("cpu" if misfit.kind == "gpu" else "gpu")
         fix = (
             "submit with --gpus-per-worker 0 to run on CPU slots, or start an agent on a GPU machine"
-            if kind == "gpu"
+            if misfit.kind == "gpu"
             else "ask for --gpus-per-worker N to run on GPUs, or start an agent with --slots N"
         )
-        return f"none of the {count(len(agents), 'registered agent')} offers {unit}s (they offer {other}s): {fix}"
-    largest = max(of_kind, key=lambda a: a.devices)
-    if largest.devices < per_worker:
+        return (
+            f"none of the {count(registered, 'registered agent')} offers {unit}s (they offer {other}s): {fix}"
+        )
+    assert largest is not None
+    if misfit.rule is Rule.DEVICES_PER_AGENT:
         return (
             f"each worker needs {count(per_worker, unit)} but the largest registered agent ({largest.name}) "
             f"has {largest.devices}: lower --gpus-per-worker to at most {largest.devices}, or add a machine "
             f"with {per_worker} {unit}s"
         )
-    most = sum(a.devices // per_worker for a in of_kind)
-    if most < workers:
-        start = "start more agents (or give them more --slots)" if kind == "cpu" else "add GPU machines"
+    if misfit.rule is Rule.DEVICES_IN_ALL:
+        start = (
+            "start more agents (or give them more --slots)" if misfit.kind == "cpu" else "add GPU machines"
+        )
         return (
             f"needs {count(workers, 'worker')} × {count(per_worker, unit)}, but the "
             f"{count(len(of_kind), 'registered agent')} with {unit}s ({_named(of_kind)}) can hold at "
-            f"most {count(most, 'such worker')} even when idle: lower --workers to at most {most}, or {start}"
+            f"most {count(misfit.most, 'such worker')} even when idle: lower --workers to at most "
+            f"{misfit.most}, or {start}"
         )
-    return (
-        _memory_reason(of_kind, workers, per_worker, unit, memory_per_worker) if memory_per_worker else None
-    )
-
-
-def _memory_reason(
-    of_kind: Sequence[RegisteredAgent], workers: int, per_worker: int, unit: str, memory: int
-) -> str | None:
-    """For a job whose devices fit: why the agents' memory never can hold it, or None."""
-    if any(a.memory_bytes <= 0 for a in of_kind):
-        return None  # an agent that did not report its memory may hold any
     wanted = format_size(memory)
-    largest = max(of_kind, key=lambda a: a.memory_bytes)
-    if largest.memory_bytes < memory:
+    if misfit.rule is Rule.MEMORY_PER_AGENT:
         return (
             f"needs {wanted} per worker; the largest registered agent ({largest.name}) offers "
             f"{format_size(largest.memory_bytes)} to its tasks: lower --memory-per-worker to at most "
             f"{format_size(largest.memory_bytes)}, or add a machine with more memory"
         )
-    most = sum(a.workers(per_worker, memory) for a in of_kind)
-    if most < workers:
-        return (
-            f"needs {count(workers, 'worker')} × {count(per_worker, unit)} and {wanted}, but the memory of the "
-            f"{count(len(of_kind), 'registered agent')} ({_named_memory(of_kind)}) holds at most "
-            f"{count(most, 'such worker')} even when idle: lower --workers to at most {most} or "
-            "--memory-per-worker, or add machines"
-        )
-    return None
+    return (
+        f"needs {count(workers, 'worker')} × {count(per_worker, unit)} and {wanted}, but the memory of the "
+        f"{count(len(of_kind), 'registered agent')} ({_named_memory(of_kind)}) holds at most "
+        f"{count(misfit.most, 'such worker')} even when idle: lower --workers to at most {misfit.most} or "
+        "--memory-per-worker, or add machines"
+    )
 
 
 def _pinned_reason(

@@ -41,6 +41,8 @@ log = logging.getLogger("mwms.server.telemetry")
 MAX_SEQ = 2**31 - 1
 MAX_UNIX_MS = int(metrics_line.MAX_TIME * 1000)
 STREAMS = ("stdout", "stderr")
+# Metric points one read returns at most (GET /jobs/{id}/metrics pages beyond it).
+MAX_METRIC_POINTS_PER_PAGE = 10_000
 
 
 class IncomingLine(NamedTuple):
@@ -489,9 +491,15 @@ def read_metrics(
     min_step: int | None,
     max_step: int | None,
     attempt: int | None,
-) -> list[MetricPoint]:
-    """A job's metric series ordered by name, attempt and step."""
+    after: int | None = None,
+    limit: int = MAX_METRIC_POINTS_PER_PAGE,
+) -> tuple[list[MetricPoint], bool]:
+    """A page of a job's metric points and whether more match: at most `limit`, ordered by name,
+    attempt and step; or, `after` a cursor (a point's id), only the points stored after it, in storage
+    order, so a page that polls reads only what is new."""
     query = select(MetricPoint).where(MetricPoint.job_id == job.id)
+    if after is not None:
+        query = query.where(MetricPoint.id > after)
     if name:
         query = query.where(MetricPoint.name == name)
     if min_step is not None:
@@ -500,11 +508,11 @@ def read_metrics(
         query = query.where(MetricPoint.step <= max_step)
     if attempt is not None:
         query = query.where(MetricPoint.attempt == attempt)
-    return list(
-        session.scalars(
-            query.order_by(MetricPoint.name, MetricPoint.attempt, MetricPoint.step, MetricPoint.id)
-        ).all()
-    )
+    order: tuple[Any, ...] = (MetricPoint.id,)
+    if after is None:
+        order = (MetricPoint.name, MetricPoint.attempt, MetricPoint.step, MetricPoint.id)
+    points = list(session.scalars(query.order_by(*order).limit(limit + 1)).all())
+    return points[:limit], len(points) > limit
 
 
 @dataclass(frozen=True)

@@ -374,6 +374,8 @@ class FakeCluster:
         self.teams_refusal: str | None = None  # when set, GET /api/v1/teams answers 500 with it
         # agent id -> the cordon fields it answers with (cordoned, cordoned_at, cordoned_by, ...)
         self.agent_cordons: dict[str, dict[str, Any]] = {}
+        # Every read of a job's metrics: its `after` cursor and how many points it answered.
+        self.metric_reads: list[dict[str, Any]] = []
         self.reset()
 
     def reset(self) -> None:
@@ -385,6 +387,7 @@ class FakeCluster:
             self.teams = default_teams()
             self.teams_refusal = None
             self.agent_cordons = {}
+            self.metric_reads = []
             finishing = FakeJob(
                 "7f3c2a91d0b44c7e9a61b0c3d5e8f201",
                 "resnet50-imagenet",
@@ -624,16 +627,29 @@ def create_fake_app(cluster: FakeCluster) -> FastAPI:
         min_step: int | None = None,
         max_step: int | None = None,
         attempt: int | None = None,
+        after: int | None = None,
+        limit: int = Query(default=10_000, ge=1, le=10_000),
     ) -> dict:
-        points = [
-            p
-            for p in get_job(job_id).metrics
+        # As the coordinator: a point's cursor is its place in storage (1-based), pages after it.
+        stored = list(enumerate(get_job(job_id).metrics, start=1))
+        matching = [
+            (cursor, p)
+            for cursor, p in stored
             if (not name or p["name"] == name)
             and (min_step is None or p["step"] >= min_step)
             and (max_step is None or p["step"] <= max_step)
             and (attempt is None or p["attempt"] == attempt)
+            and (after is None or cursor > after)
         ]
-        return {"points": points}
+        if after is None:
+            matching.sort(key=lambda pair: (pair[1]["name"], pair[1]["attempt"], pair[1]["step"]))
+        page, more = matching[:limit], len(matching) > limit
+        cluster.metric_reads.append({"after": after, "points": len(page)})
+        if after is not None:
+            cursor = page[-1][0] if page else after
+        else:
+            cursor = 0 if more else max((c for c, _ in page), default=0)
+        return {"points": [p for _, p in page], "cursor": cursor, "more": more}
 
     @app.get("/api/v1/jobs/{job_id}/logs")
     def logs(job_id: str, task: int = 0, after: int = 0, tail: int = Query(default=500, le=5000)) -> dict:

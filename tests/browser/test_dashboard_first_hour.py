@@ -128,7 +128,7 @@ def test_the_charts_follow_an_ended_job_until_its_last_point(new_page, cluster_u
     def on_request(request) -> None:
         if request.url.endswith(f"/jobs/{STOPPING}"):
             job_reads.append(request.url)
-        elif request.url.endswith(f"/jobs/{STOPPING}/metrics"):
+        elif f"/jobs/{STOPPING}/metrics?" in request.url:
             metric_reads.append(request.url)
 
     page.on("request", on_request)
@@ -160,6 +160,12 @@ def test_the_charts_follow_an_ended_job_until_its_last_point(new_page, cluster_u
     expect(page.locator("[data-testid=job-step]")).to_have_text("61")
     expect(loss).to_contain_text("@ step 61")
     expect(page.locator("figure[data-metric=accuracy] .chart-latest")).to_contain_text("@ step 61")
+    # Each poll read only the points stored since the one before: every point crossed the wire once.
+    with cluster.lock:
+        served, stored = sum(read["points"] for read in cluster.metric_reads), len(job.metrics)
+        cursors = [read["after"] for read in cluster.metric_reads]
+    assert served == stored == 2 * 62, (served, stored)
+    assert cursors[0] == 0 and cursors == sorted(cursors) and cursors[-1] == stored, cursors
 
     # Settled (every task ended, the charts at the job's step): a few more reads, then one every tenth poll.
     run_polls(page, job_reads, 4)

@@ -6,7 +6,7 @@ import pytest
 
 from mwms.cli.errors import CliError, ExitCode, exit_code_for, message_for
 from mwms.cli.parsing import parse_env, parse_port_range
-from mwms.cli.submit import build_job_spec
+from mwms.client.job_spec import build_job_spec
 from mwms.errors import CoordinatorUnreachable, InvalidSpec, error_for_status
 
 

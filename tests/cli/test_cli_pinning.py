@@ -6,7 +6,7 @@ import pytest
 
 from mwms.cli.doctor import bundle_dir, doctor_spec, parse_agents
 from mwms.cli.errors import CliError
-from mwms.cli.submit import build_job_spec
+from mwms.client.job_spec import build_job_spec
 
 
 def test_agents_are_in_the_spec_only_when_given() -> None:

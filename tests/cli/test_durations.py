@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import typer
 from cli_fake_api import ADMIN_TOKEN, FakeState
 from typer.testing import CliRunner
 
-from mwms.cli.durations import DurationError, parse_duration
+from mwms.cli.durations import DurationError, duration_option_parser, parse_duration
 from mwms.cli.main import app
 
 runner = CliRunner()
@@ -85,3 +86,28 @@ def test_submit_refuses_a_grace_past_its_limit() -> None:
     )
     assert result.exit_code == 2
     assert "2h is longer than the most it may be, 1h" in " ".join(result.output.split())
+
+
+def test_the_daemons_take_units_and_read_a_bare_number_as_seconds() -> None:
+    parse = duration_option_parser(minimum=1, maximum=6 * 3600, bare_seconds=True)
+    assert (parse("45m"), parse("1800"), parse("90s"), parse("1.5h")) == (2700, 1800, 90, 5400)
+    for text, said in (("0.5", "shorter than the least it may be, 1s"), ("7h", "longer than the most")):
+        with pytest.raises(typer.BadParameter, match=said):
+            parse(text)
+    sampled = duration_option_parser(allow_zero=True, maximum=3600, bare_seconds=True)
+    assert (sampled("0"), sampled("10s"), sampled("5")) == (0, 10, 5)
+
+
+def test_the_agents_help_states_what_a_bare_number_means() -> None:
+    result = runner.invoke(app, ["agent", "--help"], env={"COLUMNS": "300"})
+    text = " ".join(result.output.split())
+    assert (
+        "--env-build-timeout DURATION" in text and "e.g. 45m (a bare number is seconds; at most 6h)" in text
+    )
+    refused = runner.invoke(app, ["agent", "--env-build-timeout", "9h", "--systemd-unit"])
+    assert refused.exit_code == 2 and "9h is longer than the most it may be, 6h" in " ".join(
+        refused.output.split()
+    )
+    unit = runner.invoke(app, ["agent", "--env-build-timeout", "45m", "--systemd-unit"])
+    assert unit.exit_code == 0, unit.output
+    assert "--env-build-timeout 2700s" in unit.stdout  # the unit states its unit

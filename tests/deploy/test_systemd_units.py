@@ -23,7 +23,7 @@ from cluster import MWMS
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED_SERVER_UNIT = REPO / "deploy" / "systemd" / "mwms-server.service"
-# Where README.md and the unit's header install the package.
+# Where docs/operators.md and the unit's header install the package.
 INSTALLED_MWMS = "/opt/mwms/bin/mwms"
 # Measured with systemd 252 (Debian 12): server 1.3 OK, agent as root 7.4 MEDIUM, as another user 7.7
 # (the old agent unit: 9.6 UNSAFE). The bounds leave room for other systemd versions' weights.
@@ -114,7 +114,7 @@ def exposure(unit: str, name: str, tmp_path: Path) -> float:
 
 
 def test_the_shipped_server_unit_is_what_mwms_server_prints() -> None:
-    # The README's command; the file must never drift from the code that writes it.
+    # The command docs/operators.md gives; the file must never drift from the code that writes it.
     assert installed(print_unit("server")) == SHIPPED_SERVER_UNIT.read_text()
     assert installed(print_unit("server", "--service-user", "mwms")) == SHIPPED_SERVER_UNIT.read_text()
 

@@ -23,16 +23,19 @@ from mwms.errors import InvalidSpec
 pytestmark = pytest.mark.e2e
 
 PROGRAM = """
+import importlib.util
 import sys
 import tabulate
 import mwms_runtime  # the runtime is importable in a job's own environment (with numpy, as TF brings)
+# By default the environment extends the agents' runtime: their TensorFlow is there (not imported: slow).
+base = "tf" if importlib.util.find_spec("tensorflow") and importlib.util.find_spec("tf_keras") else "no-tf"
 assert mwms_runtime.context().num_workers == 2
 try:
     import mwms.client  # mwms's own packages are not
     leaked = "LEAKED"
 except ImportError:
     leaked = "sealed"
-print(f"ENV tabulate {tabulate.__version__} {leaked} prefix={sys.prefix}", flush=True)
+print(f"ENV tabulate {tabulate.__version__} {leaked} {base} prefix={sys.prefix}", flush=True)
 """
 
 
@@ -79,7 +82,7 @@ def test_a_job_runs_in_its_own_environment_built_once_per_agent(cluster, client,
     assert {p.split("==")[0] for p in environment["packages"]} == {"numpy", "tabulate"}, environment
     assert "tabulate==0.9.0" in environment["packages"]
     for index in (0, 1):
-        assert f"[{index}] ENV tabulate 0.9.0 sealed" in logs, logs
+        assert f"[{index}] ENV tabulate 0.9.0 sealed tf" in logs, logs
     assert "building environment" in logs, logs
     assert all(task["environment"] == "ready" for task in job["tasks"]), job["tasks"]
     # The agents share the machine's cache (--env-cache-dir): one built it while the other waited for
@@ -133,14 +136,43 @@ def test_the_cli_submits_with_requirements_and_status_lists_the_packages(cluster
         + ["--api", cluster.api, "--token", cluster.admin_token, "--wait", "--", "python", "train.py"],
     )
     assert submitted.exit_code == 0, submitted.output
-    assert "resolved 2 packages; each agent builds them once and caches them" in submitted.stderr
+    assert (
+        "resolved 2 packages, to install over the agents' runtime (TensorFlow, tf-keras, numpy); each agent "
+        "builds them once and caches them" in " ".join(submitted.stderr.split())
+    ), submitted.stderr
     job_id = submitted.stdout.splitlines()[0].strip()
     shown = CliRunner().invoke(app, ["status", job_id, "--api", cluster.api, "--token", cluster.admin_token])
     assert shown.exit_code == 0, shown.output
-    assert "python env:   requirements.txt (Python the agents' version, 2 packages)" in shown.stdout, (
-        shown.stdout
-    )
+    assert (
+        "python env:   requirements.txt (Python the agents' version, 2 packages, over the agents' runtime)"
+        in shown.stdout
+    ), shown.stdout
     assert "tabulate==0.9.0" in shown.stdout and "worker 0 ready (cached)" in shown.stdout, shown.stdout
+
+
+def test_an_isolated_environment_lacks_tensorflow_and_the_failure_names_the_module(cluster, client, tmp_path):
+    directory = _program(tmp_path, "tabulate==0.9.0\n")
+    (directory / "train.py").write_text("import tabulate\nimport tensorflow\n")
+    submitted = CliRunner().invoke(
+        app,
+        ["submit", str(directory), "--workers", "2", "--requirements", "requirements.txt", "--isolated-env"]
+        + ["--max-restarts", "0", "--api", cluster.api, "--token", cluster.admin_token]
+        + ["--", "python", "train.py"],
+    )
+    assert submitted.exit_code == 0, submitted.output
+    assert "to install alone (isolated)" in submitted.stderr, submitted.stderr
+    job_id = submitted.stdout.splitlines()[0].strip()
+    job = cluster.wait_for(job_id, {"SUCCEEDED", "FAILED", "CANCELLED"}, timeout=240)
+    assert job["state"] == "FAILED" and job["environment"]["isolated"] is True, job
+    reason = " ".join(job["reason"].split())
+    assert "the program could not import 'tensorflow'" in reason, reason
+    assert "the job's environment is isolated" in reason and "without --isolated-env" in reason, reason
+    lone = CliRunner().invoke(
+        app,
+        ["submit", str(directory), "--workers", "1", "--isolated-env", "--api", cluster.api]
+        + ["--token", cluster.admin_token, "--", "python", "train.py"],
+    )
+    assert lone.exit_code != 0 and "--isolated-env is about the job's own environment" in lone.output
 
 
 def test_a_program_with_requirements_but_no_flag_hears_how_to_use_them(cluster, tmp_path):

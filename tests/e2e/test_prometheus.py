@@ -3,7 +3,7 @@
 A scrape needs a token (any role) and passes `promtool check metrics`; every query of the Grafana dashboard
 in deploy/grafana and of the alerting rules in deploy/prometheus names a metric that /metrics exports; the
 dashboard imports with a data-source input and shows the coordinators chosen, never summing a cluster gauge
-over replicas; the README's metric list is the exported list; labelled series and the build info are
+over replicas; the metric list in docs/operators.md is the exported list; labelled series and the build info are
 there before any event; and a real two-worker job moves the numbers: jobs by state, agents online,
 heartbeat round trips, ingested points and lines, scheduling latency, job duration, commands sent and
 request latency by route template.
@@ -44,7 +44,7 @@ PER_REPLICA_GAUGES = {
     "mwms_cluster_scrape_ok",
     "mwms_cluster_scrape_duration_seconds",
 }
-README = ROOT / "README.md"
+METRICS_DOC = ROOT / "docs" / "operators.md"
 SUFFIXES = {
     "counter": ("_total", "_created"),
     "gauge": ("",),
@@ -276,7 +276,7 @@ def test_every_dashboard_query_shows_the_chosen_coordinators(cluster: Any) -> No
 def test_a_real_prometheus_loads_the_rules_and_answers_every_dashboard_query(
     cluster: Any, tmp_path: Path
 ) -> None:
-    """Prometheus scrapes the coordinator as the README says (job mwms, a viewer token in a file) with the
+    """Prometheus scrapes the coordinator as docs/operators.md says (job mwms, a viewer token in a file) with the
     rules file loaded: every rule evaluates without error, the dashboard's variables find the coordinator
     and each panel's query is valid PromQL that returns series (lost agents aside: there may be none)."""
     binary = prometheus_tool("prometheus")
@@ -375,10 +375,10 @@ def test_the_readme_lists_exactly_the_exported_metrics(cluster: Any) -> None:
     }
     for name in defined_elsewhere_and_not_started():
         exported.setdefault(name, "counter")
-    section = README.read_text().split("## Operating: Prometheus and Grafana", 1)[1].split("\n## ", 1)[0]
+    section = METRICS_DOC.read_text().split("## Operating: Prometheus and Grafana", 1)[1].split("\n## ", 1)[0]
     listed = dict(re.findall(r"^\| `(mwms_\w+)` \| (\w+) \|", section, flags=re.MULTILINE))
     assert listed == exported, (
-        f"README lists {sorted(set(listed) - set(exported))} that /metrics does not export, and misses "
+        f"docs/operators.md lists {sorted(set(listed) - set(exported))} that /metrics does not export, and misses "
         f"{sorted(set(exported) - set(listed))}; types differ for "
         f"{sorted(n for n in set(listed) & set(exported) if listed[n] != exported[n])}"
     )

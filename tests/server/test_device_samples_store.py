@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
+from mwms.agent_link import MAX_DEVICES_PER_MESSAGE
 from mwms.server.db.engine import Database
 from mwms.server.db.migrate import upgrade_to_head
 from mwms.server.db.models import Attempt, Bundle, DeviceSample, Job, Task
 from mwms.server.services.agents import Registration, register_agent
 from mwms.server.services.device_series import MAX_POINTS, agent_series, bucket_seconds, job_series
 from mwms.server.services.device_telemetry import (
-    MAX_DEVICES_PER_MESSAGE,
     IncomingSample,
     LatestSamples,
     check_samples,

@@ -126,7 +126,7 @@ def test_non_finite_metrics_and_poison_rows_on_postgres(postgres_url):
         assert (logged.acked_seq, logged.rejected) == (4, 2), logged
         assert "seq 2: time" in logged.reason and "INSERT" not in logged.reason
     with db.read() as session:
-        stored = read_metrics(
+        stored, _ = read_metrics(
             session, session.get(Job, job.id), name="loss", min_step=None, max_step=None, attempt=None
         )
         assert [value_out(p.value) for p in stored] == [

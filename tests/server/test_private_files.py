@@ -1,4 +1,4 @@
-"""The coordinator's files are private whatever the umask (server/private_files.py): a real `mwms server`
+"""The coordinator's files are private whatever the umask (mwms/private_files.py): a real `mwms server`
 started under umask 022 keeps its data dir 0700 and its database, -wal, -shm, admin token and keys 0600,
 fixes an older open data dir at start, and refuses a data dir another user owns; the quickstart's dir is
 closed to listing with private logs and results. Also the module's functions one by one."""
@@ -20,10 +20,10 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
+from mwms import private_files
 from mwms.cli.main import app
 from mwms.cli.quickstart import quickstart_admin_token
-from mwms.server import private_files
-from mwms.server.private_files import ForeignFileError
+from mwms.private_files import ForeignFileError
 
 from cluster import read_ports_file, wait_until
 

@@ -16,12 +16,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import event, select
 from sqlalchemy.orm import Session
 
+from mwms.priorities import priority_band
 from mwms.server.app import create_app
 from mwms.server.db.engine import Database
 from mwms.server.db.migrate import upgrade_to_head
 from mwms.server.db.models import Agent, Attempt, Bundle, Job, Task, TeamQuota, utcnow
 from mwms.server.observability.cluster_gauges import MAX_TEAMS_LABELLED, OTHER_TEAMS
-from mwms.server.observability.instruments import priority_band
 from mwms.server.services.agents import Registration, register_agent
 from mwms.server.services.cluster_counts import count_sharing
 from mwms.server.settings import Settings

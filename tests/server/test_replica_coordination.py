@@ -204,7 +204,7 @@ class Sink:
     async def deliver(self, commands: object) -> None:
         self.delivered += 1
 
-    async def send(self, message: object) -> None:
+    async def ask_stacks(self, request_id: str, task_ids: list[str]) -> None:
         pass
 
     def close(self, reason: str, superseded: bool = False) -> None:

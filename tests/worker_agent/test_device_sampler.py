@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
+from mwms.agent_link import MAX_DEVICES_PER_MESSAGE
 from mwms.v1 import agent_pb2
 from mwms.worker_agent import device_telemetry
 from mwms.worker_agent.device_telemetry import (
-    MAX_DEVICES_PER_MESSAGE,
     DeviceTelemetry,
     NvmlSampler,
     load_sampler,

@@ -1,10 +1,11 @@
 """The agent's cache of the jobs' Python environments, built with the real uv from the real package index:
-one build per key however many tasks ask, a sealed tree that runs the lock and mwms_runtime and nothing of
-the agent, the job's mistakes told apart from the network's, and least recently used eviction that spares
-environments in use."""
+one build per key however many tasks ask, a sealed tree that runs the lock and mwms_runtime over the
+agent's own packages (or, isolated, nothing of the agent), the job's mistakes told apart from the
+network's, and least recently used eviction that spares environments in use."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import io
 import logging
 import os
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from mwms.worker_agent import environments
 from mwms.worker_agent.environments import EnvironmentBuildError, EnvironmentCache, EnvironmentSpec
 
 UV = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
@@ -47,6 +49,7 @@ if LOCK is None:
     )
 assert LOCK is not None
 SPEC = EnvironmentSpec(LOCK)
+ISOLATED = EnvironmentSpec(LOCK, isolated=True)
 OTHER = EnvironmentSpec(LOCK.replace("tabulate==0.9.0", "tabulate==0.8.10"))
 
 
@@ -91,15 +94,18 @@ def keys(cache: EnvironmentCache) -> list[str]:
     return sorted(key for key, _, _ in cache.entries())
 
 
-def test_a_built_environment_runs_its_lock_and_the_runtime_and_nothing_of_the_agent(tmp_path: Path) -> None:
+def test_an_isolated_environment_runs_its_lock_and_the_runtime_and_nothing_of_the_agent(
+    tmp_path: Path,
+) -> None:
     cache = EnvironmentCache(tmp_path / "cache", 0)
     lines: list[str] = []
-    env = cache.acquire(SPEC, lines.append)
+    env = cache.acquire(ISOLATED, lines.append)
 
     assert env.built and env.build_seconds > 0 and env.python == env.prefix / "bin" / "python"
+    assert env.extends == ()
     assert any("tabulate==0.9.0" in line for line in lines)  # uv's own lines, as they came
     assert lines[-1].startswith(f"environment {env.key[:12]} built in ") and lines[-1].endswith(
-        ": 1 packages"
+        ": 1 packages (isolated)"
     )
 
     modes = {}
@@ -119,7 +125,7 @@ def test_a_built_environment_runs_its_lock_and_the_runtime_and_nothing_of_the_ag
     assert ran.stdout.strip() == "0.9.0"
     # Compiled ahead by the agent: tasks cannot write bytecode into the sealed tree.
     assert list(env.prefix.glob("lib/python*/site-packages/tabulate/__pycache__/*.pyc"))
-    for module in ("mwms.client", "mwms.worker_agent", "mwms.server", "grpc"):
+    for module in ("mwms.client", "mwms.worker_agent", "mwms.server", "grpc", "numpy", "tensorflow"):
         refused = run_in(env.python, f"import {module}", tmp_path)
         assert "ModuleNotFoundError" in refused.stderr, (module, refused.stdout, refused.stderr)
     shared = run_in(env.python, "import mwms, os; print(sorted(os.listdir(mwms.__path__[0])))", tmp_path)
@@ -129,6 +135,38 @@ def test_a_built_environment_runs_its_lock_and_the_runtime_and_nothing_of_the_ag
     [(key, size, _)] = cache.entries()
     assert key == env.key and size > 100_000
     cache.release(env)
+
+
+def test_an_environment_extends_the_agents_runtime_with_the_locks_pins_first(tmp_path: Path) -> None:
+    # termcolor is in the agent's environment (TensorFlow needs it) at another version than the lock's.
+    agent_termcolor = importlib.metadata.version("termcolor")
+    lock = compiled("tabulate==0.9.0\ntermcolor==2.4.0\n")
+    assert lock is not None and agent_termcolor != "2.4.0"
+    cache = EnvironmentCache(tmp_path / "cache", 0)
+    lines: list[str] = []
+    env = cache.acquire(EnvironmentSpec(lock), lines.append)
+
+    assert lines[-1].endswith("packages (extends the agent's runtime)"), lines[-1]
+    assert env.extends and all(Path(directory).is_dir() for directory in env.extends)
+    code = (
+        "import importlib.metadata as m, importlib.util as u, tabulate, termcolor, numpy, mwms_runtime\n"
+        "print(tabulate.__version__, m.version('termcolor'), numpy.__version__)\n"
+        "print(u.find_spec('tensorflow').origin)\n"
+        "print(u.find_spec('tf_keras').origin)\n"
+        "print(u.find_spec('mwms.client'))"
+    )
+    ran = run_in(env.python, code, tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    versions, tensorflow, tf_keras, client = ran.stdout.split("\n")[:4]
+    assert versions == f"0.9.0 2.4.0 {importlib.metadata.version('numpy')}"  # the lock's pin first
+    assert any(tensorflow.startswith(directory) for directory in env.extends), tensorflow
+    assert any(tf_keras.startswith(directory) for directory in env.extends), tf_keras
+    assert client == "None"  # mwms's own packages stay out: the runtime's share of mwms comes first
+    # The same again from the cache knows what it extends.
+    cache.release(env)
+    again = cache.acquire(EnvironmentSpec(lock), ignore)
+    assert not again.built and again.extends == env.extends
+    cache.release(again)
 
 
 def test_a_second_acquire_reuses_the_environment_without_running_uv(
@@ -296,6 +334,19 @@ def test_the_key_follows_the_lock_and_the_python_not_the_comments() -> None:
     assert EnvironmentSpec(base.locked.replace("0.9.0", "0.8.10")).key() != base.key()
     assert EnvironmentSpec(base.locked, python="3.11").key() != base.key()
     assert EnvironmentSpec(base.locked, python="3.12").key() != EnvironmentSpec(base.locked, "3.11").key()
+    assert EnvironmentSpec(base.locked, isolated=True).key() != base.key()
+
+
+def test_the_key_follows_the_agents_own_packages(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    spec, isolated = EnvironmentSpec("tabulate==0.9.0\n"), EnvironmentSpec("tabulate==0.9.0\n", isolated=True)
+    site_packages = tmp_path / "site-packages"
+    (site_packages / "tensorflow-2.21.0.dist-info").mkdir(parents=True)
+    monkeypatch.setattr(environments.site, "getsitepackages", lambda: [str(site_packages)])
+    before, isolated_before = spec.key(), isolated.key()
+    (site_packages / "tensorflow-2.21.0.dist-info").rename(site_packages / "tensorflow-2.22.0.dist-info")
+
+    assert spec.key() != before  # an agent whose TensorFlow was upgraded builds anew
+    assert isolated.key() == isolated_before  # an isolated environment holds nothing of it
 
 
 def test_a_python_uv_cannot_find_is_the_jobs_to_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -37,10 +37,19 @@ const TERMINAL_TASK_STATES = new Set(["SUCCEEDED", "FAILED", "STOPPED", "REJECTE
 /** The highest step the charts hold of the newest attempt, per-step series only (what the job's `step`
  * counts: server/services/telemetry.py progress_columns); null with none. */
 export function chartedStep(points) {
-  const perStep = points.filter((point) => !point.name.startsWith("epoch_"));
-  if (!perStep.length) return null;
-  const newest = Math.max(...perStep.map((point) => point.attempt));
-  return Math.max(...perStep.filter((point) => point.attempt === newest).map((point) => point.step));
+  return points.reduce((charted, point) => chartedAfter(charted, point), { attempt: 0, step: null }).step;
+}
+
+/** chartedStep's state after one more point: the newest attempt seen and its latest per-step step. */
+function chartedAfter(charted, point) {
+  if (point.name.startsWith("epoch_") || point.attempt < charted.attempt) return charted;
+  if (point.attempt > charted.attempt || charted.step === null) return { attempt: point.attempt, step: point.step };
+  return { attempt: charted.attempt, step: Math.max(charted.step, point.step) };
+}
+
+/** Orders a series' points by attempt, then step (pages come in storage order). */
+function byAttemptAndStep(a, b) {
+  return a.attempt - b.attempt || a.step - b.step;
 }
 
 /** Whether an ended job has nothing more to show: every task ended and the charts hold its last step. */
@@ -101,7 +110,7 @@ export function pythonEnvironment(job) {
   return h(
     "div",
     { dataset: { testid: "python-environment" } },
-    h("div", null, h("code", { class: "mono" }, environment.requirements || "requirements"), ` · Python ${environment.python || "of the agents"} · ${new Set(packages.map((p) => p.split("==")[0].toLowerCase().replaceAll("_", "-"))).size} packages`),
+    h("div", null, h("code", { class: "mono" }, environment.requirements || "requirements"), ` · Python ${environment.python || "of the agents"} · ${new Set(packages.map((p) => p.split("==")[0].toLowerCase().replaceAll("_", "-"))).size} packages · ${environment.isolated ? "isolated" : "over the agents' runtime"}`),
     builds.length ? h("div", { class: "muted small", dataset: { testid: "python-environment-builds" } }, builds.join(" · ")) : null,
     h(
       "details",
@@ -152,7 +161,11 @@ export function mountJob(container, jobId) {
   const disposers = [];
   let job = null;
   let pollsSinceSettled = 0;
-  let charted = null; // chartedStep() of the last metrics read
+  let charted = null; // chartedStep() of the metrics read so far
+  let chartedState = { attempt: 0, step: null };
+  // The points read so far, by name, and the cursor after them: each poll reads only what is new.
+  const metricPoints = new Map();
+  let metricsCursor = 0;
 
   const title = h("h1", { class: "page-title job-title", dataset: { testid: "job-name" } }, "Loading…");
   const badgeSlot = h("span", { class: "job-state", dataset: { testid: "job-state" } });
@@ -387,14 +400,28 @@ export function mountJob(container, jobId) {
     );
   }
 
-  async function refreshMetrics() {
-    const series = await getJson(`${base}/metrics`);
-    charted = chartedStep(series.points || []);
-    const byName = new Map();
-    for (const point of series.points || []) {
-      if (!byName.has(point.name)) byName.set(point.name, []);
-      byName.get(point.name).push(point);
+  /** Reads the points stored since the last read, page by page; returns the names that got new ones. */
+  async function readNewMetrics() {
+    const grown = new Set();
+    let page = { more: true };
+    while (page.more) {
+      page = await getJson(`${base}/metrics?after=${metricsCursor}`);
+      for (const point of page.points || []) {
+        if (!metricPoints.has(point.name)) metricPoints.set(point.name, []);
+        metricPoints.get(point.name).push(point);
+        grown.add(point.name);
+        chartedState = chartedAfter(chartedState, point);
+      }
+      metricsCursor = page.cursor ?? metricsCursor;
     }
+    for (const name of grown) metricPoints.get(name).sort(byAttemptAndStep);
+    charted = chartedState.step;
+    return grown;
+  }
+
+  async function refreshMetrics() {
+    const grown = await readNewMetrics();
+    const byName = metricPoints;
     if (!byName.size) {
       if (!chartsGrid.querySelector(".empty")) {
         replaceChildren(
@@ -416,7 +443,7 @@ export function mountJob(container, jobId) {
         charts.set(name, chart);
         chartsGrid.append(chart.element);
       }
-      chart.update(byName.get(name));
+      if (grown.has(name)) chart.update(byName.get(name));
     }
   }
 
