@@ -28,7 +28,7 @@ from jobs_at_volume import seed, timed  # noqa: E402
 
 from mwms.server.db.engine import Database  # noqa: E402
 from mwms.server.db.models import Agent, utcnow  # noqa: E402
-from mwms.server.services.cluster_counts import count_cluster  # noqa: E402
+from mwms.server.services.observing.cluster_counts import count_cluster  # noqa: E402
 
 from cluster import Cluster, free_port  # noqa: E402
 

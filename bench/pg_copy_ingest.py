@@ -1,5 +1,5 @@
 """Metric points and log lines per second through the coordinator's own store functions on PostgreSQL:
-COPY through a staging table (what server/services/telemetry.py does from COPY_MIN_ROWS rows a batch) beside
+COPY through a staging table (what server/services/observing/telemetry.py does from COPY_MIN_ROWS rows a batch) beside
 today's executemany of INSERT ... ON CONFLICT DO NOTHING (the ~29,000 points/s that bench/README.md reports).
 
 Starts a throwaway PostgreSQL server (tests/postgres_server.py, default durability), creates the schema at
@@ -34,8 +34,8 @@ from postgres_server import postgres_server  # noqa: E402
 from mwms.server.db.engine import Database  # noqa: E402
 from mwms.server.db.migrate import upgrade_to_head  # noqa: E402
 from mwms.server.db.models import Task  # noqa: E402
-from mwms.server.services import telemetry  # noqa: E402
-from mwms.server.services.telemetry import IncomingLine, IncomingPoint  # noqa: E402
+from mwms.server.services.observing import telemetry  # noqa: E402
+from mwms.server.services.observing.telemetry import IncomingLine, IncomingPoint  # noqa: E402
 
 BATCH, BATCHES_PER_TRANSACTION = 500, 20
 SMALL_BATCHES, SMALL_BATCHES_PER_TRANSACTION = (1, 2, 4, 8, 16, 32), 200

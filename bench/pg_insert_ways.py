@@ -7,7 +7,7 @@ transaction (as the coordinator's telemetry writer groups them), each way twice,
                 (psycopg pipelines one INSERT per row);
   unnest        one INSERT ... SELECT FROM unnest(arrays) ON CONFLICT DO NOTHING per batch;
   copy_staged   COPY into a temp table, then INSERT ... SELECT ... ON CONFLICT DO NOTHING;
-  copy_commit_drop   what server/services/telemetry.py does: binary COPY into a temp table created in the
+  copy_commit_drop   what server/services/observing/telemetry.py does: binary COPY into a temp table created in the
                 transaction ON COMMIT DROP, then WITH moved AS (DELETE ... RETURNING) INSERT ... SELECT ...
                 ORDER BY task_id, seq ON CONFLICT DO NOTHING;
   copy_delete_rows   the same with a temp table kept by the connection, ON COMMIT DELETE ROWS (the choice
@@ -40,9 +40,9 @@ from mwms.server.db.engine import Database  # noqa: E402
 from mwms.server.db.migrate import upgrade_to_head  # noqa: E402
 from mwms.server.db.models import Bundle, Job, MetricPoint  # noqa: E402
 from mwms.server.schemas import JobCreate  # noqa: E402
-from mwms.server.services.agents import Registration, register_agent  # noqa: E402
-from mwms.server.services.jobs import create_job  # noqa: E402
-from mwms.server.services.scheduling import schedule_pending  # noqa: E402
+from mwms.server.services.fleet.agents import Registration, register_agent  # noqa: E402
+from mwms.server.services.job_life.jobs import create_job  # noqa: E402
+from mwms.server.services.scheduler.scheduling import schedule_pending  # noqa: E402
 
 BATCH, BATCHES_PER_TRANSACTION = 500, 20
 COLUMNS = ("job_id", "task_id", "attempt", "seq", "name", "step", "value", "wall_time")

@@ -184,8 +184,8 @@ def seed_waiting_jobs(url: str, digest: str, jobs: list[dict[str, Any]]) -> floa
     """
     from mwms.server.db.engine import Database
     from mwms.server.schemas import JobCreate
-    from mwms.server.services import teams
-    from mwms.server.services.jobs import create_job
+    from mwms.server.services.job_life.jobs import create_job
+    from mwms.server.services.scheduler import teams
 
     database = Database(url)
     start = time.monotonic()
@@ -263,7 +263,7 @@ async def until_state(http: httpx.AsyncClient, job_id: str, states: set[str], ti
 
 async def invariant_violations(http: httpx.AsyncClient) -> float:
     """Jobs the coordinator's passes left waiting unexplained beside devices that fit them
-    (server/services/pass_check.py), from its /metrics."""
+    (server/services/scheduler/pass_check.py), from its /metrics."""
     text = (await http.get("/metrics", timeout=60)).text
     name = "mwms_scheduler_invariant_violations_total"
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))

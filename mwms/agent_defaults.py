@@ -1,5 +1,5 @@
 """The agent's defaults, in one place: worker_agent/config.py AgentConfig takes its field defaults from
-here, and `mwms agent` (mwms/cli/main.py) passes only the options a user gave and shows these in --help.
+here, and `mwms agent` (mwms/cli/daemons.py) passes only the options a user gave and shows these in --help.
 
 Dependency-free (standard library only): `mwms --help` must not import the agent.
 """

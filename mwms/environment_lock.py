@@ -1,7 +1,7 @@
 """A job's own Python environment as it crosses every boundary: a lock of pinned requirements.
 
 Dependency-free: the client that resolves it at submit (mwms/client/environment.py), the coordinator that
-stores it with the job (server/schemas.py) and the agent that builds it (worker_agent/environments.py)
+stores it with the job (server/schemas/job_parts.py) and the agent that builds it (worker_agent/environments.py)
 read it with the same rules.
 
 The lock is requirements.txt text in which every requirement is pinned to one version (`name==version`,

@@ -1,8 +1,8 @@
 """Job priorities as every part of mwms names them: a number from 0 to MAX_PRIORITY, higher placed first,
 or one of three band names that stand for a number.
 
-Dependency-free: the API's schema (server/schemas.py), the CLI (mwms/cli/parsing.py), the queue's
-Prometheus series (server/observability/instruments.py) and its counts (server/services/cluster_counts.py)
+Dependency-free: the API's schema (server/schemas/job_parts.py), the CLI (mwms/cli/parsing.py), the queue's
+Prometheus series (server/observability/instruments.py) and its counts (server/services/observing/cluster_counts.py)
 read the same values from here.
 """
 

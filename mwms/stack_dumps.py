@@ -1,7 +1,7 @@
 """One task's stack dump as the agent sends it and the coordinator stores it: its bound, and the snapshots
 it holds.
 
-Dependency-free: the agent (worker_agent/stacks.py) and the coordinator (server/services/stack_text.py)
+Dependency-free: the agent (worker_agent/stacks.py) and the coordinator (server/services/observing/stack_text.py)
 both import it.
 
 - **Bound**: the agent cuts what py-spy or faulthandler printed to MAX_STACK_BYTES of UTF-8, and the

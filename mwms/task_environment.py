@@ -12,7 +12,7 @@ mwms_runtime reads them inside the training program. The names fall in four kind
   they are printed), the preflight check's report file, and ``HOME``/``USER``/``LOGNAME``, which the
   agent sets for a task that runs as a user of its own (a job cannot know whether it will).
 - **From the spec** (``SPEC_ENV``): the coordinator derives them from the job spec
-  (server/services/jobs.py ``job_env``); a job sets the spec field named instead.
+  (server/services/job_life/jobs.py ``job_env``); a job sets the spec field named instead.
 - **Defaulted** (``DEFAULTED_ENV``): a job may set them; the agent sets its default only when the job
   does not (``TF_USE_LEGACY_KERAS=1``, the tf_keras that MWMS's ``model.fit`` needs).
 - **Merged** (``MERGED_ENV``): a job may set them; the agent puts its own entry first and keeps the

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from mwms.server.db.engine import Database
-from mwms.server.services.tokens import Role, create_api_token, ensure_admin_token, has_usable_admin
+from mwms.server.services.auth.tokens import Role, create_api_token, ensure_admin_token, has_usable_admin
 from mwms.server.settings import Settings
 
 log = logging.getLogger("mwms.server")

@@ -49,9 +49,9 @@ from mwms.server.rpc import convert
 from mwms.server.rpc.agent_service import AgentService
 from mwms.server.rpc.auth import AgentAuthInterceptor
 from mwms.server.rpc.health import GrpcHealth
-from mwms.server.services import replicas
-from mwms.server.services.agents import grant_reconnect_grace
-from mwms.server.services.follows import FollowSlots
+from mwms.server.services.fleet import replicas
+from mwms.server.services.fleet.agents import grant_reconnect_grace
+from mwms.server.services.observing.follows import FollowSlots
 from mwms.server.settings import Settings
 from mwms.server.tls import bind_grpc_port
 from mwms.v1 import agent_pb2_grpc

@@ -18,7 +18,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, Strict
 def _printable_class(*, space: bool) -> str:
     """A character class of the characters str.isprintable() accepts in the Basic Multilingual Plane.
 
-    Names and reasons are printable (server/services/teams.py and cordons.py refuse the rest): a class
+    Names and reasons are printable (server/services/scheduler/teams.py and cordons.py refuse the rest): a class
     of control characters only would let format, private-use and unassigned ones through. Characters
     beyond the BMP (emoji) are left out: ECMA regexes without the u flag cannot name them."""
     ranges: list[tuple[int, int]] = []
@@ -66,7 +66,7 @@ def pattern_in_schema(pattern: str) -> Any:
     return Field(json_schema_extra={"pattern": pattern})
 
 
-# A user's, team's or token's name (server/services/tokens.py and teams.py apply the same rule).
+# A user's, team's or token's name (server/services/auth/tokens.py and teams.py apply the same rule).
 PrintableName = Annotated[str, pattern_in_schema(NAME_PATTERN), matching(NAME_PATTERN, NAME_RULE)]
 
 

@@ -1,11 +1,16 @@
-"""Coordinator settings: one pydantic-settings class, environment prefix MWMS_, passed in explicitly."""
+"""Coordinator settings: one pydantic-settings class, environment prefix MWMS_, passed in explicitly.
+
+`mwms server` hands its options to `settings_from_options`, which lays them over the MWMS_* variables and
+the defaults here and says, for any value that cannot be used, which flag or variable to change.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, SecretStr, field_validator, model_validator
+from pydantic import AfterValidator, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from mwms.archive import DEFAULT_LIMITS, ArchiveLimits
@@ -166,7 +171,7 @@ class Settings(BaseSettings):
     max_preemptions_per_hour: int = Field(default=4, ge=0, le=100)
     # False: only admins may submit a job with preemptible=false.
     users_may_opt_out_of_preemption: bool = True
-    # Fair share over time (server/services/fair_share.py): a team's past device use counts half after this
+    # Fair share over time (server/services/scheduler/fair_share.py): a team's past device use counts half after this
     # many hours, a quarter after twice as many (Slurm's PriorityDecayHalfLife is 7 days too). From 6
     # minutes to 10 years.
     fair_share_half_life_hours: float = Field(default=168.0, ge=0.1, le=87600, allow_inf_nan=False)
@@ -245,3 +250,86 @@ class Settings(BaseSettings):
     # longer than telemetry_retention_days); 0: only telemetry_retention_days applies.
     device_sample_retention_hours: float = Field(default=24.0, ge=0, le=36500 * 24, allow_inf_nan=False)
     # --- end of device telemetry ---
+
+
+# --- from `mwms server`'s options ---
+
+
+class SettingsError(ValueError):
+    """Settings that cannot be used; the message names each bad setting's flag or MWMS_* variable, what it
+    must be and what it was (the CLI prints it as it is)."""
+
+
+# The flags of settings whose flag is not --<field name> (with dashes).
+_FLAGS = {"hang_timeout_s": "--hang-timeout"}
+
+
+def validated_settings(given: Mapping[str, object], settings_class: type[Settings] = Settings) -> Settings:
+    """Settings from `given` (the flags' values by field name, which override the MWMS_* variables, which
+    override the defaults); SettingsError naming the flag (when given) or variable of every bad value."""
+    try:
+        return settings_class.model_validate(dict(given))
+    except ValidationError as error:
+        problems = []
+        for item in error.errors():
+            name = ".".join(str(part) for part in item["loc"]) or "settings"
+            if name in given:
+                where = _FLAGS.get(name, f"--{name.replace('_', '-')}")
+            else:
+                where = f"MWMS_{name.upper()}"
+            problems.append(f"{where}: {item['msg']} (got {item.get('input')!r})")
+        raise SettingsError("invalid coordinator setting: " + "; ".join(problems)) from None
+
+
+def settings_from_options(
+    *,
+    host: str | None = None,
+    http_host: str | None = None,
+    grpc_host: str | None = None,
+    http_port: int | None = None,
+    grpc_port: int | None = None,
+    data_dir: Path | None = None,
+    db_url: str | None = None,
+    serve: str | None = None,
+    replica_name: str | None = None,
+    replica_address: str | None = None,
+    join_token: str | None = None,
+    allowed_hosts: str | None = None,
+    tls_cert: Path | None = None,
+    tls_key: Path | None = None,
+    grpc_tls_cert: Path | None = None,
+    grpc_tls_key: Path | None = None,
+    tls_self_signed: bool | None = None,
+    grpc_reflection: bool | None = None,
+    hang_timeout: float | None = None,
+    ports_file: Path | None = None,
+    log_format: str | None = None,
+    log_level: str | None = None,
+) -> Settings:
+    """The settings `mwms server` runs with: each option given (None: not given) overrides its MWMS_*
+    variable, which overrides the default; `host` is both hosts, unless --http-host / --grpc-host say
+    otherwise. SettingsError for any value that cannot be used."""
+    given: dict[str, object] = {
+        "http_host": http_host or host,
+        "grpc_host": grpc_host or host,
+        "http_port": http_port,
+        "grpc_port": grpc_port,
+        "data_dir": data_dir,
+        "db_url": db_url,
+        "serve": serve,
+        "replica_name": replica_name,
+        "replica_address": replica_address,
+        "join_token": join_token,
+        "allowed_hosts": allowed_hosts,
+        "tls_cert": tls_cert,
+        "tls_key": tls_key,
+        "grpc_tls_cert": grpc_tls_cert,
+        "grpc_tls_key": grpc_tls_key,
+        "tls_self_signed": tls_self_signed,
+        "grpc_reflection": grpc_reflection,
+        "hang_timeout_s": hang_timeout,
+        "ports_file": ports_file,
+        "log_format": log_format,
+        "log_level": log_level,
+    }
+    return validated_settings({name: value for name, value in given.items() if value is not None})

@@ -79,7 +79,7 @@ def postgres():
 
 
 # Every scheduler pass, in-process or in a coordinator the tests start, fails on a job left waiting
-# unexplained beside devices that fit it (server/services/pass_check.py).
+# unexplained beside devices that fit it (server/services/scheduler/pass_check.py).
 os.environ["MWMS_SCHEDULER_STRICT_CHECK"] = "1"
 
 CHROMIUM = os.environ.get("MWMS_CHROMIUM", "/usr/bin/chromium")

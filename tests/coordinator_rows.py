@@ -11,7 +11,7 @@ from typing import Any
 from mwms.server.db.engine import Database
 from mwms.server.db.migrate import upgrade_to_head
 from mwms.server.db.models import Attempt, Bundle, Job, Task, utcnow
-from mwms.server.services.agents import Registration, register_agent
+from mwms.server.services.fleet.agents import Registration, register_agent
 from mwms.v1 import agent_pb2 as pb
 
 

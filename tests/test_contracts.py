@@ -59,8 +59,8 @@ def test_the_ping_policy_check_on_edge_values(client: Any, server: Any, allowed:
 def test_both_sides_use_the_one_receive_limit() -> None:
     assert dict(CHANNEL_OPTIONS)["grpc.max_receive_message_length"] == agent_link.AGENT_RECEIVE_LIMIT_BYTES
     assert limits.AGENT_RECEIVE_LIMIT_BYTES is agent_link.AGENT_RECEIVE_LIMIT_BYTES
-    # The coordinator refuses a start command the agents could not receive (services/start_commands.py).
-    from mwms.server.services import start_commands
+    # The coordinator refuses a start command the agents could not receive (services/job_life/start_commands.py).
+    from mwms.server.services.job_life import start_commands
 
     assert start_commands.AGENT_RECEIVE_LIMIT_BYTES is agent_link.AGENT_RECEIVE_LIMIT_BYTES
     assert start_commands.oversize_reason(agent_link.AGENT_RECEIVE_LIMIT_BYTES) is None

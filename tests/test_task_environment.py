@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from mwms import task_environment
 from mwms.preflight_contract import REPORT_ENV
 from mwms.server.schemas import JobCreate
-from mwms.server.services.jobs import job_env
+from mwms.server.services.job_life.jobs import job_env
 
 SITECUSTOMIZE = Path(__file__).parents[1] / "worker_agent/stack_handler/sitecustomize.py"
 DIGEST = "0" * 64

@@ -111,7 +111,7 @@ def message_for(error: MwmsError, api: str, connection: Connection | None = None
     return f"rejected by the coordinator (HTTP {error.status}): {detail}"
 
 
-# How the coordinator words an expired token's 401 (server/services/tokens.py expiry_text).
+# How the coordinator words an expired token's 401 (server/services/auth/tokens.py expiry_text).
 _EXPIRED_AT = re.compile(r"expired at (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC)")
 
 

@@ -1,7 +1,7 @@
 """Printing followed log lines: on a terminal, a redraw (a `\\r` progress bar) overwrites the line it replaces.
 
 An API log line with `redraw: true` is a newer state of the line before it of the same task and stream
-(server/services/log_pages.py). On a terminal, when that line is the one printed last, its rows are erased
+(server/services/observing/log_pages.py). On a terminal, when that line is the one printed last, its rows are erased
 (rich control codes: cursor up, erase line; never text from the job) and the new state, made safe like any
 line, is printed in its place, so one progress line moves. Anywhere else, and with --raw, every state is a
 line of its own: the agent sends at most about one a second, so a pipe or file gets a readable history. A

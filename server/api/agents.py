@@ -11,8 +11,8 @@ from mwms.server.api.auth import AdminOnly
 from mwms.server.api.deps import Views, WiringDep
 from mwms.server.api.views import agent_out
 from mwms.server.schemas import AgentOut, ErrorOut, Overview
-from mwms.server.services.agents import remove_agent
-from mwms.server.services.cluster_counts import count_overview
+from mwms.server.services.fleet.agents import remove_agent
+from mwms.server.services.observing.cluster_counts import count_overview
 from mwms.server.services.views import agents_view
 
 router = APIRouter(prefix="/api/v1", tags=["agents"])

@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mwms.server.api.login_redirect import login_location, wants_login_page
 from mwms.server.errors import Forbidden, Unauthenticated
-from mwms.server.services.tokens import Principal, Role, authenticate, check_may_mint
+from mwms.server.services.auth.tokens import Principal, Role, authenticate, check_may_mint
 
 LOGIN_COOKIE = "mwms_session"  # the dashboard login's cookie; the name is the HTTP contract
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -200,5 +200,5 @@ def require_admin_token(principal: Annotated[Principal, Depends(require_admin)])
 
 Caller = Annotated[Principal, Depends(current_principal)]
 AdminOnly = Annotated[Principal, Depends(require_admin)]
-# Creating credentials: an admin API token only; a login's would outlive the login (services.tokens).
+# Creating credentials: an admin API token only; a login's would outlive the login (services.auth.tokens).
 AdminTokenOnly = Annotated[Principal, Depends(require_admin_token)]

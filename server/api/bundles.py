@@ -24,8 +24,8 @@ from mwms.server.api.errors import closing_on_refusal
 from mwms.server.errors import InvalidInput
 from mwms.server.limits import MAX_MULTIPART_PARTS, MAX_PART_HEADER_BYTES
 from mwms.server.schemas import BundleOut, ErrorOut
-from mwms.server.services.bundles import check_bundle, record_bundle, share_bundle
-from mwms.server.services.uploads import UploadSpool, check_body_size
+from mwms.server.services.storage.bundles import check_bundle, record_bundle, share_bundle
+from mwms.server.services.storage.uploads import UploadSpool, check_body_size
 
 router = APIRouter(prefix="/api/v1/bundles", tags=["bundles"])
 
@@ -94,7 +94,7 @@ async def upload_bundle(wiring: WiringDep, request: Request) -> JSONResponse:
             spooled, digest, size, archive_format = await workers.run(
                 check_bundle, spool, settings.archive_limits
             )
-        # Before the Bundle row exists, and outside the writer lock: see server/services/shared_files.py.
+        # Before the Bundle row exists, and outside the writer lock: see server/services/storage/shared_files.py.
         await workers.run(share_bundle, wiring.db, settings.bundle_dir, spooled, digest)
     except BaseException:
         spool.discard()

@@ -20,9 +20,11 @@ from mwms.server.schemas import (
     JobDevicesOut,
     TaskDevicesOut,
 )
-from mwms.server.services import device_identity, device_series, device_telemetry, jobs
-from mwms.server.services.device_series import DeviceSeries
-from mwms.server.services.device_telemetry import LatestSample, LatestSamples
+from mwms.server.services.fleet import device_identity
+from mwms.server.services.job_life import jobs
+from mwms.server.services.observing import device_series, device_telemetry
+from mwms.server.services.observing.device_series import DeviceSeries
+from mwms.server.services.observing.device_telemetry import LatestSample, LatestSamples
 
 router = APIRouter(prefix="/api/v1", tags=["devices"])
 ERRORS: dict[int | str, dict[str, Any]] = {404: {"model": ErrorOut}}

@@ -30,9 +30,12 @@ from mwms.server.schemas import (
     PriorityChange,
     ValidationErrorOut,
 )
-from mwms.server.services import files, idempotency, jobs, log_pages, telemetry, views
-from mwms.server.services.follows import FollowSlots, follow_lines
-from mwms.server.services.tokens import Principal, Role
+from mwms.server.services import views
+from mwms.server.services.auth.tokens import Principal, Role
+from mwms.server.services.job_life import idempotency, jobs
+from mwms.server.services.observing import log_pages, telemetry
+from mwms.server.services.observing.follows import FollowSlots, follow_lines
+from mwms.server.services.storage import files
 from mwms.server.states import JobState
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])

@@ -14,8 +14,8 @@ from mwms.server.api.auth import LOGIN_COOKIE, Caller, same_origin
 from mwms.server.api.deps import WiringDep
 from mwms.server.errors import Forbidden, Unauthenticated
 from mwms.server.schemas import ErrorOut, LoginRequest, RoleName, WhoAmI
-from mwms.server.services import tokens
-from mwms.server.services.tokens import Principal
+from mwms.server.services.auth import tokens
+from mwms.server.services.auth.tokens import Principal
 
 router = APIRouter(prefix="/api/v1", tags=["session"])
 
@@ -28,7 +28,7 @@ LOGIN_PAGE_ADVICE = (
 
 
 def for_the_login_page(refusal: str) -> str:
-    """A refusal of the token (services.tokens: "what was wrong: what to do") reworded for the login page:
+    """A refusal of the token (services.auth.tokens: "what was wrong: what to do") reworded for the login page:
     what was wrong, kept (an expired token says when), then what to do in the browser."""
     what = refusal.partition(": ")[0].strip() or "the token was refused"
     return f"{what}. {LOGIN_PAGE_ADVICE}"

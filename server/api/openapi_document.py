@@ -84,7 +84,7 @@ def complete(schema: dict[str, Any], settings: Settings) -> dict[str, Any]:
 
 
 def _write_setting_limits(node: Any, settings: Settings) -> None:
-    """Replaces each SETTING_LIMIT marker (server/schemas.py) with the keywords it names, valued from
+    """Replaces each SETTING_LIMIT marker (server/schemas/common.py) with the keywords it names, valued from
     `settings`: the document states the limits of this coordinator."""
     if isinstance(node, dict):
         if node.get("type") == "integer":

@@ -9,7 +9,7 @@ from fastapi import APIRouter
 from mwms.server.api.deps import ReadSession
 from mwms.server.db.models import PreflightResult
 from mwms.server.schemas import ErrorOut, PreflightAttemptOut, PreflightOut, PreflightResultOut
-from mwms.server.services import preflight
+from mwms.server.services.observing import preflight
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 ERRORS: dict[int | str, dict[str, Any]] = {401: {"model": ErrorOut}, 404: {"model": ErrorOut}}

@@ -7,7 +7,7 @@ from fastapi import APIRouter
 from mwms.server.api.auth import AdminOnly
 from mwms.server.api.deps import ReadSession
 from mwms.server.schemas import ReplicaOut
-from mwms.server.services.replicas import list_replicas
+from mwms.server.services.fleet.replicas import list_replicas
 
 router = APIRouter(prefix="/api/v1", tags=["replicas"])
 

@@ -29,8 +29,9 @@ from mwms.server.schemas import (
     TeamOut,
     ValidationErrorOut,
 )
-from mwms.server.services import cordons, queue_view, teams
-from mwms.server.services.queue_view import QueueRow
+from mwms.server.services.fleet import cordons
+from mwms.server.services.scheduler import queue_view, teams
+from mwms.server.services.scheduler.queue_view import QueueRow
 from mwms.server.services.views import TeamView, agents_view, teams_view
 
 router = APIRouter(prefix="/api/v1", tags=["sharing"])
@@ -42,7 +43,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     422: {"model": ValidationErrorOut},
 }
 MAX_QUEUE_PAGE = 500
-# Printable and not blank (server/services/teams.py), said in the schema so that clients know.
+# Printable and not blank (server/services/scheduler/teams.py), said in the schema so that clients know.
 _PRINTABLE = {"pattern": NAME_PATTERN}
 TeamName = Annotated[
     str,

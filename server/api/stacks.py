@@ -11,7 +11,7 @@ from mwms.server.api.auth import Caller
 from mwms.server.api.deps import ReadSession, WiringDep
 from mwms.server.schemas import ErrorOut, StackDumpsOut, StackThreadOut, TaskStacksOut, ValidationErrorOut
 from mwms.server.services import views
-from mwms.server.services.tokens import Role
+from mwms.server.services.auth.tokens import Role
 from mwms.server.services.views import StackDumpsView
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])

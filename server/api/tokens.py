@@ -12,8 +12,8 @@ from mwms.server.api.deps import ReadSession, WiringDep
 from mwms.server.api.views import token_out
 from mwms.server.db.models import Token, utcnow
 from mwms.server.schemas import ErrorOut, JoinTokenCreate, TokenCreate, TokenCreated, TokenOut
-from mwms.server.services import tokens
-from mwms.server.services.tokens import Role, TokenKind
+from mwms.server.services.auth import tokens
+from mwms.server.services.auth.tokens import Role, TokenKind
 
 router = APIRouter(prefix="/api/v1", tags=["tokens"])
 ERRORS: dict[int | str, dict[str, Any]] = {403: {"model": ErrorOut}, 404: {"model": ErrorOut}}

@@ -25,10 +25,10 @@ from mwms.server.schemas import (
     TaskOut,
     TokenOut,
 )
-from mwms.server.services import attempt_endings
-from mwms.server.services.jobs import JobListing
-from mwms.server.services.log_pages import LogEntry
-from mwms.server.services.telemetry import Progress
+from mwms.server.services.job_life import attempt_endings
+from mwms.server.services.job_life.jobs import JobListing
+from mwms.server.services.observing.log_pages import LogEntry
+from mwms.server.services.observing.telemetry import Progress
 from mwms.server.services.views import AgentView, JobView
 from mwms.server.states import JobState
 

@@ -93,7 +93,7 @@ class Agent(Base):
     # Draining: cordoned, and the jobs it runs are preempted gracefully and placed elsewhere.
     draining: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     # The coordinator replica holding the agent's stream, and the stream's epoch (one more at every hello):
-    # commands are delivered only by that replica on that stream (server/services/replicas.py).
+    # commands are delivered only by that replica on that stream (server/services/fleet/replicas.py).
     stream_replica: Mapped[str | None] = mapped_column(String(32), default=None)
     stream_epoch: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
@@ -170,7 +170,7 @@ class Job(Base):
     cancelled_by: Mapped[str] = mapped_column(String(200), default="")
     # A client-generated key that makes a retried submit return the job the first one created.
     idempotency_key: Mapped[str | None] = mapped_column(String(100), default=None)
-    # Sharing (server/services/queue_order.py): the job's priority band (0-1000), its submitter's team
+    # Sharing (server/services/scheduler/queue_order.py): the job's priority band (0-1000), its submitter's team
     # then, and whether the scheduler may preempt it.
     priority: Mapped[int] = mapped_column(Integer, default=500, server_default="500")
     team: Mapped[str] = mapped_column(String(200), default="", server_default="")
@@ -179,7 +179,7 @@ class Job(Base):
     # nobody else is placed there until `hold_until` (server/services/preemption.py).
     hold: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None, nullable=True)
     hold_until: Mapped[datetime | None] = mapped_column(default=None)
-    # Why a waiting job waits, typed (server/services/wait_reasons.py); {} once it is placed.
+    # Why a waiting job waits, typed (server/services/scheduler/wait_reasons.py); {} once it is placed.
     waiting: Mapped[dict[str, Any]] = mapped_column(default=dict, server_default="{}")
     # The job's own Python environment (schemas.EnvironmentIn: requirements, python, locked, packages);
     # None: its tasks run in their agents' environment.
@@ -236,7 +236,7 @@ class AttemptEvent(Base):
     to_state: Mapped[str] = mapped_column(String(20))
     reason: Mapped[str] = mapped_column(Text, default="")
     at: Mapped[datetime] = mapped_column(default=utcnow)
-    # An ending's kind and what acted on it (mwms.server.services.attempt_endings); "" and {} otherwise.
+    # An ending's kind and what acted on it (mwms.server.services.job_life.attempt_endings); "" and {} otherwise.
     cause: Mapped[str] = mapped_column(String(30), default="", server_default="")
     details: Mapped[dict[str, Any]] = mapped_column(default=dict, server_default="{}")
 
@@ -474,7 +474,7 @@ class TeamQuota(Base):
 
 class TeamUsage(Base):
     """A team's use of one device kind ("gpu", "cpu") in device-seconds, decayed with the fair-share half-life,
-    as of `as_of` (server/services/fair_share.py): written only while the team holds devices of that kind."""
+    as of `as_of` (server/services/scheduler/fair_share.py): written only while the team holds devices of that kind."""
 
     __tablename__ = "team_usage"
 
@@ -517,7 +517,7 @@ class Replica(Base):
 
 class SharedFile(Base):
     """A file of the data dir (a bundle, a checkpoint, an artifact) kept in the database too, so that every
-    replica can serve it (server/services/shared_files.py); on SQLite the data dir alone holds it."""
+    replica can serve it (server/services/storage/shared_files.py); on SQLite the data dir alone holds it."""
 
     __tablename__ = "shared_files"
 

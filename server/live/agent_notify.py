@@ -25,7 +25,7 @@ from sqlalchemy.engine import make_url
 
 from mwms.loop import Backoff
 from mwms.server.db.engine import Database
-from mwms.server.services import replicas
+from mwms.server.services.fleet import replicas
 
 log = logging.getLogger("mwms.server.notify")
 CHANNEL = "mwms_wake"
@@ -57,7 +57,7 @@ class Doorbell:
         self._db = db
         self._loop = loop
         # The listener's connection names the replica (pg_stat_activity.application_name): PostgreSQL drops
-        # it the moment the replica dies, which is how the others tell at once (services/replicas.py).
+        # it the moment the replica dies, which is how the others tell at once (services/fleet/replicas.py).
         self._application_name = replicas.application_name(replica_id) if replica_id else "mwms-listener"
         self.enabled = db.is_postgres
         self._handlers: dict[str, Callable[[list[str]], None]] = {}

@@ -1,7 +1,7 @@
 """One writer for the device samples of every agent's stream: checked on arrival, written once a second.
 
 At 1,000 agents with 8 GPUs each sampling every 5 s, 1,600 rows arrive a second: streams hand their
-samples to `accept`, which checks them (services.device_telemetry), keeps the newest per device in memory
+samples to `accept`, which checks them (services.observing.device_telemetry), keeps the newest per device in memory
 and queues the rows; a loop writes everything queued in one transaction a second, and another deletes
 samples past their retention. Device telemetry is best effort: nothing is acknowledged or resent, and
 when the database is in trouble, or the queue is full (MAX_QUEUED_ROWS), samples are dropped and said so.
@@ -17,8 +17,8 @@ from mwms.server.db.engine import Database
 from mwms.server.db.models import utcnow
 from mwms.server.live.pass_locks import PassLocks
 from mwms.server.poison import count_poison, first_time, is_transient
-from mwms.server.services import device_telemetry
-from mwms.server.services.device_telemetry import IncomingSample, LatestSamples
+from mwms.server.services.observing import device_telemetry
+from mwms.server.services.observing.device_telemetry import IncomingSample, LatestSamples
 from mwms.server.settings import Settings
 
 log = logging.getLogger("mwms.server.devices")

@@ -1,6 +1,6 @@
 """Hang detection: a periodic check for RUNNING attempts none of whose tasks made progress (a log line
 or metric point) for the job's hang timeout; such an attempt's stacks are dumped (cause "hang") and it
-ends by the job's restart policy (server/services/hangs.py).
+ends by the job's restart policy (server/services/job_life/hangs.py).
 
 A task's clock starts when it starts RUNNING, or when this coordinator started, whichever is later;
 progress is what this replica stored (in memory: server/live/task_progress.py) or any replica flushed
@@ -24,8 +24,8 @@ from mwms.server.errors import DomainError
 from mwms.server.live.pass_locks import PassLocks
 from mwms.server.live.stack_collector import StackCollector
 from mwms.server.live.task_progress import TaskProgress
-from mwms.server.services import hangs
-from mwms.server.services.command_targets import track_command_targets
+from mwms.server.services.fleet.command_targets import track_command_targets
+from mwms.server.services.job_life import hangs
 from mwms.server.settings import Settings
 
 log = logging.getLogger("mwms.server.hangs")

@@ -6,7 +6,7 @@ the survivors within a second or two, and one transaction each would line them u
 commit at a time. So streams queue their hellos (`submit`) and this writer applies whatever has queued, up
 to MAX_HELLOS_PER_TRANSACTION, in one transaction: each hello in a savepoint of its own, so one that
 cannot be applied (a removed agent, a damaged row) fails alone with its own error, as it would on its own.
-Each stream gets its replies and its new stream epoch (server/services/replicas.py) once committed.
+Each stream gets its replies and its new stream epoch (server/services/fleet/replicas.py) once committed.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from mwms.server.db.engine import Database
 from mwms.server.live import outcomes as outcomes_of
 from mwms.server.poison import is_transient
-from mwms.server.services import agent_messages, replicas
-from mwms.server.services.command_targets import track_command_targets
-from mwms.server.services.tasks import TaskReport
+from mwms.server.services.fleet import agent_messages, replicas
+from mwms.server.services.fleet.command_targets import track_command_targets
+from mwms.server.services.job_life.tasks import TaskReport
 from mwms.server.settings import Settings
 
 log = logging.getLogger("mwms.server.rpc")

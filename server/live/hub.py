@@ -7,7 +7,7 @@ route's stop or removal) marks every connected agent, still one read. A slow swe
 agent every `sweep_interval_s` is the safety net; streams remember what they sent, so nothing is sent
 twice. A stream whose agent was removed is closed by the pass that finds it.
 
-With replicas (server/services/replicas.py), an agent woken here whose stream another replica holds gets a
+With replicas (server/services/fleet/replicas.py), an agent woken here whose stream another replica holds gets a
 ring on the doorbell (server/live/agent_notify.py), and that replica's hub reads its commands; a stream
 the database says is not the agent's newest (another replica, or a later epoch, accepted its hello) is
 closed by the pass that finds it, so a replica that lost an agent never delivers stale commands.
@@ -25,7 +25,7 @@ from typing import Protocol
 
 from mwms.server.db.engine import Database
 from mwms.server.live.agent_notify import Doorbell
-from mwms.server.services import agent_messages
+from mwms.server.services.fleet import agent_messages
 
 log = logging.getLogger("mwms.server.rpc")
 SWEEP_ALONE_S = 30.0
@@ -38,7 +38,9 @@ class CommandSink(Protocol):
     """What the hub needs of an agent's stream (server/rpc/agent_stream.py)."""
 
     ready: bool  # the agent said hello, so it knows what it runs: commands may flow
-    epoch: int | None  # the stream epoch its hello claimed (server/services/replicas.py); None: none yet
+    epoch: (
+        int | None
+    )  # the stream epoch its hello claimed (server/services/fleet/replicas.py); None: none yet
 
     async def deliver(self, commands: agent_messages.Commands) -> None: ...
 

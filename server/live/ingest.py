@@ -24,7 +24,7 @@ from mwms.server.live import outcomes as outcomes_of
 from mwms.server.live.ingest_store import GroupStore, RawBatch, StoredGroup
 from mwms.server.live.task_progress import TaskProgress
 from mwms.server.observability.instruments import count_ingested
-from mwms.server.services.telemetry import StoreOutcome
+from mwms.server.services.observing.telemetry import StoreOutcome
 
 log = logging.getLogger("mwms.server.rpc")
 # Bounds one transaction, so a burst is committed (and acknowledged) in steps the agents can see.

@@ -3,7 +3,7 @@
 A stream hands the telemetry writer (server/live/ingest.py) each batch as the protobuf bytes it came in
 (`RawBatch`): nothing is converted per line or point in the event loop that answers agents. `store_group`
 decodes the group (outside the transaction, so the write lock is held only to store), stores it in one
-transaction (services.agent_messages.accept_telemetry: every batch in a savepoint of its own,
+transaction (services.fleet.agent_messages.accept_telemetry: every batch in a savepoint of its own,
 exactly once through the unique (task_id, seq) constraints) and says what became of each batch, which
 agents its changes gave commands to, and how long it held the write lock.
 
@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from mwms.server.db.engine import Database
-from mwms.server.services.agent_messages import TelemetryBatch, accept_telemetry
-from mwms.server.services.command_targets import track_command_targets
-from mwms.server.services.telemetry import IncomingLine, IncomingPoint, StoreOutcome
+from mwms.server.services.fleet.agent_messages import TelemetryBatch, accept_telemetry
+from mwms.server.services.fleet.command_targets import track_command_targets
+from mwms.server.services.observing.telemetry import IncomingLine, IncomingPoint, StoreOutcome
 
 KINDS = ("logs", "metrics")
 # Decodes a batch's bytes into its lines ("logs") or points ("metrics"): server/rpc/convert.py's

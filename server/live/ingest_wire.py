@@ -32,7 +32,7 @@ from mwms.server import errors as domain_errors
 from mwms.server.errors import DomainError
 from mwms.server.live.ingest_store import KINDS, RawBatch, StoredGroup
 from mwms.server.poison import is_transient
-from mwms.server.services.telemetry import StoreOutcome
+from mwms.server.services.observing.telemetry import StoreOutcome
 
 LENGTH = struct.Struct(">I")
 # A group holds at most MAX_ITEMS_PER_TRANSACTION items of at most the agents' message size each; a frame

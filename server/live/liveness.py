@@ -1,7 +1,7 @@
 """Agent liveness kept in memory between flushes: a heartbeat costs a dict write, not a transaction.
 
 Every message on an agent's stream proves it alive (`seen`). The reconciler loop takes what was seen
-(`take`) and writes it in one batched transaction (services.agents.record_heartbeats) right before it
+(`take`) and writes it in one batched transaction (services.fleet.agents.record_heartbeats) right before it
 derives who is lost, so the database stays the source of truth for the API, for placement and for a
 coordinator restart (grant_reconnect_grace), and the lost decision never runs on stale liveness.
 """

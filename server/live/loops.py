@@ -1,7 +1,7 @@
 """The coordinator's background loops: the scheduler, and the reconciler with the flush before it.
 
 The flush runs on every replica every second: what this replica heard (agent liveness, task progress)
-and its own beat (server/services/replicas.py). The passes that decide (scheduling, reconciling,
+and its own beat (server/services/fleet/replicas.py). The passes that decide (scheduling, reconciling,
 retention) run on one replica at a time: the one that wins the loop's lock (server/live/pass_locks.py).
 """
 
@@ -25,14 +25,15 @@ from mwms.server.live.pass_locks import PassLocks
 from mwms.server.live.scheduler_process import SchedulerProcess, runs_apart, worker_config
 from mwms.server.live.task_progress import TaskProgress
 from mwms.server.observability.instruments import observe_scheduler_pass
-from mwms.server.services import fair_share, replicas
-from mwms.server.services.agents import record_heartbeats
-from mwms.server.services.command_targets import track_command_targets
-from mwms.server.services.hangs import record_progress
-from mwms.server.services.reconcile import reconcile
-from mwms.server.services.retention import PurgeCursor, cutoff, purge_batch
-from mwms.server.services.scheduling import SharingPolicy, schedule_pass
-from mwms.server.services.waiting_jobs import WaitingJobs
+from mwms.server.services.fleet import replicas
+from mwms.server.services.fleet.agents import record_heartbeats
+from mwms.server.services.fleet.command_targets import track_command_targets
+from mwms.server.services.job_life.hangs import record_progress
+from mwms.server.services.job_life.reconcile import reconcile
+from mwms.server.services.observing.retention import PurgeCursor, cutoff, purge_batch
+from mwms.server.services.scheduler import fair_share
+from mwms.server.services.scheduler.scheduling import SharingPolicy, schedule_pass
+from mwms.server.services.scheduler.waiting_jobs import WaitingJobs
 from mwms.server.settings import Settings
 
 log = logging.getLogger("mwms.server.loops")

@@ -4,7 +4,7 @@ Every replica runs every loop (the scheduler, the reconciler, hang detection, re
 makes sure it holds the loop's transaction-scoped advisory lock (server/db/locks.py). The first replica to
 take a lock keeps it, in a transaction of its own held open on a connection of its own, and runs every
 pass of that loop until it dies or stops; the others find it taken and skip their passes. So one replica
-leads each loop, which the replicas list shows (`leads`, server/services/replicas.py). When the leader dies,
+leads each loop, which the replicas list shows (`leads`, server/services/fleet/replicas.py). When the leader dies,
 PostgreSQL ends its transaction with its connection and a survivor takes the lock at its next tick: the
 loop moves within one interval. The leader checks its lock's connection before each pass, so one that
 lost its connection stops at once.

@@ -5,7 +5,7 @@ process it held the interpreter that answers agents' heartbeats and REST calls. 
 coordinator (server/live/scheduler_process.py) starts `python -m mwms.server.live.scheduler_worker`,
 writes its configuration as the first line on stdin (the database URL, which may hold a password, never
 goes on the command line), then one request line per pass. Each request names the agents whose streams
-the coordinator holds; the process runs `schedule_pass` (server/services/scheduling.py) on its own
+the coordinator holds; the process runs `schedule_pass` (server/services/scheduler/scheduling.py) on its own
 connection to the same database (SQLite's write lock, or PostgreSQL's writer lock, serialises it with the
 coordinator's writers) and answers one line: the agents that got tasks or stops, the pass's time, and
 the metric updates it made (server/observability/metric_relay.py). It keeps the waiting-jobs cache
@@ -44,9 +44,9 @@ def serve(config: dict[str, Any], requests: IO[str], replies: IO[str]) -> None:
     """Answers one reply line per request line until `requests` ends."""
     from mwms.server.db.engine import Database
     from mwms.server.observability import metric_relay
-    from mwms.server.services import replicas
-    from mwms.server.services.scheduling import SharingPolicy, schedule_pass
-    from mwms.server.services.waiting_jobs import WaitingJobs
+    from mwms.server.services.fleet import replicas
+    from mwms.server.services.scheduler.scheduling import SharingPolicy, schedule_pass
+    from mwms.server.services.scheduler.waiting_jobs import WaitingJobs
 
     relay = metric_relay.capture()
     db = Database(config["url"])

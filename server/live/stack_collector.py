@@ -1,7 +1,7 @@
 """Taking the stacks of an attempt's tasks at the same moment: the DumpStacks commands to their agents,
 and the wait (bounded) for the answers, which the agents' streams hand in (`accept`).
 
-The database work is in server/services/stacks.py; this module only sends, waits and wakes.
+The database work is in server/services/observing/stacks.py; this module only sends, waits and wakes.
 
 With replicas, the agents of a job may hold streams on other replicas: those are rung (server/live/
 agent_notify.py, "stacks:REQUEST_ID"); the replica holding each agent sends its DumpStacks and stores its
@@ -18,8 +18,8 @@ from typing import TypeVar
 from mwms.server.db.engine import Database
 from mwms.server.live.agent_notify import Doorbell
 from mwms.server.live.hub import AgentHub
-from mwms.server.services import stacks
-from mwms.server.services.stacks import IncomingStackDump, OpenedRequest
+from mwms.server.services.observing import stacks
+from mwms.server.services.observing.stacks import IncomingStackDump, OpenedRequest
 
 log = logging.getLogger("mwms.server.stacks")
 T = TypeVar("T")

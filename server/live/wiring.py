@@ -25,7 +25,7 @@ from mwms.server.live.loops import BackgroundLoops
 from mwms.server.live.pass_locks import PassLocks
 from mwms.server.live.stack_collector import StackCollector
 from mwms.server.live.task_progress import TaskProgress
-from mwms.server.services.replicas import ReplicaIdentity
+from mwms.server.services.fleet.replicas import ReplicaIdentity
 from mwms.server.settings import Settings
 
 

@@ -1,8 +1,8 @@
 """Gauges of the cluster's state, read when Prometheus scrapes: one short read transaction per scrape.
 
-`ClusterGauges` is a custom collector over services.cluster_counts (a fixed number of aggregate queries,
+`ClusterGauges` is a custom collector over services.observing.cluster_counts (a fixed number of aggregate queries,
 whatever the number of jobs and agents) plus what the coordinator holds in memory (connected agent
-streams). The queue and the teams' use of the cluster (services.cluster_counts.count_sharing) and the lost
+streams). The queue and the teams' use of the cluster (services.observing.cluster_counts.count_sharing) and the lost
 agents by name (observability.lost_agents, at most MAX_LOST_AGENTS_LABELLED) are read in the same
 transaction. The `team` label is bounded: at most MAX_TEAMS_LABELLED teams get series of
 their own (those with a quota first, then the biggest users of the cluster and of the queue), the rest
@@ -29,14 +29,14 @@ from mwms.priorities import PRIORITY_BANDS
 from mwms.server.db.engine import Database
 from mwms.server.live.pass_locks import LOOPS
 from mwms.server.observability.lost_agents import MAX_LOST_AGENTS_LABELLED, lost_agent_gauge, lost_agent_names
-from mwms.server.services.agents import AGENT_STATES
-from mwms.server.services.cluster_counts import (
+from mwms.server.services.fleet.agents import AGENT_STATES
+from mwms.server.services.fleet.replicas import ReplicaView, list_replicas
+from mwms.server.services.observing.cluster_counts import (
     LIVE_TASK_STATES,
     SharingCounts,
     count_cluster,
     count_sharing,
 )
-from mwms.server.services.replicas import ReplicaView, list_replicas
 from mwms.server.states import JobState
 
 log = logging.getLogger("mwms.server.metrics")

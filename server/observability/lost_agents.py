@@ -1,7 +1,7 @@
 """`mwms_agent_lost{agent=...}`: 1 for each agent the coordinator holds as lost, so an alert can name it.
 
-Lost is the liveness the API and `mwms_agents{state="lost"}` derive (services.agents.agent_state,
-services.cluster_counts): not removed by an admin, not online (online_until has passed) and not stopped. An
+Lost is the liveness the API and `mwms_agents{state="lost"}` derive (services.fleet.agents.agent_state,
+services.observing.cluster_counts): not removed by an admin, not online (online_until has passed) and not stopped. An
 agent that comes back (online again) or that an admin removes loses its series, so an alert on it clears. Only lost agents have a series, and at most
 MAX_LOST_AGENTS_LABELLED of them (by name, so the same ones stay listed from scrape to scrape);
 `mwms_agents{state="lost"}` still counts every one. One indexed read in the scrape's transaction.

@@ -1,7 +1,7 @@
 """The gRPC AgentService: registration, the per-agent Connect stream, bundle and file transfers.
 
 Who is calling comes from the interceptor (server/rpc/auth.py), which also turns domain errors raised
-here into statuses; what the caller may do is decided in server/services/agent_auth.py.
+here into statuses; what the caller may do is decided in server/services/fleet/agent_auth.py.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from mwms.server.live.wiring import Wiring
 from mwms.server.rpc import convert
 from mwms.server.rpc.agent_stream import AgentStream
 from mwms.server.rpc.auth import authenticated_agent_id, presented_credential
-from mwms.server.services import agent_auth, agent_uploads, replicas
-from mwms.server.services.bundles import CHUNK
+from mwms.server.services.fleet import agent_auth, agent_uploads, replicas
+from mwms.server.services.storage.bundles import CHUNK
 from mwms.v1 import agent_pb2 as pb
 from mwms.v1 import agent_pb2_grpc
 

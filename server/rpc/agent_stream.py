@@ -34,9 +34,11 @@ from mwms.server.observability.instruments import count_command, observe_heartbe
 from mwms.server.poison import contain, count_poison, is_transient
 from mwms.server.rpc import convert
 from mwms.server.rpc.status import grpc_status
-from mwms.server.services import agent_messages, preflight, replicas, start_commands
-from mwms.server.services.command_targets import track_command_targets
-from mwms.server.services.telemetry import StoreOutcome
+from mwms.server.services.fleet import agent_messages, replicas
+from mwms.server.services.fleet.command_targets import track_command_targets
+from mwms.server.services.job_life import start_commands
+from mwms.server.services.observing import preflight
+from mwms.server.services.observing.telemetry import StoreOutcome
 from mwms.v1 import agent_pb2 as pb
 
 log = logging.getLogger("mwms.server.rpc")
@@ -63,7 +65,9 @@ class AgentStream:
         self.sent_starts: set[str] = set()
         self.sent_stops: set[str] = set()
         self.ready = False  # commands flow once the agent said hello (it then knows what it runs)
-        self.epoch: int | None = None  # the stream epoch its hello claimed (server/services/replicas.py)
+        self.epoch: int | None = (
+            None  # the stream epoch its hello claimed (server/services/fleet/replicas.py)
+        )
         self._unknown_logged = False
         self.write_lock = asyncio.Lock()
         self._deliver_lock = asyncio.Lock()
@@ -140,7 +144,7 @@ class AgentStream:
 
     def _release_stream(self, epoch: int) -> None:
         """Says in the database that this stream ended (best effort: a replica that dies cannot, and its
-        streams end with its beats, server/services/replicas.py)."""
+        streams end with its beats, server/services/fleet/replicas.py)."""
 
         def run() -> None:
             with self.wiring.db.write() as session:

@@ -22,7 +22,7 @@ from mwms.server.db.engine import Database
 from mwms.server.errors import DomainError, Forbidden, Unauthenticated
 from mwms.server.rpc import health
 from mwms.server.rpc.status import grpc_status
-from mwms.server.services.agent_auth import authenticate_agent
+from mwms.server.services.fleet.agent_auth import authenticate_agent
 
 log = logging.getLogger("mwms.server.rpc.auth")
 

@@ -7,14 +7,14 @@ from collections.abc import AsyncIterator
 
 from mwms.preflight_contract import parse_report
 from mwms.server.db.models import Task
-from mwms.server.services.agent_uploads import StoredUpload, UploadChunk
-from mwms.server.services.agents import Registration
-from mwms.server.services.device_telemetry import IncomingSample
-from mwms.server.services.preflight import IncomingPreflight
-from mwms.server.services.stacks import IncomingStackDump
-from mwms.server.services.start_commands import StartSpec
-from mwms.server.services.tasks import TaskReport
-from mwms.server.services.telemetry import IncomingLine, IncomingPoint, StoreOutcome
+from mwms.server.services.fleet.agent_uploads import StoredUpload, UploadChunk
+from mwms.server.services.fleet.agents import Registration
+from mwms.server.services.job_life.start_commands import StartSpec
+from mwms.server.services.job_life.tasks import TaskReport
+from mwms.server.services.observing.device_telemetry import IncomingSample
+from mwms.server.services.observing.preflight import IncomingPreflight
+from mwms.server.services.observing.stacks import IncomingStackDump
+from mwms.server.services.observing.telemetry import IncomingLine, IncomingPoint, StoreOutcome
 from mwms.server.states import TaskState
 from mwms.v1 import agent_pb2 as pb
 

@@ -12,15 +12,16 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from mwms.server.db.models import Agent, Job, StackDump, StackRequest, Task, utcnow
-from mwms.server.services import fair_share, stacks, teams
-from mwms.server.services.agents import AgentState, agent_state, capacities, live_tasks_by_agent
-from mwms.server.services.device_identity import GpuUuids, task_uuids, uuids_by_index
-from mwms.server.services.fair_share import TeamStanding
-from mwms.server.services.jobs import read_job
-from mwms.server.services.scheduling import WAITING_STATES
-from mwms.server.services.stack_text import DumpReading, ThreadStack, read_dump
-from mwms.server.services.teams import Quota
-from mwms.server.services.telemetry import Progress, latest_progress
+from mwms.server.services.fleet.agents import AgentState, agent_state, capacities, live_tasks_by_agent
+from mwms.server.services.fleet.device_identity import GpuUuids, task_uuids, uuids_by_index
+from mwms.server.services.job_life.jobs import read_job
+from mwms.server.services.observing import stacks
+from mwms.server.services.observing.stack_text import DumpReading, ThreadStack, read_dump
+from mwms.server.services.observing.telemetry import Progress, latest_progress
+from mwms.server.services.scheduler import fair_share, teams
+from mwms.server.services.scheduler.fair_share import TeamStanding
+from mwms.server.services.scheduler.scheduling import WAITING_STATES
+from mwms.server.services.scheduler.teams import Quota
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,7 @@ def agent_names_and_gpu_uuids(session: Session, agent_ids: set[str]) -> tuple[di
 @dataclass(frozen=True)
 class TeamView:
     """A team: its members, its quota (None: none), the devices its jobs hold, by kind ("gpu", "cpu"), and its
-    fair share over time (server/services/fair_share.py): decayed usage, share and standing."""
+    fair share over time (server/services/scheduler/fair_share.py): decayed usage, share and standing."""
 
     team: str
     members: list[str]

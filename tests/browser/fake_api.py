@@ -1,7 +1,7 @@
 """A test-only coordinator stand-in: the dashboard router plus fixed, slowly advancing JSON for /api/v1.
 
 It lets the browser tests check rendering, live updates, escaping and the cancel flow without agents or
-TensorFlow. The shapes follow server/schemas.py; the real coordinator is exercised by test_dashboard_e2e.py.
+TensorFlow. The shapes follow server/schemas/; the real coordinator is exercised by test_dashboard_e2e.py.
 Authentication is a small copy of the real rules (server/api/auth.py): three fixed tokens, session cookies,
 401 without one, 403 for a viewer's writes, someone else's cancel or a cookie write from a foreign origin.
 Sharing (issue 18): jobs carry team, priority, preemptible and waiting; /api/v1/queue lists the waiting jobs
@@ -138,7 +138,7 @@ class FakeJob:
     priority: int = 500
     preemptible: bool = True
     waiting: dict[str, Any] = field(default_factory=dict)
-    # The queue row's estimated start for people and its basis (server/services/start_estimates.py).
+    # The queue row's estimated start for people and its basis (server/services/scheduler/start_estimates.py).
     estimated_start: datetime | None = None
     estimate_basis: str = "unknown"
 

@@ -25,7 +25,7 @@ SUCCEEDED = "c0ffee00c0ffee00c0ffee00c0ffee00"  # the fake's bert-finetune
 LAST_LINES = [f"worker 1 line {i}: Traceback or not, " + "y" * 90 for i in range(8)] + [
     "ValueError: the batch has 3 dimensions, the model wants 4"
 ]
-# As the coordinator words it (server/services/lifecycle.py fail_attempt, describe_task_failure).
+# As the coordinator words it (server/services/job_life/lifecycle.py fail_attempt, describe_task_failure).
 FAILED_REASON = (
     "task 1 on agent gpu-node-2: exited with code 1 (not retryable: exit codes 1-127 are permanent unless "
     "restart_on is 'any')\nlast log lines:\n" + "\n".join(LAST_LINES)

@@ -26,9 +26,9 @@ from mwms.server.app import create_app
 from mwms.server.db.engine import Database
 from mwms.server.db.models import Agent, Bundle, Job
 from mwms.server.schemas import JobCreate
-from mwms.server.services.jobs import create_job
-from mwms.server.services.scheduling import schedule_pending
-from mwms.server.services.tasks import TaskReport, apply_report
+from mwms.server.services.job_life.jobs import create_job
+from mwms.server.services.job_life.tasks import TaskReport, apply_report
+from mwms.server.services.scheduler.scheduling import schedule_pending
 from mwms.server.states import TaskState
 from mwms.v1 import agent_pb2_grpc
 

@@ -27,8 +27,8 @@ from mwms.server.app import create_app
 from mwms.server.db.engine import Database
 from mwms.server.db.models import Job, Task, TeamUsage, utcnow
 from mwms.server.schemas import JobCreate
-from mwms.server.services.jobs import cancel_job, create_job
-from mwms.server.services.tokens import Role, create_api_token
+from mwms.server.services.auth.tokens import Role, create_api_token
+from mwms.server.services.job_life.jobs import cancel_job, create_job
 from mwms.v1 import agent_pb2_grpc
 
 from cluster import wait_until

@@ -18,7 +18,7 @@ from mwms.client import Client, QueueEntry, Team
 from mwms.errors import Conflict, Forbidden
 from mwms.server.app import create_app
 from mwms.server.db.engine import Database
-from mwms.server.services.tokens import Role, create_api_token
+from mwms.server.services.auth.tokens import Role, create_api_token
 from mwms.v1 import agent_pb2_grpc
 
 from cluster import wait_until

@@ -25,7 +25,7 @@ from mwms.server.db.models import Agent, utcnow
 from mwms.server.observability.cluster_gauges import cluster_registry, render
 from mwms.server.observability.instruments import RESTART_CAUSES
 from mwms.server.observability.lost_agents import MAX_LOST_AGENTS_LABELLED
-from mwms.server.services.agents import Registration, register_agent, remove_agent, touch_agent
+from mwms.server.services.fleet.agents import Registration, register_agent, remove_agent, touch_agent
 from mwms.server.states import TERMINAL_JOB_STATES
 from mwms.v1 import agent_pb2 as pb
 
@@ -84,6 +84,7 @@ def metrics_page(db: Database) -> str:
     """The coordinator's /metrics page over `db`: the process-wide instruments (the hang detector's counter
     included) and the cluster gauges of an app's own registry, as server/api/health.py renders it."""
     import mwms.server.live.hang_detector  # noqa: F401 - registers mwms_hang_detections_total, as the app does
+    import mwms.server.services.scheduler.pass_check  # noqa: F401 - mwms_scheduler_invariant_violations_total
 
     return render(cluster_registry(db, lambda: 0)).decode()
 

@@ -1,6 +1,6 @@
 """Two `mwms server` replicas on one PostgreSQL database, each with its own data dir: a bundle uploaded
 through replica A runs on an agent connected only to replica B, and the artifact that agent uploaded
-through B downloads from A (server/services/shared_files.py)."""
+through B downloads from A (server/services/storage/shared_files.py)."""
 
 from __future__ import annotations
 

@@ -26,18 +26,18 @@ from mwms.server.db.engine import Database
 from mwms.server.db.models import Agent, Job, Task, utcnow
 from mwms.server.observability.lost_agents import lost_agent_names
 from mwms.server.schemas import JobCreate
-from mwms.server.services.agent_messages import MAX_GOODBYE_REASON, accept_goodbye, goodbye_reason
-from mwms.server.services.agents import (
+from mwms.server.services.fleet.agent_messages import MAX_GOODBYE_REASON, accept_goodbye, goodbye_reason
+from mwms.server.services.fleet.agents import (
     Registration,
     agent_state,
     capacities,
     record_heartbeats,
     register_agent,
 )
-from mwms.server.services.cluster_counts import count_cluster
-from mwms.server.services.jobs import create_job
-from mwms.server.services.reconcile import reconcile
-from mwms.server.services.scheduling import schedule_pending
+from mwms.server.services.job_life.jobs import create_job
+from mwms.server.services.job_life.reconcile import reconcile
+from mwms.server.services.observing.cluster_counts import count_cluster
+from mwms.server.services.scheduler.scheduling import schedule_pending
 from mwms.v1 import agent_pb2 as pb
 
 from cluster import wait_until

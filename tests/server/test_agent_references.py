@@ -25,11 +25,11 @@ from mwms.server.db.engine import Database
 from mwms.server.db.models import Agent, Bundle, Job, Task, new_id
 from mwms.server.errors import InvalidInput, NotFound
 from mwms.server.schemas import JobCreate
-from mwms.server.services.agent_references import find_agent
-from mwms.server.services.agents import remove_agent, touch_agent
-from mwms.server.services.jobs import create_job
-from mwms.server.services.placement import AgentCapacity, NoFit, place_pinned
-from mwms.server.services.scheduling import schedule_pending
+from mwms.server.services.fleet.agent_references import find_agent
+from mwms.server.services.fleet.agents import remove_agent, touch_agent
+from mwms.server.services.job_life.jobs import create_job
+from mwms.server.services.scheduler.placement import AgentCapacity, NoFit, place_pinned
+from mwms.server.services.scheduler.scheduling import schedule_pending
 
 DIGEST = "d" * 64
 SLOT = [{"kind": "cpu", "index": 0, "name": "s"}]

@@ -22,8 +22,8 @@ from sqlalchemy import func, select
 
 from mwms.server.db.models import Agent, Job, LogLine, StoredFile, Task
 from mwms.server.rpc.auth import INTERNAL_MESSAGE
-from mwms.server.services import files
-from mwms.server.services.tokens import Role, create_api_token, hash_secret
+from mwms.server.services.auth.tokens import Role, create_api_token, hash_secret
+from mwms.server.services.storage import files
 from mwms.v1 import agent_pb2 as pb
 from mwms.v1 import agent_pb2_grpc
 

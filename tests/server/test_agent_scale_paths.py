@@ -25,8 +25,8 @@ from test_poison_containment import (
 )
 
 from mwms.server.db.models import Agent, LogLine, MetricPoint, Task, utcnow
-from mwms.server.services import agent_messages
-from mwms.server.services.agents import record_heartbeats
+from mwms.server.services.fleet import agent_messages
+from mwms.server.services.fleet.agents import record_heartbeats
 from mwms.server.settings import Settings
 from mwms.v1 import agent_pb2 as pb
 

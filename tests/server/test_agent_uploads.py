@@ -1,4 +1,4 @@
-"""The upload rules of UploadFiles on their own (server/services/agent_uploads.py), on a real database and
+"""The upload rules of UploadFiles on their own (server/services/fleet/agent_uploads.py), on a real database and
 files directory: what the first chunk must say, whose task it is, one task per upload, the size limit,
 artifacts unpacked and recorded, and a checkpoint that a newer attempt overtook during its upload refused."""
 
@@ -19,7 +19,12 @@ from mwms.archive import ArchiveWorkers
 from mwms.server.db.engine import Database
 from mwms.server.db.models import Agent, Attempt, StoredFile
 from mwms.server.errors import Conflict, Forbidden, InvalidInput, UploadTooLarge
-from mwms.server.services.agent_uploads import StoredUpload, UploadChunk, UploadPlaces, receive_task_files
+from mwms.server.services.fleet.agent_uploads import (
+    StoredUpload,
+    UploadChunk,
+    UploadPlaces,
+    receive_task_files,
+)
 from mwms.server.settings import Settings
 
 T = TypeVar("T")

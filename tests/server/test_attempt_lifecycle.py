@@ -10,11 +10,11 @@ from mwms.server.api.views import job_out
 from mwms.server.db.engine import Database
 from mwms.server.db.models import Agent, Attempt, AttemptEvent, Job
 from mwms.server.schemas import JobCreate
-from mwms.server.services.jobs import cancel_job, create_job
-from mwms.server.services.lifecycle import end_job, restart_policy_value
-from mwms.server.services.scheduling import schedule_pending
-from mwms.server.services.tasks import TaskReport, apply_report
-from mwms.server.services.transitions import transition_attempt
+from mwms.server.services.job_life.jobs import cancel_job, create_job
+from mwms.server.services.job_life.lifecycle import end_job, restart_policy_value
+from mwms.server.services.job_life.tasks import TaskReport, apply_report
+from mwms.server.services.job_life.transitions import transition_attempt
+from mwms.server.services.scheduler.scheduling import schedule_pending
 from mwms.server.services.views import read_job_view
 from mwms.server.states import AttemptState, InvalidTransition, JobState, TaskState
 

@@ -15,11 +15,14 @@ from mwms.server.api.views import job_out
 from mwms.server.db.engine import Database
 from mwms.server.db.models import Agent, Attempt, AttemptEvent, Job, utcnow
 from mwms.server.schemas import ATTEMPTS_SHOWN, JobCreate
-from mwms.server.services import cordons, hangs, teams, views
-from mwms.server.services.jobs import cancel_job, create_job
-from mwms.server.services.reconcile import reconcile
-from mwms.server.services.scheduling import SharingPolicy, schedule_pending
-from mwms.server.services.tasks import TaskReport, apply_report
+from mwms.server.services import views
+from mwms.server.services.fleet import cordons
+from mwms.server.services.job_life import hangs
+from mwms.server.services.job_life.jobs import cancel_job, create_job
+from mwms.server.services.job_life.reconcile import reconcile
+from mwms.server.services.job_life.tasks import TaskReport, apply_report
+from mwms.server.services.scheduler import teams
+from mwms.server.services.scheduler.scheduling import SharingPolicy, schedule_pending
 from mwms.server.states import JobState, TaskState
 from mwms.task_environment import PREEMPTED_AND_SAVED_EXIT_CODE
 

@@ -17,13 +17,13 @@ from mwms.server.db.migrate import upgrade_to_head
 from mwms.server.db.models import Agent, Bundle, Job, Task, utcnow
 from mwms.server.observability.on_commit import on_commit
 from mwms.server.schemas import JobCreate
-from mwms.server.services.agents import Registration, register_agent, remove_agent
-from mwms.server.services.cluster_counts import count_cluster
-from mwms.server.services.jobs import create_job
-from mwms.server.services.reconcile import reconcile
-from mwms.server.services.scheduling import schedule_pending
-from mwms.server.services.tasks import TaskReport, apply_report
-from mwms.server.services.transitions import transition_job
+from mwms.server.services.fleet.agents import Registration, register_agent, remove_agent
+from mwms.server.services.job_life.jobs import create_job
+from mwms.server.services.job_life.reconcile import reconcile
+from mwms.server.services.job_life.tasks import TaskReport, apply_report
+from mwms.server.services.job_life.transitions import transition_job
+from mwms.server.services.observing.cluster_counts import count_cluster
+from mwms.server.services.scheduler.scheduling import schedule_pending
 from mwms.server.states import JobState, TaskState
 
 DIGEST = "e" * 64

@@ -1,4 +1,4 @@
-"""The newest device readings whichever replica holds an agent's stream (services.device_telemetry):
+"""The newest device readings whichever replica holds an agent's stream (services.observing.device_telemetry):
 `stored_newest` reads them from the table in one query, on a SQLite file and on a real PostgreSQL server;
 `newest_readings` takes this replica's streams from memory and, on PostgreSQL only, the others from there.
 """
@@ -16,8 +16,8 @@ from sqlalchemy import event, update
 from mwms.server.db.engine import Database
 from mwms.server.db.migrate import upgrade_to_head
 from mwms.server.db.models import Agent
-from mwms.server.services.agents import Registration, register_agent
-from mwms.server.services.device_telemetry import (
+from mwms.server.services.fleet.agents import Registration, register_agent
+from mwms.server.services.observing.device_telemetry import (
     READINGS_WINDOW,
     IncomingSample,
     LatestSamples,

@@ -18,9 +18,9 @@ from mwms.agent_link import MAX_DEVICES_PER_MESSAGE
 from mwms.server.db.engine import Database
 from mwms.server.db.migrate import upgrade_to_head
 from mwms.server.db.models import Attempt, Bundle, DeviceSample, Job, Task
-from mwms.server.services.agents import Registration, register_agent
-from mwms.server.services.device_series import MAX_POINTS, agent_series, bucket_seconds, job_series
-from mwms.server.services.device_telemetry import (
+from mwms.server.services.fleet.agents import Registration, register_agent
+from mwms.server.services.observing.device_series import MAX_POINTS, agent_series, bucket_seconds, job_series
+from mwms.server.services.observing.device_telemetry import (
     IncomingSample,
     LatestSamples,
     check_samples,

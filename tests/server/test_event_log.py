@@ -13,12 +13,12 @@ from sqlalchemy import select
 from mwms.server.db.engine import Database
 from mwms.server.db.models import Agent, Job, utcnow
 from mwms.server.schemas import JobCreate
-from mwms.server.services.agents import Registration, record_heartbeats, register_agent, remove_agent
-from mwms.server.services.jobs import create_job
-from mwms.server.services.lifecycle import preempt_job
-from mwms.server.services.reconcile import reconcile
-from mwms.server.services.scheduling import schedule_pending
-from mwms.server.services.tasks import TaskReport, apply_report
+from mwms.server.services.fleet.agents import Registration, record_heartbeats, register_agent, remove_agent
+from mwms.server.services.job_life.jobs import create_job
+from mwms.server.services.job_life.lifecycle import preempt_job
+from mwms.server.services.job_life.reconcile import reconcile
+from mwms.server.services.job_life.tasks import TaskReport, apply_report
+from mwms.server.services.scheduler.scheduling import schedule_pending
 from mwms.server.states import TaskState
 
 BACKOFF = 1.0

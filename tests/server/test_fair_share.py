@@ -19,18 +19,18 @@ from in_process_coordinator import InProcessCoordinator, coordinator_settings
 from pydantic import ValidationError
 from sqlalchemy import select, text, update
 
+from mwms.cli.daemons import _settings
 from mwms.cli.errors import CliError
-from mwms.cli.main import _settings
 from mwms.server.db.engine import Database
 from mwms.server.db.migrate import upgrade_to_head
 from mwms.server.db.models import Agent, Bundle, Job, TeamUsage, UsageClock, utcnow
 from mwms.server.schemas import JobCreate
-from mwms.server.services import fair_share
-from mwms.server.services.agents import Registration, register_agent
-from mwms.server.services.jobs import create_job
-from mwms.server.services.queue_order import WaitingJob, queue_order
-from mwms.server.services.scheduling import SharingPolicy, read_inputs, schedule_pending
-from mwms.server.services.tasks import TaskReport, apply_report
+from mwms.server.services.fleet.agents import Registration, register_agent
+from mwms.server.services.job_life.jobs import create_job
+from mwms.server.services.job_life.tasks import TaskReport, apply_report
+from mwms.server.services.scheduler import fair_share
+from mwms.server.services.scheduler.queue_order import WaitingJob, queue_order
+from mwms.server.services.scheduler.scheduling import SharingPolicy, read_inputs, schedule_pending
 from mwms.server.services.views import teams_view
 from mwms.server.settings import Settings
 from mwms.server.states import TaskState

@@ -1,14 +1,14 @@
 """One rule for "could this gang ever fit": the refusal at submit (over registered agents) and the reason a
-waiting job gets (over online agents) agree on every shape, because both ask services/fit_rules.py."""
+waiting job gets (over online agents) agree on every shape, because both ask services/scheduler/fit_rules.py."""
 
 from __future__ import annotations
 
 import itertools
 
-from mwms.server.services.fit_rules import AgentShape, Rule, never_fits
-from mwms.server.services.placement import AgentCapacity
-from mwms.server.services.placement import never_fits as waiting_misfit
-from mwms.server.services.submit_capacity import RegisteredAgent, impossible_reason
+from mwms.server.services.scheduler.fit_rules import AgentShape, Rule, never_fits
+from mwms.server.services.scheduler.placement import AgentCapacity
+from mwms.server.services.scheduler.placement import never_fits as waiting_misfit
+from mwms.server.services.scheduler.submit_capacity import RegisteredAgent, impossible_reason
 
 GiB = 1024**3
 CLUSTER = [

@@ -17,11 +17,11 @@ from mwms.server.db.engine import Database
 from mwms.server.db.models import Attempt, Job, JobEvent, Task, utcnow
 from mwms.server.rpc.convert import registration
 from mwms.server.schemas import JobCreate
-from mwms.server.services.agents import register_agent
-from mwms.server.services.device_telemetry import IncomingSample, sample_row, store_rows
-from mwms.server.services.jobs import create_job
-from mwms.server.services.placement import TaskPlacement, shared_agent_note
-from mwms.server.services.scheduling import schedule_pending
+from mwms.server.services.fleet.agents import register_agent
+from mwms.server.services.job_life.jobs import create_job
+from mwms.server.services.observing.device_telemetry import IncomingSample, sample_row, store_rows
+from mwms.server.services.scheduler.placement import TaskPlacement, shared_agent_note
+from mwms.server.services.scheduler.scheduling import schedule_pending
 from mwms.server.settings import Settings
 from mwms.server.states import JobState
 from mwms.v1 import agent_pb2 as pb

@@ -18,10 +18,11 @@ from mwms.server.live.hub import AgentHub
 from mwms.server.live.stack_collector import StackCollector
 from mwms.server.live.task_progress import TaskProgress
 from mwms.server.schemas import JobCreate
-from mwms.server.services import hangs, stacks
-from mwms.server.services.jobs import create_job
-from mwms.server.services.scheduling import schedule_pending
-from mwms.server.services.tasks import TaskReport, apply_report
+from mwms.server.services.job_life import hangs
+from mwms.server.services.job_life.jobs import create_job
+from mwms.server.services.job_life.tasks import TaskReport, apply_report
+from mwms.server.services.observing import stacks
+from mwms.server.services.scheduler.scheduling import schedule_pending
 from mwms.server.settings import Settings
 from mwms.server.states import TaskState
 

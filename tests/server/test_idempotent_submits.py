@@ -11,7 +11,7 @@ import pytest
 from mwms.server.db.engine import Database
 from mwms.server.errors import Conflict
 from mwms.server.schemas import JobCreate
-from mwms.server.services.idempotency import find_or_create_job
+from mwms.server.services.job_life.idempotency import find_or_create_job
 
 DIGEST = "9" * 64
 pytestmark = pytest.mark.db_seed(DIGEST)

@@ -14,11 +14,11 @@ from mwms.server.db.engine import Database
 from mwms.server.db.models import Agent, Job, utcnow
 from mwms.server.rpc.convert import start_task, task_report
 from mwms.server.schemas import EnvironmentIn, JobCreate
-from mwms.server.services.jobs import create_job
-from mwms.server.services.reconcile import reconcile
-from mwms.server.services.scheduling import schedule_pending
-from mwms.server.services.start_commands import StartDefaults, start_spec
-from mwms.server.services.tasks import TaskReport, apply_report
+from mwms.server.services.job_life.jobs import create_job
+from mwms.server.services.job_life.reconcile import reconcile
+from mwms.server.services.job_life.start_commands import StartDefaults, start_spec
+from mwms.server.services.job_life.tasks import TaskReport, apply_report
+from mwms.server.services.scheduler.scheduling import schedule_pending
 from mwms.server.states import TaskState
 from mwms.v1 import agent_pb2 as pb
 

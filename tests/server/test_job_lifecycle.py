@@ -9,11 +9,11 @@ import pytest
 from mwms.server.db.engine import Database
 from mwms.server.db.models import Agent, Job, utcnow
 from mwms.server.schemas import JobCreate
-from mwms.server.services.agents import Registration, register_agent
-from mwms.server.services.jobs import cancel_job, create_job
-from mwms.server.services.reconcile import reconcile
-from mwms.server.services.scheduling import schedule_pending
-from mwms.server.services.tasks import TaskReport, apply_report
+from mwms.server.services.fleet.agents import Registration, register_agent
+from mwms.server.services.job_life.jobs import cancel_job, create_job
+from mwms.server.services.job_life.reconcile import reconcile
+from mwms.server.services.job_life.tasks import TaskReport, apply_report
+from mwms.server.services.scheduler.scheduling import schedule_pending
 from mwms.server.states import TaskState
 
 BACKOFF = 1.0
@@ -224,7 +224,7 @@ def test_agents_refusing_a_job_again_and_again_fail_it(db):
 
 
 def test_lost_tasks_hold_their_devices_until_the_agent_confirms(db):
-    from mwms.server.services.agents import capacities
+    from mwms.server.services.fleet.agents import capacities
 
     job_id = submit(db)
     run_all(db, job_id)
@@ -255,7 +255,7 @@ def test_only_connected_agents_get_work_when_told(db):
 
 def test_checkpoint_from_an_older_attempt_is_refused(db):
     from mwms.server.errors import Conflict
-    from mwms.server.services.files import ensure_current_attempt
+    from mwms.server.services.storage.files import ensure_current_attempt
 
     job_id = submit(db)
     run_all(db, job_id)

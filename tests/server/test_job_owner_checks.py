@@ -1,5 +1,5 @@
 """Issue 16 item 9a: a stack dump on request (it pauses the job's tasks) is owner-checked like cancel, by the
-one check in server/services/job_owners.py: the submitter or an admin. A real coordinator (REST in-process,
+one check in server/services/auth/job_owners.py: the submitter or an admin. A real coordinator (REST in-process,
 its gRPC server and loops running, SQLite); the job's rows are written straight into its database.
 """
 
@@ -17,7 +17,7 @@ from in_process_coordinator import InProcessCoordinator, coordinator_settings
 from sqlalchemy import func, select
 
 from mwms.server.db.models import Job, StackRequest
-from mwms.server.services.tokens import Role, create_api_token
+from mwms.server.services.auth.tokens import Role, create_api_token
 
 JOIN_TOKEN = "join-token-for-owner-check-tests-0123456789"
 ADMIN_TOKEN = "mwms_admin-token-for-owner-check-tests-0123"

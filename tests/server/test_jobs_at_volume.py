@@ -24,9 +24,9 @@ from test_postgres import postgres_url  # noqa: F401 - the real PostgreSQL the s
 from mwms.server.db.engine import Database
 from mwms.server.db.migrate import upgrade_to_head
 from mwms.server.db.models import Agent, Attempt, Bundle, Job, LogLine, MetricPoint, Task, utcnow
-from mwms.server.services.jobs import list_jobs, read_job
-from mwms.server.services.retention import PurgeCursor, cutoff, purge_batch
-from mwms.server.services.telemetry import latest_progress
+from mwms.server.services.job_life.jobs import list_jobs, read_job
+from mwms.server.services.observing.retention import PurgeCursor, cutoff, purge_batch
+from mwms.server.services.observing.telemetry import latest_progress
 from mwms.server.states import JobState
 
 ADMIN_TOKEN = "mwms_admin-token-for-volume-tests-0123456"

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from mwms.server.db.models import Agent, utcnow
-from mwms.server.services.agent_auth import admit_agent, known_registration
-from mwms.server.services.agents import Registration
+from mwms.server.services.fleet.agent_auth import admit_agent, known_registration
+from mwms.server.services.fleet.agents import Registration
 
 REG = Registration(
     "kr-1", "host-a", "127.0.0.1", 20000, 20010, [{"kind": "cpu", "index": 0, "name": "s"}], "t"

@@ -24,9 +24,9 @@ from mwms.server.limits import (
 )
 from mwms.server.rpc.convert import start_task
 from mwms.server.schemas import JobCreate
-from mwms.server.services.follows import FollowSlots, follow_lines
-from mwms.server.services.start_commands import StartDefaults, start_spec
-from mwms.server.services.tf_config import build_tf_config
+from mwms.server.services.job_life.start_commands import StartDefaults, start_spec
+from mwms.server.services.job_life.tf_config import build_tf_config
+from mwms.server.services.observing.follows import FollowSlots, follow_lines
 from mwms.server.settings import Settings
 from mwms.v1 import agent_pb2 as pb
 from mwms.worker_agent.channel import CHANNEL_OPTIONS

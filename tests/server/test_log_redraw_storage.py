@@ -18,10 +18,11 @@ from sqlalchemy.orm import Session
 from mwms.server.db.engine import Database
 from mwms.server.db.migrate import upgrade_to_head
 from mwms.server.db.models import Agent, LogLine, Task
-from mwms.server.services import lifecycle, log_pages
-from mwms.server.services.agent_messages import accept_logs
-from mwms.server.services.agents import Registration, register_agent
-from mwms.server.services.telemetry import IncomingLine
+from mwms.server.services.fleet.agent_messages import accept_logs
+from mwms.server.services.fleet.agents import Registration, register_agent
+from mwms.server.services.job_life import lifecycle
+from mwms.server.services.observing import log_pages
+from mwms.server.services.observing.telemetry import IncomingLine
 
 AT_MS = 1764500000000
 DIGEST = "d" * 64

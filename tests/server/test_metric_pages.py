@@ -14,7 +14,7 @@ from sqlalchemy import select
 from mwms.server.app import create_app
 from mwms.server.db.engine import Database
 from mwms.server.db.models import Agent, Attempt, Job, Task, utcnow
-from mwms.server.services.telemetry import MAX_METRIC_POINTS_PER_PAGE
+from mwms.server.services.observing.telemetry import MAX_METRIC_POINTS_PER_PAGE
 from mwms.server.settings import Settings
 
 DIGEST = "5" * 64

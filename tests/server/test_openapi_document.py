@@ -20,8 +20,9 @@ from mwms.server.app import create_app
 from mwms.server.errors import InvalidInput
 from mwms.server.schema_types import NAME_PATTERN, PRINTABLE_PATTERN
 from mwms.server.schemas import JoinTokenCreate, TokenCreate
-from mwms.server.services import teams, tokens
-from mwms.server.services.tokens import Role
+from mwms.server.services.auth import tokens
+from mwms.server.services.auth.tokens import Role
+from mwms.server.services.scheduler import teams
 from mwms.server.settings import Settings
 
 METHODS = {"get", "put", "post", "delete", "patch"}
@@ -154,7 +155,7 @@ def test_the_name_rule_is_the_schema_pattern(db: Any) -> None:
         assert schema_ok == service_ok, repr(name)
         # What a client or generator validating with the JSON pattern decides (Python's re semantics).
         assert bool(re.fullmatch(NAME_PATTERN, name)) == schema_ok or len(name) > 200, repr(name)
-        # A team's and a user's name in a path follow the same rule (server/services/teams.py).
+        # A team's and a user's name in a path follow the same rule (server/services/scheduler/teams.py).
         with db.write() as session:
             try:
                 teams.add_member(session, name, "someone", by="admin")

@@ -1,4 +1,4 @@
-"""The scheduler's invariant (server/services/pass_check.py) over plain data: a job left waiting beside
+"""The scheduler's invariant (server/services/scheduler/pass_check.py) over plain data: a job left waiting beside
 devices that fit it is a violation unless its reason names a quota, a reservation or a hold; one that fits
 only once connecting agents connect must say so."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from test_queue_plan import NOW, agent, running, waiting
 
-from mwms.server.services import pass_check, wait_reasons
-from mwms.server.services.queue_order import queue_order
-from mwms.server.services.queue_plan import Plan, PlanInputs, plan_pass
+from mwms.server.services.scheduler import pass_check, wait_reasons
+from mwms.server.services.scheduler.queue_order import queue_order
+from mwms.server.services.scheduler.queue_plan import Plan, PlanInputs, plan_pass
 
 
 def inputs(jobs, offer, connecting=(), running_jobs=()) -> PlanInputs:  # type: ignore[no-untyped-def]

@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from mwms.server.schemas import JobCreate
-from mwms.server.services.placement import AgentCapacity, NoFit, place_pinned
+from mwms.server.services.scheduler.placement import AgentCapacity, NoFit, place_pinned
 
 DIGEST = "0" * 64
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from mwms.server.services.placement import AgentCapacity, NoFit, place_gang
+from mwms.server.services.scheduler.placement import AgentCapacity, NoFit, place_gang
 
 
 def gpu_agent(

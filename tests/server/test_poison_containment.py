@@ -26,9 +26,9 @@ from mwms.server.db.engine import Database
 from mwms.server.db.models import Agent, Job, Task, utcnow
 from mwms.server.poison import POISON
 from mwms.server.schemas import JobCreate
-from mwms.server.services.jobs import create_job
-from mwms.server.services.reconcile import reconcile
-from mwms.server.services.scheduling import schedule_pending
+from mwms.server.services.job_life.jobs import create_job
+from mwms.server.services.job_life.reconcile import reconcile
+from mwms.server.services.scheduler.scheduling import schedule_pending
 from mwms.v1 import agent_pb2 as pb
 from mwms.v1 import agent_pb2_grpc
 

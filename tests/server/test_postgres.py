@@ -21,10 +21,9 @@ from mwms.server.live.loops import BackgroundLoops
 from mwms.server.live.pass_locks import PassLocks
 from mwms.server.live.task_progress import TaskProgress
 from mwms.server.schemas import JobCreate
-from mwms.server.services.agents import Registration, register_agent
-from mwms.server.services.jobs import cancel_job, create_job
-from mwms.server.services.scheduling import schedule_pending
-from mwms.server.services.telemetry import (
+from mwms.server.services.fleet.agents import Registration, register_agent
+from mwms.server.services.job_life.jobs import cancel_job, create_job
+from mwms.server.services.observing.telemetry import (
     IncomingLine,
     IncomingPoint,
     read_metrics,
@@ -32,6 +31,7 @@ from mwms.server.services.telemetry import (
     store_metric_points,
     value_out,
 )
+from mwms.server.services.scheduler.scheduling import schedule_pending
 from mwms.server.settings import Settings
 
 

@@ -23,11 +23,10 @@ from mwms.server.db.engine import Database
 from mwms.server.db.migrate import upgrade_to_head
 from mwms.server.db.models import Bundle, Job, LogLine, MetricPoint, Task
 from mwms.server.schemas import JobCreate
-from mwms.server.services import telemetry
-from mwms.server.services.agents import Registration, register_agent
-from mwms.server.services.jobs import create_job
-from mwms.server.services.scheduling import schedule_pending
-from mwms.server.services.telemetry import (
+from mwms.server.services.fleet.agents import Registration, register_agent
+from mwms.server.services.job_life.jobs import create_job
+from mwms.server.services.observing import telemetry
+from mwms.server.services.observing.telemetry import (
     IncomingLine,
     IncomingPoint,
     StoreOutcome,
@@ -35,6 +34,7 @@ from mwms.server.services.telemetry import (
     store_metric_points,
     value_out,
 )
+from mwms.server.services.scheduler.scheduling import schedule_pending
 
 pytest.importorskip("psycopg")
 

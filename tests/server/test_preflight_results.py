@@ -17,7 +17,7 @@ from test_poison_containment import (  # noqa: F401
     hello,
 )
 
-from mwms.server.services.preflight import preflight_wanted
+from mwms.server.services.observing.preflight import preflight_wanted
 from mwms.server.settings import Settings
 from mwms.v1 import agent_pb2 as pb
 

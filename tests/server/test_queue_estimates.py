@@ -1,5 +1,5 @@
 """Estimated starts from what is known (issue 33): the run history read in one bounded query
-(server/services/run_history.py), and `GET /api/v1/queue` of a real coordinator (SQLite, its loops running)
+(server/services/job_life/run_history.py), and `GET /api/v1/queue` of a real coordinator (SQLite, its loops running)
 estimating a waiting job's start from a running job without a max_runtime and its user's finished jobs of
 the same shape, or saying "unknown" when there are none."""
 
@@ -20,9 +20,9 @@ from sqlalchemy.orm import Session
 
 from mwms.server.db.engine import Database
 from mwms.server.db.models import Job
-from mwms.server.services import run_history
-from mwms.server.services.run_history import typical_run_times
-from mwms.server.services.tokens import Role, create_api_token
+from mwms.server.services.auth.tokens import Role, create_api_token
+from mwms.server.services.job_life import run_history
+from mwms.server.services.job_life.run_history import typical_run_times
 
 JOIN_TOKEN = "join-token-for-queue-estimate-tests-0123456"
 ADMIN_TOKEN = "mwms_admin-token-for-queue-estimate-tests-0"

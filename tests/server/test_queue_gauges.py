@@ -22,8 +22,8 @@ from mwms.server.db.engine import Database
 from mwms.server.db.migrate import upgrade_to_head
 from mwms.server.db.models import Agent, Attempt, Bundle, Job, Task, TeamQuota, utcnow
 from mwms.server.observability.cluster_gauges import MAX_TEAMS_LABELLED, OTHER_TEAMS
-from mwms.server.services.agents import Registration, register_agent
-from mwms.server.services.cluster_counts import count_sharing
+from mwms.server.services.fleet.agents import Registration, register_agent
+from mwms.server.services.observing.cluster_counts import count_sharing
 from mwms.server.settings import Settings
 
 DIGEST = "9" * 64

@@ -1,14 +1,14 @@
 """The sharing rules over plain data: queue order, quotas and borrowing, reservations and backfill,
-preemption. The same planner runs in every scheduler pass (server/services/scheduling.py)."""
+preemption. The same planner runs in every scheduler pass (server/services/scheduler/scheduling.py)."""
 
 from __future__ import annotations
 
 import random
 from datetime import datetime, timedelta, timezone
 
-from mwms.server.services.placement import AgentCapacity
-from mwms.server.services.queue_order import WaitingJob, queue_order
-from mwms.server.services.queue_plan import PlanInputs, RunningJob, plan_pass
+from mwms.server.services.scheduler.placement import AgentCapacity
+from mwms.server.services.scheduler.queue_order import WaitingJob, queue_order
+from mwms.server.services.scheduler.queue_plan import PlanInputs, RunningJob, plan_pass
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=timezone.utc)
 

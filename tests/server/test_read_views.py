@@ -19,10 +19,10 @@ from mwms.server.app import create_app
 from mwms.server.db.engine import Database
 from mwms.server.db.models import Agent, Task, utcnow
 from mwms.server.errors import InvalidInput, NotFound, UploadTooLarge
-from mwms.server.services import stacks, telemetry
-from mwms.server.services.cluster_counts import ClusterOverview, count_overview
-from mwms.server.services.log_pages import read_log_page
-from mwms.server.services.uploads import MULTIPART_OVERHEAD, check_body_size
+from mwms.server.services.observing import stacks, telemetry
+from mwms.server.services.observing.cluster_counts import ClusterOverview, count_overview
+from mwms.server.services.observing.log_pages import read_log_page
+from mwms.server.services.storage.uploads import MULTIPART_OVERHEAD, check_body_size
 from mwms.server.services.views import agents_view, read_job_view, read_stacks_view
 from mwms.server.settings import Settings
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mwms.server.errors import InvalidInput
-from mwms.server.services.agents import Registration, validate_registration
+from mwms.server.services.fleet.agents import Registration, validate_registration
 
 CPU = [{"kind": "cpu", "index": 0, "name": "slot", "uuid": "", "memory_mib": 0}]
 

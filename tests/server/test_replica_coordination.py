@@ -1,5 +1,5 @@
 """How replicas on one PostgreSQL database agree (server/db/locks.py, server/live/pass_locks.py,
-server/live/agent_notify.py, server/services/replicas.py), on a real PostgreSQL server; and SQLite's one
+server/live/agent_notify.py, server/services/fleet/replicas.py), on a real PostgreSQL server; and SQLite's one
 coordinator (server/db/single_instance.py)."""
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from mwms.server.db.single_instance import AlreadyRunning, SingleInstanceLock
 from mwms.server.live.agent_notify import PAYLOAD_BYTES, Doorbell, payloads
 from mwms.server.live.hub import AgentHub
 from mwms.server.live.pass_locks import PATIENT_TRY_S, PassLocks
-from mwms.server.services import replicas
-from mwms.server.services.agents import Registration, record_heartbeats, register_agent
-from mwms.server.services.reconcile import reconcile
+from mwms.server.services.fleet import replicas
+from mwms.server.services.fleet.agents import Registration, record_heartbeats, register_agent
+from mwms.server.services.job_life.reconcile import reconcile
 from mwms.server.settings import Settings
 
 

@@ -10,8 +10,8 @@ from sqlalchemy import event
 from mwms.server.db.engine import Database
 from mwms.server.db.models import Job
 from mwms.server.schemas import JobCreate
-from mwms.server.services.jobs import create_job
-from mwms.server.services.scheduling import schedule_pending
+from mwms.server.services.job_life.jobs import create_job
+from mwms.server.services.scheduler.scheduling import schedule_pending
 from mwms.server.states import JobState
 
 

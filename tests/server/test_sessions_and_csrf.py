@@ -18,7 +18,7 @@ from sqlalchemy import func, select
 from mwms.server.api.auth import LOGIN_COOKIE, same_origin
 from mwms.server.app import create_app
 from mwms.server.db.models import Token
-from mwms.server.services.tokens import Role, create_api_token
+from mwms.server.services.auth.tokens import Role, create_api_token
 from mwms.server.settings import Settings
 
 ADMIN_TOKEN = "mwms_admin-token-for-session-tests-0123456"

@@ -1,4 +1,4 @@
-"""Files shared through the database (server/services/shared_files.py): two data dirs, two "replicas", on
+"""Files shared through the database (server/services/storage/shared_files.py): two data dirs, two "replicas", on
 one real PostgreSQL database; and the no-ops on SQLite."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from mwms.server.db.engine import Database
 from mwms.server.db.migrate import upgrade_to_head
 from mwms.server.db.models import Bundle, SharedFile, SharedFileChunk, Task
 from mwms.server.errors import NotFound
-from mwms.server.services import bundles, files, shared_files
-from mwms.server.services.shared_files import CHUNK_BYTES, SharedFileDamaged
+from mwms.server.services.storage import bundles, files, shared_files
+from mwms.server.services.storage.shared_files import CHUNK_BYTES, SharedFileDamaged
 
 MIB = 1024 * 1024
 

@@ -18,7 +18,7 @@ from in_process_coordinator import InProcessCoordinator, coordinator_settings
 from sqlalchemy import select
 
 from mwms.server.db.models import Agent, Bundle, Job, Preemption, Task
-from mwms.server.services.tokens import Role, create_api_token
+from mwms.server.services.auth.tokens import Role, create_api_token
 
 JOIN_TOKEN = "join-token-for-sharing-api-tests-0123456789"
 ADMIN_TOKEN = "mwms_admin-token-for-sharing-api-tests-0123"

@@ -10,10 +10,10 @@ from sqlalchemy import select
 
 from mwms.server.db.models import Agent, Job, Preemption, Task, utcnow
 from mwms.server.schemas import JobCreate
-from mwms.server.services.jobs import create_job
-from mwms.server.services.reconcile import reconcile
-from mwms.server.services.scheduling import SharingPolicy, schedule_pending
-from mwms.server.services.tasks import TaskReport, apply_report
+from mwms.server.services.job_life.jobs import create_job
+from mwms.server.services.job_life.reconcile import reconcile
+from mwms.server.services.job_life.tasks import TaskReport, apply_report
+from mwms.server.services.scheduler.scheduling import SharingPolicy, schedule_pending
 from mwms.server.states import JobState, TaskState
 from mwms.task_environment import PREEMPTED_AND_SAVED_EXIT_CODE
 

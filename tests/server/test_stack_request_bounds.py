@@ -10,7 +10,7 @@ from test_hangs import SLEEPING, answer, running_job
 
 from mwms.server.db.models import StackDump, StackRequest, utcnow
 from mwms.server.limits import TooManyRequests
-from mwms.server.services import stacks
+from mwms.server.services.observing import stacks
 from mwms.stack_dumps import MAX_STACK_BYTES
 
 # What the shared `db` fixture (tests/conftest.py) holds.

@@ -1,4 +1,4 @@
-"""A stack dump's snapshots (mwms/stack_dumps.py) and the verdict over them (server/services/stack_text.py):
+"""A stack dump's snapshots (mwms/stack_dumps.py) and the verdict over them (server/services/observing/stack_text.py):
 a worker is "not in a collective" only when it is outside one in every snapshot."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from mwms import stack_dumps
-from mwms.server.services.stack_text import dump_in_collective, read_dump
+from mwms.server.services.observing.stack_text import dump_in_collective, read_dump
 
 # py-spy's shape: a main thread between two steps of `fit` (in a callback), and one inside the train function.
 BETWEEN_STEPS = """Thread 101 (idle): "MainThread"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mwms.server.services.stack_text import (
+from mwms.server.services.observing.stack_text import (
     dump_in_collective,
     main_thread_frame,
     parse_threads,

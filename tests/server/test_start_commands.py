@@ -1,4 +1,4 @@
-"""The start command rules on their own (server/services/start_commands.py): the env and preflight choices a
+"""The start command rules on their own (server/services/job_life/start_commands.py): the env and preflight choices a
 StartTask carries, and the reasons a start command is refused."""
 
 from __future__ import annotations
@@ -7,7 +7,12 @@ from mwms.agent_link import AGENT_RECEIVE_LIMIT_BYTES
 from mwms.preflight_contract import ALLREDUCE_ENV
 from mwms.server.db.models import Job, Task
 from mwms.server.rpc.convert import start_task
-from mwms.server.services.start_commands import StartDefaults, oversize_reason, start_spec, unbuildable_reason
+from mwms.server.services.job_life.start_commands import (
+    StartDefaults,
+    oversize_reason,
+    start_spec,
+    unbuildable_reason,
+)
 from mwms.task_environment import COMMUNICATION, PREEMPTION_GRACE_S
 
 

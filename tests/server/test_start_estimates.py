@@ -1,4 +1,4 @@
-"""Start estimates for people over plain data (server/services/start_estimates.py): running jobs' ends from
+"""Start estimates for people over plain data (server/services/scheduler/start_estimates.py): running jobs' ends from
 max_runtime or from similar jobs' typical run time, overdue jobs, the walk in time order, the jobs ahead,
 and "unknown" only when there is nothing to go on."""
 
@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from mwms.server.services.start_estimates import (
+from mwms.server.services.scheduler.start_estimates import (
     MAX_RUNTIME,
     NO_ESTIMATE,
     OVERDUE,

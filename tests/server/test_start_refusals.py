@@ -9,9 +9,9 @@ import pytest
 from mwms.server.db.engine import Database
 from mwms.server.db.models import Agent, Job
 from mwms.server.schemas import JobCreate
-from mwms.server.services.jobs import cancel_job, create_job
-from mwms.server.services.scheduling import schedule_pending
-from mwms.server.services.tasks import TaskReport, apply_report
+from mwms.server.services.job_life.jobs import cancel_job, create_job
+from mwms.server.services.job_life.tasks import TaskReport, apply_report
+from mwms.server.services.scheduler.scheduling import schedule_pending
 from mwms.server.settings import Settings
 from mwms.server.states import JobState, TaskState
 from mwms.task_environment import COMMAND_NOT_FOUND_EXIT_CODE

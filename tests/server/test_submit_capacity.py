@@ -18,9 +18,9 @@ from in_process_coordinator import InProcessCoordinator, coordinator_settings
 from mwms.server.db.models import Agent, Bundle, Job, utcnow
 from mwms.server.errors import Conflict
 from mwms.server.schemas import JobCreate
-from mwms.server.services.jobs import SubmitPolicy, create_job
-from mwms.server.services.scheduling import schedule_pending
-from mwms.server.services.submit_capacity import RegisteredAgent, impossible_reason
+from mwms.server.services.job_life.jobs import SubmitPolicy, create_job
+from mwms.server.services.scheduler.scheduling import schedule_pending
+from mwms.server.services.scheduler.submit_capacity import RegisteredAgent, impossible_reason
 
 from cluster import wait_until
 

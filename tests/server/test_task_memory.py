@@ -27,12 +27,12 @@ from mwms.server.db.migrate import downgrade_to, upgrade_to_head
 from mwms.server.db.models import Agent, Bundle, Job, Task, utcnow
 from mwms.server.errors import Conflict
 from mwms.server.schemas import JobCreate
-from mwms.server.services.agents import Registration, register_agent
-from mwms.server.services.jobs import SubmitPolicy, create_job
-from mwms.server.services.placement import AgentCapacity, NoFit, place_gang, place_pinned
-from mwms.server.services.scheduling import schedule_pending
-from mwms.server.services.submit_capacity import RegisteredAgent, impossible_reason
-from mwms.server.services.tasks import TaskReport, apply_report
+from mwms.server.services.fleet.agents import Registration, register_agent
+from mwms.server.services.job_life.jobs import SubmitPolicy, create_job
+from mwms.server.services.job_life.tasks import TaskReport, apply_report
+from mwms.server.services.scheduler.placement import AgentCapacity, NoFit, place_gang, place_pinned
+from mwms.server.services.scheduler.scheduling import schedule_pending
+from mwms.server.services.scheduler.submit_capacity import RegisteredAgent, impossible_reason
 from mwms.server.states import TaskState
 from mwms.v1 import agent_pb2 as pb
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from mwms.server.services.tf_config import build_tf_config
+from mwms.server.services.job_life.tf_config import build_tf_config
 
 
 def test_matches_the_page_shape_for_each_worker():

@@ -9,8 +9,8 @@ from sqlalchemy import select
 
 from mwms.server.db.models import Token, utcnow
 from mwms.server.errors import InvalidInput, NotFound, Unauthenticated
-from mwms.server.services import tokens
-from mwms.server.services.tokens import Role, TokenKind
+from mwms.server.services.auth import tokens
+from mwms.server.services.auth.tokens import Role, TokenKind
 
 
 def test_secrets_are_random_and_stored_only_as_hashes(db):

@@ -18,7 +18,7 @@ from sqlalchemy import event
 from mwms.server.api.view_cache import ViewCache
 from mwms.server.app import create_app
 from mwms.server.db.engine import Database
-from mwms.server.services.agents import Registration, register_agent
+from mwms.server.services.fleet.agents import Registration, register_agent
 from mwms.server.settings import Settings
 
 ADMIN_TOKEN = "mwms_admin-token-for-view-cache-tests-0123"

@@ -10,9 +10,9 @@ from sqlalchemy import event
 
 from mwms.server.db.models import Job, utcnow
 from mwms.server.schemas import JobCreate
-from mwms.server.services.jobs import SubmitPolicy, cancel_job, create_job, set_priority
-from mwms.server.services.scheduling import SharingPolicy, read_waiting, schedule_pass
-from mwms.server.services.waiting_jobs import WaitingJobs
+from mwms.server.services.job_life.jobs import SubmitPolicy, cancel_job, create_job, set_priority
+from mwms.server.services.scheduler.scheduling import SharingPolicy, read_waiting, schedule_pass
+from mwms.server.services.scheduler.waiting_jobs import WaitingJobs
 from mwms.server.states import JobState
 
 DIGEST = "e" * 64

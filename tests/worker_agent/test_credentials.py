@@ -16,8 +16,8 @@ import grpc
 import pytest
 from builders import connected
 
+from mwms.cli.daemons import read_join_token
 from mwms.cli.errors import CliError
-from mwms.cli.main import read_join_token
 from mwms.server.tls import ensure_self_signed
 from mwms.worker_agent.config import AgentConfig
 from mwms.worker_agent.credentials import CREDENTIAL_FILE, CredentialStore

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from mwms import stack_dumps
-from mwms.server.services.stack_text import read_dump
+from mwms.server.services.observing.stack_text import read_dump
 from mwms.worker_agent import stacks
 
 # The main thread alternates between two named functions, as a training loop does between steps.

@@ -11,7 +11,7 @@ export function isWaiting(state) {
   return WAITING_JOB_STATES.has(state);
 }
 
-// Why a job waits (the `kind` of its `waiting` reason, server/services/wait_reasons.py), in words.
+// Why a job waits (the `kind` of its `waiting` reason, server/services/scheduler/wait_reasons.py), in words.
 const WAIT_KINDS = {
   over_quota: "over quota",
   no_fit: "no fit",

@@ -1,0 +1,1 @@
+"""Auth and tokens: API and join tokens, who may act on a job."""

@@ -1,0 +1,1 @@
+"""Jobs and their lifecycle: submit, transitions, attempts and their endings, restarts, hangs, the reconciler, what a task is started with."""

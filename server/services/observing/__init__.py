@@ -1,0 +1,1 @@
+"""Telemetry: logs, metrics, device samples, stacks, preflight results, cluster counts and retention."""

@@ -1,0 +1,1 @@
+"""Files: bundles, artifacts and checkpoints, shared files, uploads, job environments."""
