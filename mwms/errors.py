@@ -7,6 +7,10 @@ coordinator was not reached or the failure happened on this side).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
 
 class MwmsError(Exception):
     """Base of every error the client raises."""
@@ -40,7 +44,10 @@ class NotFound(MwmsError):
 
 
 class Unauthorized(MwmsError):
-    """No token, or one the coordinator refuses (HTTP 401); `Forbidden` for a role that may not (403)."""
+    """No token, or one the coordinator refuses (HTTP 401); `Forbidden` for a role that may not (403).
+    `expired_at`: when the coordinator says the token expired (its 401's `expired_at`), else None."""
+
+    expired_at: datetime | None = None
 
 
 class Forbidden(Unauthorized):
@@ -97,10 +104,17 @@ ERROR_FOR_STATUS: dict[int, type[MwmsError]] = {
 }
 
 
-def error_for_status(status: int, detail: str) -> MwmsError:
-    """The typed error for an HTTP error status and the API's message."""
+def error_for_status(status: int, detail: str, body: Mapping[str, Any] | None = None) -> MwmsError:
+    """The typed error for an HTTP error status, the API's message and the rest of its error body."""
     kind = ERROR_FOR_STATUS.get(status) or (ServerError if status >= 500 else MwmsError)
-    return kind(detail, status)
+    error = kind(detail, status)
+    expired_at = (body or {}).get("expired_at")
+    if isinstance(error, Unauthorized) and isinstance(expired_at, str):
+        try:
+            error.expired_at = datetime.fromisoformat(expired_at)
+        except ValueError:
+            pass  # not a time: the message still says it
+    return error
 
 
 __all__ = [

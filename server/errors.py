@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 
 class DomainError(Exception):
     """Base class: the message says what was wrong and what to do about it."""
@@ -25,6 +27,14 @@ class Conflict(DomainError):
 
 class Unauthenticated(DomainError):
     """A caller with no credential, or one that is unknown, revoked or expired."""
+
+
+class TokenExpired(Unauthenticated):
+    """An API token presented after its expiry: its holder may learn when (the 401's `expired_at`)."""
+
+    def __init__(self, message: str, expired_at: datetime) -> None:
+        super().__init__(message)
+        self.expired_at = expired_at
 
 
 class Forbidden(DomainError):

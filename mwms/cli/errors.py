@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import functools
-import re
 import sys
 from collections.abc import Callable
+from datetime import datetime, timezone
 from enum import IntEnum
 from typing import Any, TypeVar
 
@@ -103,7 +103,7 @@ def message_for(error: MwmsError, api: str, connection: Connection | None = None
     if isinstance(error, Forbidden):
         return f"not allowed: {detail}"
     if isinstance(error, Unauthorized):
-        return unauthenticated_message(api, connection, detail)
+        return unauthenticated_message(api, connection, error.expired_at)
     if error.status >= 500:
         return f"the coordinator at {api} failed (HTTP {error.status}): {detail}"
     if error.status == 404:
@@ -111,21 +111,21 @@ def message_for(error: MwmsError, api: str, connection: Connection | None = None
     return f"rejected by the coordinator (HTTP {error.status}): {detail}"
 
 
-# How the coordinator words an expired token's 401 (server/services/auth/tokens.py expiry_text).
-_EXPIRED_AT = re.compile(r"expired at (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC)")
-
-
-def unauthenticated_message(api: str, connection: Connection | None, detail: str = "") -> str:
+def unauthenticated_message(
+    api: str, connection: Connection | None, expired_at: datetime | None = None
+) -> str:
     """What to do after a 401: which token was refused (by where it came from), why when the coordinator
-    said (an expiry), and how to get one; never "set MWMS_TOKEN" when that is where the refused one is."""
+    said (`expired_at`, from its 401), and how to get one; never "set MWMS_TOKEN" when that is where the
+    refused one is."""
     if connection is None or not connection.token:
         how = f"log in with `mwms login --api {api}`, pass --token, or set MWMS_TOKEN ({FIRST_ADMIN_TOKEN_HINT})"
         elsewhere = ""
         if connection is not None and connection.config_api and connection.config_api != api:
             elsewhere = f" (the token saved by `mwms login` is for {connection.config_api})"
         return f"the coordinator at {api} needs an API token and none was given{elsewhere}; {how}"
-    expired = _EXPIRED_AT.search(detail)
-    why = f"it expired at {expired.group(1)}" if expired else "unknown, revoked or expired"
+    expired = expired_at is not None
+    when = expired_at.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") if expired_at else ""
+    why = f"it expired at {when}" if expired else "unknown, revoked or expired"
     new = "ask an admin for a new one (`mwms token create`)" if expired else "use a valid one"
     source = connection.token_source
     if source == TOKEN_ENV:

@@ -81,7 +81,16 @@ def error_for_response(response: httpx.Response) -> MwmsError:
             f"{response.request.url.path}: it is not an mwms coordinator (another service, or a proxy path "
             f"missing); point --api / MWMS_API at the coordinator's HTTP port (default {DEFAULT_HTTP_PORT})"
         )
-    return error_for_status(response.status_code, detail_of(response))
+    return error_for_status(response.status_code, detail_of(response), _body_of(response))
+
+
+def _body_of(response: httpx.Response) -> dict[str, Any] | None:
+    """The error body's JSON object, when it is one (fields besides `detail`, e.g. `expired_at`)."""
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
 
 
 def _is_json(response: httpx.Response) -> bool:

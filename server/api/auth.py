@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from fastapi import Depends, Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from mwms.server.api.errors import error_content
 from mwms.server.api.login_redirect import login_location, wants_login_page
 from mwms.server.errors import Forbidden, Unauthenticated
 from mwms.server.services.auth.tokens import Principal, Role, authenticate, check_may_mint
@@ -106,8 +107,8 @@ def same_origin(scope: Scope) -> bool:
     return theirs is not None and theirs == ours
 
 
-async def _refuse(send: Send, status: int, detail: str) -> None:
-    body = json.dumps({"detail": detail}).encode()
+async def _refuse(send: Send, status: int, detail: str | dict[str, Any]) -> None:
+    body = json.dumps(detail if isinstance(detail, dict) else {"detail": detail}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if status == 401:
         headers.append((b"www-authenticate", b'Bearer realm="mwms"'))
@@ -115,7 +116,7 @@ async def _refuse(send: Send, status: int, detail: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-async def _refuse_unauthenticated(scope: Scope, send: Send, detail: str) -> None:
+async def _refuse_unauthenticated(scope: Scope, send: Send, detail: str | dict[str, Any]) -> None:
     # A browser opening a page (/docs, a path that does not exist) goes to log in, with the way back, since
     # a 401 in JSON tells a person nothing (server/api/login_redirect.py).
     if not wants_login_page(scope):
@@ -153,7 +154,7 @@ class AuthMiddleware:
         try:
             principal = await asyncio.to_thread(_authenticate, wiring, secret)
         except Unauthenticated as error:
-            await _refuse_unauthenticated(scope, send, str(error))
+            await _refuse_unauthenticated(scope, send, error_content(error))
             return
         if via_cookie and method not in SAFE_METHODS and not same_origin(scope):
             await _refuse(send, 403, CROSS_SITE_REFUSED)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timezone
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -25,6 +26,7 @@ from mwms.server.errors import (
     Forbidden,
     InvalidInput,
     NotFound,
+    TokenExpired,
     Unauthenticated,
     UploadTooLarge,
 )
@@ -116,13 +118,23 @@ async def http_error(request: Request, error: Exception) -> Response:
     return await http_exception_handler(request, error)
 
 
+def error_content(error: Exception) -> dict[str, Any]:
+    """An error response's body (ErrorOut): its message, and for an expired API token when it expired."""
+    content: dict[str, Any] = {"detail": str(error)}
+    if isinstance(error, TokenExpired):
+        moment = error.expired_at
+        moment = moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
+        content["expired_at"] = moment.isoformat()
+    return content
+
+
 def install_error_handlers(app: FastAPI) -> None:
     async def domain_error(request: Request, error: Exception) -> JSONResponse:
         if isinstance(error, LimitExceeded):
             issue = {"loc": [_loc_part(p) for p in error.loc], "msg": str(error), "type": "limit_exceeded"}
             return JSONResponse(status_code=422, content=validation_body(str(error), [issue]))
         headers = _CLOSE if getattr(request.state, _CLOSE_AFTER_REFUSAL, False) else None
-        return JSONResponse(status_code=http_status(error), content={"detail": str(error)}, headers=headers)
+        return JSONResponse(status_code=http_status(error), content=error_content(error), headers=headers)
 
     async def validation_error(_request: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, RequestValidationError)

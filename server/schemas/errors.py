@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from pydantic import BaseModel, Field
 
 
@@ -9,6 +11,11 @@ class ErrorOut(BaseModel):
     """Every error response but 422: what was wrong and what to do about it."""
 
     detail: str
+    expired_at: datetime | None = Field(
+        default=None,
+        description="with a 401 for an API token past its expiry: when it expired (the holder may learn "
+        "it; unknown and revoked tokens stay indistinguishable)",
+    )
 
 
 class ValidationIssue(BaseModel):

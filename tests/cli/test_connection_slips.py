@@ -152,6 +152,8 @@ def test_an_expired_token_says_when_it_expired_and_that_a_new_one_is_needed(
     answer = cluster.client(secret).get("/api/v1/jobs")
     stamp = expires_at[:19].replace("T", " ") + " UTC"
     assert answer.json()["detail"].startswith(f"the token expired at {stamp}: ask an admin for a new one")
+    # When, as data: clients read it, not the wording.
+    assert answer.json()["expired_at"][:19] == expires_at[:19], answer.json()
 
     monkeypatch.setenv("MWMS_TOKEN", secret)
     result = runner.invoke(app, ["jobs", "--api", cluster.api])
@@ -168,5 +170,8 @@ def test_an_expired_token_says_when_it_expired_and_that_a_new_one_is_needed(
     # Unknown and revoked tokens still read alike: nothing tells a guesser which secrets once existed.
     unknown = cluster.client("mwms_" + "x" * 43).get("/api/v1/jobs").json()["detail"]
     assert unknown.startswith("the token is unknown, revoked or expired")
-    with Client(cluster.api, secret) as client, pytest.raises(Unauthorized, match="expired at"):
+    assert "expired_at" not in cluster.client("mwms_" + "x" * 43).get("/api/v1/jobs").json()
+    with Client(cluster.api, secret) as client, pytest.raises(Unauthorized, match="expired at") as refused:
         client.agents()
+    assert refused.value.expired_at is not None
+    assert refused.value.expired_at.isoformat()[:19] == expires_at[:19]

@@ -19,7 +19,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from mwms.server.db.models import Token, utcnow
-from mwms.server.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthenticated
+from mwms.server.errors import Conflict, Forbidden, InvalidInput, NotFound, TokenExpired, Unauthenticated
 from mwms.server.schema_types import NAME_PATTERN, NAME_RULE
 from mwms.server.schemas import MAX_TOKEN_NAME_CHARS
 
@@ -95,7 +95,8 @@ def _check_name(value: str, what: str) -> str:
 
 
 def expiry_text(moment: datetime | None) -> str:
-    """'2026-12-02 21:05:38 UTC': how an expiry is written in messages (the CLI reads this form back)."""
+    """'2026-12-02 21:05:38 UTC': how an expiry is written in messages (a 401 also gives it as
+    `expired_at`, which clients read)."""
     if moment is None:
         return "an unknown time"
     if moment.tzinfo is not None:
@@ -185,9 +186,11 @@ def authenticate(session: Session, secret: str, now: datetime | None = None) -> 
     ):
         # The holder of the secret may learn when it expired: it tells them to get a new one, not to
         # look for a typo. Unknown and revoked tokens stay indistinguishable.
-        raise Unauthenticated(
+        assert token.expires_at is not None  # usable but for its expiry
+        raise TokenExpired(
             f"the token expired at {expiry_text(token.expires_at)}: ask an admin for a new one "
-            "(mwms token create) and use it in place of this one"
+            "(mwms token create) and use it in place of this one",
+            token.expires_at,
         )
     if token is None or token.kind == TokenKind.JOIN.value or not _usable(token, now):
         raise refusal
