@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import event, func, select
+from sql_statements import recorded, starting
+from sqlalchemy import func, select
 from test_poison_containment import (
     ADMIN_TOKEN,
     JOIN_TOKEN,
@@ -60,22 +61,13 @@ def test_heartbeats_write_nothing_and_are_flushed_in_batches(cluster: tuple[Coor
     coordinator, app = cluster
     agent_id, stream = coordinator.join("hb-agent")
     hello(stream, agent_id)
-    agent_updates: list[str] = []
-
-    def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        if statement.lstrip().upper().startswith("UPDATE AGENTS"):
-            agent_updates.append(statement)
-
-    event.listen(coordinator.db.engine, "before_cursor_execute", count)
-    try:
+    with recorded(coordinator.db.engine, starting("UPDATE AGENTS")) as agent_updates:
         started = time.monotonic()
         for _ in range(100):
             stream.send(heartbeat=pb.Heartbeat(sent_unix_ms=int(time.time() * 1000)))
         for _ in range(100):
             stream.next("ack", where=lambda ack: not ack.task_id)
         elapsed = time.monotonic() - started
-    finally:
-        event.remove(coordinator.db.engine, "before_cursor_execute", count)
     # The reconciler's flush writes every agent seen in one statement about once a second, whatever
     # the number of heartbeats.
     assert len(agent_updates) <= elapsed + 2, (len(agent_updates), elapsed)

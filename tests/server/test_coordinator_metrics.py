@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
-from sqlalchemy import event, select, update
+from sql_statements import recorded, selects
+from sqlalchemy import select, update
 
 from mwms.server.db.engine import Database
 from mwms.server.db.migrate import upgrade_to_head
@@ -202,20 +203,9 @@ def check_cluster_counts(db: Database) -> None:
 
 
 def test_cluster_counts_take_the_same_few_queries_at_any_size(db: Database) -> None:
-    statements: list[str] = []
-
-    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        if statement.lstrip().upper().startswith("SELECT"):
-            statements.append(statement)
-
     def queries() -> int:
-        statements.clear()
-        event.listen(db.engine, "before_cursor_execute", record)
-        try:
-            with db.read() as session:
-                count_cluster(session)
-        finally:
-            event.remove(db.engine, "before_cursor_execute", record)
+        with recorded(db.engine, selects) as statements, db.read() as session:
+            count_cluster(session)
         return len(statements)
 
     add_agents(db, 2)

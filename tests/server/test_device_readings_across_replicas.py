@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import event, update
+from sql_statements import recorded, selects
+from sqlalchemy import update
 
 from mwms.server.db.engine import Database
 from mwms.server.db.migrate import upgrade_to_head
@@ -73,17 +74,6 @@ def _view(found: dict[str, list[Any]]) -> dict[str, list[tuple[int, float]]]:
     return {agent: [(s.index, s.utilization_pct) for s in devices] for agent, devices in found.items()}
 
 
-class Statements:
-    """Counts the queries sent to a database (transaction statements aside)."""
-
-    def __init__(self, db: Database) -> None:
-        self.count = 0
-        event.listen(db.engine, "before_cursor_execute", self._seen)
-
-    def _seen(self, _conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        self.count += statement.lstrip().upper().startswith("SELECT")
-
-
 def test_the_newest_sample_of_each_device_within_the_window(db: Database) -> None:
     first, second, silent, gone = (_agent(db, n) for n in ("first", "second", "silent", "gone"))
     _store(
@@ -100,10 +90,9 @@ def test_the_newest_sample_of_each_device_within_the_window(db: Database) -> Non
             (gone, 0, 9.0, 61),  # only old ones
         ],
     )
-    statements = Statements(db)
-    with db.read() as session:
+    with recorded(db.engine, selects) as statements, db.read() as session:
         found = stored_newest(session, SINCE)
-    assert statements.count == 1  # one query for every agent
+    assert len(statements) == 1  # one query for every agent
     assert _view(found) == {first: [(0, 2.0), (1, 4.0)], second: [(0, 6.0), (3, 8.0)]}
     assert silent not in found and gone not in found
     assert found[first][0].at == NOW - timedelta(seconds=10)
@@ -130,18 +119,17 @@ def test_newest_readings_merge_memory_and_the_table_on_postgresql_only(db: Datab
     latest.put(there, [_sample(0, 20.0)], NOW - timedelta(minutes=5))  # heard here before it moved
     latest.put(left, [_sample(0, 30.0)], NOW - timedelta(minutes=5))  # heard here, then gone
 
-    statements = Statements(db)
-    with db.read() as session:
+    with recorded(db.engine, selects) as statements, db.read() as session:
         everyone = _view(newest_readings(session, latest, "me", now=NOW))
         one = _view(newest_readings(session, latest, "me", agent_id=there, now=NOW))
         unknown = newest_readings(session, latest, "me", agent_id="no-such-agent", now=NOW)
     assert unknown == {}
     if db.engine.dialect.name == "sqlite":  # one coordinator: its memory holds every agent
-        assert statements.count == 0
+        assert len(statements) == 0
         assert everyone == {here: [(0, 10.0), (1, 11.0)], there: [(0, 20.0)], left: [(0, 30.0)]}
         assert one == {there: [(0, 20.0)]}
     else:
-        assert statements.count == 3
+        assert len(statements) == 3
         assert everyone == {
             here: [(0, 10.0), (1, 11.0)],  # its stream is here: memory, not the table
             there: [(0, 2.0), (1, 3.0)],  # another replica's stream: the table

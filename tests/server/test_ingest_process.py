@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import event, func, select
+from sql_statements import recorded, starting
+from sqlalchemy import func, select
 from test_poison_containment import ADMIN_TOKEN, JOIN_TOKEN, Coordinator, hello, point
 
 from mwms.server.db.models import LogLine, MetricPoint
@@ -86,22 +87,16 @@ def cmdline(pid: int) -> list[bytes]:
 def test_telemetry_is_stored_by_the_ingest_process_and_not_in_the_coordinator(
     coordinator: Coordinator,
 ) -> None:
-    inserts: list[str] = []
-
-    def seen(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        if statement.lstrip().upper().startswith(("INSERT INTO METRIC_POINTS", "INSERT INTO LOG_LINES")):
-            inserts.append(statement)
-
-    event.listen(coordinator.db.engine, "before_cursor_execute", seen)
-    agent_id, stream = coordinator.join("ingest-agent")
-    task = coordinator.running_job(agent_id)
-    hello(stream, agent_id, task)
-    for round_ in range(5):
-        stream.send(metrics=metric_batch(task.id, round_ * 100 + 1, 100))
-        stream.send(logs=log_batch(task.id, round_ * 100 + 1, 100))
-    stream.next("ack", where=lambda a: a.metric_seq == 500)
-    stream.next("ack", where=lambda a: a.log_seq == 500)
-    event.remove(coordinator.db.engine, "before_cursor_execute", seen)
+    telemetry = starting("INSERT INTO METRIC_POINTS", "INSERT INTO LOG_LINES")
+    with recorded(coordinator.db.engine, telemetry) as inserts:
+        agent_id, stream = coordinator.join("ingest-agent")
+        task = coordinator.running_job(agent_id)
+        hello(stream, agent_id, task)
+        for round_ in range(5):
+            stream.send(metrics=metric_batch(task.id, round_ * 100 + 1, 100))
+            stream.send(logs=log_batch(task.id, round_ * 100 + 1, 100))
+        stream.next("ack", where=lambda a: a.metric_seq == 500)
+        stream.next("ack", where=lambda a: a.log_seq == 500)
 
     store = ingest_of(coordinator)
     assert store.pid is not None and store.starts == 1

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -18,7 +17,8 @@ from typing import Any
 
 import pytest
 from in_process_coordinator import InProcessCoordinator, coordinator_settings
-from sqlalchemy import event, func, select
+from sql_statements import recorded
+from sqlalchemy import func, select
 from test_postgres import postgres_url  # noqa: F401 - the real PostgreSQL the suite starts
 
 from mwms.server.db.engine import Database
@@ -42,17 +42,8 @@ class Coordinator(InProcessCoordinator):
         The background loops (their writes, and reads such as hang detection's every second) run on their
         own clock in threads of their own and are left out: requests run in AnyIO's worker threads.
         """
-        statements: list[str] = []
-
-        def record(conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-            if threading.current_thread().name.startswith("AnyIO worker"):
-                statements.append(statement)
-
-        event.listen(self.db.engine, "before_cursor_execute", record)
-        try:
+        with recorded(self.db.engine, threads="AnyIO worker") as statements:
             yield statements
-        finally:
-            event.remove(self.db.engine, "before_cursor_execute", record)
 
     def statements_for(self, path: str, **params: Any) -> tuple[int, Any]:
         with self.counting() as statements:

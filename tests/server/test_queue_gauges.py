@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy import event, select
+from sql_statements import recorded, selects
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from mwms.priorities import priority_band
@@ -242,20 +243,9 @@ def test_the_team_label_is_bounded_and_the_rest_is_summed_as_other(db: Database,
 
 
 def test_the_sharing_counts_take_three_queries_at_any_size(db: Database) -> None:
-    statements: list[str] = []
-
-    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        if statement.lstrip().upper().startswith("SELECT"):
-            statements.append(statement)
-
     def queries() -> int:
-        statements.clear()
-        event.listen(db.engine, "before_cursor_execute", record)
-        try:
-            with db.read() as session:
-                count_sharing(session)
-        finally:
-            event.remove(db.engine, "before_cursor_execute", record)
+        with recorded(db.engine, selects) as statements, db.read() as session:
+            count_sharing(session)
         return len(statements)
 
     seed_sharing(db)

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from coordinator_rows import seeded_database
-from sqlalchemy import event
+from sql_statements import recorded
 
 from mwms.server.db.engine import Database
 from mwms.server.db.models import Job
@@ -16,17 +14,8 @@ from mwms.server.states import JobState
 
 
 def _statements_of_a_pass(db: Database) -> tuple[int, list[str]]:
-    statements: list[str] = []
-
-    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        statements.append(statement)
-
-    event.listen(db.engine, "before_cursor_execute", record)
-    try:
-        with db.write() as session:
-            placed = schedule_pending(session)
-    finally:
-        event.remove(db.engine, "before_cursor_execute", record)
+    with recorded(db.engine) as statements, db.write() as session:
+        placed = schedule_pending(session)
     return len(statements), placed
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from coordinator_rows import seeded_database
 from fastapi.testclient import TestClient
-from sqlalchemy import event
+from sql_statements import recorded
 
 from mwms.server.api.view_cache import ViewCache
 from mwms.server.app import create_app
@@ -129,14 +129,7 @@ def test_a_second_poll_reads_nothing_and_a_write_here_shows_at_once(
     app_client: tuple[TestClient, Database], tmp_path: Path
 ) -> None:
     client, db = app_client
-    reads: list[str] = []
-
-    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        if "FROM agents" in statement:
-            reads.append(statement)
-
-    event.listen(db.engine, "before_cursor_execute", record)
-    try:
+    with recorded(db.engine, lambda statement: "FROM agents" in statement) as reads:
         first = client.get("/api/v1/agents")
         assert [a["name"] for a in first.json()] == ["alpha"] and first.headers["content-type"] == (
             "application/json"
@@ -160,8 +153,6 @@ def test_a_second_poll_reads_nothing_and_a_write_here_shows_at_once(
         assert client.delete("/api/v1/agents/alpha").status_code == 200
         assert [a["name"] for a in client.get("/api/v1/agents").json()] == ["beta"]
         assert client.get("/api/v1/overview").json()["agents_online"] == 1
-    finally:
-        event.remove(db.engine, "before_cursor_execute", record)
 
 
 def test_each_query_of_a_list_is_its_own_answer(app_client: tuple[TestClient, Database]) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from coordinator_rows import seeded_database
-from sqlalchemy import event
+from sql_statements import recorded
 
 from mwms.server.db.models import Job, utcnow
 from mwms.server.schemas import JobCreate
@@ -46,22 +46,21 @@ def test_the_cache_follows_submits_cancels_priority_changes_and_placements(tmp_p
     assert cached(db, cache) == full(db)
     assert cached(db, cache)[waiting[1]] == ("PENDING", 800) and waiting[0] not in cached(db, cache)
 
-    statements: list[str] = []
-    event.listen(db.engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
-    placed = schedule_pass(db, policy=SharingPolicy(), waiting_jobs=cache)
-    assert placed and cached(db, cache) == full(db) and fitting not in cached(db, cache)
-    with db.read() as session:
-        assert session.get(Job, fitting).state == JobState.SCHEDULED.value
-    # A job that changed is read again by its id; when none did, no waiting job is read at all.
-    with db.write() as session:
-        set_priority(session, waiting[2], 100, by="u", policy=SubmitPolicy(), any_owner=True)
-    statements.clear()
-    schedule_pass(db, policy=SharingPolicy(), waiting_jobs=cache)
-    reads = [s for s in statements if "FROM jobs" in s and "jobs.num_workers" in s]
-    assert len(reads) == 1 and "IN (" in reads[0], reads
-    statements.clear()
-    schedule_pass(db, policy=SharingPolicy(), waiting_jobs=cache)
-    assert [s for s in statements if "FROM jobs" in s and "jobs.num_workers" in s] == []
+    with recorded(db.engine) as statements:
+        placed = schedule_pass(db, policy=SharingPolicy(), waiting_jobs=cache)
+        assert placed and cached(db, cache) == full(db) and fitting not in cached(db, cache)
+        with db.read() as session:
+            assert session.get(Job, fitting).state == JobState.SCHEDULED.value
+        # A job that changed is read again by its id; when none did, no waiting job is read at all.
+        with db.write() as session:
+            set_priority(session, waiting[2], 100, by="u", policy=SubmitPolicy(), any_owner=True)
+        statements.clear()
+        schedule_pass(db, policy=SharingPolicy(), waiting_jobs=cache)
+        reads = [s for s in statements if "FROM jobs" in s and "jobs.num_workers" in s]
+        assert len(reads) == 1 and "IN (" in reads[0], reads
+        statements.clear()
+        schedule_pass(db, policy=SharingPolicy(), waiting_jobs=cache)
+        assert [s for s in statements if "FROM jobs" in s and "jobs.num_workers" in s] == []
     assert cached(db, cache) == full(db)
     db.dispose()
 
