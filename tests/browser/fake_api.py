@@ -15,17 +15,15 @@ Each attempt in a job's attempt_history carries its `ended` and `events` (attemp
 from __future__ import annotations
 
 import secrets
-import socket
 import threading
-import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-import uvicorn
 from fastapi import FastAPI, HTTPException, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel
+from served_app import served
 
 from mwms.server.api import dashboard
 from mwms.server.api.security_headers import SecurityHeadersMiddleware
@@ -742,28 +740,15 @@ def create_fake_app(cluster: FakeCluster) -> FastAPI:
 
 
 class ServerThread:
-    """Runs an ASGI app with uvicorn on a free loopback port in a background thread."""
+    """The fake coordinator served over real HTTP (tests/served_app.py); `url` once entered."""
 
     def __init__(self, app: FastAPI) -> None:
-        self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.socket.bind(("127.0.0.1", 0))
-        self.port = self.socket.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(app, log_level="warning", lifespan="off")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True)
+        self._serving = served(app)
+        self.url = ""
 
     def __enter__(self) -> ServerThread:
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("the fake coordinator did not start within 10 s")
-            time.sleep(0.02)
+        self.url = self._serving.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-        self.socket.close()
+        self._serving.__exit__(None, None, None)

@@ -14,17 +14,15 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
-import socket
-import threading
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Annotated, Any
 
-import uvicorn
 from fastapi import FastAPI, File, HTTPException, Query, Request, UploadFile
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from served_app import served
 
 from mwms.server.schemas import JobCreate
 
@@ -461,22 +459,5 @@ def create_app(state: FakeState) -> FastAPI:
 def serve_fake_api(port: int = 0) -> Iterator[tuple[str, FakeState]]:
     """Serves a fresh fake API on 127.0.0.1:<port, default free> in a thread; yields (base url, its state)."""
     state = FakeState()
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", port))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(create_app(state), log_level="warning", lifespan="off")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        for _ in range(500):
-            if server.started:
-                break
-            threading.Event().wait(0.01)
-        assert server.started, "the fake API did not start within 5 s"
-        yield f"http://127.0.0.1:{port}", state
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
+    with served(create_app(state), port=port) as url:
+        yield url, state

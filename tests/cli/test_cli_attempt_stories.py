@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import json
 import re
-import socket
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import grpc
 import pytest
-import uvicorn
 from coordinator_rows import register_request
 from in_process_coordinator import coordinator_settings
+from served_app import served as serving
 from typer.testing import CliRunner
 
 from mwms.cli import connect
@@ -82,25 +80,15 @@ def served(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyP
         restart_backoff_s=0,
     )
     application = create_app(settings)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(application, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        wait_until(lambda: server.started, 30, "the coordinator to start", interval=0.02)
+    with serving(application, lifespan=True) as url:
         with grpc.insecure_channel(f"127.0.0.1:{application.state.grpc_port}") as channel:
             stub = agent_pb2_grpc.AgentServiceStub(channel)
             for name, port in (("box-a", 20000), ("box-b", 21000)):
                 stub.Register(register_request(name, JOIN_TOKEN, port_low=port), timeout=10)
-        monkeypatch.setenv("MWMS_API", f"http://127.0.0.1:{sock.getsockname()[1]}")
+        monkeypatch.setenv("MWMS_API", url)
         monkeypatch.setenv("MWMS_TOKEN", ADMIN_TOKEN)
         monkeypatch.setattr(connect, "RETRY_SECONDS", 1.0)
-        yield Served(f"http://127.0.0.1:{sock.getsockname()[1]}", application.state.wiring.db)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=15)
-        sock.close()
+        yield Served(url, application.state.wiring.db)
 
 
 def test_status_prints_one_line_per_attempt_and_json_gives_the_apis_shape(served: Served) -> None:

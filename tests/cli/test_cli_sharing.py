@@ -5,7 +5,6 @@ by uvicorn on a port it bound itself, over real HTTP. Running jobs are written s
 from __future__ import annotations
 
 import json
-import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -15,9 +14,9 @@ from typing import Any
 
 import grpc
 import pytest
-import uvicorn
 from coordinator_rows import place_task, register_request
 from in_process_coordinator import coordinator_settings
+from served_app import served as serving
 from sqlalchemy import select, update
 from typer.testing import CliRunner
 
@@ -71,24 +70,14 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         agent_timeout_s=300,
     )
     application = create_app(settings)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(application, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        wait_until(lambda: server.started, 30, "the coordinator to start", interval=0.02)
+    with serving(application, lifespan=True) as url:
         with grpc.insecure_channel(f"127.0.0.1:{application.state.grpc_port}") as channel:
             stub = agent_pb2_grpc.AgentServiceStub(channel)
             agent_ids = [
                 stub.Register(register_request(name, JOIN_TOKEN, port_low=port), timeout=10).agent_id
                 for name, port in (("box-a", 20000), ("box-b", 21000))
             ]
-        yield Served(f"http://127.0.0.1:{sock.getsockname()[1]}", application.state.wiring.db, agent_ids)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=15)
-        sock.close()
+        yield Served(url, application.state.wiring.db, agent_ids)
 
 
 @pytest.fixture

@@ -3,16 +3,14 @@ real coordinator served by uvicorn on a port it bound itself, over real HTTP."""
 
 from __future__ import annotations
 
-import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
-import uvicorn
 from coordinator_rows import place_task, register_request
 from in_process_coordinator import coordinator_settings
+from served_app import served as serving
 
 from mwms.client import Client, QueueEntry, Team
 from mwms.errors import Conflict, Forbidden
@@ -20,8 +18,6 @@ from mwms.server.app import create_app
 from mwms.server.db.engine import Database
 from mwms.server.services.auth.tokens import Role, create_api_token
 from mwms.v1 import agent_pb2_grpc
-
-from cluster import wait_until
 
 JOIN_TOKEN = "join-token-for-client-sharing-tests-0123456"
 ADMIN_TOKEN = "mwms_admin-token-for-client-sharing-tests-01"
@@ -37,21 +33,11 @@ def coordinator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str,
         agent_timeout_s=300,
     )
     application = create_app(settings)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(application, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        wait_until(lambda: server.started, 30, "the coordinator to start", interval=0.02)
+    with serving(application, lifespan=True) as url:
         with grpc.insecure_channel(f"127.0.0.1:{application.state.grpc_port}") as channel:
             stub = agent_pb2_grpc.AgentServiceStub(channel)
             agent_id = stub.Register(register_request("node-1", JOIN_TOKEN), timeout=10).agent_id
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}", application.state.wiring.db, agent_id
-    finally:
-        server.should_exit = True
-        thread.join(timeout=15)
-        sock.close()
+        yield url, application.state.wiring.db, agent_id
 
 
 def test_teams_quotas_and_priorities(coordinator: tuple[str, Database, str], program: Path) -> None:
