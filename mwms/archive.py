@@ -8,6 +8,10 @@ paths, `..` components, links (symbolic or hard) whose target resolves outside t
 
 The limits are shared by the coordinator (which may override them through its settings) and the agent
 (which uses the defaults), so both sides agree on what a bundle may be.
+
+This module extracts archives and keeps the pool of threads archive work runs on; the limits and errors are
+mwms.archive_limits', the bounded reading pass (and `inspect_archive`) mwms.archive_inspect's. The names
+callers use are importable from here as well.
 """
 
 from __future__ import annotations
@@ -19,94 +23,36 @@ import stat
 import sys
 import tarfile
 import threading
-import time
 import zipfile
 import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, TypeVar
+from typing import TypeVar
 
-GZIP_MAGIC = b"\x1f\x8b"
-ZIP_MAGIC = b"PK\x03\x04"
+from mwms.archive_inspect import GZIP_MAGIC as GZIP_MAGIC
+from mwms.archive_inspect import ZIP_MAGIC as ZIP_MAGIC
+from mwms.archive_inspect import archive_format as archive_format
+from mwms.archive_inspect import inspect_archive as inspect_archive
+from mwms.archive_inspect import read_tar_members, read_zip_infos
+from mwms.archive_limits import DEFAULT_LIMITS as DEFAULT_LIMITS
+from mwms.archive_limits import ENVIRONMENT as ENVIRONMENT
+from mwms.archive_limits import GIB as GIB
+from mwms.archive_limits import MIB as MIB
+from mwms.archive_limits import RATIO_FLOOR_BYTES as RATIO_FLOOR_BYTES
+from mwms.archive_limits import ArchiveError as ArchiveError
+from mwms.archive_limits import ArchiveLimitError as ArchiveLimitError
+from mwms.archive_limits import ArchiveLimits as ArchiveLimits
+from mwms.archive_limits import ArchiveSummary as ArchiveSummary
+from mwms.archive_limits import UnsafeArchiveError as UnsafeArchiveError
+from mwms.archive_limits import UnsupportedArchiveError as UnsupportedArchiveError
+from mwms.archive_limits import limit_exceeded as limit_exceeded
+
 # More symlink hops than this while resolving a path means a loop.
 MAX_SYMLINK_HOPS = 40
-GIB = 1024**3
-MIB = 1024**2
-# Archives that unpack to less than this are never refused for their ratio: a small file of zeros is fine.
-RATIO_FLOOR_BYTES = 64 * MIB
 # A zip symlink entry holds its target; anything longer than a path is not a link.
 MAX_LINK_TARGET_BYTES = 4096
-# Compressed bytes read per step: small enough that the ratio check fires early in a bomb.
-_RAW_CHUNK = 64 * 1024
-_TAR_BUFFER = 16 * 1024
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class ArchiveLimits:
-    """What an archive may hold. The one home of the defaults; `ENVIRONMENT` names their MWMS_ settings."""
-
-    # The archive itself: an upload, a fetched bundle or checkpoint.
-    max_archive_bytes: int = 2 * GIB
-    # Files, directories and links together.
-    max_entries: int = 50_000
-    # Everything the archive unpacks to (for tar: the whole uncompressed tar stream).
-    max_unpacked_bytes: int = 8 * GIB
-    # Unpacked bytes per compressed byte, checked once more than RATIO_FLOOR_BYTES are unpacked.
-    max_ratio: float = 200.0
-    # Wall-clock seconds the inspection of one archive may take.
-    time_budget_s: float = 60.0
-
-
-DEFAULT_LIMITS = ArchiveLimits()
-# The coordinator's setting for each limit (server/settings.py); error messages name them.
-ENVIRONMENT = {
-    "max_archive_bytes": "MWMS_MAX_UPLOAD_BYTES",
-    "max_entries": "MWMS_ARCHIVE_MAX_ENTRIES",
-    "max_unpacked_bytes": "MWMS_ARCHIVE_MAX_UNPACKED_BYTES",
-    "max_ratio": "MWMS_ARCHIVE_MAX_RATIO",
-    "time_budget_s": "MWMS_ARCHIVE_TIME_BUDGET_S",
-}
-
-
-class ArchiveError(Exception):
-    """The archive cannot be extracted; the message says why."""
-
-
-class UnsafeArchiveError(ArchiveError):
-    """An entry would write outside the destination or create something other than files, dirs and links."""
-
-
-class UnsupportedArchiveError(ArchiveError):
-    """The file is neither a gzip-compressed tar nor a zip."""
-
-
-class ArchiveLimitError(ArchiveError):
-    """The archive exceeds one of the `ArchiveLimits`; `limit` is the field's name."""
-
-    def __init__(self, limit: str, message: str) -> None:
-        super().__init__(f"{message} (limit {ENVIRONMENT[limit]})")
-        self.limit = limit
-
-
-@dataclass(frozen=True)
-class ArchiveSummary:
-    """What an inspected archive holds."""
-
-    format: str
-    entries: int
-    files: int
-    unpacked_bytes: int
-
-
-def limit_exceeded(limit: str, value: int, limits: ArchiveLimits) -> ArchiveLimitError:
-    """The error for an archive (or upload) of `value` bytes over `limit`."""
-    bound = getattr(limits, limit)
-    return ArchiveLimitError(
-        limit, f"the archive is larger than the limit of {_size(bound)} ({value}+ bytes)"
-    )
 
 
 class ArchiveWorkers:
@@ -134,32 +80,6 @@ def archive_workers(max_workers: int) -> ArchiveWorkers:
         return _workers[max_workers]
 
 
-def archive_format(archive: Path) -> str:
-    """ "tar.gz" or "zip", told by the file's magic bytes."""
-    with archive.open("rb") as file:
-        head = file.read(4)
-    if head.startswith(GZIP_MAGIC):
-        return "tar.gz"
-    if head == ZIP_MAGIC:
-        return "zip"
-    raise UnsupportedArchiveError(
-        f"the archive is neither a tar.gz nor a zip archive (starts with {head!r}); upload one of those"
-    )
-
-
-def inspect_archive(archive: Path, limits: ArchiveLimits = DEFAULT_LIMITS) -> ArchiveSummary:
-    """Counts what `archive` holds in one bounded pass; ArchiveLimitError as soon as a limit is exceeded."""
-    kind = archive_format(archive)
-    if kind == "tar.gz":
-        members = _read_tar_members(archive, limits)
-        files = sum(1 for m in members if m.isfile())
-        unpacked = sum(m.size for m in members)
-        return ArchiveSummary(kind, len(members), files, unpacked)
-    infos = _read_zip_infos(archive, limits)
-    files = sum(1 for i in infos if not i.is_dir())
-    return ArchiveSummary(kind, len(infos), files, sum(i.file_size for i in infos))
-
-
 def extract_archive(archive: Path, dest: Path, limits: ArchiveLimits = DEFAULT_LIMITS) -> None:
     """Extracts `archive` into `dest` (created if missing) after checking every entry and the limits.
 
@@ -183,166 +103,8 @@ def extract_archive(archive: Path, dest: Path, limits: ArchiveLimits = DEFAULT_L
         raise
 
 
-class _BoundedGunzip:
-    """Reads a (possibly multi-member) gzip stream, inflating at most what each read asks for, and refuses
-    the stream once it unpacks to more bytes, at a higher ratio or for longer than the limits allow."""
-
-    def __init__(self, raw: BinaryIO, limits: ArchiveLimits, deadline: float) -> None:
-        self._raw = raw
-        self._limits = limits
-        self._deadline = deadline
-        self._inflater = zlib.decompressobj(wbits=31)
-        self._started = False
-        self.consumed = 0
-        self.produced = 0
-
-    def read(self, size: int = -1) -> bytes:
-        size = size if size > 0 else _TAR_BUFFER
-        while True:
-            _check_deadline(self._deadline, self._limits)
-            inflater = self._inflater
-            if inflater.eof:
-                # Checked first: after the end of a member its rest is in unused_data (unconsumed_tail is stale).
-                data = inflater.unused_data or self._read_raw()
-                if not data.startswith(GZIP_MAGIC[:1]):
-                    return b""  # the end, or padding after the last member
-                self._inflater = zlib.decompressobj(wbits=31)
-                out = self._inflater.decompress(data, size)
-            elif inflater.unconsumed_tail:
-                out = inflater.decompress(inflater.unconsumed_tail, size)
-            else:
-                data = self._read_raw()
-                if not data:
-                    if self._started:
-                        raise ArchiveError("the archive is damaged: its compressed data ends early")
-                    return b""
-                self._started = True
-                out = inflater.decompress(data, size)
-            if out:
-                self.produced += len(out)
-                self._check()
-                return out
-
-    def _read_raw(self) -> bytes:
-        data = self._raw.read(_RAW_CHUNK)
-        self.consumed += len(data)
-        return data
-
-    def _check(self) -> None:
-        limits = self._limits
-        if self.produced > limits.max_unpacked_bytes:
-            raise ArchiveLimitError(
-                "max_unpacked_bytes", f"the archive unpacks to more than {_size(limits.max_unpacked_bytes)}"
-            )
-        if self.produced > RATIO_FLOOR_BYTES and self.produced > limits.max_ratio * self.consumed:
-            raise ArchiveLimitError(
-                "max_ratio",
-                f"the archive unpacks to more than {limits.max_ratio:g} times its compressed size "
-                f"({_size(self.produced)} from the first {_size(self.consumed)}): it looks like a bomb",
-            )
-
-
-def _read_tar_members(archive: Path, limits: ArchiveLimits) -> list[tarfile.TarInfo]:
-    """Every member of a tar.gz, read in one bounded streaming pass."""
-    _check_archive_size(archive, limits)
-    deadline = time.monotonic() + limits.time_budget_s
-    members: list[tarfile.TarInfo] = []
-    declared = 0
-    try:
-        with archive.open("rb") as raw:
-            stream = _BoundedGunzip(raw, limits, deadline)
-            with tarfile.open(fileobj=stream, mode="r|", bufsize=_TAR_BUFFER) as tar:  # type: ignore[call-overload]
-                while (member := tar.next()) is not None:
-                    members.append(member)
-                    if len(members) > limits.max_entries:
-                        raise ArchiveLimitError(
-                            "max_entries", f"the archive holds more than {limits.max_entries} entries"
-                        )
-                    declared += member.size
-                    if declared > limits.max_unpacked_bytes:
-                        raise ArchiveLimitError(
-                            "max_unpacked_bytes",
-                            f"the archive unpacks to more than {_size(limits.max_unpacked_bytes)} "
-                            f"(entry {member.name!r} alone is {_size(member.size)})",
-                        )
-                    _check_deadline(deadline, limits)
-    except (tarfile.TarError, zlib.error, EOFError) as error:
-        raise ArchiveError(f"the archive is damaged: {error}") from error
-    return members
-
-
-def _read_zip_infos(archive: Path, limits: ArchiveLimits) -> list[zipfile.ZipInfo]:
-    """Every entry of a zip, from its central directory: the declared sizes bound what reading yields."""
-    size = _check_archive_size(archive, limits)
-    deadline = time.monotonic() + limits.time_budget_s
-    with archive.open("rb") as file:
-        declared_entries = _zip_entry_count(file, size)
-    if declared_entries is not None and declared_entries > limits.max_entries:
-        raise ArchiveLimitError("max_entries", f"the archive holds more than {limits.max_entries} entries")
-    try:
-        with zipfile.ZipFile(archive) as zip_file:
-            infos = zip_file.infolist()
-    except (zipfile.BadZipFile, zlib.error, EOFError, ValueError) as error:
-        raise ArchiveError(f"the archive is damaged: {error}") from error
-    _check_deadline(deadline, limits)
-    if len(infos) > limits.max_entries:
-        raise ArchiveLimitError("max_entries", f"the archive holds more than {limits.max_entries} entries")
-    unpacked = sum(info.file_size for info in infos)
-    if unpacked > limits.max_unpacked_bytes:
-        raise ArchiveLimitError(
-            "max_unpacked_bytes", f"the archive unpacks to more than {_size(limits.max_unpacked_bytes)}"
-        )
-    if unpacked > RATIO_FLOOR_BYTES and unpacked > limits.max_ratio * size:
-        raise ArchiveLimitError(
-            "max_ratio",
-            f"the archive unpacks to more than {limits.max_ratio:g} times its compressed size "
-            f"({_size(unpacked)} from {_size(size)}): it looks like a bomb",
-        )
-    return infos
-
-
-def _zip_entry_count(file: BinaryIO, size: int) -> int | None:
-    """The entry count a zip's end record declares, read before the central directory is parsed."""
-    tail_size = min(size, 22 + 65535)
-    file.seek(size - tail_size)
-    tail = file.read(tail_size)
-    at = tail.rfind(b"PK\x05\x06")
-    if at < 0 or len(tail) < at + 22:
-        return None  # not a zip: ZipFile says so
-    count = int.from_bytes(tail[at + 10 : at + 12], "little")
-    if count != 0xFFFF or at < 20 or tail[at - 20 : at - 16] != b"PK\x06\x07":
-        return count
-    # Zip64: the locator just before the end record points at the zip64 end record.
-    file.seek(int.from_bytes(tail[at - 12 : at - 4], "little"))
-    record = file.read(56)
-    if len(record) < 40 or not record.startswith(b"PK\x06\x06"):
-        return None
-    return int.from_bytes(record[32:40], "little")
-
-
-def _check_archive_size(archive: Path, limits: ArchiveLimits) -> int:
-    size = archive.stat().st_size
-    if size > limits.max_archive_bytes:
-        raise limit_exceeded("max_archive_bytes", size, limits)
-    return size
-
-
-def _check_deadline(deadline: float, limits: ArchiveLimits) -> None:
-    if time.monotonic() > deadline:
-        raise ArchiveLimitError(
-            "time_budget_s", f"reading the archive took longer than {limits.time_budget_s:g} s"
-        )
-
-
-def _size(value: float) -> str:
-    for unit, scale in (("GiB", GIB), ("MiB", MIB), ("KiB", 1024)):
-        if value >= scale:
-            return f"{value / scale:.4g} {unit}"
-    return f"{int(value)} bytes"
-
-
 def _extract_tar(archive: Path, dest: Path, limits: ArchiveLimits) -> None:
-    members = _read_tar_members(archive, limits)
+    members = read_tar_members(archive, limits)
     symlinks = {tuple(_entry_parts(m.name)): m.linkname for m in members if m.issym()}
     for member in members:
         if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
@@ -367,7 +129,7 @@ def _extract_tar(archive: Path, dest: Path, limits: ArchiveLimits) -> None:
 
 
 def _extract_zip(archive: Path, dest: Path, limits: ArchiveLimits) -> None:
-    infos = _read_zip_infos(archive, limits)
+    infos = read_zip_infos(archive, limits)
     try:
         with zipfile.ZipFile(archive) as zip_file:
             symlinks: dict[tuple[str, ...], str] = {}

@@ -29,265 +29,48 @@ Each call in the vector carries this worker's step and a fingerprint of (step, n
 replica; a sum that is not num_workers times this worker's own ends the process with exit code 70 and a
 message naming the step and names. So does a collective that waits longer than the report timeout for the
 other workers, instead of hanging. Any other collective failure (a peer crashed) is re-raised.
+
+This module holds report() and its batching (the pending calls, the agreed batch limit, flush); how a call
+is packed into vectors is mwms_runtime.report_packing's, the all-reduce and the exits on a mismatch or a
+timeout are mwms_runtime.report_collective's.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
-import re
 import sys
 import threading
 import time
-import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from mwms import task_environment
-from mwms_runtime import save_paths, writer
-from mwms_runtime.env import context, float_env
+from mwms_runtime import report_collective, writer
+from mwms_runtime.env import context
 from mwms_runtime.reduced import ReducedMetrics
-from mwms_runtime.strategy_factory import current_strategy
+from mwms_runtime.report_collective import EXIT_REPORT_MISMATCH as EXIT_REPORT_MISMATCH
+from mwms_runtime.report_collective import abort as _abort
+from mwms_runtime.report_collective import all_reduce_sum as _all_reduce_sum
+from mwms_runtime.report_collective import first_line as _first_line
+from mwms_runtime.report_collective import mismatch_message as _mismatch_message
+from mwms_runtime.report_collective import report_timeout_seconds as report_timeout_seconds
+from mwms_runtime.report_packing import Entry as _Entry
+from mwms_runtime.report_packing import fingerprint as _fingerprint
+from mwms_runtime.report_packing import identical_scalar as _identical_scalar
+from mwms_runtime.report_packing import names_fingerprint as names_fingerprint
+from mwms_runtime.report_packing import ops_for as ops_for
+from mwms_runtime.report_packing import pack as _pack
+from mwms_runtime.report_packing import shape as _shape
 
-DEFAULT_REPORT_TIMEOUT_S = 120.0
-EXIT_REPORT_MISMATCH = 70
-_WATCHDOG_GRACE_S = 5.0
 # A batch of report() calls spans about this many seconds (by the workers' mean time per call) ...
 MAX_BATCH_DELAY_S = 1.0
 # ... and holds at most this many calls, so values reach the metrics file at most this many steps late.
 MAX_BATCH_CALLS = 64
 # How long the exit path waits for the other workers to reduce the last batch.
 EXIT_FLUSH_TIMEOUT_S = 30.0
-_OPS = ("MEAN", "SUM")
-
-
-def report_timeout_seconds() -> float:
-    """Seconds one report() waits for the other workers: MWMS_REPORT_TIMEOUT_S, MWMS_COLLECTIVE_TIMEOUT_S or 120."""
-    for name in (task_environment.REPORT_TIMEOUT_S, task_environment.COLLECTIVE_TIMEOUT_S):
-        value = float_env(name)
-        if value is not None and value > 0:
-            return value
-    return DEFAULT_REPORT_TIMEOUT_S
-
-
-def _op_name(op: Any) -> str:
-    name = getattr(op, "name", op)
-    name = str(name).upper()
-    if name not in _OPS:
-        raise ValueError(f"reduce op must be 'MEAN' or 'SUM', got {op!r}")
-    return name
-
-
-def ops_for(names: list[str], reduce: Any) -> dict[str, str]:
-    if isinstance(reduce, Mapping):
-        unknown = set(reduce) - set(names)
-        if unknown:
-            raise ValueError(f"reduce names metrics that were not reported: {sorted(unknown)}")
-        return {n: _op_name(reduce.get(n, "MEAN")) for n in names}
-    op = _op_name(reduce)
-    return {n: op for n in names}
-
-
-def _is_plain(value: Any) -> bool:
-    return isinstance(value, (int, float, np.number, np.ndarray)) and not isinstance(value, bool)
-
-
-def _sum_count(value: Any) -> tuple[float, float]:
-    array = np.asarray(value.numpy() if hasattr(value, "numpy") else value, dtype=np.float64)
-    return float(array.sum()), float(array.size)
-
-
-def _local_components(value: Any, strategy: Any, num_local: int) -> list[tuple[float, float]]:
-    """Return one (sum, count) per local replica for one metric value."""
-    if strategy is not None and not _is_plain(value):
-        import tensorflow as tf
-        from tensorflow.python.distribute import values as distribute_values
-
-        if isinstance(value, tf.distribute.DistributedValues) and not isinstance(
-            value, distribute_values.Mirrored
-        ):
-            parts = [_sum_count(v) for v in strategy.experimental_local_results(value)]
-            if len(parts) != num_local:
-                raise ValueError(f"expected {num_local} local replica values, got {len(parts)}")
-            return parts
-        if isinstance(value, distribute_values.Mirrored):
-            value = strategy.experimental_local_results(value)[0]
-    return [_sum_count(value)] + [(0.0, 0.0)] * (num_local - 1)
-
-
-# What _abort exits with: 70, but 42 while a preempted task reduces its last batch (its checkpoint is
-# saved whatever happens to those values).
-_abort_exit_code = EXIT_REPORT_MISMATCH
-
-
-# A worker that stops on a mismatch read it from a collective's result, which its peers may still be
-# receiving from it (a ring's last transfers): it lingers this long before it exits, so that they finish
-# that collective, read the same mismatch and stop with the same code, not with a "Socket closed".
-ABORT_LINGER_S = 3.0
-
-
-def _abort(message: str, linger: bool = True) -> None:
-    """Print ``message``, write what was reported so far and end the process with exit code 70 (after
-    ABORT_LINGER_S when other workers may still be receiving the collective that told it to stop)."""
-    print(message, file=sys.stderr, flush=True)
-    writer.flush(timeout=5.0)
-    save_paths.cleanup_all()  # os._exit skips atexit
-    if linger and context().num_workers > 1:
-        time.sleep(ABORT_LINGER_S)
-    os._exit(_abort_exit_code)
-
-
-def _abort_timeout(step: int, seconds: float, detail: str) -> None:
-    _abort(
-        f"mwms_runtime.report() at step {step} waited {seconds:g} s for the other workers: every worker "
-        f"must call report() at the same steps (with the same metric names). {detail}".rstrip(),
-        linger=False,  # a peer that never came receives nothing
-    )
-
-
-def _first_line(exc: Exception) -> str:
-    # Drop TF's "{{function_node ...}}" prefix: the rest says what happened.
-    text = re.sub(r"\{\{.*?\}\}", "", str(exc)).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def _mismatch_message(step: int, ops: dict[str, str], num_workers: int) -> str:
-    names = ", ".join(f"{name} ({ops[name]})" for name in sorted(ops))
-    return (
-        f"mwms_runtime.report() at step {step}: the {num_workers} workers did not all report this step "
-        f"with the same metric names and ops (this worker reported {names}). Every worker must call "
-        "report() at the same steps with the same metric names and reduce ops."
-    )
-
-
-def _all_reduce_sum(
-    strategy: Any, packed: list[np.ndarray], first: _Entry, num_workers: int, timeout: float
-) -> np.ndarray:
-    """SUM the per-local-replica vectors across every replica of every worker, within ``timeout`` s."""
-    import tensorflow as tf
-
-    if not tf.executing_eagerly():
-        raise RuntimeError("mwms_runtime.report() must be called from Python, not inside a tf.function")
-    devices = strategy.extended.worker_devices
-    step, ops = first.step, first.ops
-
-    def value_fn(value_context):
-        local = value_context.replica_id_in_sync_group % len(devices)
-        with tf.device(devices[local]):
-            return tf.constant(packed[local])
-
-    per_replica = strategy.experimental_distribute_values_from_function(value_fn)
-    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=timeout)
-    watchdog = threading.Timer(
-        timeout + _WATCHDOG_GRACE_S, _abort_timeout, args=(step, timeout, "(watchdog)")
-    )
-    watchdog.daemon = True
-    started = time.monotonic()
-    watchdog.start()
-    try:
-        reduced = strategy.extended.reduce_to(
-            tf.distribute.ReduceOp.SUM, per_replica, destinations="/device:CPU:0", options=options
-        )
-        return strategy.experimental_local_results(reduced)[0].numpy()
-    except tf.errors.DeadlineExceededError as exc:
-        _abort_timeout(step, timeout, f"The collective failed with {type(exc).__name__}: {_first_line(exc)}")
-        raise  # unreachable: _abort exits
-    except tf.errors.InvalidArgumentError as exc:
-        if "Shape mismatch" in str(exc):  # the workers packed different numbers of metrics or calls
-            _abort(_mismatch_message(step, ops, num_workers))
-        _note_failure(step, started, exc)
-        raise
-    except tf.errors.OpError as exc:
-        # Not a timeout: most often a peer ended. Say where it happened and let the real error surface.
-        _note_failure(step, started, exc)
-        raise
-    finally:
-        watchdog.cancel()
-
-
-def _note_failure(step: int, started: float, exc: Exception) -> None:
-    print(
-        f"mwms_runtime.report() at step {step} failed after {time.monotonic() - started:.1f} s: "
-        f"{type(exc).__name__}: {_first_line(exc)}",
-        file=sys.stderr,
-        flush=True,
-    )
-
-
-def _fingerprint(step: int, ops: dict[str, str]) -> float:
-    """24-bit CRC of the step, names and ops: exact in float64 even when summed over many workers."""
-    text = f"{step}|" + ",".join(f"{name}:{ops[name]}" for name in sorted(ops))
-    return float(zlib.crc32(text.encode("utf-8")) & 0xFFFFFF)
-
-
-def names_fingerprint(ops: dict[str, str]) -> float:
-    """24-bit CRC of the names and ops alone (reduce_metrics does not know the step when it is traced)."""
-    text = "reduced|" + ",".join(f"{name}:{ops[name]}" for name in sorted(ops))
-    return float(zlib.crc32(text.encode("utf-8")) & 0xFFFFFF)
-
-
-@dataclass
-class _Entry:
-    """One report() call, packed: per local replica, the sums, the counts, then (step, fingerprint)."""
-
-    step: int
-    names: list[str]
-    ops: dict[str, str]
-    packed: list[np.ndarray]
-
-    @property
-    def signature(self) -> tuple[tuple[str, str], ...]:
-        return tuple((name, self.ops[name]) for name in self.names)
-
-    def values(self, total: np.ndarray) -> dict[str, float]:
-        """The reduced values from this entry's slice of the summed vector."""
-        count = len(self.names)
-        sums, counts = total[:count], total[count : 2 * count]
-        result = {}
-        for i, name in enumerate(self.names):
-            if self.ops[name] == "SUM":
-                result[name] = float(sums[i])
-            else:
-                result[name] = float(sums[i] / counts[i]) if counts[i] else float("nan")
-        return result
-
-
-def _shape() -> tuple[Any, int, int]:
-    """(strategy or None, local replicas, workers) of this process."""
-    strategy = current_strategy()
-    if strategy is None and "tensorflow" in sys.modules:
-        import tensorflow as tf
-
-        if tf.distribute.has_strategy():
-            strategy = tf.distribute.get_strategy()
-    if strategy is None:
-        if context().num_workers > 1:
-            raise RuntimeError(
-                "call mwms_runtime.strategy() before mwms_runtime.report() in a multi-worker job"
-            )
-        return None, 1, 1
-    num_local = len(strategy.extended.worker_devices)
-    return strategy, num_local, max(strategy.num_replicas_in_sync // num_local, 1)
-
-
-def _pack(
-    metrics: Mapping[str, Any], ops: dict[str, str], step: int, strategy: Any, num_local: int
-) -> _Entry:
-    # Sorted so workers that built the dict in a different order still pack the same vector.
-    names = sorted(metrics)
-    per_metric = [_local_components(metrics[n], strategy, num_local) for n in names]
-    # The first replica also carries (step, fingerprint) so the workers can check they agree.
-    header = [[float(step), _fingerprint(step, ops)]] + [[0.0, 0.0]] * (num_local - 1)
-    packed = [
-        np.array(
-            [pm[r][0] for pm in per_metric] + [pm[r][1] for pm in per_metric] + header[r], dtype=np.float64
-        )
-        for r in range(num_local)
-    ]
-    return _Entry(step=step, names=names, ops=ops, packed=packed)
 
 
 class ReportedValues(dict):
@@ -451,16 +234,15 @@ def flush_reports(timeout: float | None = None, exit_code: int = EXIT_REPORT_MIS
     Waits at most ``timeout`` seconds (default the report timeout) for the other workers, then ends the
     process with ``exit_code`` (70) as report() does. Nothing happens when no call is pending.
     """
-    global _abort_exit_code
     seconds = (
         report_timeout_seconds() if timeout is None else max(min(timeout, report_timeout_seconds()), 1.0)
     )
     with _batch.lock:
-        _abort_exit_code = exit_code
+        report_collective.abort_exit_code = exit_code
         try:
             _batch.reduce(seconds)
         finally:
-            _abort_exit_code = EXIT_REPORT_MISMATCH
+            report_collective.abort_exit_code = EXIT_REPORT_MISMATCH
 
 
 def flush_at_exit() -> None:
@@ -498,28 +280,6 @@ def _is_chief() -> bool:
     if chief is None:
         chief = _chief_by_env[key] = context().is_chief
     return chief
-
-
-def _identical_scalar(name: str, value: Any) -> float:
-    """A value the caller says is already the same on every worker, as a float (no collective)."""
-    if not _is_plain(value) and "tensorflow" in sys.modules:
-        import tensorflow as tf
-        from tensorflow.python.distribute import values as distribute_values
-
-        if isinstance(value, distribute_values.Mirrored):
-            value = value._values[0]
-        elif isinstance(value, tf.distribute.DistributedValues):
-            raise ValueError(
-                f"report(..., reduced=True) got a per-replica value for {name!r}: it differs between "
-                "replicas, so report it without reduced=True (report() then reduces it), or reduce it "
-                "first (strategy.reduce, mwms_runtime.reduce_metrics)"
-            )
-    array = np.asarray(value.numpy() if hasattr(value, "numpy") else value, dtype=np.float64)
-    if array.size != 1:
-        raise ValueError(
-            f"report(..., reduced=True) got {array.size} values for {name!r}: a reduced metric is one number"
-        )
-    return float(array.reshape(()))
 
 
 def _report_reduced(step: int, metrics: Mapping[str, Any], agreed: Any = True) -> dict[str, float]:

@@ -3,15 +3,16 @@ and the checks that turn a missing, unreadable or mismatched file into one messa
 
 `plan_tls` is the one place that reads the TLS settings; `mwms.server.main` hands its REST pair to uvicorn and
 `bind_grpc_port` (called in the app's lifespan) gives the gRPC pair to grpc.aio.
+
+This module decides what is served and when the self-signed CA and server certificate are made or renewed;
+the certificate and PEM file work (checking a given pair, name constraints, building and writing
+certificates) is mwms.server.tls_x509's, and the names callers use are importable from here as well.
 """
 
 from __future__ import annotations
 
 import datetime
-import hashlib
-import ipaddress
 import logging
-import os
 import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -19,13 +20,33 @@ from pathlib import Path
 
 import grpc
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from mwms.server.settings import Settings, is_loopback
+from mwms.server.tls_x509 import WILDCARD_HOSTS as WILDCARD_HOSTS
+from mwms.server.tls_x509 import CertificatePair as CertificatePair
+from mwms.server.tls_x509 import IPName as IPName
+from mwms.server.tls_x509 import TlsError as TlsError
+from mwms.server.tls_x509 import (
+    browser_ca_is_current,
+    ca_certificate,
+    given_pair,
+    key_usage,
+    make_browser_ca,
+    permitted_names,
+    public_der,
+    read_file,
+    utc_now,
+    write_cert,
+    write_key,
+)
+from mwms.server.tls_x509 import check_pair as check_pair
+from mwms.server.tls_x509 import fingerprint as fingerprint
+from mwms.server.tls_x509 import name_constraints as _name_constraints
+from mwms.server.tls_x509 import subject_names as subject_names
 
 log = logging.getLogger("mwms.server.tls")
 
@@ -36,19 +57,6 @@ SERVER_VALIDITY = datetime.timedelta(days=365)
 # A CA or server certificate this close to its end is renewed at start, so a long-running coordinator keeps a
 # valid one.
 RENEW_BEFORE = datetime.timedelta(days=30)
-WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
-
-IPName = ipaddress.IPv4Address | ipaddress.IPv6Address
-
-
-class TlsError(RuntimeError):
-    """A TLS setting that cannot be served; the message names the file or flag and what to do."""
-
-
-@dataclass(frozen=True)
-class CertificatePair:
-    cert: Path
-    key: Path
 
 
 @dataclass(frozen=True)
@@ -82,8 +90,8 @@ def plan_tls(settings: Settings) -> TlsPlan:
         raise TlsError(
             "give either --tls-self-signed or --tls-cert/--tls-key (MWMS_TLS_SELF_SIGNED, MWMS_TLS_CERT), not both"
         )
-    http = _given_pair(settings.tls_cert, settings.tls_key, "tls")
-    grpc_override = _given_pair(settings.grpc_tls_cert, settings.grpc_tls_key, "grpc-tls")
+    http = given_pair(settings.tls_cert, settings.tls_key, "tls")
+    grpc_override = given_pair(settings.grpc_tls_cert, settings.grpc_tls_key, "grpc-tls")
     self_signed = None
     if settings.tls_self_signed:
         self_signed = ensure_self_signed(settings.data_dir / "tls", [settings.http_host, settings.grpc_host])
@@ -117,68 +125,6 @@ def warn_if_clear_text(what: str, host: str, fix: str) -> None:
         )
 
 
-def fingerprint(cert_path: Path) -> str:
-    """The SHA-256 fingerprint of the first certificate in a PEM file, as `openssl x509 -fingerprint` prints it."""
-    cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
-    digest = hashlib.sha256(cert.public_bytes(serialization.Encoding.DER)).hexdigest().upper()
-    return ":".join(digest[i : i + 2] for i in range(0, len(digest), 2))
-
-
-# --- given certificates ----------------------------------------------------------------------------------
-
-
-def _given_pair(cert: Path | None, key: Path | None, flag: str) -> CertificatePair | None:
-    if cert is None and key is None:
-        return None
-    if cert is None or key is None:
-        given, missing = (f"--{flag}-cert", f"--{flag}-key") if cert else (f"--{flag}-key", f"--{flag}-cert")
-        raise TlsError(f"{given} needs {missing} as well: TLS takes a certificate and its private key")
-    check_pair(cert, key, f"--{flag}-cert", f"--{flag}-key")
-    return CertificatePair(cert=cert, key=key)
-
-
-def check_pair(cert_path: Path, key_path: Path, cert_flag: str, key_flag: str) -> None:
-    """Raises TlsError unless `key_path` holds the unencrypted private key of the PEM certificate in `cert_path`."""
-    try:
-        chain = x509.load_pem_x509_certificates(_read(cert_path, cert_flag))
-    except ValueError:
-        raise TlsError(
-            f"{cert_flag} {cert_path} holds no PEM certificate (-----BEGIN CERTIFICATE-----)"
-        ) from None
-    try:
-        key = serialization.load_pem_private_key(_read(key_path, key_flag), password=None)
-    except TypeError:
-        raise TlsError(
-            f"{key_flag} {key_path} is encrypted; the coordinator cannot ask for a passphrase, so give it "
-            f"a decrypted copy readable only by its user (e.g. `openssl pkey -in KEY -out KEY.plain`)"
-        ) from None
-    except (ValueError, UnsupportedAlgorithm):
-        raise TlsError(
-            f"{key_flag} {key_path} holds no PEM private key (-----BEGIN PRIVATE KEY-----)"
-        ) from None
-    if _public_der(key.public_key()) != _public_der(chain[0].public_key()):
-        raise TlsError(
-            f"{key_flag} {key_path} is not the private key of the certificate in {cert_flag} {cert_path} "
-            "(their public keys differ); pass the key the certificate was issued for"
-        )
-    not_after = chain[0].not_valid_after_utc
-    if not_after < _now():
-        log.warning("%s %s expired on %s; clients will refuse it", cert_flag, cert_path, not_after.date())
-
-
-def _read(path: Path, flag: str) -> bytes:
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        raise TlsError(f"{flag} {path}: no such file") from None
-    except IsADirectoryError:
-        raise TlsError(f"{flag} {path} is a directory; give the PEM file") from None
-    except PermissionError:
-        raise TlsError(f"{flag} {path} cannot be read by this user ({_user()}): permission denied") from None
-    except OSError as error:
-        raise TlsError(f"{flag} {path} cannot be read: {error.strerror or error}") from None
-
-
 # --- the self-signed CA ----------------------------------------------------------------------------------
 
 
@@ -201,17 +147,17 @@ def ensure_self_signed(tls_dir: Path, bound_hosts: Iterable[str]) -> SelfSignedF
     ca = _load_ca(ca_cert_path, ca_key_path, names)
     if ca is None:
         ca = _make_ca(names)
-        _write_key(ca_key_path, ca[1])
-        _write_cert(ca_cert_path, ca[0])
+        write_key(ca_key_path, ca[1])
+        write_cert(ca_cert_path, ca[0])
         made.append("CA")
     ca_cert, ca_key = ca
-    if made or not _browser_ca_is_current(browser_path, ca_cert, names):
-        _write_cert(browser_path, _make_browser_ca(ca_cert, ca_key, names))
+    if made or not browser_ca_is_current(browser_path, ca_cert, names):
+        write_cert(browser_path, make_browser_ca(ca_cert, ca_key, names))
         made.append("browser CA")
     if "CA" in made or not _server_cert_is_current(server, ca_cert, names):
         key = ec.generate_private_key(ec.SECP256R1())
-        _write_key(server.key, key)
-        _write_cert(server.cert, _make_server_cert(key, ca_cert, ca_key, names))
+        write_key(server.key, key)
+        write_cert(server.cert, _make_server_cert(key, ca_cert, ca_key, names))
         made.append("server certificate")
     return SelfSignedFiles(
         ca_cert=ca_cert_path,
@@ -223,20 +169,6 @@ def ensure_self_signed(tls_dir: Path, bound_hosts: Iterable[str]) -> SelfSignedF
         browser_ca_fingerprint=fingerprint(browser_path),
         permitted=tuple(sorted(map(str, names))),
     )
-
-
-def subject_names(bound_hosts: Iterable[str]) -> set[str | IPName]:
-    """The names a self-signed server certificate covers: loopback, this machine's name, concrete bound hosts."""
-    names: set[str | IPName] = {"localhost", ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1")}
-    for host in (socket.gethostname(), *bound_hosts):
-        host = host.strip().strip("[]")
-        if host in WILDCARD_HOSTS or not host.isascii():
-            continue
-        try:
-            names.add(ipaddress.ip_address(host))
-        except ValueError:
-            names.add(host.lower())
-    return names
 
 
 def _load_ca(
@@ -254,11 +186,11 @@ def _load_ca(
         missing = key_path if cert_path.exists() else cert_path
         raise TlsError(f"the self-signed CA is incomplete: {missing} is missing; {remedy}")
     try:
-        cert = x509.load_pem_x509_certificate(_read(cert_path, "the self-signed CA"))
-        key = serialization.load_pem_private_key(_read(key_path, "the self-signed CA key"), password=None)
+        cert = x509.load_pem_x509_certificate(read_file(cert_path, "the self-signed CA"))
+        key = serialization.load_pem_private_key(read_file(key_path, "the self-signed CA key"), password=None)
     except (ValueError, TypeError):
         raise TlsError(f"the self-signed CA in {cert_path.parent} cannot be loaded; {remedy}") from None
-    if not isinstance(key, ec.EllipticCurvePrivateKey) or _public_der(key.public_key()) != _public_der(
+    if not isinstance(key, ec.EllipticCurvePrivateKey) or public_der(key.public_key()) != public_der(
         cert.public_key()
     ):
         raise TlsError(f"{key_path} is not the key of {cert_path}; {remedy}")
@@ -276,7 +208,7 @@ def _load_ca(
 
 def _ca_unfit(cert: x509.Certificate, names: set[str | IPName]) -> str:
     """Why the stored CA cannot be kept for `names` ("" when it can)."""
-    if cert.not_valid_after_utc < _now() + RENEW_BEFORE:
+    if cert.not_valid_after_utc < utc_now() + RENEW_BEFORE:
         return f"ends on {cert.not_valid_after_utc.date()}"
     try:
         constraints = cert.extensions.get_extension_for_class(x509.NameConstraints)
@@ -286,61 +218,13 @@ def _ca_unfit(cert: x509.Certificate, names: set[str | IPName]) -> str:
         return "has name constraints that clients may ignore (not marked critical)"
     if cert.not_valid_after_utc - cert.not_valid_before_utc > CA_VALIDITY:
         return "is valid for more than a year"
-    permitted = _permitted_names(cert)
+    permitted = permitted_names(cert)
     if any(not isinstance(name, str) for name in permitted):
         return "constrains IP addresses, which agents' TLS (BoringSSL, in gRPC) refuses to verify"
     missing = {name for name in names if isinstance(name, str)} - permitted
     if missing:
         return f"does not permit {', '.join(sorted(missing))}"
     return ""
-
-
-def _browser_ca_is_current(path: Path, ca_cert: x509.Certificate, names: set[str | IPName]) -> bool:
-    """True when `path` holds the browsers' certificate of this CA, permitting exactly `names`."""
-    try:
-        cert = x509.load_pem_x509_certificate(path.read_bytes())
-        critical = cert.extensions.get_extension_for_class(x509.NameConstraints).critical
-    except (OSError, ValueError, x509.ExtensionNotFound):
-        return False
-    return (
-        critical
-        and cert.subject == ca_cert.subject
-        and _public_der(cert.public_key()) == _public_der(ca_cert.public_key())
-        and cert.not_valid_after_utc == ca_cert.not_valid_after_utc
-        and _permitted_names(cert) == names
-    )
-
-
-def _permitted_names(ca_cert: x509.Certificate) -> set[str | IPName]:
-    """The host names and single addresses the CA's name constraints permit (none without constraints)."""
-    try:
-        constraints = ca_cert.extensions.get_extension_for_class(x509.NameConstraints).value
-    except x509.ExtensionNotFound:
-        return set()
-    permitted: set[str | IPName] = set()
-    for subtree in constraints.permitted_subtrees or []:
-        if isinstance(subtree, x509.DNSName):
-            permitted.add(subtree.value)
-        elif isinstance(subtree, x509.IPAddress) and isinstance(
-            subtree.value, (ipaddress.IPv4Network, ipaddress.IPv6Network)
-        ):
-            if subtree.value.num_addresses == 1:
-                permitted.add(subtree.value.network_address)
-    return permitted
-
-
-def _name_constraints(names: set[str | IPName], addresses: bool) -> x509.NameConstraints:
-    """Permits exactly `names`: each host name (and, as RFC 5280 has it, the names under it) and, with
-    `addresses`, each address on its own. "localhost", 127.0.0.1 and ::1 are always among them, so host
-    names (and IPv4 and IPv6 addresses) are all constrained."""
-    subtrees: list[x509.GeneralName] = []
-    for name in sorted(names, key=lambda n: (not isinstance(n, str), str(n))):
-        if isinstance(name, str):
-            subtrees.append(x509.DNSName(name))
-        elif addresses:
-            address = name.compressed.split("%")[0]  # a zone id has no place in a certificate
-            subtrees.append(x509.IPAddress(ipaddress.ip_network(f"{address}/{name.max_prefixlen}")))
-    return x509.NameConstraints(permitted_subtrees=subtrees, excluded_subtrees=None)
 
 
 def _server_cert_is_current(
@@ -358,8 +242,8 @@ def _server_cert_is_current(
         log.info("making a new server certificate: it does not name %s", sorted(map(str, names - have)))
         return False
     return (
-        _public_der(key.public_key()) == _public_der(cert.public_key())
-        and cert.not_valid_after_utc > _now() + RENEW_BEFORE
+        public_der(key.public_key()) == public_der(cert.public_key())
+        and cert.not_valid_after_utc > utc_now() + RENEW_BEFORE
     )
 
 
@@ -369,44 +253,9 @@ def _make_ca(names: set[str | IPName]) -> tuple[x509.Certificate, ec.EllipticCur
     name = x509.Name(
         [x509.NameAttribute(NameOID.COMMON_NAME, f"mwms self-signed CA ({socket.gethostname()})")]
     )
-    start = _now() - datetime.timedelta(minutes=5)  # tolerate small clock skew
-    cert = _ca_certificate(key, name, start, start + CA_VALIDITY, _name_constraints(names, addresses=False))
+    start = utc_now() - datetime.timedelta(minutes=5)  # tolerate small clock skew
+    cert = ca_certificate(key, name, start, start + CA_VALIDITY, _name_constraints(names, addresses=False))
     return cert, key
-
-
-def _make_browser_ca(
-    ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, names: set[str | IPName]
-) -> x509.Certificate:
-    """The same CA for browsers (browser-ca.pem): its key, name and validity, addresses constrained too."""
-    constraints = _name_constraints(names, addresses=True)
-    return _ca_certificate(
-        ca_key, ca_cert.subject, ca_cert.not_valid_before_utc, ca_cert.not_valid_after_utc, constraints
-    )
-
-
-def _ca_certificate(
-    key: ec.EllipticCurvePrivateKey,
-    name: x509.Name,
-    start: datetime.datetime,
-    end: datetime.datetime,
-    constraints: x509.NameConstraints,
-) -> x509.Certificate:
-    public = key.public_key()
-    return (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(public)
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(end)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(_key_usage(cert_sign=True), critical=True)
-        .add_extension(constraints, critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(public), critical=False)
-        .sign(key, hashes.SHA256())
-    )
 
 
 def _make_server_cert(
@@ -419,7 +268,7 @@ def _make_server_cert(
         x509.IPAddress(name) if not isinstance(name, str) else x509.DNSName(name)
         for name in sorted(names, key=lambda n: (not isinstance(n, str), str(n)))
     ]
-    start = _now() - datetime.timedelta(minutes=5)
+    start = utc_now() - datetime.timedelta(minutes=5)
     return (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "mwms coordinator")]))
@@ -429,7 +278,7 @@ def _make_server_cert(
         .not_valid_before(start)
         .not_valid_after(min(start + SERVER_VALIDITY, ca_cert.not_valid_after_utc))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(_key_usage(cert_sign=False), critical=True)
+        .add_extension(key_usage(cert_sign=False), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(x509.SubjectAlternativeName(general_names), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
@@ -438,58 +287,3 @@ def _make_server_cert(
         )
         .sign(ca_key, hashes.SHA256())
     )
-
-
-def _key_usage(cert_sign: bool) -> x509.KeyUsage:
-    return x509.KeyUsage(
-        digital_signature=not cert_sign,
-        content_commitment=False,
-        key_encipherment=False,
-        data_encipherment=False,
-        key_agreement=False,
-        key_cert_sign=cert_sign,
-        crl_sign=cert_sign,
-        encipher_only=False,
-        decipher_only=False,
-    )
-
-
-def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
-    pem = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-    _write_atomically(path, pem, 0o600)
-
-
-def _write_cert(path: Path, cert: x509.Certificate) -> None:
-    _write_atomically(path, cert.public_bytes(serialization.Encoding.PEM), 0o644)
-
-
-def _write_atomically(path: Path, content: bytes, mode: int) -> None:
-    # Created with its final mode, so a private key is never readable by others, even for a moment.
-    partial = path.with_name(f".{path.name}.partial")
-    partial.unlink(missing_ok=True)
-    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    with os.fdopen(descriptor, "wb") as file:
-        file.write(content)
-    os.chmod(partial, mode)
-    os.replace(partial, path)
-
-
-def _public_der(public_key: PublicKeyTypes) -> bytes:
-    return public_key.public_bytes(
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
-
-
-def _now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.timezone.utc)
-
-
-def _user() -> str:
-    try:
-        import pwd
-
-        return pwd.getpwuid(os.getuid()).pw_name
-    except (ImportError, KeyError):
-        return str(os.getuid())

@@ -9,13 +9,14 @@ it before starting, so a typo is reported at once instead of as an endless recon
 alone and together, and fills in the defaults (`AgentSetup`), from which come both the AgentConfig an agent
 runs with and the command line of a systemd unit. Standard library only, like mwms/agent_defaults.py: the
 CLI checks options (and prints units) without the agent's extras installed.
+
+The address list is checked in worker_agent/server_addresses.py, the port range against the kernel's
+ephemeral range in worker_agent/ephemeral_ports.py.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import os
-import re
 import socket
 import stat
 from dataclasses import dataclass, field
@@ -25,11 +26,11 @@ from typing import Any
 from mwms import agent_defaults as defaults
 from mwms.log_setup import DEFAULT_FORMAT, DEFAULT_LEVEL, parse_format, parse_level
 from mwms.sizes import SizeError, parse_size
-
-EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
-RESERVED_PORTS_FILE = Path("/proc/sys/net/ipv4/ip_local_reserved_ports")
-MAX_PROC_FILE_BYTES = 65536
-LOWEST_UNPRIVILEGED_PORT = 1024
+from mwms.worker_agent.ephemeral_ports import RESERVED_PORTS_FILE, _parse_port_set, _read_small
+from mwms.worker_agent.ephemeral_ports import ephemeral_overlap_warning as ephemeral_overlap_warning
+from mwms.worker_agent.ephemeral_ports import ephemeral_range as ephemeral_range
+from mwms.worker_agent.server_addresses import local_address_towards as local_address_towards
+from mwms.worker_agent.server_addresses import parse_servers as parse_servers
 
 
 @dataclass(frozen=True)
@@ -89,155 +90,6 @@ class AgentConfig:
             f"ca_file={str(self.ca_file) if self.ca_file else None!r}, tls={self.tls or self.ca_file is not None}, "
             f"sandbox={self.sandbox!r}, task_user={self.task_user!r}, task_uids={self.task_uids})"
         )
-
-
-# A DNS name: labels of letters, digits, '-' and '_' (seen in internal names), dot-separated; IPv4 fits too.
-_HOSTNAME = re.compile(
-    r"(?=.{1,253}\.?$)[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
-    r"(?:\.[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*\.?"
-)
-_EXAMPLES = "write HOST:PORT, e.g. 10.0.0.5:50051, coord-a.example.com:50051 or [fd00::5]:50051"
-
-
-def parse_servers(text: str) -> tuple[str, ...]:
-    """The coordinator addresses in `text` ("host:port", comma-separated), in order.
-
-    Raises ValueError naming the entry that is wrong and what to write instead. A name that resolves to
-    several addresses is one entry: gRPC resolves it and tries its addresses in turn (pick_first).
-    """
-    entries = [entry.strip() for entry in text.split(",")]
-    if entries == [""]:
-        raise ValueError(f"no coordinator address given: {_EXAMPLES}")
-    if len(entries) > defaults.MAX_SERVERS:
-        raise ValueError(
-            f"{len(entries)} coordinator addresses given, at most {defaults.MAX_SERVERS} are allowed: "
-            "list the replicas only, or one DNS name that resolves to all of them"
-        )
-    seen: set[str] = set()
-    for number, entry in enumerate(entries, start=1):
-        if not entry:
-            raise ValueError(
-                f"address {number} of {text.strip()!r} is empty: separate addresses with single commas, "
-                "e.g. a:50051,b:50051"
-            )
-        _check_address(entry)
-        if entry in seen:
-            raise ValueError(f"{entry!r} is listed twice: give each coordinator replica once")
-        seen.add(entry)
-    return tuple(entries)
-
-
-def _check_address(entry: str) -> None:
-    """Raises ValueError unless `entry` is HOST:PORT (an IPv6 host in brackets)."""
-    if "/" in entry:
-        raise ValueError(
-            f"{entry!r} is not HOST:PORT: give the gRPC address without a scheme or path; {_EXAMPLES}"
-        )
-    if entry.startswith("["):
-        host, bracket, port = entry[1:].partition("]")
-        if not bracket or not port.startswith(":"):
-            raise ValueError(f"{entry!r} is not [IPV6]:PORT: write e.g. [{host}]:50051")
-        port = port[1:]
-        try:
-            ipaddress.IPv6Address(host)
-        except ValueError:
-            raise ValueError(f"{entry!r}: {host!r} is not an IPv6 address; {_EXAMPLES}") from None
-    else:
-        host, colon, port = entry.rpartition(":")
-        if not colon:
-            raise ValueError(f"{entry!r} has no port: write HOST:PORT, e.g. {entry}:50051")
-        if ":" in host:
-            raise ValueError(f"{entry!r}: an IPv6 address goes in brackets, e.g. {_bracketed(entry)}")
-        if not _HOSTNAME.fullmatch(host):
-            raise ValueError(f"{entry!r}: {host!r} is not a host name or IP address; {_EXAMPLES}")
-    if not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
-        raise ValueError(f"{entry!r}: the port {port!r} is not a number from 1 to 65535; {_EXAMPLES}")
-
-
-def _bracketed(entry: str) -> str:
-    """What an unbracketed IPv6 entry should have been: the whole entry as the host when it is an
-    address (no port can be told apart then), else the part before the last colon."""
-    try:
-        return f"[{ipaddress.IPv6Address(entry)}]:50051"
-    except ValueError:
-        host, _, port = entry.rpartition(":")
-        return f"[{host}]:{port}"
-
-
-def local_address_towards(server: str) -> str:
-    """The local IP the OS would use to reach `server` ("host:port"); 127.0.0.1 for a loopback server."""
-    host = server.rsplit(":", 1)[0].strip("[]")
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            # A UDP connect sends nothing; it only asks the kernel which route (and source IP) it would use.
-            probe.connect((host, 9))
-            return str(probe.getsockname()[0])
-    except OSError:
-        return "127.0.0.1"
-
-
-def _read_small(path: Path) -> str:
-    with path.open() as file:
-        return file.read(MAX_PROC_FILE_BYTES)
-
-
-def _parse_port_set(text: str) -> set[int]:
-    """The ports of ip_local_reserved_ports' "8080,9000-9010" form (an empty text: none)."""
-    ports: set[int] = set()
-    for part in text.replace("\n", ",").split(","):
-        low, _, high = part.strip().partition("-")
-        if low.isdigit() and (not high or high.isdigit()):
-            ports.update(range(int(low), int(high or low) + 1))
-    return ports
-
-
-def ephemeral_range(path: Path = EPHEMERAL_RANGE_FILE) -> tuple[int, int] | None:
-    """The kernel's range of ports for outgoing connections (Linux), or None where it cannot be read."""
-    try:
-        low, high = (int(value) for value in _read_small(path).split())
-    except (OSError, ValueError):
-        return None
-    return low, high
-
-
-def ephemeral_overlap_warning(
-    port_low: int,
-    port_high: int,
-    ephemeral: tuple[int, int] | None,
-    reserved: set[int] | frozenset[int] = frozenset(),
-) -> str:
-    """A warning when the tasks' port range shares ports with the kernel's ephemeral range (and they are not
-    reserved): any process's outgoing connection may take such a port, and a task that finds its port
-    taken costs the job a re-placement. Empty when there is no overlap. It names a range to use instead."""
-    if ephemeral is None:
-        return ""
-    eph_low, eph_high = ephemeral
-    clash = [p for p in range(max(port_low, eph_low), min(port_high, eph_high) + 1) if p not in reserved]
-    if not clash:
-        return ""
-    size = port_high - port_low + 1
-    instead = _range_outside(size, eph_low, eph_high)
-    advice = f"pass --port-range {instead[0]}-{instead[1]} instead" if instead else "pass a range outside it"
-    return (
-        f"the task port range {port_low}-{port_high} lies inside this machine's ephemeral port range "
-        f"{eph_low}-{eph_high} (/proc/sys/net/ipv4/ip_local_port_range), from which any process's outgoing "
-        f"connections take ports: {len(clash)} of its ports may be taken when a task needs one, and the job is "
-        f"then placed again; {advice} (or reserve these ports in net.ipv4.ip_local_reserved_ports)"
-    )
-
-
-def _range_outside(size: int, eph_low: int, eph_high: int) -> tuple[int, int] | None:
-    """A range of `size` ports outside [eph_low, eph_high]: the default one when it fits, else just below,
-    else just above the ephemeral range."""
-    if defaults.PORT_HIGH < eph_low or defaults.PORT_LOW > eph_high:
-        if defaults.PORT_HIGH - defaults.PORT_LOW + 1 >= size:
-            return defaults.PORT_LOW, defaults.PORT_LOW + size - 1
-    if eph_low - size >= LOWEST_UNPRIVILEGED_PORT:
-        start = max(LOWEST_UNPRIVILEGED_PORT, min(defaults.PORT_LOW, eph_low - size))
-        return start, start + size - 1
-    if eph_high + size <= 65535:
-        return eph_high + 1, eph_high + size
-    return None
 
 
 def port_range_warning(config: AgentConfig) -> str:

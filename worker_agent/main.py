@@ -19,30 +19,29 @@ import logging
 import socket
 import threading
 import time
+from dataclasses import dataclass
 
 import grpc
 
 import mwms
 from mwms.loop import Backoff
-from mwms.sizes import format_size
 from mwms.v1 import agent_pb2, agent_pb2_grpc
-from mwms.worker_agent import landlock
-from mwms.worker_agent.cgroups import AGENT_OOM_SCORE_ADJ, TaskCgroups, set_own_oom_score_adj
-from mwms.worker_agent.cgroups import detect as detect_cgroups
+from mwms.worker_agent.agent_startup import build_confinement as build_confinement
+from mwms.worker_agent.agent_startup import build_limits as build_limits
+from mwms.worker_agent.agent_startup import build_port_guard as build_port_guard
+from mwms.worker_agent.agent_startup import build_tasks
+from mwms.worker_agent.agent_startup import coordinator_ports as coordinator_ports
+from mwms.worker_agent.agent_startup import describe_devices as describe_devices
 from mwms.worker_agent.channel import CHANNEL_OPTIONS, ChannelFactory, ServerRotation
 from mwms.worker_agent.config import AgentConfig, local_address_towards, port_range_warning
 from mwms.worker_agent.connection import AgentConnection
 from mwms.worker_agent.credentials import CredentialStore
-from mwms.worker_agent.device_telemetry import start_device_telemetry
+from mwms.worker_agent.device_telemetry import DeviceTelemetry, start_device_telemetry
 from mwms.worker_agent.devices import detect_devices
-from mwms.worker_agent.environments import EnvironmentCache
-from mwms.worker_agent.gpu_nodes import DriverPaths, gpu_nodes
+from mwms.worker_agent.gpu_nodes import DriverPaths
 from mwms.worker_agent.gpu_probe import vet_gpus
-from mwms.worker_agent.port_guard import PortGuard
-from mwms.worker_agent.port_guard import check as check_port_guard
-from mwms.worker_agent.sandbox import Confinement, SandboxError, find_bwrap
-from mwms.worker_agent.task_limits import LimitPolicy, machine_memory, offered_memory
-from mwms.worker_agent.task_users import TaskUserError, TaskUsers
+from mwms.worker_agent.sandbox import SandboxError
+from mwms.worker_agent.task_users import TaskUserError
 from mwms.worker_agent.tasks import TaskManager
 from mwms.worker_agent.work_dir import WorkDirInUse, lock_work_dir, prepare_work_dir
 from mwms.worker_agent.wrong_server import answers_http1, http1_server_sentence
@@ -128,92 +127,145 @@ def _run_holding_the_work_dir(
     channels = ChannelFactory(config, credential)
     channel = channels.open(servers.current)
     stub = agent_pb2_grpc.AgentServiceStub(channel)
-    environments = EnvironmentCache(
-        config.env_cache_dir or config.work_dir / "envs",
-        config.env_cache_bytes,
-        build_timeout_s=config.env_build_timeout,
-        source_builds=config.env_source_builds,
-    )
-    tasks = TaskManager(
-        config.work_dir,
-        stub,
-        hostname,
-        default_grace_seconds=config.stop_grace,
-        confinement=confinement,
-        environments=environments,
-        gpus=gpu_nodes(devices),
-        cgroups=cgroups,
-        limits=limits,
-        port_guard=port_guard,
-        scope_sockets=_abstract_socket_scope(),
-    )
+    tasks = build_tasks(config, stub, hostname, confinement, devices, cgroups, limits, port_guard)
     # What a previous agent process left running is stopped while the agent registers and its stream
     # beats; the Hello reports it once stopped.
     tasks.recover_in_background(config.stop_grace)
-    heartbeats_answered = threading.Event()
-    backoff = Backoff(initial=RECONNECT_INITIAL_SECONDS, maximum=RECONNECT_MAXIMUM_SECONDS)
-    device_telemetry = start_device_telemetry(config.device_sample_interval)
-    connection: AgentConnection | None = None
-    exit_code = EXIT_OK
-    fell_back_to_join_token = False
+    run = _Run(
+        config=config,
+        stop=stop,
+        hostname=hostname,
+        servers=servers,
+        channels=channels,
+        credential=credential,
+        tasks=tasks,
+        devices=devices,
+        isolation=isolation,
+        memory_bytes=limits.offered_memory_bytes,
+        device_telemetry=start_device_telemetry(config.device_sample_interval),
+        channel=channel,
+        stub=stub,
+    )
     try:
-        while not stop.is_set():
-            try:
-                agent_id, heartbeat_interval = _register(
-                    stub, config, hostname, devices, credential, isolation, limits.offered_memory_bytes
-                )
-            except RegistrationRefused as refusal:
-                if credential.get() and config.join_token and not fell_back_to_join_token:
-                    # A credential the coordinator no longer takes (the agent was removed, the database
-                    # replaced): the join token may admit the name again; it never takes over a live one.
-                    fell_back_to_join_token = True
-                    aside = credential.set_aside()
-                    log.warning(
-                        "the coordinator refused the saved credential (%s); moved it to %s and joining again "
-                        "with the join token",
-                        refusal,
-                        aside,
-                    )
-                    continue
-                held = f" (it presented the credential in {credential.path})" if credential.get() else ""
-                log.error("the coordinator refused this agent%s: %s", held, refusal)
-                exit_code = EXIT_REFUSED
-                break
-            except grpc.RpcError as error:
-                log.warning(
-                    "cannot register with %s yet: %s", servers.describe(), _describe(error, servers.current)
-                )
-                if len(servers) > 1:
-                    channel, stub = _move_on(channel, channels, servers, tasks, "registering failed")
-                stop.wait(backoff.next_delay())
-                continue
-            log.info("registered as agent %s", agent_id)
-            connection = AgentConnection(
-                stub, agent_id, heartbeat_interval, tasks, heartbeats_answered, devices=device_telemetry
-            )
-            opened_at = time.monotonic()
-            connection.open()
-            log.info("connected to coordinator %s", servers.describe())
-            went_silent = False
-            while not stop.is_set() and not connection.ended.is_set():
-                went_silent = connection.end_if_silent() or went_silent
-                stop.wait(0.1)
-            if stop.is_set():
-                break
-            if len(servers) > 1 or went_silent:
-                # A silent stream's channel is likely dead too; with replicas, the next one is likely alive.
-                why = "the stream went silent" if went_silent else "the stream broke"
-                channel, stub = _move_on(channel, channels, servers, tasks, why)
-            if time.monotonic() - opened_at >= HEALTHY_CONNECTION_SECONDS:
-                backoff.reset()
-            stop.wait(backoff.next_delay())
+        exit_code = _keep_connected(run)
     finally:
-        _shut_down(config, tasks, connection)
-        if device_telemetry is not None:
-            device_telemetry.stop()
-        channel.close()
+        _shut_down(config, tasks, run.connection)
+        if run.device_telemetry is not None:
+            run.device_telemetry.stop()
+        run.channel.close()
     log.info("agent %s stopped", config.name)
     return exit_code
+
+
+@dataclass
+class _Run:
+    """What one run of the agent holds across its connections: the replicas and the channel to the current
+    one, its credential, its tasks and what it offers."""
+
+    config: AgentConfig
+    stop: threading.Event
+    hostname: str
+    servers: ServerRotation
+    channels: ChannelFactory
+    credential: CredentialStore
+    tasks: TaskManager
+    devices: list[agent_pb2.Device]
+    isolation: str
+    memory_bytes: int
+    device_telemetry: DeviceTelemetry | None
+    channel: grpc.Channel
+    stub: agent_pb2_grpc.AgentServiceStub
+    connection: AgentConnection | None = None
+    fell_back_to_join_token: bool = False
+
+    def move_on(self, why: str) -> None:
+        self.channel, self.stub = _move_on(self.channel, self.channels, self.servers, self.tasks, why)
+
+
+def _keep_connected(run: _Run) -> int:
+    """Registers and holds a connection, again after each break, until `run.stop` is set (0) or the
+    coordinator refuses the agent (2)."""
+    heartbeats_answered = threading.Event()
+    backoff = Backoff(initial=RECONNECT_INITIAL_SECONDS, maximum=RECONNECT_MAXIMUM_SECONDS)
+    while not run.stop.is_set():
+        try:
+            agent_id, heartbeat_interval = _register(
+                run.stub,
+                run.config,
+                run.hostname,
+                run.devices,
+                run.credential,
+                run.isolation,
+                run.memory_bytes,
+            )
+        except RegistrationRefused as refusal:
+            if _retry_with_join_token(run, refusal):
+                continue
+            return EXIT_REFUSED
+        except grpc.RpcError as error:
+            log.warning(
+                "cannot register with %s yet: %s",
+                run.servers.describe(),
+                _describe(error, run.servers.current),
+            )
+            if len(run.servers) > 1:
+                run.move_on("registering failed")
+            run.stop.wait(backoff.next_delay())
+            continue
+        _hold_connection(run, agent_id, heartbeat_interval, heartbeats_answered, backoff)
+    return EXIT_OK
+
+
+def _retry_with_join_token(run: _Run, refusal: RegistrationRefused) -> bool:
+    """Whether to register again with the join token after `refusal`; says in the log why not."""
+    credential = run.credential
+    if credential.get() and run.config.join_token and not run.fell_back_to_join_token:
+        # A credential the coordinator no longer takes (the agent was removed, the database
+        # replaced): the join token may admit the name again; it never takes over a live one.
+        run.fell_back_to_join_token = True
+        aside = credential.set_aside()
+        log.warning(
+            "the coordinator refused the saved credential (%s); moved it to %s and joining again "
+            "with the join token",
+            refusal,
+            aside,
+        )
+        return True
+    held = f" (it presented the credential in {credential.path})" if credential.get() else ""
+    log.error("the coordinator refused this agent%s: %s", held, refusal)
+    return False
+
+
+def _hold_connection(
+    run: _Run,
+    agent_id: str,
+    heartbeat_interval: float,
+    heartbeats_answered: threading.Event,
+    backoff: Backoff,
+) -> None:
+    """Holds the registered agent's stream until it ends or `run.stop` is set; after a break, moves on to
+    the next replica where that helps and waits out the backoff."""
+    log.info("registered as agent %s", agent_id)
+    connection = AgentConnection(
+        run.stub, agent_id, heartbeat_interval, run.tasks, heartbeats_answered, devices=run.device_telemetry
+    )
+    run.connection = connection
+    opened_at = time.monotonic()
+    connection.open()
+    log.info("connected to coordinator %s", run.servers.describe())
+    went_silent = False
+    while not run.stop.is_set() and not connection.ended.is_set():
+        went_silent = connection.end_if_silent() or went_silent
+        run.stop.wait(0.1)
+    if run.stop.is_set():
+        return
+    if len(run.servers) > 1 or went_silent:
+        # A silent stream's channel is likely dead too; with replicas, the next one is likely alive.
+        why = "the stream went silent" if went_silent else "the stream broke"
+        run.move_on(why)
+    if time.monotonic() - opened_at >= HEALTHY_CONNECTION_SECONDS:
+        backoff.reset()
+    run.stop.wait(backoff.next_delay())
 
 
 def _move_on(
@@ -270,88 +322,6 @@ def _register(
     return response.agent_id, interval_ms / 1000 if interval_ms > 0 else DEFAULT_HEARTBEAT_SECONDS
 
 
-def build_limits(
-    config: AgentConfig, devices: list[agent_pb2.Device]
-) -> tuple[TaskCgroups | None, LimitPolicy]:
-    """Each task's cgroup (where this agent may make them) and the limits it gets; says in the log what
-    tasks are held to, and lowers the agent's own OOM score below its tasks'."""
-    offered = offered_memory(machine_memory())
-    policy = LimitPolicy(devices, offered, config.task_pids_max, config.task_disk_max)
-    if set_own_oom_score_adj():
-        log.info(
-            "the agent's OOM score is lowered (oom_score_adj %d): tasks are killed first", AGENT_OOM_SCORE_ADJ
-        )
-    cgroups, why = detect_cgroups(config.work_dir)
-    if cgroups is None:
-        log.warning(
-            "tasks are not held to their memory, processes or CPU: %s; start the agent as root, or under "
-            "systemd with Delegate=yes",
-            why,
-        )
-    else:
-        log.info(
-            "%s: memory %s for all tasks (shared by devices, or the job's --memory-per-worker), "
-            "%d processes, files up to %s a task",
-            cgroups.describe(),
-            format_size(offered),
-            config.task_pids_max,
-            format_size(config.task_disk_max) if config.task_disk_max else "no limit",
-        )
-    return cgroups, policy
-
-
-def build_port_guard(config: AgentConfig, cgroups: TaskCgroups | None) -> PortGuard | None:
-    """The rules on tasks' ports (worker_agent/port_guard.py), tried once here; None, said in the log, where
-    the kernel or the agent's privileges do not allow them."""
-    guard = PortGuard((config.port_low, config.port_high), coordinator_ports(config.servers))
-    parent = cgroups.bpf_parent if cgroups is not None else None
-    why = (
-        "no cgroup v2 hierarchy to attach them to"
-        if parent is None
-        else check_port_guard(guard, parent / "probe")
-    )
-    if why:
-        log.warning(
-            "tasks' network is not confined (%s): a task can reach other jobs' TensorFlow servers and bind "
-            "their ports; run the agent as root on a kernel with cgroup BPF",
-            why,
-        )
-        return None
-    log.info(
-        "tasks bind only their own port of %d-%d and reach those ports, and the coordinator's, only at their "
-        "own job's peers",
-        config.port_low,
-        config.port_high,
-    )
-    return guard
-
-
-def _abstract_socket_scope() -> bool:
-    """Whether tasks' host abstract unix sockets can be put out of reach (worker_agent/landlock.py)."""
-    why = landlock.unavailable()
-    if why:
-        log.warning("tasks can reach the host's abstract unix sockets: %s", why)
-        return False
-    return True
-
-
-def coordinator_ports(servers: tuple[str, ...]) -> list[int]:
-    """The ports of the coordinators' gRPC endpoints ("host:port" each)."""
-    ports = [entry.rpartition(":")[2] for entry in servers]
-    return [int(port) for port in ports if port.isdigit()]
-
-
-def build_confinement(config: AgentConfig, driver: DriverPaths | None = None) -> Confinement:
-    """The sandbox and task users of `config`, checked to work here; says in the log what tasks get."""
-    users = TaskUsers(config.task_user, config.task_uids)
-    confinement = Confinement(config.work_dir, users, find_bwrap(config.sandbox), driver)
-    if users.shared_with_agent:
-        log.warning("%s", confinement.describe())
-    else:
-        log.info("%s", confinement.describe())
-    return confinement
-
-
 def _shut_down(config: AgentConfig, tasks: TaskManager, connection: AgentConnection | None) -> None:
     """Stops every task; while still connected, gives the coordinator a moment to store the final reports,
     then says goodbye, so the coordinator holds this agent as stopped rather than lost."""
@@ -364,14 +334,6 @@ def _shut_down(config: AgentConfig, tasks: TaskManager, connection: AgentConnect
     while tasks.records() and not connection.ended.is_set() and time.monotonic() < deadline:
         time.sleep(0.05)
     connection.close(goodbye=GOODBYE_REASON)
-
-
-def describe_devices(devices: list[agent_pb2.Device]) -> str:
-    """'2 GPU(s): NVIDIA H200, NVIDIA H200' or '1 CPU slot(s)'."""
-    gpus = [device.name for device in devices if device.kind == agent_pb2.DEVICE_KIND_GPU]
-    if gpus:
-        return f"{len(gpus)} GPU(s): {', '.join(gpus)}"
-    return f"{len(devices)} CPU slot(s)"
 
 
 def _describe(error: grpc.RpcError, address: str = "") -> str:

@@ -5,16 +5,14 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any, NamedTuple
 
 import typer
 from rich.live import Live
-from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 from rich.text import Text
 from typer.core import TyperCommand
 
 from mwms.cli.connect import with_client
-from mwms.cli.durations import DURATION_METAVAR, duration_option_parser
 from mwms.cli.errors import CliError, ExitCode
 from mwms.cli.follow import first_failed_task, running_tasks, tail_of_task_logs, watch_job
 from mwms.cli.option_slips import close_options, unknown_option_message
@@ -31,17 +29,41 @@ from mwms.cli.output import (
 )
 from mwms.cli.parsing import check_command_words, corrected_submit_line, parse_env, parse_priority
 from mwms.cli.safe_text import safe_text, terminal_safe
+from mwms.cli.submit_bundle import PROGRESS_BAR_MIN_BYTES as PROGRESS_BAR_MIN_BYTES
+from mwms.cli.submit_bundle import pack_and_upload as pack_and_upload
+from mwms.cli.submit_bundle import parse_memory_option as parse_memory_option
+from mwms.cli.submit_bundle import submit_environment as submit_environment
+from mwms.cli.submit_bundle import upload as upload
+from mwms.cli.submit_options import (
+    AgentsOption,
+    BytesPerPackOption,
+    CollectiveTimeoutOption,
+    CommandArgument,
+    CommunicationOption,
+    CpusPerWorkerOption,
+    DirectoryArgument,
+    EnvOption,
+    FailOnNanOption,
+    GpusPerWorkerOption,
+    HangTimeoutOption,
+    IsolatedEnvOption,
+    MaxRestartsOption,
+    MaxRuntimeOption,
+    MemoryPerWorkerOption,
+    NameOption,
+    PreemptibleOption,
+    PreemptionGraceOption,
+    PreflightOption,
+    PriorityOption,
+    PythonOption,
+    RequirementsOption,
+    RestartOnOption,
+    StartupTimeoutOption,
+    WaitOption,
+    WorkersOption,
+)
 from mwms.client import Client
-from mwms.client.environment import environment_file_in
-from mwms.client.environment import resolve as resolve_environment
 from mwms.client.job_spec import build_job_spec
-from mwms.client.packing import PackedBundle, human_size, pack_directory
-from mwms.environment_lock import distinct_count, pinned_packages
-from mwms.sizes import SizeError, parse_size
-
-# Below this size an upload is over before a progress bar could tell anyone anything.
-PROGRESS_BAR_MIN_BYTES = 4 * 1024 * 1024
-
 
 # Click's UsageError, whichever click typer uses (its own copy from typer 0.22 on, the click package before).
 _UsageError: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
@@ -86,73 +108,6 @@ class SubmitCommand(TyperCommand):
                 f"{typed} is not an option of mwms submit: options for the program go after --, e.g.\n  {example}",
                 ctx,
             ) from None
-
-
-def submit_environment(
-    directory: Path, requirements: Path | None, python: str | None, *, quiet: bool, isolated: bool = False
-) -> dict[str, Any] | None:
-    """The job's own environment, resolved before anything is uploaded; without --requirements, a hint
-    when DIR holds a file that could name one (the job then runs in the agents' environment)."""
-    if requirements is None:
-        if python is not None:
-            raise CliError("--python is the version of the job's own environment: give --requirements too")
-        if isolated:
-            raise CliError("--isolated-env is about the job's own environment: give --requirements too")
-        found = environment_file_in(directory)
-        if found is not None and found.name != "pyproject.toml" and not quiet:
-            err.print(
-                f"{found.name} in {directory} is not used: the job runs in the agents' environment; "
-                f"to give it its own, submit with --requirements {found.name}"
-            )
-        return None
-    if not quiet:
-        err.print(f"resolving {requirements} with uv ...")
-    environment = resolve_environment(directory, requirements, python, isolated=isolated)
-    if not quiet:
-        count = distinct_count(pinned_packages(environment["locked"]))
-        base = "alone (isolated)" if isolated else "over the agents' runtime (TensorFlow, tf-keras, numpy)"
-        err.print(
-            f"resolved {count} package{'s' if count != 1 else ''}, to install {base}; each agent builds "
-            "them once and caches them"
-        )
-    return environment
-
-
-def parse_memory_option(text: str | None, option: str = "--memory-per-worker") -> int | None:
-    """--memory-per-worker 8G -> 8589934592 (binary units); CliError saying how to write one."""
-    if text is None:
-        return None
-    try:
-        return parse_size(text, option)
-    except SizeError as error:
-        raise CliError(str(error)) from None
-
-
-def upload(client: Client, bundle: PackedBundle, *, show_progress: bool) -> dict[str, Any]:
-    """Uploads a packed bundle, with a progress bar on stderr for big ones."""
-    if not show_progress or bundle.size < PROGRESS_BAR_MIN_BYTES:
-        return client.rest.upload_bundle(bundle.file)
-    columns = (
-        "[progress.description]{task.description}",
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-    )
-    with Progress(*columns, console=err, transient=True) as progress:
-        task = progress.add_task("uploading", total=bundle.size)
-        return client.rest.upload_bundle(bundle.file, on_bytes=lambda count: progress.advance(task, count))
-
-
-def pack_and_upload(client: Client, directory: Path, *, quiet: bool = False) -> str:
-    """Packs `directory`, uploads it, and returns the bundle digest."""
-    bundle = pack_directory(directory)
-    try:
-        if not quiet:
-            err.print(f"packed {bundle.file_count} files from {directory} ({human_size(bundle.size)})")
-        result = upload(client, bundle, show_progress=not quiet and err.is_terminal)
-    finally:
-        bundle.close()
-    return str(result["digest"])
 
 
 class TextFollower:
@@ -267,182 +222,29 @@ def report_ending(client: Client, job: dict[str, Any]) -> None:
                 err.print(safe_text(text))
 
 
-@with_client
-def submit(
-    client: Client,
-    directory: Annotated[
-        Path,
-        typer.Argument(metavar="DIR", help="Directory with the training program; it is packed and uploaded."),
-    ],
-    command: Annotated[
-        list[str],
-        typer.Argument(
-            metavar="COMMAND...", help="The command each worker runs in the bundle's directory (after --)."
-        ),
-    ],
-    workers: Annotated[int, typer.Option("--workers", "-n", min=1, help="Number of workers (tasks).")],
-    gpus_per_worker: Annotated[
-        int | None, typer.Option("--gpus-per-worker", min=0, help="GPUs per worker; 0 runs on CPU slots.")
-    ] = None,
-    memory_per_worker: Annotated[
-        str | None,
-        typer.Option(
-            "--memory-per-worker",
-            metavar="SIZE",
-            help="Memory each worker may use, e.g. 8G or 512M (binary units): past it the agent kills the "
-            "worker (out of memory), and placement counts it against each agent's memory [default: the "
-            "agent's share for tasks].",
-            show_default=False,
-        ),
-    ] = None,
-    cpus_per_worker: Annotated[
-        float | None,
-        typer.Option(
-            "--cpus-per-worker",
-            metavar="N",
-            help="CPUs each worker may use at most, e.g. 4 or 0.5 (a cap, not a reservation) [default: no cap].",
-            show_default=False,
-        ),
-    ] = None,
-    name: Annotated[str | None, typer.Option(help="Job name; default: the directory's name.")] = None,
-    env: Annotated[
-        list[str] | None,
-        typer.Option("--env", "-e", help="NAME=VALUE for the workers' environment; repeatable."),
-    ] = None,
-    communication: Annotated[
-        str | None,
-        typer.Option(help="Collective implementation: AUTO, RING or NCCL.", case_sensitive=False),
-    ] = None,
-    collective_timeout: Annotated[
-        float | None,
-        typer.Option(
-            parser=duration_option_parser(allow_zero=True),
-            metavar=DURATION_METAVAR,
-            help="Timeout of each collective, e.g. 10m.",
-        ),
-    ] = None,
-    bytes_per_pack: Annotated[int | None, typer.Option(help="Collective bytes per pack.", min=0)] = None,
-    max_restarts: Annotated[
-        int | None, typer.Option(help="How often a failed job is restarted.", min=0)
-    ] = None,
-    restart_on: Annotated[
-        str | None, typer.Option(help="'retryable' (signals, lost agents) or 'any' non-zero exit.")
-    ] = None,
-    fail_on_nan: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--fail-on-nan",
-            metavar="NAME",
-            help="Fail the job at once, without a restart, when metric NAME is reported as NaN (restart.fail_on_nan); repeatable.",
-        ),
-    ] = None,
-    startup_timeout: Annotated[
-        float | None,
-        typer.Option(
-            parser=duration_option_parser(allow_zero=True),
-            metavar=DURATION_METAVAR,
-            help="How long all workers may take to start running, e.g. 5m.",
-        ),
-    ] = None,
-    max_runtime: Annotated[
-        float | None,
-        typer.Option(
-            parser=duration_option_parser(allow_zero=True),
-            metavar=DURATION_METAVAR,
-            help="How long the job may run before it is failed, e.g. 12h.",
-        ),
-    ] = None,
-    hang_timeout: Annotated[
-        float | None,
-        typer.Option(
-            parser=duration_option_parser(allow_zero=True),
-            metavar=DURATION_METAVAR,
-            help="How long without a metric point or log line, e.g. 10m, after which a RUNNING job counts "
-            "as hung: its stacks are dumped and it is restarted (0: off).",
-        ),
-    ] = None,
-    preflight: Annotated[
-        bool | None,
-        typer.Option(
-            "--preflight/--no-preflight",
-            help="Check that the workers reach each other and measure all-reduce bandwidth before the program.",
-        ),
-    ] = None,
-    agents: Annotated[
-        str | None,
-        typer.Option(
-            "--agents",
-            help="Comma-separated agent names (or ids), one per worker: worker i runs on the i-th.",
-        ),
-    ] = None,
-    priority: Annotated[
-        str | None,
-        typer.Option(
-            "--priority",
-            help="0-1000, higher is placed first (and may preempt lower ones), or low (250), normal (500), "
-            "high (750); users may give up to the coordinator's MWMS_USER_PRIORITY_CEILING [default: normal].",
-            show_default=False,
-        ),
-    ] = None,
-    preemptible: Annotated[
-        bool | None,
-        typer.Option(
-            "--preemptible/--no-preemptible",
-            help="--no-preemptible: never preempt this job (it then never borrows idle capacity over its "
-            "team's quota) [default: preemptible].",
-            show_default=False,
-        ),
-    ] = None,
-    preemption_grace: Annotated[
-        float | None,
-        typer.Option(
-            "--preemption-grace",
-            parser=duration_option_parser(allow_zero=True, maximum=3600),
-            metavar=DURATION_METAVAR,
-            help="Time, e.g. 30s (at most 1h), between the SIGTERM that preempts the workers and the SIGKILL, to save a checkpoint "
-            "[default: the coordinator's MWMS_PREEMPTION_GRACE_S].",
-            show_default=False,
-        ),
-    ] = None,
-    requirements: Annotated[
-        Path | None,
-        typer.Option(
-            "--requirements",
-            "-r",
-            help="A requirements.txt, pyproject.toml or uv.lock (relative to DIR): the job runs in a Python "
-            "environment of its own, resolved here once with uv and built on each agent, cached by hash. "
-            "It extends the agents' runtime: TensorFlow, tf-keras and numpy stay importable, and the "
-            "file's pins take precedence [default: the agents' own environment].",
-            show_default=False,
-        ),
-    ] = None,
-    isolated_env: Annotated[
-        bool,
-        typer.Option(
-            "--isolated-env",
-            help="With --requirements: the environment holds those packages alone (and mwms_runtime), "
-            "not the agents' TensorFlow; pin tensorflow and tf-keras in the file yourself.",
-        ),
-    ] = False,
-    python: Annotated[
-        str | None,
-        typer.Option(
-            "--python",
-            help="The Python version of the job's own environment, e.g. 3.11 (with --requirements) "
-            "[default: the agents' interpreter].",
-            show_default=False,
-        ),
-    ] = None,
-    wait: Annotated[
-        bool, typer.Option("--wait", help="Follow the job to its end; exit 0 only if it SUCCEEDED.")
-    ] = False,
-    json_output: JsonOption = False,
-) -> None:
-    """Pack DIR, upload it and start a job: mwms submit DIR --workers 2 -- python train.py --epochs 3.
+class CheckedOptions(NamedTuple):
+    """Submit's options that are checked or parsed before anything is resolved or uploaded."""
 
-    Prints the job id as the first line of stdout (with --json: the job object instead).
-    With --wait, the chief's log follows on stdout and state changes on stderr.
-    """
+    communication: str | None
+    restart_on: str | None
+    env: dict[str, str]
+    memory_per_worker: int | None
+    priority: int | str | None
+
+
+def check_options(
+    directory: Path,
+    command: list[str],
+    *,
+    communication: str | None,
+    restart_on: str | None,
+    env: list[str] | None,
+    memory_per_worker: str | None,
+    cpus_per_worker: float | None,
+    priority: str | None,
+) -> CheckedOptions:
+    """Refuses what the coordinator would refuse, or no agent could run, before anything is uploaded; the
+    options' values as the job spec takes them."""
     if communication is not None:
         communication = communication.upper()
         if communication not in {"AUTO", "RING", "NCCL"}:
@@ -461,37 +263,17 @@ def submit(
             f"--cpus-per-worker {cpus_per_worker:g}: give more than 0 and at most 1024, e.g. 4 or 0.5"
         )
     job_priority = None if priority is None else parse_priority(priority)
-    job_name = name or directory.resolve().name
-    job_environment = submit_environment(
-        directory, requirements, python, quiet=json_output, isolated=isolated_env
-    )
-    digest = pack_and_upload(client, directory, quiet=json_output)
-    spec = build_job_spec(
-        name=job_name,
-        bundle_digest=digest,
-        command=list(command),
-        workers=workers,
-        gpus_per_worker=gpus_per_worker,
-        memory_per_worker=memory,
-        cpus_per_worker=cpus_per_worker,
-        env=environment,
-        communication=communication,
-        collective_timeout=collective_timeout,
-        bytes_per_pack=bytes_per_pack,
-        max_restarts=max_restarts,
-        restart_on=restart_on,
-        fail_on_nan=fail_on_nan,
-        startup_timeout=startup_timeout,
-        max_runtime=max_runtime,
-        hang_timeout=hang_timeout,
-        preflight=preflight,
-        agents=[a.strip() for a in agents.split(",") if a.strip()] if agents else None,
-        priority=job_priority,
-        preemptible=preemptible,
-        preemption_grace=None if preemption_grace is None else round(preemption_grace),
-        environment=job_environment,
-    )
-    job = client.create_job(spec).raw
+    return CheckedOptions(communication, restart_on, environment, memory, job_priority)
+
+
+def agent_names(agents: str | None) -> list[str] | None:
+    """--agents 'a, b' -> ['a', 'b']; None when not given (or empty)."""
+    return [a.strip() for a in agents.split(",") if a.strip()] if agents else None
+
+
+def announce_or_follow(client: Client, job: dict[str, Any], *, wait: bool, json_output: bool) -> None:
+    """After the job is created: its id on stdout and how to follow it, or (--wait) follows it to its end
+    and exits with JOB_NOT_SUCCEEDED unless it SUCCEEDED."""
     if not json_output:
         print(terminal_safe(job["id"]), flush=True)
     if not wait:
@@ -508,3 +290,83 @@ def submit(
     sys.stdout.flush()
     if final.get("state") != "SUCCEEDED":
         raise typer.Exit(int(ExitCode.JOB_NOT_SUCCEEDED))
+
+
+@with_client
+def submit(
+    client: Client,
+    directory: DirectoryArgument,
+    command: CommandArgument,
+    workers: WorkersOption,
+    gpus_per_worker: GpusPerWorkerOption = None,
+    memory_per_worker: MemoryPerWorkerOption = None,
+    cpus_per_worker: CpusPerWorkerOption = None,
+    name: NameOption = None,
+    env: EnvOption = None,
+    communication: CommunicationOption = None,
+    collective_timeout: CollectiveTimeoutOption = None,
+    bytes_per_pack: BytesPerPackOption = None,
+    max_restarts: MaxRestartsOption = None,
+    restart_on: RestartOnOption = None,
+    fail_on_nan: FailOnNanOption = None,
+    startup_timeout: StartupTimeoutOption = None,
+    max_runtime: MaxRuntimeOption = None,
+    hang_timeout: HangTimeoutOption = None,
+    preflight: PreflightOption = None,
+    agents: AgentsOption = None,
+    priority: PriorityOption = None,
+    preemptible: PreemptibleOption = None,
+    preemption_grace: PreemptionGraceOption = None,
+    requirements: RequirementsOption = None,
+    isolated_env: IsolatedEnvOption = False,
+    python: PythonOption = None,
+    wait: WaitOption = False,
+    json_output: JsonOption = False,
+) -> None:
+    """Pack DIR, upload it and start a job: mwms submit DIR --workers 2 -- python train.py --epochs 3.
+
+    Prints the job id as the first line of stdout (with --json: the job object instead).
+    With --wait, the chief's log follows on stdout and state changes on stderr.
+    """
+    checked = check_options(
+        directory,
+        command,
+        communication=communication,
+        restart_on=restart_on,
+        env=env,
+        memory_per_worker=memory_per_worker,
+        cpus_per_worker=cpus_per_worker,
+        priority=priority,
+    )
+    job_name = name or directory.resolve().name
+    job_environment = submit_environment(
+        directory, requirements, python, quiet=json_output, isolated=isolated_env
+    )
+    digest = pack_and_upload(client, directory, quiet=json_output)
+    spec = build_job_spec(
+        name=job_name,
+        bundle_digest=digest,
+        command=list(command),
+        workers=workers,
+        gpus_per_worker=gpus_per_worker,
+        memory_per_worker=checked.memory_per_worker,
+        cpus_per_worker=cpus_per_worker,
+        env=checked.env,
+        communication=checked.communication,
+        collective_timeout=collective_timeout,
+        bytes_per_pack=bytes_per_pack,
+        max_restarts=max_restarts,
+        restart_on=checked.restart_on,
+        fail_on_nan=fail_on_nan,
+        startup_timeout=startup_timeout,
+        max_runtime=max_runtime,
+        hang_timeout=hang_timeout,
+        preflight=preflight,
+        agents=agent_names(agents),
+        priority=checked.priority,
+        preemptible=preemptible,
+        preemption_grace=None if preemption_grace is None else round(preemption_grace),
+        environment=job_environment,
+    )
+    job = client.create_job(spec).raw
+    announce_or_follow(client, job, wait=wait, json_output=json_output)

@@ -1,4 +1,5 @@
-"""Agents: registration, removal, liveness as data (online_until), and what each one can offer."""
+"""Agents: registration, removal, liveness as data (online_until); what each one can offer is in
+server/services/fleet/agent_capacity.py (re-exported here)."""
 
 from __future__ import annotations
 
@@ -12,16 +13,17 @@ from sqlalchemy import Table, bindparam, or_, select, update
 from sqlalchemy.orm import Session, object_session
 
 from mwms.agent_references import NAME_WITH_ID_FORM_HELP, name_has_id_form
-from mwms.server.db.models import Agent, Job, Task, utcnow
+from mwms.server.db.models import Agent, Task, utcnow
 from mwms.server.errors import InvalidInput, NameTaken, NotFound, Unauthenticated
 from mwms.server.observability.event_log import log_after_commit
 from mwms.server.observability.instruments import count_registration
-from mwms.server.poison import contain
+from mwms.server.services.fleet.agent_capacity import REFUSED_PORT_MEMORY as REFUSED_PORT_MEMORY
+from mwms.server.services.fleet.agent_capacity import capacities as capacities
+from mwms.server.services.fleet.agent_capacity import live_tasks_by_agent as live_tasks_by_agent
+from mwms.server.services.fleet.agent_capacity import refused_ports_by_agent as refused_ports_by_agent
 from mwms.server.services.fleet.agent_references import find_agent
 from mwms.server.services.job_life.lifecycle import mark_task_lost
-from mwms.server.services.json_values import as_text, parsed
-from mwms.server.services.scheduler.placement import AgentCapacity
-from mwms.server.states import DEVICE_HOLDING_TASK_STATES, TaskState
+from mwms.server.states import TaskState
 
 log = logging.getLogger("mwms.server.agents")
 
@@ -271,101 +273,7 @@ def device_kind(agent: Agent) -> str:
     return agent.devices[0]["kind"] if agent.devices else "cpu"
 
 
-def live_tasks_by_agent(session: Session) -> dict[str, list[Task]]:
-    """Tasks that still hold devices and ports, grouped by agent id.
-
-    LOST tasks count until their agent confirms they ended: an agent that was only cut off may still
-    run them, and a new task on the same GPU would run out of memory.
-    """
-    holding = [s.value for s in TaskState if not s.terminal] + [TaskState.LOST.value]
-    rows = session.scalars(select(Task).where(Task.state.in_(holding))).all()
-    grouped: dict[str, list[Task]] = {}
-    for task in rows:
-        grouped.setdefault(task.agent_id, []).append(task)
-    return grouped
-
-
 _TERMINAL_TASK_STATES = [s.value for s in TaskState if s.terminal]
-
-# A port an agent could not bind is avoided on that agent for this long (another program holds it).
-REFUSED_PORT_MEMORY = timedelta(minutes=10)
-
-
-def refused_ports_by_agent(session: Session, now: datetime) -> dict[str, set[int]]:
-    """Ports that agents recently refused to start a task on, so placement does not pick them again."""
-    rows = session.execute(
-        select(Task.agent_id, Task.port).where(
-            Task.state == TaskState.REJECTED.value, Task.ended_at > now - REFUSED_PORT_MEMORY
-        )
-    ).all()
-    refused: dict[str, set[int]] = {}
-    for agent_id, port in rows:
-        refused.setdefault(agent_id, set()).add(port)
-    return refused
-
-
-def capacities(
-    session: Session, now: datetime | None = None, connected: frozenset[str] | None = None
-) -> list[AgentCapacity]:
-    """What every online agent can offer now, net of the tasks it holds (their devices, and the memory their
-    jobs asked per worker) and the ports it refused.
-
-    `connected` (agent ids with a live session), when given, narrows the offer further: right after a
-    coordinator start, agents count as online for a grace period before they have reconnected. Read as
-    plain columns (no ORM objects): the scheduler asks on every pass, with up to thousands of agents.
-    """
-    now = now or utcnow()
-    held: dict[str, list[tuple[list[Any], int]]] = {}
-    promised: dict[str, int] = {}  # agent id -> the memory_per_worker of the tasks holding its devices
-    for agent_id, indices, port, memory in session.execute(
-        select(Task.agent_id, as_text(Task.device_indices), Task.port, Job.memory_per_worker)
-        .join(Job, Job.id == Task.job_id)
-        .where(Task.state.in_(DEVICE_HOLDING_TASK_STATES))
-    ):
-        held.setdefault(agent_id, []).append((parsed(indices), port))
-        if memory:
-            promised[agent_id] = promised.get(agent_id, 0) + int(memory)
-    refused = refused_ports_by_agent(session, now)
-    rows = session.execute(
-        select(
-            Agent.id,
-            Agent.name,
-            Agent.advertise_address,
-            as_text(Agent.devices),
-            Agent.port_low,
-            Agent.port_high,
-            Agent.memory_bytes,
-        )
-        .where(Agent.removed_at.is_(None), Agent.online_until > now)
-        .order_by(Agent.name)
-    ).all()
-    result = []
-    for agent_id, name, address, devices_json, port_low, port_high, memory_bytes in rows:
-        if connected is not None and agent_id not in connected:
-            continue
-        try:
-            devices = parsed(devices_json)
-            tasks = held.get(agent_id, [])
-            busy = {int(i) for held_indices, _ in tasks for i in held_indices}
-            device_ids: tuple[int, ...] = tuple(int(d["index"]) for d in devices)
-            result.append(
-                AgentCapacity(
-                    agent_id=agent_id,
-                    name=name,
-                    address=address,
-                    device_kind=devices[0]["kind"] if devices else "cpu",
-                    all_devices=device_ids,
-                    free_devices=tuple(i for i in device_ids if i not in busy),
-                    port_low=port_low,
-                    port_high=port_high,
-                    used_ports=frozenset({port for _, port in tasks} | refused.get(agent_id, set())),
-                    memory_bytes=max(0, int(memory_bytes or 0)),
-                    memory_used=promised.get(agent_id, 0),
-                )
-            )
-        except Exception:  # noqa: BLE001 - one damaged agent row must not stall placement for everyone
-            contain(log, "agent_capacity", agent_id, f"agent {agent_id}")
-    return result
 
 
 def newly_lost_agents(session: Session, now: datetime | None = None) -> list[Agent]:

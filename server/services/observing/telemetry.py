@@ -6,34 +6,50 @@ anyway is found by storing the batch row by row; both are counted, and the rest 
 Only a database that cannot be written at all (OperationalError) fails the batch, so the agent resends it.
 
 A log line that redraws an earlier one (`replaces_seq`, a `\\r` progress bar) marks that one superseded: the
-newest lines of a page and a failure reason leave it out (services/observing/log_pages.py, services/job_life/lifecycle.py).
+newest lines of a page and a failure reason leave it out (services/observing/log_pages.py,
+services/job_life/failure_reasons.py).
 
 Metric values: NaN is stored as NULL (SQLite turns NaN into NULL anyway), +-Infinity as they are.
 
 On PostgreSQL a batch is COPYed into a staging table and moved with one INSERT ... SELECT ... ON CONFLICT DO
-NOTHING (_copy_ignoring_duplicates); elsewhere, and for the row-by-row retry, it is one executemany.
+NOTHING (_copy_ignoring_duplicates); elsewhere, and for the row-by-row retry, it is one executemany. The
+statements each dialect runs are built in services/observing/insert_plans.py.
+
+Reading them back (log lines, metric pages, a job's progress) is services/observing/telemetry_reads.py, whose
+names are importable from here too.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import struct
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-from sqlalchemy import ColumnElement, Dialect, ScalarSelect, Table, UniqueConstraint, func, select, update
+from sqlalchemy import Table, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
-from sqlalchemy.orm import InstrumentedAttribute, Session, aliased
+from sqlalchemy.orm import Session
 
 from mwms import metrics_line
-from mwms.server.db.models import Job, LogLine, MetricPoint, Task
+from mwms.server.db.models import LogLine, MetricPoint, Task
 from mwms.server.poison import count_poison, is_transient
+from mwms.server.services.observing.insert_plans import copy_plan, insert_plan
+from mwms.server.services.observing.telemetry_reads import (
+    MAX_METRIC_POINTS_PER_PAGE as MAX_METRIC_POINTS_PER_PAGE,
+)
+from mwms.server.services.observing.telemetry_reads import Progress as Progress
+from mwms.server.services.observing.telemetry_reads import ProgressColumns as ProgressColumns
+from mwms.server.services.observing.telemetry_reads import latest_progress as latest_progress
+from mwms.server.services.observing.telemetry_reads import progress_columns as progress_columns
+from mwms.server.services.observing.telemetry_reads import progress_out as progress_out
+from mwms.server.services.observing.telemetry_reads import read_logs as read_logs
+from mwms.server.services.observing.telemetry_reads import read_metrics as read_metrics
+from mwms.server.services.observing.telemetry_reads import value_out as value_out
 
 log = logging.getLogger("mwms.server.telemetry")
 
@@ -41,8 +57,6 @@ log = logging.getLogger("mwms.server.telemetry")
 MAX_SEQ = 2**31 - 1
 MAX_UNIX_MS = int(metrics_line.MAX_TIME * 1000)
 STREAMS = ("stdout", "stderr")
-# Metric points one read returns at most (GET /jobs/{id}/metrics pages beyond it).
-MAX_METRIC_POINTS_PER_PAGE = 10_000
 
 
 class IncomingLine(NamedTuple):
@@ -113,11 +127,6 @@ def stored_value(value: float) -> float | None:
     return None if math.isnan(value) else value
 
 
-def value_out(stored: float | None) -> float | metrics_line.NonFinite:
-    """A stored metric value as the API shows it: a number, or "NaN" / "Infinity" / "-Infinity"."""
-    return metrics_line.json_value(math.nan if stored is None else stored)
-
-
 def _short(error: BaseException) -> str:
     """What went wrong, without the SQL statement or its parameters."""
     cause = getattr(error, "orig", None) or error
@@ -135,77 +144,6 @@ LOG_COLUMNS = ("job_id", "task_id", "seq", "stream", "text", "at", "replaces_seq
 METRIC_COLUMNS = ("job_id", "task_id", "attempt", "seq", "name", "step", "value", "wall_time")
 
 
-class _Bind:
-    """A table's columns as the database driver takes them: each row's values through the column types'
-    bind processors for the dialect, as SQLAlchemy's own execution would (a timestamp as SQLite's text, for
-    one). Processed values are remembered within a call (a batch's rows share a handful of times), but
-    for floats, where equal values can differ (0.0 and -0.0)."""
-
-    def __init__(self, table: Table, columns: tuple[str, ...], dialect: Dialect) -> None:
-        self.processors = tuple(
-            (i, process)
-            for i, name in enumerate(columns)
-            if (process := table.columns[name].type.dialect_impl(dialect).bind_processor(dialect)) is not None
-        )
-
-    def rows(self, rows: list[tuple]) -> list[tuple]:
-        if not self.processors:
-            return rows
-        if len(self.processors) == 1 and rows and type(rows[0][self.processors[0][0]]) is not float:
-            return self._one_column(rows)
-        remembered: list[dict[Any, Any]] = [{} for _ in self.processors]
-        bound = []
-        for row in rows:
-            values = list(row)
-            for (i, process), memo in zip(self.processors, remembered, strict=True):
-                value = values[i]
-                if type(value) is float:
-                    values[i] = process(value)
-                    continue
-                try:
-                    values[i] = memo[value]
-                except KeyError:
-                    values[i] = memo[value] = process(value)
-            bound.append(tuple(values))
-        return bound
-
-    def _one_column(self, rows: list[tuple]) -> list[tuple]:
-        """The same for the one processed column (a timestamp), in fewer steps: most batches."""
-        ((i, process),) = self.processors
-        memo: dict[Any, Any] = {}
-        bound = []
-        for row in rows:
-            value = row[i]
-            done = memo.get(value)
-            if done is None:
-                done = memo[value] = process(value)
-            bound.append((*row[:i], done, *row[i + 1 :]))
-        return bound
-
-
-@dataclass(frozen=True)
-class _InsertPlan:
-    """One executemany of `table` rows holding `columns`, skipping rows stored before (see _insert_plan)."""
-
-    columns: tuple[str, ...]
-    sql: str  # positional parameters in the order of `columns` (SQLite), else ""
-    bind: _Bind
-
-
-@functools.cache
-def _insert_plan(table: Table, columns: tuple[str, ...], dialect: Dialect) -> _InsertPlan:
-    """On SQLite, the INSERT ... ON CONFLICT DO NOTHING that the driver runs once per row of a batch with
-    values bound here: SQLAlchemy's own executemany built a dict and ran every type's processor per row,
-    which cost more than SQLite's insert itself (bench/README.md, ingest). Names come from the table."""
-    sql = ""
-    if dialect.name == "sqlite":
-        quote = dialect.identifier_preparer.quote
-        names = ", ".join(quote(name) for name in columns)
-        marks = ", ".join("?" for _ in columns)
-        sql = f"INSERT INTO {quote(table.name)} ({names}) VALUES ({marks}) ON CONFLICT DO NOTHING"
-    return _InsertPlan(columns=columns, sql=sql, bind=_Bind(table, columns, dialect))
-
-
 def _insert_ignoring_duplicates(
     session: Session, model: type, columns: tuple[str, ...], rows: list[tuple]
 ) -> None:
@@ -218,7 +156,7 @@ def _insert_ignoring_duplicates(
     if dialect.name == "postgresql" and len(rows) >= COPY_MIN_ROWS:
         _copy_ignoring_duplicates(session, table, columns, rows)
         return
-    plan = _insert_plan(table, columns, dialect)
+    plan = insert_plan(table, columns, dialect)
     if plan.sql:
         session.connection().exec_driver_sql(plan.sql, plan.bind.rows(rows))
         return
@@ -226,53 +164,6 @@ def _insert_ignoring_duplicates(
     # One executemany of a compiled statement: compiling a multi-row VALUES costs more than the insert.
     session.connection().execute(
         insert(table).on_conflict_do_nothing(), [dict(zip(columns, row, strict=True)) for row in rows]
-    )
-
-
-@dataclass(frozen=True)
-class _CopyPlan:
-    """The statements and per-column conversions that COPY a batch of `table` rows (see _copy_plan)."""
-
-    columns: tuple[str, ...]
-    create: str
-    copy: str
-    move: str
-    bind: _Bind
-
-
-@functools.cache
-def _copy_plan(table: Table, columns: tuple[str, ...], dialect: Dialect) -> _CopyPlan:
-    """How to COPY rows holding `columns` into `table`: every name and type comes from the table itself.
-
-    The staging table is created in the transaction, ON COMMIT DROP, rather than kept by the connection
-    with ON COMMIT DELETE ROWS: nothing of it outlives the transaction, neither rows nor a table that a
-    pooler (PgBouncer in transaction mode) would hand to other clients or that would predate a migration
-    of the table it copies into. It costs 0.5-1 ms a transaction (creating it 0.3 ms, dropping it at
-    commit the rest; bench/pg_insert_ways.py), against the writer's transactions of about a second, and
-    no difference in rows/s with 500-row batches. Each batch empties it as it moves the rows (DELETE ...
-    RETURNING), so the batches of one transaction never see each other's rows; a savepoint rolled back
-    takes its rows with it.
-    """
-    quote = dialect.identifier_preparer.quote
-    names = ", ".join(quote(name) for name in columns)
-    staged = quote(f"mwms_staged_{table.name}")
-    (unique,) = [c for c in table.constraints if isinstance(c, UniqueConstraint)]
-    key = ", ".join(quote(c.name) for c in unique.columns)
-    return _CopyPlan(
-        columns=columns,
-        create=(
-            f"CREATE TEMPORARY TABLE IF NOT EXISTS {staged} ON COMMIT DROP AS "
-            f"SELECT {names} FROM {quote(table.name)} WITH NO DATA"
-        ),
-        copy=f"COPY {staged} ({names}) FROM STDIN (FORMAT BINARY)",
-        # Ordered by the unique key: two replicas storing overlapping resends wait for each other's
-        # rows in the same order, whatever order the batches came in, so they cannot deadlock.
-        move=(
-            f"WITH moved AS (DELETE FROM {staged} RETURNING {names}) "
-            f"INSERT INTO {quote(table.name)} ({names}) SELECT {names} FROM moved ORDER BY {key} "
-            f"ON CONFLICT ({key}) DO NOTHING"
-        ),
-        bind=_Bind(table, columns, dialect),
     )
 
 
@@ -295,7 +186,7 @@ def _copy_ignoring_duplicates(
     executemany. Which of two rows with one seq in a batch is kept is not defined (agents never send that).
     """
     dialect = session.get_bind().dialect
-    plan = _copy_plan(table, columns, dialect)
+    plan = copy_plan(table, columns, dialect)
     driver = session.connection().connection.driver_connection
     assert driver is not None
     try:
@@ -454,134 +345,3 @@ def store_metric_points(session: Session, task: Task, points: list[IncomingPoint
     if outcome.rejected:
         log.warning("task %s: refused %d metric point(s): %s", task.id, outcome.rejected, outcome.reason)
     return outcome
-
-
-def read_logs(
-    session: Session,
-    job: Job,
-    *,
-    task_index: int | None,
-    attempt: int | None,
-    after: int,
-    tail: int,
-    superseded: bool = True,
-) -> list[tuple[LogLine, Task]]:
-    """Log lines of a job in arrival order; `after` is a cursor (line id), `tail` keeps the newest N;
-    `superseded=False` leaves out the lines a newer state (a redraw) replaced."""
-    query = select(LogLine, Task).join(Task, Task.id == LogLine.task_id).where(LogLine.job_id == job.id)
-    if not superseded:
-        query = query.where(LogLine.superseded.is_(False))
-    if task_index is not None:
-        query = query.where(Task.index == task_index)
-    if attempt is not None:
-        query = query.where(Task.attempt_number == attempt)
-    if after:
-        query = query.where(LogLine.id > after)
-        rows = session.execute(query.order_by(LogLine.id).limit(tail)).all()
-        return [(line, task) for line, task in rows]
-    rows = session.execute(query.order_by(LogLine.id.desc()).limit(tail)).all()
-    return [(line, task) for line, task in reversed(rows)]
-
-
-def read_metrics(
-    session: Session,
-    job: Job,
-    *,
-    name: str | None,
-    min_step: int | None,
-    max_step: int | None,
-    attempt: int | None,
-    after: int | None = None,
-    limit: int = MAX_METRIC_POINTS_PER_PAGE,
-) -> tuple[list[MetricPoint], bool]:
-    """A page of a job's metric points and whether more match: at most `limit`, ordered by name,
-    attempt and step; or, `after` a cursor (a point's id), only the points stored after it, in storage
-    order, so a page that polls reads only what is new."""
-    query = select(MetricPoint).where(MetricPoint.job_id == job.id)
-    if after is not None:
-        query = query.where(MetricPoint.id > after)
-    if name:
-        query = query.where(MetricPoint.name == name)
-    if min_step is not None:
-        query = query.where(MetricPoint.step >= min_step)
-    if max_step is not None:
-        query = query.where(MetricPoint.step <= max_step)
-    if attempt is not None:
-        query = query.where(MetricPoint.attempt == attempt)
-    order: tuple[Any, ...] = (MetricPoint.id,)
-    if after is None:
-        order = (MetricPoint.name, MetricPoint.attempt, MetricPoint.step, MetricPoint.id)
-    points = list(session.scalars(query.order_by(*order).limit(limit + 1)).all())
-    return points[:limit], len(points) > limit
-
-
-@dataclass(frozen=True)
-class ProgressColumns:
-    """Correlated scalar subqueries for a job's progress, so a page of jobs reads it in its own query."""
-
-    step: ScalarSelect[Any]
-    loss_id: ScalarSelect[Any]
-    loss_value: ScalarSelect[Any]
-
-    def all(self) -> tuple[ScalarSelect[Any], ScalarSelect[Any], ScalarSelect[Any]]:
-        return self.step, self.loss_id, self.loss_value
-
-
-Progress = tuple[int | None, float | metrics_line.NonFinite | None]
-
-
-def progress_columns(job_id: ColumnElement[str] | InstrumentedAttribute[str] | str) -> ProgressColumns:
-    """(latest step, latest loss) of the job `job_id` (a value, or a column such as Job.id) as subqueries.
-
-    Each is a seek on ix_metric_points_job_attempt_step: the newest attempt that reported anything is its
-    max(attempt), the latest step the first non-epoch point walking back from its highest step.
-    """
-    reported = aliased(MetricPoint)
-    # Nested subqueries correlate to the outer jobs row explicitly (auto-correlation reaches one level).
-    newest = (
-        select(func.max(reported.attempt))
-        .where(reported.job_id == job_id)
-        .correlate_except(reported)
-        .scalar_subquery()
-    )
-    of_newest = (MetricPoint.job_id == job_id, MetricPoint.attempt == newest)
-    step = (
-        select(MetricPoint.step)
-        .where(*of_newest, ~MetricPoint.name.startswith("epoch_"))
-        .order_by(MetricPoint.step.desc())
-        .limit(1)
-        .correlate_except(MetricPoint)
-        .scalar_subquery()
-    )
-    loss_id = (
-        select(MetricPoint.id)
-        .where(*of_newest, MetricPoint.name == "loss")
-        .order_by(MetricPoint.step.desc(), MetricPoint.id.desc())
-        .limit(1)
-        .correlate_except(MetricPoint)
-        .scalar_subquery()
-    )
-    # A NaN loss is stored as NULL: the id tells "no loss reported" from "the loss was NaN".
-    loss_point = aliased(MetricPoint)
-    loss_value = (
-        select(loss_point.value)
-        .where(loss_point.id == loss_id)
-        .correlate_except(loss_point)
-        .scalar_subquery()
-    )
-    return ProgressColumns(step, loss_id, loss_value)
-
-
-def progress_out(step: int | None, loss_id: int | None, loss_value: float | None) -> Progress:
-    """The values of `progress_columns` as the API shows them (the loss through `value_out`)."""
-    return step, (value_out(loss_value) if loss_id is not None else None)
-
-
-def latest_progress(session: Session, job: Job) -> Progress:
-    """(latest step, latest loss) reported by the job's newest attempt that reported anything.
-
-    The loss is as the API shows it (`value_out`): a number or "NaN"/"Infinity"/"-Infinity"; None when
-    no loss was reported. One query.
-    """
-    step, loss_id, loss_value = session.execute(select(*progress_columns(job.id).all())).one()
-    return progress_out(step, loss_id, loss_value)

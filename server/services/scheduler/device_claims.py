@@ -3,7 +3,7 @@
 Placement claims every device a task gets (one row per agent and device index, primary key both) in the
 transaction that creates the task; the claim goes when the task stops holding devices (transition_task),
 or with the task's row. A plan made on a stale read, on whichever replica, that would give a held device
-again fails on the primary key, and that placement alone is dropped (server/services/scheduler/scheduling.py).
+again fails on the primary key, and that placement alone is dropped (server/services/scheduler/plan_apply.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """When a waiting job may start, for people: estimated from what is known about the jobs that run.
 
-The scheduler's reservation (queue_plan.py) counts only max_runtime, a guarantee backfill relies on, and a
+The scheduler's reservation (backfill.py) counts only max_runtime, a guarantee backfill relies on, and a
 job without one never ends as far as it knows: most have none. This estimate also uses how long jobs of
 the same shape usually take. `GET /api/v1/queue` (estimated_start, estimate_basis), `mwms queue` and the
 dashboard's queue view show it; it decides nothing. Pure: server/services/scheduler/queue_view.py reads the data.

@@ -43,7 +43,7 @@ class WaitingJobs:
         self.version: Hashable = None
         # The inputs key of the last pass when it decided nothing (server/services/scheduler/scheduling.py).
         self.quiet_key: Hashable = None
-        # The queue order of the last pass, with the inputs it was made from (scheduling._ordered).
+        # The queue order of the last pass, with the inputs it was made from (pass_inputs._ordered).
         self.order: tuple[Hashable, list[WaitingJob]] | None = None
         self._history: tuple[datetime, fair_share.PerTeam] | None = None
 

@@ -1,0 +1,114 @@
+"""The scheduler's view of the agents (server/services/fleet/agents.py): what each online agent can offer
+now, net of the tasks that hold its devices and ports and of the ports it recently refused."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from mwms.server.db.models import Agent, Job, Task, utcnow
+from mwms.server.poison import contain
+from mwms.server.services.json_values import as_text, parsed
+from mwms.server.services.scheduler.placement import AgentCapacity
+from mwms.server.states import DEVICE_HOLDING_TASK_STATES, TaskState
+
+log = logging.getLogger("mwms.server.agents")
+
+
+def live_tasks_by_agent(session: Session) -> dict[str, list[Task]]:
+    """Tasks that still hold devices and ports, grouped by agent id.
+
+    LOST tasks count until their agent confirms they ended: an agent that was only cut off may still
+    run them, and a new task on the same GPU would run out of memory.
+    """
+    holding = [s.value for s in TaskState if not s.terminal] + [TaskState.LOST.value]
+    rows = session.scalars(select(Task).where(Task.state.in_(holding))).all()
+    grouped: dict[str, list[Task]] = {}
+    for task in rows:
+        grouped.setdefault(task.agent_id, []).append(task)
+    return grouped
+
+
+# A port an agent could not bind is avoided on that agent for this long (another program holds it).
+REFUSED_PORT_MEMORY = timedelta(minutes=10)
+
+
+def refused_ports_by_agent(session: Session, now: datetime) -> dict[str, set[int]]:
+    """Ports that agents recently refused to start a task on, so placement does not pick them again."""
+    rows = session.execute(
+        select(Task.agent_id, Task.port).where(
+            Task.state == TaskState.REJECTED.value, Task.ended_at > now - REFUSED_PORT_MEMORY
+        )
+    ).all()
+    refused: dict[str, set[int]] = {}
+    for agent_id, port in rows:
+        refused.setdefault(agent_id, set()).add(port)
+    return refused
+
+
+def capacities(
+    session: Session, now: datetime | None = None, connected: frozenset[str] | None = None
+) -> list[AgentCapacity]:
+    """What every online agent can offer now, net of the tasks it holds (their devices, and the memory their
+    jobs asked per worker) and the ports it refused.
+
+    `connected` (agent ids with a live session), when given, narrows the offer further: right after a
+    coordinator start, agents count as online for a grace period before they have reconnected. Read as
+    plain columns (no ORM objects): the scheduler asks on every pass, with up to thousands of agents.
+    """
+    now = now or utcnow()
+    held: dict[str, list[tuple[list[Any], int]]] = {}
+    promised: dict[str, int] = {}  # agent id -> the memory_per_worker of the tasks holding its devices
+    for agent_id, indices, port, memory in session.execute(
+        select(Task.agent_id, as_text(Task.device_indices), Task.port, Job.memory_per_worker)
+        .join(Job, Job.id == Task.job_id)
+        .where(Task.state.in_(DEVICE_HOLDING_TASK_STATES))
+    ):
+        held.setdefault(agent_id, []).append((parsed(indices), port))
+        if memory:
+            promised[agent_id] = promised.get(agent_id, 0) + int(memory)
+    refused = refused_ports_by_agent(session, now)
+    rows = session.execute(
+        select(
+            Agent.id,
+            Agent.name,
+            Agent.advertise_address,
+            as_text(Agent.devices),
+            Agent.port_low,
+            Agent.port_high,
+            Agent.memory_bytes,
+        )
+        .where(Agent.removed_at.is_(None), Agent.online_until > now)
+        .order_by(Agent.name)
+    ).all()
+    result = []
+    for agent_id, name, address, devices_json, port_low, port_high, memory_bytes in rows:
+        if connected is not None and agent_id not in connected:
+            continue
+        try:
+            devices = parsed(devices_json)
+            tasks = held.get(agent_id, [])
+            busy = {int(i) for held_indices, _ in tasks for i in held_indices}
+            device_ids: tuple[int, ...] = tuple(int(d["index"]) for d in devices)
+            result.append(
+                AgentCapacity(
+                    agent_id=agent_id,
+                    name=name,
+                    address=address,
+                    device_kind=devices[0]["kind"] if devices else "cpu",
+                    all_devices=device_ids,
+                    free_devices=tuple(i for i in device_ids if i not in busy),
+                    port_low=port_low,
+                    port_high=port_high,
+                    used_ports=frozenset({port for _, port in tasks} | refused.get(agent_id, set())),
+                    memory_bytes=max(0, int(memory_bytes or 0)),
+                    memory_used=promised.get(agent_id, 0),
+                )
+            )
+        except Exception:  # noqa: BLE001 - one damaged agent row must not stall placement for everyone
+            contain(log, "agent_capacity", agent_id, f"agent {agent_id}")
+    return result

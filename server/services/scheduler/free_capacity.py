@@ -1,0 +1,135 @@
+"""What one scheduler pass places on (server/services/scheduler/queue_plan.py): the free devices, used
+ports and promised memory per agent, updated as the pass places jobs; and the idle cluster (what it
+offers when nothing runs, and what cordoned and connecting agents add), fixed for a pass.
+
+- **Memory**: a job's memory_per_worker counts against each agent's memory as its devices do
+  (placement.py); running jobs free theirs when they end or are preempted, as their devices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from mwms.server.services.scheduler.placement import (
+    AgentCapacity,
+    TaskPlacement,
+    fitting_now,
+    never_fits,
+    workers_fitting,
+)
+from mwms.server.services.scheduler.queue_order import WaitingJob
+
+
+class Free:
+    """Free devices, used ports and promised memory per agent, updated as the pass places jobs."""
+
+    def __init__(self, agents: Sequence[AgentCapacity]) -> None:
+        self.agents = {a.agent_id: a for a in agents}
+        # Copied for an agent only when the pass places on it: most agents are only read.
+        self.free: dict[str, frozenset[int] | set[int]] = {
+            a.agent_id: frozenset(a.free_devices) for a in agents
+        }
+        self.ports: dict[str, frozenset[int] | set[int]] = {a.agent_id: a.used_ports for a in agents}
+        self.memory_used: dict[str, int] = {a.agent_id: a.memory_used for a in agents}
+        self.version = 0
+
+    def take(self, tasks: Sequence[TaskPlacement]) -> None:
+        for t in tasks:
+            self.free[t.agent_id] = set(self.free[t.agent_id]) - set(t.device_indices)
+            self.ports[t.agent_id] = set(self.ports[t.agent_id]) | {t.port}
+            self.memory_used[t.agent_id] += t.memory_bytes
+        self.version += 1
+
+    def memory_free(self, agent_id: str, freeing: int = 0) -> int | None:
+        """Memory of the agent not promised to tasks (less `freeing`'s); None when it reported none."""
+        offered = self.agents[agent_id].memory_bytes
+        return max(0, offered - max(0, self.memory_used[agent_id] - freeing)) if offered > 0 else None
+
+    def offer(
+        self,
+        without: Mapping[str, set[int]] | None = None,
+        adding: Mapping[str, set[int]] | None = None,
+        freeing: Mapping[str, int] | None = None,
+    ) -> list[AgentCapacity]:
+        """The agents as AgentCapacity with what is free, less `without`, plus `adding` (devices) and
+        `freeing` (memory of jobs that would end)."""
+        result = []
+        for agent_id, agent in self.agents.items():
+            free = set(self.free[agent_id])
+            if adding and agent_id in adding:
+                free |= adding[agent_id] & set(agent.all_devices)
+            if without and agent_id in without:
+                free -= without[agent_id]
+            used = max(0, self.memory_used[agent_id] - (freeing or {}).get(agent_id, 0))
+            result.append(
+                replace(
+                    agent,
+                    free_devices=tuple(sorted(free)),
+                    used_ports=frozenset(self.ports[agent_id]),
+                    memory_used=used,
+                )
+            )
+        return result
+
+    def units(
+        self, kind: str, per_worker: int, without: Mapping[str, set[int]] | None = None, memory: int = 0
+    ) -> int:
+        """Workers of this shape (asking `memory` each) that fit on what is free, less `without`, counted
+        without building offers."""
+        total = 0
+        for agent_id, free in self.free.items():
+            if self.agents[agent_id].device_kind != kind:
+                continue
+            devices = len(free - without[agent_id]) if without and agent_id in without else len(free)
+            if memory > 0:
+                total += workers_fitting(devices, per_worker, self.memory_free(agent_id), memory)
+            else:
+                total += devices // per_worker
+        return total
+
+
+def units(offer: Sequence[AgentCapacity], kind: str, per_worker: int, memory: int = 0) -> int:
+    """How many workers of this shape (asking `memory` each) fit on `offer` now."""
+    return sum(fitting_now(a, per_worker, memory) for a in offer if a.device_kind == kind)
+
+
+def merge(*parts: Mapping[str, set[int]]) -> dict[str, set[int]]:
+    merged: dict[str, set[int]] = {}
+    for part in parts:
+        for agent_id, devices in part.items():
+            merged.setdefault(agent_id, set()).update(devices)
+    return merged
+
+
+def devices_of(tasks: Sequence[TaskPlacement]) -> dict[str, set[int]]:
+    return merge(*({t.agent_id: set(t.device_indices)} for t in tasks))
+
+
+class Idle:
+    """What the cluster offers when nothing runs, and what cordoned agents add: fixed for a pass."""
+
+    def __init__(
+        self,
+        offer: Sequence[AgentCapacity],
+        cordoned: Sequence[AgentCapacity],
+        connecting: Sequence[AgentCapacity] = (),
+    ) -> None:
+        self.offer = list(offer)
+        self.cordoned = list(cordoned)
+        self.connecting = list(connecting)
+        self._never: dict[tuple[str, int, int, int], str] = {}
+
+    def never(self, job: WaitingJob) -> str:
+        """place_gang's own explanation when the job could not fit even on an idle cluster, else ''."""
+        key = (job.kind, job.per_worker, job.workers, job.memory_per_worker)
+        if key not in self._never:
+            result = never_fits(self.offer, job.workers, job.gpus_per_worker, job.memory_per_worker)
+            self._never[key] = result.reason if result is not None else ""
+        return self._never[key]
+
+    def cordoned_units(self, job: WaitingJob) -> int:
+        return units(self.cordoned, job.kind, job.per_worker, job.memory_per_worker)
+
+    def connecting_units(self, job: WaitingJob) -> int:
+        return units(self.connecting, job.kind, job.per_worker, job.memory_per_worker)
