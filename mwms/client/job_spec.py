@@ -42,45 +42,30 @@ def build_job_spec(
         "bundle_digest": bundle_digest,
         "command": command,
         "workers": workers,
+        "env": env or None,
+        "communication": _without_none(
+            {
+                "implementation": communication,
+                "timeout_seconds": collective_timeout,
+                "bytes_per_pack": bytes_per_pack,
+            }
+        )
+        or None,
+        "restart": _without_none(
+            {"max_restarts": max_restarts, "restart_on": restart_on, "fail_on_nan": fail_on_nan or None}
+        )
+        or None,
+        "agents": agents or None,
+        "gpus_per_worker": gpus_per_worker,
+        "memory_per_worker": memory_per_worker,
+        "cpus_per_worker": cpus_per_worker,
+        "startup_timeout_seconds": startup_timeout,
+        "max_runtime_seconds": max_runtime,
+        "hang_timeout_seconds": hang_timeout,
+        "preflight": preflight,
+        "priority": priority,
+        "preemptible": preemptible,
+        "preemption_grace_seconds": preemption_grace,
+        "environment": environment,
     }
-    if gpus_per_worker is not None:
-        spec["gpus_per_worker"] = gpus_per_worker
-    if memory_per_worker is not None:
-        spec["memory_per_worker"] = memory_per_worker
-    if cpus_per_worker is not None:
-        spec["cpus_per_worker"] = cpus_per_worker
-    if env:
-        spec["env"] = env
-    collectives = _without_none(
-        {
-            "implementation": communication,
-            "timeout_seconds": collective_timeout,
-            "bytes_per_pack": bytes_per_pack,
-        }
-    )
-    if collectives:
-        spec["communication"] = collectives
-    restart = _without_none(
-        {"max_restarts": max_restarts, "restart_on": restart_on, "fail_on_nan": fail_on_nan or None}
-    )
-    if restart:
-        spec["restart"] = restart
-    if startup_timeout is not None:
-        spec["startup_timeout_seconds"] = startup_timeout
-    if max_runtime is not None:
-        spec["max_runtime_seconds"] = max_runtime
-    if hang_timeout is not None:
-        spec["hang_timeout_seconds"] = hang_timeout
-    if preflight is not None:
-        spec["preflight"] = preflight
-    if agents:
-        spec["agents"] = agents
-    if priority is not None:
-        spec["priority"] = priority
-    if preemptible is not None:
-        spec["preemptible"] = preemptible
-    if preemption_grace is not None:
-        spec["preemption_grace_seconds"] = preemption_grace
-    if environment is not None:
-        spec["environment"] = environment
-    return spec
+    return _without_none(spec)

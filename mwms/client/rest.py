@@ -197,22 +197,18 @@ class RestApi:
         max_step: int | None = None,
         attempt: int | None = None,
     ) -> list[dict[str, Any]]:
-        """Every matching point, read page by page, ordered by name, attempt and step."""
-        first = self.metrics(job_id, name=name, min_step=min_step, max_step=max_step, attempt=attempt)
-        if not first.get("more"):
-            return list(first.get("points") or [])
+        """Every matching point, read page by page (after a cursor, in storage order), ordered by name,
+        attempt and step."""
         points: list[dict[str, Any]] = []
-        page: dict[str, Any] = {"more": True, "cursor": 0}
-        while page.get("more"):
+        cursor, more = 0, True
+        while more:
             page = self.metrics(
-                job_id,
-                name=name,
-                min_step=min_step,
-                max_step=max_step,
-                attempt=attempt,
-                after=int(page.get("cursor") or 0),
+                job_id, name=name, min_step=min_step, max_step=max_step, attempt=attempt, after=cursor
             )
             points += page.get("points") or []
+            following = int(page.get("cursor") or 0)
+            more = bool(page.get("more")) and following > cursor  # a cursor that does not move ends it
+            cursor = following
         return sorted(points, key=lambda point: (point["name"], point["attempt"], point["step"]))
 
     def list_artifacts(self, job_id: str) -> list[dict[str, Any]]:
