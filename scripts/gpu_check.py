@@ -278,8 +278,11 @@ def exchange_shm(index, wait_s=60):
     """Leaves a file only its owner may read in /dev/shm (as NCCL's are) and reads the peer's."""
     mine, peer = f"/dev/shm/mwms-gpu-check-{index}", f"/dev/shm/mwms-gpu-check-{1 - index}"
     try:
-        with open(os.open(mine, os.O_CREAT | os.O_WRONLY, 0o600), "w") as f:
+        # Written whole under another name, then renamed: the peer, which waits for the name, never reads
+        # the file between its creation and its write.
+        with open(os.open(f"{mine}.partial", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600), "w") as f:
             f.write(str(index))
+        os.rename(f"{mine}.partial", mine)
     except OSError as error:
         return {"wrote": False, "error": str(error), "peer": None}
     deadline = time.monotonic() + wait_s
