@@ -8,11 +8,11 @@ STAMP := $(VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml testkit/pyproject.toml
 	@echo "installing mwms and its dependencies (TensorFlow among them) into $(VENV): 1-2 minutes the first time"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[server,agent,dev]'
+	$(BIN)/python -m pip install --quiet -e '.[server,agent,dev]' -e ./testkit
 	@echo "installed into $(VENV)"
 	touch $(STAMP)
 
@@ -23,7 +23,7 @@ test: install
 	$(BIN)/python -m pytest -ra --durations=30 $(PYTEST_ARGS)
 
 test-fast: install
-	$(BIN)/python -m pytest -ra -m "not e2e and not tf and not browser" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -ra --durations=15 tests/unit tests/integration $(PYTEST_ARGS)
 
 # mypy reaches server/ and worker_agent/ through the links mwms/server and mwms/worker_agent.
 lint: install

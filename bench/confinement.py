@@ -26,12 +26,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
 
 from mwms.worker_agent import cgroups, landlock  # noqa: E402
 from mwms.worker_agent.port_guard import PortGuard  # noqa: E402
-
-from cluster import Cluster, free_port  # noqa: E402
+from mwms_testkit.cluster import Cluster, free_port  # noqa: E402
 
 SETUP_TARGET_MS = 50.0
 START_TARGET_MS = 50.0

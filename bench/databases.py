@@ -1,6 +1,6 @@
 """The database the benchmark's coordinators use: SQLite in each one's data dir, or PostgreSQL.
 
-With PostgreSQL, one throwaway server (tests/postgres_server.py, the one the test suite starts) serves the
+With PostgreSQL, one throwaway server (testkit/mwms_testkit/postgres_server.py, the one the test suite starts) serves the
 whole run and each scenario gets a fresh database in it, handed to its coordinator as MWMS_DB_URL. The server
 runs with PostgreSQL's defaults (fsync and synchronous_commit on) plus pg_stat_statements, so each scenario
 can record the statements that took the database's time.
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from postgres_server import PostgresServer, postgres_server
+from mwms_testkit.postgres_server import PostgresServer, postgres_server
 
 CHOICES = ("sqlite", "postgres")
 # Loaded at server start so every statement is counted; the extension is created in each database.

@@ -1,6 +1,6 @@
 """A job's own Python environment (issue 22): what a build costs, and what a start costs once it is cached.
 
-Against a real coordinator and two real agents on loopback (tests/cluster.py), sharing one environment
+Against a real coordinator and two real agents on loopback (testkit/mwms_testkit/cluster.py), sharing one environment
 cache as agents on one machine would (--env-cache-dir), with uv's own cache in a fresh directory so the
 first build downloads as a new machine would:
   baseline       submit -> RUNNING of a 2-worker job in the agents' environment (median of --runs)
@@ -27,15 +27,12 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "bench"))
 
 import run as bench_run  # noqa: E402
 
 from mwms.client import Client  # noqa: E402
 from mwms.client.environment import resolve  # noqa: E402
-
-from cluster import Cluster, free_port, wait_until  # noqa: E402
+from mwms_testkit.cluster import Cluster, free_port, wait_until  # noqa: E402
 
 PROGRAM = "import time\ntime.sleep(0.5)\n"
 REQUIREMENTS = "numpy>=2,<3\ntabulate==0.9.0\n"

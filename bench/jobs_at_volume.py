@@ -28,16 +28,13 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
 import httpx  # noqa: E402
 from databases import CHOICES, BenchDatabase, bench_database  # noqa: E402
 
 from mwms.server.db.engine import Database  # noqa: E402
 from mwms.server.db.migrate import upgrade_to_head  # noqa: E402
-
-from cluster import Cluster, free_port  # noqa: E402
+from mwms_testkit.cluster import Cluster, free_port  # noqa: E402
 
 TARGET_P99_MS = 50.0
 # Submitting is not a polled endpoint; its target is the time the issue measured (p50 77 ms) cut well down.

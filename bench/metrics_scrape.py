@@ -20,17 +20,13 @@ from datetime import timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "bench"))
 
 from jobs_at_volume import seed, timed  # noqa: E402
 
 from mwms.server.db.engine import Database  # noqa: E402
 from mwms.server.db.models import Agent, utcnow  # noqa: E402
 from mwms.server.services.observing.cluster_counts import count_cluster  # noqa: E402
-
-from cluster import Cluster, free_port  # noqa: E402
+from mwms_testkit.cluster import Cluster, free_port  # noqa: E402
 
 TARGET_SCRAPE_P99_MS = 100.0  # Prometheus scrapes every 15-60 s; a tenth of a second is invisible
 

@@ -2,7 +2,7 @@
 COPY through a staging table (what server/services/observing/telemetry.py does from COPY_MIN_ROWS rows a batch) beside
 today's executemany of INSERT ... ON CONFLICT DO NOTHING (the ~29,000 points/s that bench/README.md reports).
 
-Starts a throwaway PostgreSQL server (tests/postgres_server.py, default durability), creates the schema at
+Starts a throwaway PostgreSQL server (testkit/mwms_testkit/postgres_server.py, default durability), creates the schema at
 head with one placed task, then calls store_metric_points / store_log_lines in 500-item batches (the agent's
 BATCH_MAX_ITEMS), 20 batches per transaction, each way `--rounds` times, interleaved so that the machine's
 load falls on both alike. Then points in small batches (1 to 32 items, 200 batches a transaction), COPY
@@ -26,16 +26,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
 from pg_insert_ways import placed_task  # noqa: E402
-from postgres_server import postgres_server  # noqa: E402
 
 from mwms.server.db.engine import Database  # noqa: E402
 from mwms.server.db.migrate import upgrade_to_head  # noqa: E402
 from mwms.server.db.models import Task  # noqa: E402
 from mwms.server.services.observing import telemetry  # noqa: E402
 from mwms.server.services.observing.telemetry import IncomingLine, IncomingPoint  # noqa: E402
+from mwms_testkit.postgres_server import postgres_server  # noqa: E402
 
 BATCH, BATCHES_PER_TRANSACTION = 500, 20
 SMALL_BATCHES, SMALL_BATCHES_PER_TRANSACTION = (1, 2, 4, 8, 16, 32), 200

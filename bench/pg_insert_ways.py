@@ -1,6 +1,6 @@
 """How fast one thread puts telemetry rows into PostgreSQL, by the way they are sent (bench/README.md, PostgreSQL).
 
-Starts a throwaway PostgreSQL server (tests/postgres_server.py, default durability), creates the schema at
+Starts a throwaway PostgreSQL server (testkit/mwms_testkit/postgres_server.py, default durability), creates the schema at
 head with one placed task, then inserts `--rows` metric_points rows in 500-row batches, 20 batches per
 transaction (as the coordinator's telemetry writer groups them), each way twice, interleaved:
   executemany   what the coordinator does today: SQLAlchemy's executemany of INSERT ... ON CONFLICT DO NOTHING
@@ -21,7 +21,6 @@ Usage: python bench/pg_insert_ways.py [--rows 100000]
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -29,9 +28,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from postgres_server import postgres_server  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 from sqlalchemy.dialects.postgresql import insert as pg_insert  # noqa: E402
 from sqlalchemy.orm import Session  # noqa: E402
@@ -43,6 +40,7 @@ from mwms.server.schemas import JobCreate  # noqa: E402
 from mwms.server.services.fleet.agents import Registration, register_agent  # noqa: E402
 from mwms.server.services.job_life.jobs import create_job  # noqa: E402
 from mwms.server.services.scheduler.scheduling import schedule_pending  # noqa: E402
+from mwms_testkit.postgres_server import postgres_server  # noqa: E402
 
 BATCH, BATCHES_PER_TRANSACTION = 500, 20
 COLUMNS = ("job_id", "task_id", "attempt", "seq", "name", "step", "value", "wall_time")

@@ -2,7 +2,7 @@
 storm, and heartbeats with the roles split.
 
 Real `mwms server --db-url postgresql+psycopg://...` processes on one throwaway PostgreSQL 15
-(tests/postgres_server.py, as bench/run.py --db postgres starts it) and simulated agents (bench/simulator.py)
+(testkit/mwms_testkit/postgres_server.py, as bench/run.py --db postgres starts it) and simulated agents (testkit/mwms_testkit/simulator.py)
 in this process, each with the replicas' addresses in its own order (the six orders of three, so a dead
 replica's agents spread over both survivors) and moving to the next one when its stream breaks, as
 `mwms agent --server a,b,c` does.
@@ -54,15 +54,14 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "bench"))
 
 import httpx  # noqa: E402
 import run as bench_run  # noqa: E402
 import scale  # noqa: E402
 from databases import BenchDatabase, bench_database  # noqa: E402
-from replica_cluster import Replica  # noqa: E402
-from simulator import SimAgent, SimConfig, Simulator, TelemetryPlan  # noqa: E402
+
+from mwms_testkit.replica_cluster import Replica  # noqa: E402
+from mwms_testkit.simulator import SimAgent, SimConfig, Simulator, TelemetryPlan  # noqa: E402
 
 THREE = ("heartbeats", "commands", "failover", "scheduler_failover", "kill_storm")
 SCENARIOS = (*THREE, "roles_split", "single_replica")

@@ -282,8 +282,7 @@ def main() -> None:
         worker(args.steps, args.rounds)
         return
 
-    sys.path.insert(0, str(ROOT / "tests" / "runtime"))
-    from runtime_cluster import run_tasks
+    from mwms_testkit.runtime_cluster import run_tasks
 
     with tempfile.TemporaryDirectory(prefix="mwms-report-cost-") as tmp:
         root = Path(tmp)

@@ -8,7 +8,7 @@ Scenarios (--scenario, repeatable; default: all):
   - coordinator memory (RSS) after the runs.
   jobs        the endpoints the dashboard polls with 100,000 finished jobs stored (bench/jobs_at_volume.py)
   agents, gangs, ingest  issue 10's scale scenarios with simulated agents speaking the real protocol
-              (bench/scale.py, bench/simulator.py), each against a fresh coordinator; ingest runs three
+              (bench/scale.py, testkit/mwms_testkit/simulator.py), each against a fresh coordinator; ingest runs three
               cases (--ingest-case: metrics alone, logs alone, both together), recorded as ingest_<case>.
 Every scenario runs against SQLite (--db sqlite, the default) or against a fresh database in a throwaway
 PostgreSQL server this script starts and removes (--db postgres; bench/databases.py).
@@ -34,15 +34,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
 
-sys.path.insert(0, str(ROOT / "bench"))
 
 import jobs_at_volume  # noqa: E402
 import scale  # noqa: E402
 from databases import CHOICES, BenchDatabase, bench_database  # noqa: E402
 
-from cluster import Cluster, free_port, wait_until  # noqa: E402
+from mwms_testkit.cluster import Cluster, free_port, wait_until  # noqa: E402
 
 SCENARIOS = ("turnaround", "agents", "gangs", "ingest", "jobs")
 # (scenario, figure, target, "<" or ">=" or "=="): the figure meets the target when `figure op target`.

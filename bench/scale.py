@@ -1,4 +1,4 @@
-"""Scale scenarios of issue 10, run with simulated agents (bench/simulator.py) against a real coordinator.
+"""Scale scenarios of issue 10, run with simulated agents (testkit/mwms_testkit/simulator.py) against a real coordinator.
 
   agents: N agents heartbeating for T s: heartbeat round trip p50/p99, coordinator CPU (% of one core,
           from /proc/<pid>/stat over the window), agents marked lost, time to register all N.
@@ -8,7 +8,7 @@
           10 %, or as fast as acks allow): points/s and lines/s acked AND readable through the API,
           each stored once, heartbeat round trips, and how long a write of the API waits meanwhile.
 
-The coordinator is a real `mwms server` process (tests/cluster.py), on SQLite or on PostgreSQL as
+The coordinator is a real `mwms server` process (testkit/mwms_testkit/cluster.py), on SQLite or on PostgreSQL as
 bench/run.py --db chooses; the simulator runs in this process, on one asyncio loop, and its own CPU and
 loop lag (and the PostgreSQL server's CPU, when there is one) are reported beside the figures.
 """
@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from simulator import BATCH_MAX_ITEMS, SimAgent, SimConfig, Simulator, TelemetryPlan
 
-from cluster import Cluster, pack
+from mwms_testkit.cluster import Cluster, pack
+from mwms_testkit.simulator import BATCH_MAX_ITEMS, SimAgent, SimConfig, Simulator, TelemetryPlan
 
 TICKS = os.sysconf("SC_CLK_TCK")
 GANG_TIMEOUT_S = 120.0

@@ -1,7 +1,7 @@
 """Sharing a cluster (issue 18): the scheduler's priorities, preemption and backfill at work.
 
 Scenarios (--scenario, repeatable; default: all), each against a fresh `mwms server` with simulated
-agents (bench/simulator.py) in this process:
+agents (testkit/mwms_testkit/simulator.py) in this process:
   scale       1,000 agents x 1 CPU slot, 936 slots held by running jobs, 10,000 waiting jobs of 20 teams in
               four priority bands (none fits the 64 free slots): every scheduler pass's time, then a fitting
               64-worker job of higher priority to RUNNING, heartbeats throughout.
@@ -39,17 +39,14 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "bench"))
 
 import httpx  # noqa: E402
 import run as bench_run  # noqa: E402
 import scale  # noqa: E402
 from databases import CHOICES, BenchDatabase, bench_database  # noqa: E402
-from simulator import SimTask, Simulator  # noqa: E402
 
-from cluster import MWMS, Cluster, Process  # noqa: E402
+from mwms_testkit.cluster import MWMS, Cluster, Process  # noqa: E402
+from mwms_testkit.simulator import SimTask, Simulator  # noqa: E402
 
 SCENARIOS = ("scale", "preemption", "starvation")
 TARGETS = [

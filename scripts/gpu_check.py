@@ -33,8 +33,8 @@ the agent's interpreter): where PyTorch is installed system-wide, make the venv 
 Needed besides mwms (and its httpx): nothing; libcuda is asked through ctypes, and no network is used.
 
 The agent's testing hooks MWMS_NVIDIA_PROC_DIR, MWMS_NVIDIA_DEV_DIR and MWMS_DEVICE_SAMPLER, when set,
-are honoured here and passed on to the agent (tests/deploy/test_gpu_check.py runs this script with the
-stand-in GPUs of tests/fake_gpus.py); every other MWMS_ variable of the calling shell is not passed on.
+are honoured here and passed on to the agent (tests/system/deploy/test_gpu_check.py runs this script with the
+stand-in GPUs of testkit/mwms_testkit/fake_gpus.py); every other MWMS_ variable of the calling shell is not passed on.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ POISON = Counter(
     ["kind"],
 )
 # Every kind the coordinator counts, each at 0 from the start: a dashboard shows 0 rather than "No data",
-# and increase() in an alert sees the first bad item (tests/deploy/test_alert_rules.py finds every kind the
+# and increase() in an alert sees the first bad item (tests/system/deploy/test_alert_rules.py finds every kind the
 # code names and holds this list to it). `agent_<body>` is a stream message of that body that could not
 # be applied (server/rpc/agent_stream.py); heartbeats are answered on the reader and never refused.
 KNOWN_KINDS = (

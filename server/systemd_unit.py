@@ -11,7 +11,7 @@ It runs as its own user (`--service-user`, default mwms), allows 65,536 open fil
 stream, plus HTTP clients, log follows and the database pool), and is hardened as far as a Python web
 server allows: it writes only its data dir, sees no devices, holds no capabilities, cannot make
 namespaces or SUID files, and calls only the system calls of an ordinary service (`systemd-analyze
-security` scores it 1.3, tests/deploy/test_systemd_units.py). deploy/systemd/mwms-server.service is
+security` scores it 1.3, tests/system/deploy/test_systemd_units.py). deploy/systemd/mwms-server.service is
 this module's output for `mwms server --systemd-unit` (a test keeps them equal).
 
 Standard library only: `mwms server --systemd-unit` works where the coordinator's extras are missing.

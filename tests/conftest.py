@@ -5,29 +5,31 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+from mwms_testkit import tiers
+from mwms_testkit.cluster import Cluster
 
-from cluster import Cluster  # noqa: E402
-
-E2E_DIR = Path(__file__).parent / "e2e"
+TESTS = Path(__file__).parent
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test under tests/e2e/ is in the e2e tier by where it lives, whatever its module declares:
-    one without a marker would otherwise start a real cluster inside `make test-fast`."""
-    for item in items:
-        if E2E_DIR in item.path.parents and item.get_closest_marker("e2e") is None:
-            item.add_marker(pytest.mark.e2e)
+    """Each test is in the tier of the folder it lives in (mwms_testkit/tiers.py); one that starts processes
+    outside tests/system, or lives outside every tier, fails the collection with where to move it."""
+    problems = tiers.collection_problems(items, TESTS)
+    if problems:
+        raise pytest.UsageError("tests in the wrong tier:\n  " + "\n  ".join(problems))
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    for tier in tiers.TIERS:
+        config.addinivalue_line(
+            "markers", f"{tier}: the test lives in tests/{tier} (set by tests/conftest.py)"
+        )
     config.addinivalue_line(
         "markers",
         "db_seed(digest, agents=()): the `db` fixture's database holds bundle `digest` and an online "
@@ -39,7 +41,9 @@ def pytest_configure(config: pytest.Config) -> None:
 def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     """A migrated SQLite coordinator database in tmp_path, empty, or seeded as the closest `db_seed`
     marker (a module's `pytestmark` or a test's) says."""
-    from coordinator_rows import seeded_database  # the server's packages, only for tests that ask
+    from mwms_testkit.coordinator_rows import (
+        seeded_database,  # the server's packages, only for tests that ask
+    )
 
     seed = request.node.get_closest_marker("db_seed")
     digest, agents = (seed.args[0], seed.kwargs.get("agents", ())) if seed else (None, ())
@@ -68,7 +72,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
 def postgres():
     """One throwaway PostgreSQL 15 server for the session's replica tests; each takes a database of its own
     (`postgres.create_database(name)`)."""
-    from postgres_server import PostgresUnavailable, postgres_server
+    from mwms_testkit.postgres_server import PostgresUnavailable, postgres_server
 
     pytest.importorskip("psycopg")
     try:
@@ -89,7 +93,7 @@ CHROMIUM = os.environ.get("MWMS_CHROMIUM", "/usr/bin/chromium")
 def chromium_executable() -> str:
     """The chromium binary, installed with apt-get by browser/install_chromium.sh when it is missing."""
     if not os.access(CHROMIUM, os.X_OK):
-        script = Path(__file__).parent / "browser" / "install_chromium.sh"
+        script = TESTS / "system" / "browser" / "install_chromium.sh"
         result = subprocess.run(["sh", str(script)], capture_output=True, text=True, timeout=900)
         if result.returncode != 0 or not os.access(CHROMIUM, os.X_OK):
             pytest.skip(f"chromium could not be installed ({script}): {result.stderr.strip()[-500:]}")

@@ -9,7 +9,7 @@ it says why for each one it leaves out. An agent without a sandbox offers its GP
 opens their nodes itself.
 
 MWMS_NVIDIA_PROC_DIR and MWMS_NVIDIA_DEV_DIR (the agent's own environment, never a task's) point it at
-other driver files and nodes: the testing hook of tests/fake_gpus.py, whose GPUs are stand-ins.
+other driver files and nodes: the testing hook of testkit/mwms_testkit/fake_gpus.py, whose GPUs are stand-ins.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ _METHODS = ("get", "put", "post", "delete", "patch", "head", "options", "trace")
 
 def operation_id(route: APIRoute) -> str:
     """A route's operation id: its function's name (`list_jobs`), which generated clients name methods by;
-    tests/server/test_openapi_document.py holds them unique."""
+    tests/integration/server/test_openapi_document.py holds them unique."""
     return route.name
 
 
