@@ -1,6 +1,7 @@
 """One coordinator inside the test process: the real app (lifespan, migrations, background loops, SQLite in
 its data dir) behind a TestClient, its gRPC server on a loopback port it bound itself (port 0: no free-port
-race), and a stub for that server. Test modules subclass InProcessCoordinator for the few helpers of their own."""
+race), and a stub for that server; with the helpers most tests need (an API token, an agent registered).
+Test modules subclass InProcessCoordinator for the few helpers of their own."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from fastapi.testclient import TestClient
 
 from mwms.server.app import create_app
 from mwms.server.db.engine import Database
+from mwms.server.services.auth.tokens import Role, create_api_token
 from mwms.server.settings import Settings
 from mwms.v1 import agent_pb2_grpc
+from mwms_testkit.coordinator_rows import register_request
 
 CoordinatorType = TypeVar("CoordinatorType", bound="InProcessCoordinator")
 
@@ -46,3 +49,16 @@ class InProcessCoordinator:
             http.headers["Authorization"] = f"Bearer {admin_token}"
         channel = stack.enter_context(grpc.insecure_channel(f"127.0.0.1:{app.state.grpc_port}"))
         return cls(settings, http, app.state.wiring.db, agent_pb2_grpc.AgentServiceStub(channel), app)
+
+    def api_token(self, user: str, role: Role = Role.USER) -> str:
+        """A new API token of `user` with `role`, written straight into the database: its secret."""
+        with self.db.write() as session:
+            return create_api_token(session, user, role)[1]
+
+    def auth(self, user: str, role: Role = Role.USER) -> dict[str, str]:
+        """Request headers carrying a new API token of `user`."""
+        return {"Authorization": f"Bearer {self.api_token(user, role)}"}
+
+    def register_agent(self, name: str, join_token: str, port_low: int = 20000) -> str:
+        """Registers a one-CPU-slot agent over gRPC (no stream opened): its id."""
+        return self.stub.Register(register_request(name, join_token, port_low=port_low), timeout=10).agent_id

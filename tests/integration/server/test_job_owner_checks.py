@@ -15,8 +15,8 @@ import pytest
 from sqlalchemy import func, select
 
 from mwms.server.db.models import Job, StackRequest
-from mwms.server.services.auth.tokens import Role, create_api_token
-from mwms_testkit.coordinator_rows import place_task, register_request
+from mwms.server.services.auth.tokens import Role
+from mwms_testkit.coordinator_rows import place_task
 from mwms_testkit.in_process_coordinator import InProcessCoordinator, coordinator_settings
 
 JOIN_TOKEN = "join-token-for-owner-check-tests-0123456789"
@@ -28,12 +28,7 @@ class Coordinator(InProcessCoordinator):
     """With one agent registered, for the jobs it places."""
 
     def __post_init__(self) -> None:
-        self.agent_id = self.stub.Register(register_request("owner-agent", JOIN_TOKEN), timeout=10).agent_id
-
-    def token(self, user: str, role: Role = Role.USER) -> dict[str, str]:
-        with self.db.write() as session:
-            _, secret = create_api_token(session, user, role)
-        return {"Authorization": f"Bearer {secret}"}
+        self.agent_id = self.register_agent("owner-agent", JOIN_TOKEN)
 
     def running_job_of(self, user: str) -> str:
         task = place_task(self.db, self.agent_id, digest=hashlib.sha256(b"owners").hexdigest(), port=20000)
@@ -58,8 +53,8 @@ def coordinator(tmp_path: Path) -> Iterator[Coordinator]:
 
 
 def test_stack_dumps_are_for_the_jobs_submitter_and_admins_only(coordinator: Coordinator) -> None:
-    alice, bob = coordinator.token("alice"), coordinator.token("bob")
-    admin, viewer = {"Authorization": f"Bearer {ADMIN_TOKEN}"}, coordinator.token("vera", Role.VIEWER)
+    alice, bob = coordinator.auth("alice"), coordinator.auth("bob")
+    admin, viewer = {"Authorization": f"Bearer {ADMIN_TOKEN}"}, coordinator.auth("vera", Role.VIEWER)
     job_id = coordinator.running_job_of("alice")
 
     for who in (bob, viewer):
@@ -85,7 +80,7 @@ def test_stack_dumps_are_for_the_jobs_submitter_and_admins_only(coordinator: Coo
 
 
 def test_cancel_goes_through_the_same_check(coordinator: Coordinator) -> None:
-    alice, bob = coordinator.token("alice"), coordinator.token("bob")
+    alice, bob = coordinator.auth("alice"), coordinator.auth("bob")
     job_id = coordinator.running_job_of("alice")
     refused = coordinator.http.post(f"/api/v1/jobs/{job_id}/cancel", headers=bob)
     assert refused.status_code == 403

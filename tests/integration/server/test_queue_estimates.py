@@ -18,10 +18,9 @@ from sqlalchemy.orm import Session
 
 from mwms.server.db.engine import Database
 from mwms.server.db.models import Job
-from mwms.server.services.auth.tokens import Role, create_api_token
 from mwms.server.services.job_life import run_history
 from mwms.server.services.job_life.run_history import typical_run_times
-from mwms_testkit.coordinator_rows import place_task, register_request
+from mwms_testkit.coordinator_rows import place_task
 from mwms_testkit.in_process_coordinator import InProcessCoordinator, coordinator_settings
 
 JOIN_TOKEN = "join-token-for-queue-estimate-tests-0123456"
@@ -105,14 +104,8 @@ class Coordinator(InProcessCoordinator):
 
     def setup(self) -> None:
         self.agent_ids = [
-            self.stub.Register(register_request(name, JOIN_TOKEN, port_low=port), timeout=10).agent_id
-            for name, port in (("box-1", 20000), ("box-2", 21000))
+            self.register_agent(name, JOIN_TOKEN, port) for name, port in (("box-1", 20000), ("box-2", 21000))
         ]
-
-    def token(self, user: str) -> dict[str, str]:
-        with self.db.write() as session:
-            _, secret = create_api_token(session, user, Role.USER)
-        return {"Authorization": f"Bearer {secret}"}
 
     def queue_entry(self, job_id: str) -> dict[str, Any]:
         page = self.http.get("/api/v1/queue", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
@@ -145,7 +138,7 @@ def test_the_queue_estimates_a_start_from_similar_jobs_and_says_unknown_without_
         session.execute(update(Job).where(Job.id == running).values(submitted_by="bob", started_at=started))
     # alice's job needs both slots: it waits for bob's.
     body = {"name": "both", "bundle_digest": DIGEST, "command": ["python", "t.py"], "workers": 2}
-    submitted = coordinator.http.post("/api/v1/jobs", json=body, headers=coordinator.token("alice"))
+    submitted = coordinator.http.post("/api/v1/jobs", json=body, headers=coordinator.auth("alice"))
     assert submitted.status_code == 201, submitted.text
     job_id = submitted.json()["id"]
 

@@ -17,7 +17,7 @@ from sqlalchemy import func, select
 from mwms.server.api.auth import LOGIN_COOKIE, same_origin
 from mwms.server.app import create_app
 from mwms.server.db.models import Token
-from mwms.server.services.auth.tokens import Role, create_api_token
+from mwms.server.services.auth.tokens import Role
 from mwms.server.settings import Settings
 from mwms_testkit.in_process_coordinator import InProcessCoordinator, coordinator_settings
 
@@ -26,10 +26,6 @@ ORIGIN = {"Origin": "http://127.0.0.1"}
 
 
 class Coordinator(InProcessCoordinator):
-    def api_token(self, user: str, role: Role) -> str:
-        with self.db.write() as session:
-            return create_api_token(session, user, role)[1]
-
     def log_in(self, token: str) -> str:
         """A dashboard session's secret, from the cookie of a log-in with `token`."""
         response = self.http.post("/api/v1/session", json={"token": token}, headers=ORIGIN)

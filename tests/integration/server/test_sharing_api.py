@@ -16,8 +16,8 @@ import pytest
 from sqlalchemy import select
 
 from mwms.server.db.models import Agent, Bundle, Job, Preemption, Task
-from mwms.server.services.auth.tokens import Role, create_api_token
-from mwms_testkit.coordinator_rows import place_task, register_request
+from mwms.server.services.auth.tokens import Role
+from mwms_testkit.coordinator_rows import place_task
 from mwms_testkit.in_process_coordinator import InProcessCoordinator, coordinator_settings
 
 JOIN_TOKEN = "join-token-for-sharing-api-tests-0123456789"
@@ -34,18 +34,12 @@ class Coordinator(InProcessCoordinator):
         with self.db.read() as session:  # a restarted coordinator has them already
             known = {name: agent_id for name, agent_id in session.execute(select(Agent.name, Agent.id))}
         self.agent_ids = [
-            known.get(name)
-            or self.stub.Register(register_request(name, JOIN_TOKEN, port_low=port), timeout=10).agent_id
+            known.get(name) or self.register_agent(name, JOIN_TOKEN, port)
             for name, port in (("gpu-box-1", 20000), ("gpu-box-2", 21000))
         ]
         with self.db.write() as session:
             if session.get(Bundle, DIGEST) is None:
                 session.add(Bundle(digest=DIGEST, size=1, archive_format="tar.gz"))
-
-    def token(self, user: str, role: Role = Role.USER) -> dict[str, str]:
-        with self.db.write() as session:
-            _, secret = create_api_token(session, user, role)
-        return {"Authorization": f"Bearer {secret}"}
 
     def submit(self, headers: dict[str, str], **spec: Any) -> Any:
         body = {"name": "j", "bundle_digest": DIGEST, "command": ["python", "t.py"], "workers": 1, **spec}
@@ -88,7 +82,7 @@ ADMIN_WRITES = [
 
 
 def test_every_admin_write_is_refused_for_users_and_viewers(coordinator: Coordinator) -> None:
-    user, viewer = coordinator.token("alice"), coordinator.token("vera", Role.VIEWER)
+    user, viewer = coordinator.auth("alice"), coordinator.auth("vera", Role.VIEWER)
     for method, path, body in ADMIN_WRITES:
         for who, role in ((user, "user"), (viewer, "viewer")):
             refused = coordinator.http.request(method, path, json=body, headers=who)
@@ -133,7 +127,7 @@ def test_unknown_agents_and_members_are_404(coordinator: Coordinator) -> None:
 
 
 def test_priority_ceiling_holds_for_users_not_admins(coordinator: Coordinator) -> None:
-    alice = coordinator.token("alice")
+    alice = coordinator.auth("alice")
     over = coordinator.submit(alice, priority=600)
     assert over.status_code == 403, over.text
     assert "MWMS_USER_PRIORITY_CEILING" in over.json()["detail"]
@@ -161,7 +155,7 @@ def test_set_priority_of_a_job_that_is_not_waiting_is_409(coordinator: Coordinat
 
 
 def test_team_membership_decides_a_new_jobs_team(coordinator: Coordinator) -> None:
-    alice, bob = coordinator.token("alice"), coordinator.token("bob")
+    alice, bob = coordinator.auth("alice"), coordinator.auth("bob")
     added = coordinator.http.put("/api/v1/teams/ml/members/alice", headers=ADMIN)
     assert added.status_code == 200, added.text
     assert added.json() == {
@@ -284,7 +278,7 @@ def test_drain_with_let_finish_preempts_nothing_and_an_idle_agent_is_drained(
 
 
 def test_the_queue_lists_waiting_jobs(coordinator: Coordinator) -> None:
-    alice = coordinator.token("alice")
+    alice = coordinator.auth("alice")
     # Pinned to an agent that never joins: they wait (64 workers would be refused at submit).
     waiting = {coordinator.submit(alice, agents=["not-joined-yet"]).json()["id"] for _ in range(3)}
     coordinator.running_job(coordinator.agent_ids[0])
