@@ -16,8 +16,8 @@ import pytest
 
 from mwms import task_environment
 from mwms_runtime.auto_fit_metrics import with_metrics_callback
-from mwms_testkit import REPO
-from mwms_testkit.runtime_cluster import PROGRAMS, read_metrics, task_env
+from mwms_testkit import PROGRAMS, REPO
+from mwms_testkit.runtime_cluster import read_metrics, task_env
 
 HOOK_DIR = REPO / "worker_agent" / "stack_handler"
 HOOK = HOOK_DIR / "_mwms_fit_metrics.py"

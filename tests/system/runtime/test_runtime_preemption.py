@@ -20,7 +20,8 @@ import pytest
 from test_runtime_workers import _by_name
 
 from mwms.task_environment import PREEMPTED_AND_SAVED_EXIT_CODE
-from mwms_testkit.runtime_cluster import PROGRAMS, Gang, read_metrics, run_tasks, start_tasks
+from mwms_testkit import PROGRAMS
+from mwms_testkit.runtime_cluster import Gang, read_metrics, run_tasks, start_tasks
 
 pytestmark = pytest.mark.tf
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from test_runtime_workers import _by_name, _results
 
-from mwms_testkit.runtime_cluster import PROGRAMS, read_metrics, run_tasks
+from mwms_testkit import PROGRAMS
+from mwms_testkit.runtime_cluster import read_metrics, run_tasks
 
 pytestmark = pytest.mark.tf
 

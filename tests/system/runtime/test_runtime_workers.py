@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mwms_testkit.runtime_cluster import EXAMPLES, PROGRAMS, read_metrics, run_tasks
+from mwms_testkit import PROGRAMS
+from mwms_testkit.runtime_cluster import EXAMPLES, read_metrics, run_tasks
 
 pytestmark = pytest.mark.tf
 
