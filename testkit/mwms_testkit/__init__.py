@@ -1,9 +1,9 @@
 """The scaffolding mwms's tests and benchmarks share: a process cluster (cluster.py, replica_cluster.py,
 runtime_cluster.py), a coordinator inside the test process (in_process_coordinator.py) and a threaded server
-for apps over real HTTP (served_app.py), fake REST APIs (cli_fake_api.py, dashboard_fake_api.py), a throwaway
-PostgreSQL server (postgres_server.py), the agent simulator (simulator.py), the SQL statement counter
-(sql_statements.py), the training programs the system tests run (programs/) and real stack dumps
-(stack_dumps/).
+for apps over real HTTP (served_app.py), one fake REST API that answers with the coordinator's response
+models (fake_api/), a throwaway PostgreSQL server (postgres_server.py), the agent simulator (simulator.py),
+the SQL statement counter (sql_statements.py), the training programs the system tests run (programs/) and
+real stack dumps (stack_dumps/).
 
 Installed editable by `make install` (testkit/pyproject.toml); not part of mwms's wheel."""
 

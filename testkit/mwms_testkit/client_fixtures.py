@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mwms_testkit.cli_fake_api import USER_TOKEN, FakeState, serve_fake_api  # noqa: E402
+from mwms_testkit.fake_api import USER_TOKEN, FakeState, serve_fake_api
 
 CONNECTION_ENV = ("MWMS_API", "MWMS_TOKEN", "MWMS_CA_FILE", "MWMS_CONFIG")
 

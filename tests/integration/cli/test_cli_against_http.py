@@ -13,7 +13,7 @@ from mwms.cli import connect
 from mwms.cli.main import app
 from mwms.client import Client
 from mwms.errors import CoordinatorUnreachable, InvalidSpec, NotFound, ServerError
-from mwms_testkit.cli_fake_api import USER_TOKEN, FakeState
+from mwms_testkit.fake_api import USER_TOKEN, FakeState
 
 runner = CliRunner()
 
@@ -62,8 +62,9 @@ def test_client_flattens_validation_errors(fake_api: tuple[str, FakeState]) -> N
 
 
 def test_client_maps_500(fake_api: tuple[str, FakeState]) -> None:
+    fake_api[1].server_error = "database is on fire"
     with Client(fake_api[0], token=USER_TOKEN) as client, pytest.raises(ServerError) as raised:
-        client.rest._json("GET", "/api/v1/boom")
+        client.rest._json("GET", "/api/v1/jobs")
     assert (raised.value.status, raised.value.detail) == (500, "database is on fire")
 
 
@@ -158,7 +159,7 @@ def test_submit_prints_job_id_first_and_sends_the_spec(
     )
     assert result.exit_code == 0, result.output
     job_id = result.stdout.splitlines()[0]
-    job = state.jobs[job_id]
+    job = state.jobs[job_id].detail()
     assert job["name"] == "my-program"
     assert job["command"] == ["python", "train.py", "--epochs", "3"]
     assert job["env_names"] == ["A"]
@@ -287,10 +288,10 @@ def test_submit_sends_fail_on_nan_and_an_idempotency_key(
         api, program, "--fail-on-nan", "loss", "--fail-on-nan", "val_loss", "--", "python", "t.py"
     )
     assert result.exit_code == 0, result.output
-    job = state.jobs[result.stdout.splitlines()[0]]
+    job = state.jobs[result.stdout.splitlines()[0]].detail()
     assert job["restart"]["fail_on_nan"] == ["loss", "val_loss"]
     again = _submit(api, program, "--", "python", "t.py")
-    assert state.jobs[again.stdout.splitlines()[0]]["restart"]["fail_on_nan"] == []
+    assert state.jobs[again.stdout.splitlines()[0]].spec["restart"]["fail_on_nan"] == []
     first_key, second_key = state.idempotency_keys
     assert first_key and second_key and first_key != second_key, "one key per submit"
 
@@ -298,7 +299,7 @@ def test_submit_sends_fail_on_nan_and_an_idempotency_key(
 def test_metrics_show_non_finite_values(fake_api: tuple[str, FakeState], program: Path) -> None:
     api, state = fake_api
     job_id = _finished_job(api, program)
-    state.metric_points[job_id] = [
+    state.jobs[job_id].metrics = [
         {"name": "loss", "step": step, "value": value, "wall_time": "2026-01-01T00:00:00Z", "attempt": 1}
         for step, value in ((1, 0.5), (2, "NaN"), (3, "Infinity"), (4, "-Infinity"))
     ]
@@ -308,7 +309,7 @@ def test_metrics_show_non_finite_values(fake_api: tuple[str, FakeState], program
     assert rows == [["1", "0.5"], ["2", "nan"], ["3", "inf"], ["4", "-inf"]]
     as_json = json.loads(runner.invoke(app, ["metrics", job_id, "--api", api, "--json"]).stdout)
     assert [point["value"] for point in as_json["points"]] == [0.5, "NaN", "Infinity", "-Infinity"]
-    state.jobs[job_id]["loss"] = "NaN"
+    state.jobs[job_id].loss = "NaN"
     assert "nan" in runner.invoke(app, ["jobs", "--api", api]).stdout
 
 
@@ -318,7 +319,7 @@ def test_commands_wait_out_a_short_outage(
     """A read command retries while the address refuses connections, then answers once something listens."""
     import threading
 
-    from mwms_testkit.cli_fake_api import serve_fake_api
+    from mwms_testkit.fake_api import serve_fake_api
 
     monkeypatch.setattr(connect, "RETRY_SECONDS", 15.0)
     port = _unused_port()

@@ -21,7 +21,7 @@ from mwms.connection import (
     resolve_connection,
     save_config,
 )
-from mwms_testkit.cli_fake_api import ADMIN_TOKEN, USER_TOKEN, VIEWER_TOKEN, FakeState
+from mwms_testkit.fake_api import ADMIN_TOKEN, USER_TOKEN, VIEWER_TOKEN, FakeState
 
 runner = CliRunner()
 SECRETS = (ADMIN_TOKEN, USER_TOKEN, VIEWER_TOKEN)

@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from mwms.cli.durations import DurationError, duration_option_parser, parse_duration
 from mwms.cli.main import app
-from mwms_testkit.cli_fake_api import ADMIN_TOKEN, FakeState
+from mwms_testkit.fake_api import ADMIN_TOKEN, FakeState
 
 runner = CliRunner()
 

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from mwms.cli.main import app
 from mwms.cli.output import agent_memory, format_resources, task_memory
-from mwms_testkit.cli_fake_api import FakeState
+from mwms_testkit.fake_api import FakeState
 
 runner = CliRunner()
 GiB = 2**30
@@ -34,7 +34,7 @@ def test_submit_sends_memory_in_bytes_and_cpus(fake_api: tuple[str, FakeState], 
     api, state = fake_api
     result = submit(api, program, "--memory-per-worker", "8G", "--cpus-per-worker", "2.5")
     assert result.exit_code == 0, result.output
-    job = state.jobs[result.stdout.splitlines()[0]]
+    job = state.jobs[result.stdout.splitlines()[0]].detail()
     assert (job["memory_per_worker"], job["cpus_per_worker"]) == (8 * GiB, 2.5)
     status = runner.invoke(app, ["status", job["id"], "--api", api])
     assert status.exit_code == 0, status.output

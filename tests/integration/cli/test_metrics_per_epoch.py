@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from mwms import metrics_line
 from mwms.cli.main import app
 from mwms.client.models import MetricPoint, Metrics
-from mwms_testkit.cli_fake_api import FakeState
+from mwms_testkit.fake_api import FakeState
 
 runner = CliRunner()
 
@@ -58,7 +58,7 @@ def test_mwms_metrics_prints_a_table_per_axis(fake_api: tuple[str, FakeState], p
         app, ["submit", str(program), "--workers", "2", "--api", api, "--wait", "--", "python", "train.py"]
     )
     job_id = submitted.stdout.splitlines()[0]
-    state.metric_points[job_id] = FIT_POINTS
+    state.jobs[job_id].metrics = FIT_POINTS
     shown = runner.invoke(app, ["metrics", job_id, "--api", api])
     assert shown.exit_code == 0, shown.output
     lines = [line.split() for line in shown.stdout.splitlines() if line.strip()]
@@ -66,6 +66,6 @@ def test_mwms_metrics_prints_a_table_per_axis(fake_api: tuple[str, FakeState], p
     assert lines[:title] == [["STEP", "ACCURACY"], ["1", "0.25"], ["2", "0.5"], ["3", "0.75"], ["4", "1"]]
     assert lines[title + 1 :] == [["EPOCH", "EPOCH_ACCURACY"], ["0", "0.5"], ["1", "1"]]
 
-    state.metric_points[job_id] = FIT_POINTS[4:]  # only epochs: one table, no title
+    state.jobs[job_id].metrics = FIT_POINTS[4:]  # only epochs: one table, no title
     only_epochs = runner.invoke(app, ["metrics", job_id, "--api", api]).stdout.splitlines()
     assert only_epochs[0].split() == ["EPOCH", "EPOCH_ACCURACY"] and len(only_epochs) == 3

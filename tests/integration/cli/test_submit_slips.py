@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from mwms.cli.main import app
 from mwms.cli.parsing import corrected_submit_line
-from mwms_testkit.cli_fake_api import FakeState
+from mwms_testkit.fake_api import FakeState
 
 runner = CliRunner()
 OPTIONS = [(["--workers", "-n"], True), (["--wait"], False), (["--env", "-e"], True), (["--api"], True)]
@@ -122,4 +122,4 @@ def test_one_word_with_spaces_that_names_a_file_is_submitted(
     script.chmod(0o755)
     result = runner.invoke(app, ["submit", str(program), "--workers", "1", "--api", api, "--", "./run me.sh"])
     assert result.exit_code == 0, result.output
-    assert [job["command"] for job in state.jobs.values()] == [["./run me.sh"]]
+    assert [job.spec["command"] for job in state.jobs.values()] == [["./run me.sh"]]

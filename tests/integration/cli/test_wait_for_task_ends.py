@@ -15,22 +15,16 @@ from mwms.cli.follow import watch_job
 from mwms.cli.submit import report_ending
 from mwms.client import Client, job
 from mwms.client.job import running_tasks, task_ends_deadline_s
-from mwms_testkit.cli_fake_api import USER_TOKEN, FakeState
+from mwms_testkit.fake_api import T0, USER_TOKEN, FakeJob, FakeState, fake_task
 
 
 def _cancelled_with_running_tasks(state: FakeState) -> str:
-    state.jobs["job0001"] = {
-        "id": "job0001",
-        "name": "j",
-        "state": "CANCELLED",
-        "reason": "cancelled by bob",
-        "step": None,
-        "tasks": [
-            {"index": index, "state": "RUNNING", "agent_name": f"local-{index + 1}", "attempt": 1}
-            for index in (0, 1)
-        ],
-    }
-    state.polls["job0001"] = 99  # the fake's scripted life is over
+    tasks = [
+        fake_task("job0001", index, attempt=1, state="RUNNING", agent=f"local-{index + 1}", started_at=T0)
+        for index in (0, 1)
+    ]
+    job = FakeJob("job0001", "j", "CANCELLED", T0, reason="cancelled by bob", submitted_by="bob", tasks=tasks)
+    state.jobs["job0001"] = job
     return "job0001"
 
 
@@ -40,7 +34,7 @@ def test_the_wait_goes_on_until_every_task_has_ended(fake_api: tuple[str, FakeSt
 
     def stop_the_tasks() -> None:
         time.sleep(0.6)
-        for task in state.jobs[job_id]["tasks"]:
+        for task in state.jobs[job_id].tasks:
             task["state"] = "STOPPED"
 
     stopper = threading.Thread(target=stop_the_tasks)
@@ -80,7 +74,7 @@ def test_the_bound_follows_the_jobs_own_grace() -> None:
 def test_the_python_client_waits_for_the_tasks_too(fake_api: tuple[str, FakeState]) -> None:
     api, state = fake_api
     job_id = _cancelled_with_running_tasks(state)
-    threading.Timer(0.5, lambda: [t.update(state="STOPPED") for t in state.jobs[job_id]["tasks"]]).start()
+    threading.Timer(0.5, lambda: [t.update(state="STOPPED") for t in state.jobs[job_id].tasks]).start()
     with Client(api, token=USER_TOKEN) as client:
         waited = client.job(job_id)
         started = time.monotonic()

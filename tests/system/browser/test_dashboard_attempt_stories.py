@@ -10,16 +10,15 @@ from typing import Any
 import pytest
 
 from mwms.server.schemas import AttemptEndingOut, AttemptEventOut
-from mwms_testkit.dashboard_fake_api import (
+from mwms_testkit.fake_api import (
     ADMIN_TOKEN,
     T0,
     XSS_NAME,
-    FakeCluster,
     FakeJob,
-    ServerThread,
+    FakeState,
     attempt_ending,
     attempt_events,
-    create_fake_app,
+    serve_fake_api,
 )
 
 from .conftest import WIDE
@@ -86,13 +85,13 @@ class ManyAttemptsJob(FakeJob):
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[tuple[FakeCluster, str]]:
-    cluster = FakeCluster()
+def fake() -> Iterator[tuple[FakeState, str]]:
+    cluster = FakeState(seeded=True)
     with cluster.lock:
         cluster.jobs[STORIES] = StoryJob(STORIES, "stories", "RUNNING", T0, attempts=5)
         cluster.jobs[MANY] = ManyAttemptsJob(MANY, "many", "RUNNING", T0, attempts=25)
-    with ServerThread(create_fake_app(cluster)) as server:
-        yield cluster, server.url
+    with serve_fake_api(state=cluster) as (url, _):
+        yield cluster, url
 
 
 def test_the_fakes_stories_have_the_coordinators_shape(fake) -> None:

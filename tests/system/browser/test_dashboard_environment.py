@@ -9,13 +9,12 @@ from typing import Any
 
 import pytest
 
-from mwms_testkit.dashboard_fake_api import (
+from mwms_testkit.fake_api import (
     ADMIN_TOKEN,
     T0,
-    FakeCluster,
     FakeJob,
-    ServerThread,
-    create_fake_app,
+    FakeState,
+    serve_fake_api,
 )
 
 from .conftest import WIDE
@@ -38,7 +37,12 @@ class EnvironmentJob(FakeJob):
 
     def detail(self) -> dict[str, Any]:
         detail = super().detail()
-        detail["environment"] = {"requirements": "requirements.txt", "python": "3.11", "packages": PACKAGES}
+        detail["environment"] = {
+            "requirements": "requirements.txt",
+            "python": "3.11",
+            "isolated": False,
+            "packages": PACKAGES,
+        }
         for task, (state, seconds) in zip(
             detail["tasks"], [("ready", 12.34), ("building", None)], strict=True
         ):
@@ -47,10 +51,10 @@ class EnvironmentJob(FakeJob):
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[tuple[FakeCluster, str]]:
-    cluster = FakeCluster()
-    with ServerThread(create_fake_app(cluster)) as server:
-        yield cluster, server.url
+def fake() -> Iterator[tuple[FakeState, str]]:
+    cluster = FakeState(seeded=True)
+    with serve_fake_api(state=cluster) as (url, _):
+        yield cluster, url
 
 
 def test_the_job_page_shows_the_jobs_own_environment(new_page, fake) -> None:

@@ -11,14 +11,13 @@ from typing import Any
 import pytest
 
 from mwms.server.schemas import JobOut, TaskOut
-from mwms_testkit.dashboard_fake_api import (
+from mwms_testkit.fake_api import (
     ADMIN_TOKEN,
     T0,
-    FakeCluster,
     FakeJob,
-    ServerThread,
+    FakeState,
     attempt_ending,
-    create_fake_app,
+    serve_fake_api,
 )
 
 from .conftest import WIDE
@@ -65,12 +64,12 @@ class FailedJob(FakeJob):
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[tuple[FakeCluster, str]]:
-    cluster = FakeCluster()
+def fake() -> Iterator[tuple[FakeState, str]]:
+    cluster = FakeState(seeded=True)
     with cluster.lock:
         cluster.jobs[FAILED] = FailedJob(FAILED, "broken-input", "FAILED", T0, reason=FAILED_REASON)
-    with ServerThread(create_fake_app(cluster)) as server:
-        yield cluster, server.url
+    with serve_fake_api(state=cluster) as (url, _):
+        yield cluster, url
 
 
 def logged_in(new_page, url: str, width: int = 1280):

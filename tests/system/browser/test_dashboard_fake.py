@@ -1,4 +1,4 @@
-"""The dashboard in Chromium against a fake coordinator (testkit/mwms_testkit/dashboard_fake_api.py): login and roles,
+"""The dashboard in Chromium against a fake coordinator (testkit/mwms_testkit/fake_api/): login and roles,
 rendering, escaping, live updates, charts, logs, cancel, empty and error states, and layout at desktop and
 phone widths."""
 
@@ -9,15 +9,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from mwms_testkit.dashboard_fake_api import (
+from mwms_testkit.fake_api import (
     ADMIN_TOKEN,
     USER_TOKEN,
     VIEWER_TOKEN,
     XSS_LOG,
     XSS_NAME,
-    FakeCluster,
-    ServerThread,
-    create_fake_app,
+    FakeState,
+    serve_fake_api,
 )
 
 from .conftest import NARROW, WIDE
@@ -31,14 +30,14 @@ XSS_JOB = "0b1e2d3c4f5a69788796a5b4c3d2e1f0"
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[tuple[FakeCluster, str]]:
-    cluster = FakeCluster()
-    with ServerThread(create_fake_app(cluster)) as server:
-        yield cluster, server.url
+def fake() -> Iterator[tuple[FakeState, str]]:
+    cluster = FakeState(seeded=True)
+    with serve_fake_api(state=cluster) as (url, _):
+        yield cluster, url
 
 
 @pytest.fixture
-def cluster_url(fake: tuple[FakeCluster, str]) -> Iterator[tuple[FakeCluster, str]]:
+def cluster_url(fake: tuple[FakeState, str]) -> Iterator[tuple[FakeState, str]]:
     cluster, url = fake
     cluster.reset()
     yield cluster, url

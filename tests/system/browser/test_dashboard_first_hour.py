@@ -1,4 +1,4 @@
-"""A user's first hour on the dashboard, against the fake coordinator (testkit/mwms_testkit/dashboard_fake_api.py): the charts
+"""A user's first hour on the dashboard, against the fake coordinator (testkit/mwms_testkit/fake_api/): the charts
 follow a job to its last point after it ends (a cancelled job's workers train on while they stop), and the
 job page's tables and the jobs, agents and queue tables fit 1280 and 800 px windows with long artifact
 paths, agent names and messages."""
@@ -13,15 +13,16 @@ from typing import Any
 import pytest
 from fastapi.routing import APIRoute
 
-from mwms_testkit.dashboard_fake_api import (
+from mwms.server.schemas import ArtifactOut
+from mwms_testkit.fake_api import (
     ADMIN_TOKEN,
     T0,
-    FakeCluster,
     FakeJob,
-    ServerThread,
+    FakeState,
     _iso,
-    create_fake_app,
+    create_app,
 )
+from mwms_testkit.served_app import served
 
 from .conftest import WIDE
 
@@ -75,9 +76,9 @@ def points(start: int, stop: int) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[tuple[FakeCluster, str]]:
-    cluster = FakeCluster()
-    app = create_fake_app(cluster)
+def fake() -> Iterator[tuple[FakeState, str]]:
+    cluster = FakeState(seeded=True)
+    app = create_app(cluster)
 
     def long_artifacts(job_id: str) -> list[dict[str, Any]]:
         if job_id != LONG_NAMES:
@@ -88,13 +89,16 @@ def fake() -> Iterator[tuple[FakeCluster, str]]:
         ]
 
     # Answers before the fake's own artifacts route, which lists fixed short names.
-    app.router.routes.insert(0, APIRoute("/api/v1/jobs/{job_id}/artifacts", long_artifacts, methods=["GET"]))
-    with ServerThread(app) as server:
-        yield cluster, server.url
+    route = APIRoute(
+        "/api/v1/jobs/{job_id}/artifacts", long_artifacts, methods=["GET"], response_model=list[ArtifactOut]
+    )
+    app.router.routes.insert(0, route)
+    with served(app) as url:
+        yield cluster, url
 
 
 @pytest.fixture
-def cluster_url(fake: tuple[FakeCluster, str]) -> Iterator[tuple[FakeCluster, str]]:
+def cluster_url(fake: tuple[FakeState, str]) -> Iterator[tuple[FakeState, str]]:
     cluster, url = fake
     cluster.reset()
     yield cluster, url

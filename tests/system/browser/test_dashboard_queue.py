@@ -1,5 +1,5 @@
 """Sharing the cluster in the dashboard (issue 18), in Chromium against the fake coordinator
-(testkit/mwms_testkit/dashboard_fake_api.py): the queue in the scheduler's order with each job's reason and estimated start,
+(testkit/mwms_testkit/fake_api/): the queue in the scheduler's order with each job's reason and estimated start,
 the teams' quotas against their use, cordoned, draining and drained agents with who, when and why, the
 PREEMPTING state's own style, and a job page's priority, team and waiting reason. Hostile names, teams,
 users and reasons read literally and never become elements."""
@@ -12,15 +12,14 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from mwms_testkit.dashboard_fake_api import (
+from mwms_testkit.fake_api import (
     ADMIN_TOKEN,
     NO_FIT,
     T0,
-    FakeCluster,
     FakeJob,
-    ServerThread,
+    FakeState,
     _iso,
-    create_fake_app,
+    serve_fake_api,
 )
 
 from .conftest import NARROW, WIDE
@@ -46,13 +45,13 @@ QUOTA = "team carol holds 4 of its 4 GPUs; this job needs 2 more"
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[tuple[FakeCluster, str]]:
-    cluster = FakeCluster()
-    with ServerThread(create_fake_app(cluster)) as server:
-        yield cluster, server.url
+def fake() -> Iterator[tuple[FakeState, str]]:
+    cluster = FakeState(seeded=True)
+    with serve_fake_api(state=cluster) as (url, _):
+        yield cluster, url
 
 
-def populate(cluster: FakeCluster) -> None:
+def populate(cluster: FakeState) -> None:
     """Four more waiting jobs around the fake cluster's own, one hostile, and a hostile team over quota."""
     now = datetime.now(timezone.utc)
     soon = _iso(now + timedelta(minutes=10))
@@ -116,7 +115,7 @@ def populate(cluster: FakeCluster) -> None:
 
 
 @pytest.fixture
-def cluster_url(fake: tuple[FakeCluster, str]) -> Iterator[tuple[FakeCluster, str]]:
+def cluster_url(fake: tuple[FakeState, str]) -> Iterator[tuple[FakeState, str]]:
     cluster, url = fake
     cluster.reset()
     populate(cluster)

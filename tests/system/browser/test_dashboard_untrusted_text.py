@@ -1,5 +1,5 @@
 """The dashboard shows untrusted text as text: in Chromium, against the fake coordinator
-(testkit/mwms_testkit/dashboard_fake_api.py) holding one more job, of its own, whose name and log line are HTML that would run
+(testkit/mwms_testkit/fake_api/) holding one more job, of its own, whose name and log line are HTML that would run
 script if the page parsed it. Neither runs, nothing is made of them in the page, and both read literally."""
 
 from __future__ import annotations
@@ -9,13 +9,12 @@ from datetime import timedelta
 
 import pytest
 
-from mwms_testkit.dashboard_fake_api import (
+from mwms_testkit.fake_api import (
     ADMIN_TOKEN,
     T0,
-    FakeCluster,
     FakeJob,
-    ServerThread,
-    create_fake_app,
+    FakeState,
+    serve_fake_api,
 )
 
 from .conftest import WIDE
@@ -32,7 +31,7 @@ PWN_LOG = "<script>window.__pwned=2</script>"
 @pytest.fixture(scope="module")
 def hostile_url() -> Iterator[str]:
     """A fake coordinator of its own (the other tests' cluster is untouched), with the hostile job added."""
-    cluster = FakeCluster()
+    cluster = FakeState(seeded=True)
     lines = [
         {
             "id": seq + 1,
@@ -46,8 +45,8 @@ def hostile_url() -> Iterator[str]:
         for seq, text in enumerate(["before", PWN_LOG, "after"])
     ]
     cluster.jobs[PWN_JOB] = FakeJob(PWN_JOB, PWN_NAME, "RUNNING", T0 + timedelta(minutes=50), logs=lines)
-    with ServerThread(create_fake_app(cluster)) as server:
-        yield server.url
+    with serve_fake_api(state=cluster) as (url, _):
+        yield url
 
 
 def test_a_hostile_job_name_and_log_line_stay_text(new_page, hostile_url: str) -> None:

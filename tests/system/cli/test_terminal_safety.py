@@ -3,7 +3,7 @@
 First `terminal_safe` and the SafeConsole over edge values. Then the real `mwms` CLI as a subprocess whose
 stdout and stderr are a pseudo-terminal (TERM=xterm-256color, COLUMNS=200): against a real coordinator and
 agent (testkit/mwms_testkit/cluster.py) holding a job, a user, a token, an agent, log lines and a metric with hostile names,
-and against the CLI's fake API (testkit/mwms_testkit/cli_fake_api.py) for what a real coordinator refuses to hold or
+and against the fake API (testkit/mwms_testkit/fake_api/) for what a real coordinator refuses to hold or
 only makes up itself (escape sequences in agent names, reasons, task messages, stack frames). The bytes read
 from the pty master must hold nothing of the payloads' sequences: with rich's own colours (SGR) taken out,
 no ESC at all, no BEL, no C1 control, no bidi override; and `[/]` and `[link=…]` come out literally.
@@ -26,7 +26,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
 
 import pytest
 from rich.table import Table
@@ -34,8 +33,8 @@ from rich.table import Table
 from mwms.cli.doctor import doctor_table
 from mwms.cli.output import jobs_table, log_line_text, raw_log_line
 from mwms.cli.safe_text import SafeConsole, safe_text, terminal_safe
-from mwms_testkit.cli_fake_api import ADMIN_TOKEN, USER_TOKEN, FakeState
 from mwms_testkit.cluster import Cluster, pack, wait_until
+from mwms_testkit.fake_api import ADMIN_TOKEN, USER_TOKEN, FakeJob, FakeState, fake_agent, fake_task
 
 MWMS = [sys.executable, "-m", "mwms.cli.main"]
 
@@ -373,50 +372,45 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat()
 
 
-def hostile_job(job_id: str) -> dict[str, Any]:
-    task = {
-        "id": f"{job_id}-0",
-        "index": 0,
-        "attempt": 1,
-        "agent_id": "a1",
-        "agent_name": HOSTILE,
-        "address": f"10.0.0.1:2000{CLEAR}",
-        "state": "FAILED",
-        "exit_code": 3,
-        "message": f"exited with code 3; last lines:\n{HOSTILE}",
-        "device_kind": "CPU",
-        "device_indices": [0],
-        "tf_config": "{}",
-        "started_at": _now(),
-        "ended_at": _now(),
-    }
-    return {
-        "id": job_id,
-        "name": HOSTILE,
-        "submitted_by": USER,
-        "cancelled_by": HOSTILE,
-        "state": "FAILED",
-        "reason": f"task 0 exited with code 3; last lines:\n{HOSTILE}\n{DECRQSS}",
-        "workers": 1,
-        "gpus_per_worker": 0,
-        "created_at": _now(),
-        "started_at": _now(),
-        "finished_at": _now(),
-        "attempts": 1,
-        "restarts": 0,
-        "step": 1,
-        "loss": 0.5,
-        "command": ["python", HOSTILE],
-        "bundle_digest": "ab" * 32,
-        "env_names": [METRIC],
-        "communication": {"implementation": HOSTILE},
-        "restart": {"max_restarts": 0},
-        "startup_timeout_seconds": None,
-        "max_runtime_seconds": None,
-        "tasks": [task],
-        "attempt_history": [],
-        "events": [{"from_state": "RUNNING", "to_state": "FAILED", "reason": HOSTILE, "at": _now()}],
-    }
+def hostile_job(job_id: str) -> FakeJob:
+    task = fake_task(
+        job_id,
+        0,
+        attempt=1,
+        state="FAILED",
+        agent=HOSTILE,
+        started_at=datetime.now(timezone.utc),
+        exit_code=3,
+        workers=1,
+        agent_id="a1",
+        address=f"10.0.0.1:2000{CLEAR}",
+        message=f"exited with code 3; last lines:\n{HOSTILE}",
+        device_kind="CPU",
+    )
+    return FakeJob(
+        job_id,
+        HOSTILE,
+        "FAILED",
+        datetime.now(timezone.utc),
+        reason=f"task 0 exited with code 3; last lines:\n{HOSTILE}\n{DECRQSS}",
+        submitted_by=USER,
+        cancelled_by=HOSTILE,
+        workers=1,
+        gpus_per_worker=0,
+        metrics=[{"name": "loss", "step": 1, "value": 0.5, "wall_time": _now(), "attempt": 1}],
+        # The coordinator refuses a hostile communication implementation (an enum), so none is shown here.
+        spec={
+            "command": ["python", HOSTILE],
+            "bundle_digest": "ab" * 32,
+            "env_names": [METRIC],
+            "communication": {"implementation": "RING"},
+            "restart": {"max_restarts": 0},
+            "startup_timeout_seconds": None,
+            "max_runtime_seconds": None,
+        },
+        tasks=[task],
+        events=[{"from_state": "RUNNING", "to_state": "FAILED", "reason": HOSTILE, "at": _now()}],
+    )
 
 
 def test_status_of_hostile_reasons_events_and_task_messages(fake_api: tuple[str, FakeState]) -> None:
@@ -432,18 +426,16 @@ def test_agents_with_escape_sequences_in_their_names(fake_api: tuple[str, FakeSt
     url, state = fake_api
     task = {"job_id": "j1", "job_name": HOSTILE, "task_index": 0, "attempt": 1, "state": "RUNNING"}
     state.agents = [
-        {
-            "id": f"a1{TITLE}",
-            "name": HOSTILE,
-            "hostname": HOSTILE,
-            "address": f"127.0.0.1{CLEAR}",
-            "online": True,
-            "last_heartbeat_at": _now(),
-            "devices": [{"kind": f"CPU{DECRQSS}", "index": 0}],
-            "devices_used": 1,
-            "devices_free": 0,
-            "tasks": [task],
-        }
+        fake_agent(
+            f"a1{TITLE}",
+            HOSTILE,
+            hostname=HOSTILE,
+            address=f"127.0.0.1{CLEAR}",
+            devices=[{"kind": f"CPU{DECRQSS}", "index": 0, "name": "cpu:0"}],
+            devices_used=1,
+            devices_free=0,
+            tasks=[{**task, "device_indices": [0]}],
+        )
     ]
     printed = run_on_pty(["agents", "--api", url], cli_env(USER_TOKEN))
     assert printed.code == 0, printed.output
@@ -483,6 +475,7 @@ def test_stacks_with_hostile_frames(fake_api: tuple[str, FakeState]) -> None:
                 "error": HOSTILE,
                 "in_collective": True,
                 "received_at": _now(),
+                "text": HOSTILE,
                 "threads": [
                     {
                         "title": f"Thread 1 ({HOSTILE})",
