@@ -38,7 +38,7 @@ proto: install
 bench: install
 	$(BIN)/python bench/run.py; status=$$?; $(BIN)/python bench/sharing.py --db sqlite --db postgres || status=1; \
 		$(BIN)/python bench/replicas.py || status=1; $(BIN)/python bench/environments.py || status=1; \
-		$(BIN)/python bench/confinement.py || status=1; \
+		$(BIN)/python bench/confinement.py || status=1; $(BIN)/python bench/warm_starts.py || status=1; \
 		exit $$status
 
 # The same scenarios against a throwaway PostgreSQL 15 server the benchmark starts (initdb, pg_ctl).

@@ -32,6 +32,9 @@ TASK_UID_LOW, TASK_UID_HIGH = 60000, 60999  # uids of tasks when the agent is ro
 TASK_PIDS_MAX = 4096
 MAX_TASK_PIDS = 4_194_304  # the kernel's own pid_max ceiling
 TASK_DISK_MAX = 64 * 1024**3
+# Warm interpreters (TensorFlow imported, waiting for one task each) an agent keeps (worker_agent/warm_pool.py).
+WARM_POOL = 1
+MAX_WARM_POOL = 64
 # The agent's own oom_score_adj (its unit's OOMScoreAdjust=): the kernel kills tasks (1000) first.
 AGENT_OOM_SCORE_ADJ = -900
 

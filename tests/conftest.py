@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from mwms_testkit import tiers
-from mwms_testkit.cluster import Cluster
+from mwms_testkit.cluster import NO_WARM_POOL, Cluster
 
 TESTS = Path(__file__).parent
 
@@ -85,6 +85,9 @@ def postgres():
 # Every scheduler pass, in-process or in a coordinator the tests start, fails on a job left waiting
 # unexplained beside devices that fit it (server/services/scheduler/pass_check.py).
 os.environ["MWMS_SCHEDULER_STRICT_CHECK"] = "1"
+# Agents the tests start, by hand or through the scaffolding, keep no warm interpreters (each imports
+# TensorFlow while the suite's programs are tiny); the warm pool's own tests pass --warm-pool, which wins.
+os.environ.update(NO_WARM_POOL)
 
 CHROMIUM = os.environ.get("MWMS_CHROMIUM", "/usr/bin/chromium")
 

@@ -19,6 +19,7 @@ from mwms.worker_agent.sandbox import Confinement, find_bwrap
 from mwms.worker_agent.task_limits import LimitPolicy, machine_memory, offered_memory
 from mwms.worker_agent.task_users import TaskUsers
 from mwms.worker_agent.tasks import TaskManager
+from mwms.worker_agent.warm_pool import WarmPool
 
 log = logging.getLogger("mwms.agent")
 
@@ -40,6 +41,14 @@ def build_tasks(
         build_timeout_s=config.env_build_timeout,
         source_builds=config.env_source_builds,
     )
+    gpus = gpu_nodes(devices)
+    scope_sockets = abstract_socket_scope()
+    pool = None
+    if config.warm_pool > 0:
+        pool = WarmPool(
+            config.warm_pool, config.work_dir, confinement, gpus, cgroups, limits.pids_max, scope_sockets
+        )
+        log.info("keeping %d warm interpreter(s): TensorFlow imported before tasks arrive", config.warm_pool)
     return TaskManager(
         config.work_dir,
         stub,
@@ -47,11 +56,12 @@ def build_tasks(
         default_grace_seconds=config.stop_grace,
         confinement=confinement,
         environments=environments,
-        gpus=gpu_nodes(devices),
+        gpus=gpus,
         cgroups=cgroups,
         limits=limits,
         port_guard=port_guard,
-        scope_sockets=abstract_socket_scope(),
+        scope_sockets=scope_sockets,
+        warm_pool=pool,
     )
 
 

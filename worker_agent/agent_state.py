@@ -49,6 +49,8 @@ class TaskEntry:
     # The uid of its own it ran as (0: the agent's, or a fixed --task-user): taken back after a restart
     # so that what still runs as it is stopped before the uid passes on (worker_agent/task_users.py).
     uid: int = 0
+    # Its task dir when not where its job, attempt and index put it (a warm start's, worker_agent/warm_pool.py).
+    task_dir: str = ""
 
 
 class AgentStateFile:

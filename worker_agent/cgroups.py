@@ -90,6 +90,17 @@ class TaskCgroups:
             raise CgroupError(f"could not make the task's cgroup: {error}") from error
         return cgroup
 
+    def limit(self, cgroup: TaskCgroup, limits: TaskLimits) -> None:
+        """Holds an existing cgroup (a warm interpreter's, given to its task) to `limits` from now on."""
+        try:
+            if self.version == 2:
+                _limit_v2(cgroup.dirs[""], limits)
+            else:
+                _limit_v1(cgroup.dirs, limits)
+        except OSError as error:
+            raise CgroupError(f"could not limit the task's cgroup: {error}") from error
+        cgroup.limits = limits
+
     def clean_stale(self) -> int:
         """Removes the task cgroups a previous agent process left (their processes are ended first)."""
         removed = 0
@@ -233,7 +244,7 @@ def _limit_v2(directory: Path, limits: TaskLimits) -> None:
         _write_if_present(directory / "memory.oom.group", "1")
     if limits.pids_max:
         _write_if_present(directory / "pids.max", str(limits.pids_max))
-    weight = max(1, min(10_000, V2_WEIGHT_PER_DEVICE * max(1, limits.devices)))
+    weight = 1 if limits.background else max(1, min(10_000, V2_WEIGHT_PER_DEVICE * max(1, limits.devices)))
     _write_if_present(directory / "cpu.weight", str(weight))
     if limits.cpus > 0:
         _write_if_present(directory / "cpu.max", f"{_quota_us(limits.cpus)} {CFS_PERIOD_US}")
@@ -251,7 +262,8 @@ def _limit_v1(dirs: dict[str, Path], limits: TaskLimits) -> None:
         _write(pids / "pids.max", str(limits.pids_max))
     cpu = dirs.get("cpu")
     if cpu is not None:
-        _write_if_present(cpu / "cpu.shares", str(V1_SHARES_PER_DEVICE * max(1, limits.devices)))
+        shares = 2 if limits.background else V1_SHARES_PER_DEVICE * max(1, limits.devices)
+        _write_if_present(cpu / "cpu.shares", str(shares))
         if limits.cpus > 0:
             _write_if_present(cpu / "cpu.cfs_period_us", str(CFS_PERIOD_US))
             _write_if_present(cpu / "cpu.cfs_quota_us", str(_quota_us(limits.cpus)))

@@ -75,6 +75,8 @@ class AgentConfig:
     # Each task's processes and threads, and the size of its files (0: no limit).
     task_pids_max: int = defaults.TASK_PIDS_MAX
     task_disk_max: int = defaults.TASK_DISK_MAX
+    # Warm interpreters the agent keeps (worker_agent/warm_pool.py); 0: none.
+    warm_pool: int = defaults.WARM_POOL
     # `server` parsed: the addresses in order (ValueError at construction when one is malformed).
     servers: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
@@ -145,6 +147,7 @@ class AgentOptions:
     task_uids: tuple[int, int] | None = None
     task_pids_max: int | None = None
     task_disk_max: str | None = None
+    warm_pool: int | None = None
     log_format: str | None = None
     log_level: str | None = None
 
@@ -202,6 +205,8 @@ class AgentSetup:
             args += ["--task-pids-max", str(given.task_pids_max)]
         if self.task_disk_max is not None:
             args += ["--task-disk-max", str(self.task_disk_max)]
+        if given.warm_pool is not None:
+            args += ["--warm-pool", str(given.warm_pool)]
         if given.log_format is not None:
             args += ["--log-format", self.log_format]
         if given.log_level is not None:
@@ -235,6 +240,7 @@ class AgentSetup:
             "env_source_builds": given.env_source_builds or None,
             "task_pids_max": given.task_pids_max,
             "task_disk_max": self.task_disk_max,
+            "warm_pool": given.warm_pool,
             "env_cache_dir": None
             if given.env_cache_dir is None
             else given.env_cache_dir.expanduser().resolve(),
@@ -284,6 +290,10 @@ def check_agent_options(options: AgentOptions, *, for_unit: bool = False) -> Age
     if work_dir is None:
         work_dir = Path(defaults.SERVICE_WORK_DIR if for_unit else defaults.WORK_DIR)
     stop_grace = defaults.STOP_GRACE_S if options.stop_grace_seconds is None else options.stop_grace_seconds
+    if options.warm_pool is not None and not 0 <= options.warm_pool <= defaults.MAX_WARM_POOL:
+        raise AgentOptionError(
+            f"--warm-pool {options.warm_pool}: give 0 (no warm interpreters) to {defaults.MAX_WARM_POOL}"
+        )
     return AgentSetup(
         given=options,
         servers=servers,

@@ -206,6 +206,10 @@ class AgentConnection:
         heartbeat = agent_pb2.Heartbeat(
             sent_unix_ms=int(time.time() * 1000), last_round_trip_ms=self._last_round_trip_ms
         )
+        pool = getattr(self._tasks, "warm_pool", None)
+        if pool is not None:  # what the agent list shows of it (`mwms agents`)
+            heartbeat.warm_pool_ready = pool.ready_count()
+            heartbeat.warm_pool_bytes = pool.memory_bytes()
         self._heartbeat_sent_at = time.monotonic()
         return agent_pb2.AgentMessage(heartbeat=heartbeat)
 

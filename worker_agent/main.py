@@ -308,6 +308,7 @@ def _register(
         join_token=config.join_token,
         task_isolation=task_isolation,
         memory_bytes=memory_bytes,
+        warm_pool_size=config.warm_pool,
     )
     try:
         response = stub.Register(request, timeout=REGISTER_TIMEOUT_SECONDS)

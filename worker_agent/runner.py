@@ -133,8 +133,11 @@ class TaskProcess:
         user: int | None = None,
         group: int | None = None,
         spare_leader: bool = False,
+        pass_fds: tuple[int, ...] = (),
     ) -> None:
         self._user = user
+        # Descriptors it inherits besides its sandbox's seccomp filter (a warm interpreter's channel).
+        self._pass_fds = pass_fds
         self._group = group
         # SIGTERM to the group but not its leader (a sandbox's monitor, worker_agent/sandbox.py).
         self._spare_leader = spare_leader
@@ -183,7 +186,7 @@ class TaskProcess:
             group=self._group,
             extra_groups=[] if self._user is not None else None,
             umask=0o077 if self._user is not None else -1,
-            pass_fds=fds,
+            pass_fds=(*fds, *self._pass_fds),
         )
 
     def terminate(self, grace_seconds: float) -> None:

@@ -47,6 +47,13 @@ log = logging.getLogger("mwms.agent.stacks")
 STACKS_DIR_ENV = task_environment.STACKS_DIR
 STACKS_SIGNAL = signal.SIGUSR2
 HANDLER_DIR = Path(__file__).parent / "stack_handler"
+# A warm task's outermost frames are its warm interpreter's (worker_agent/warm_interpreter.py), which ran
+# the program: left out, as a cold start of the program has none (faulthandler names the file as Python
+# ran it, py-spy by its last directories).
+WARM_FRAME_MARKS = (
+    f'"{Path(__file__).resolve().with_name("warm_interpreter.py")}"',
+    "worker_agent/warm_interpreter.py:",
+)
 # "auto" (py-spy when it can trace, else faulthandler), "py-spy" or "faulthandler"; read by the agent.
 METHOD_ENV = "MWMS_AGENT_STACK_METHOD"
 METHODS = ("auto", "py-spy", "faulthandler")
@@ -235,6 +242,13 @@ def dump_with_handler(
     return TakenStacks(pid, "faulthandler", text=bounded(data.decode("utf-8", errors="replace")))
 
 
+def without_warm_frames(text: str) -> str:
+    """The stacks of a warm task as a cold start of its program shows them (WARM_FRAME_MARKS)."""
+    if "warm_interpreter.py" not in text:
+        return text
+    return "\n".join(line for line in text.split("\n") if not any(mark in line for mark in WARM_FRAME_MARKS))
+
+
 def take_stacks(pid: int, directory: Path | None, method: str = "auto") -> TakenStacks:
     """The stacks of the task whose process (group leader) is `pid`, by `method` with its fallback."""
     target, inner = python_pid(pid, directory)
@@ -246,7 +260,7 @@ def take_stacks(pid: int, directory: Path | None, method: str = "auto") -> Taken
         else:
             taken = dump_with_py_spy(target, executable)
             if not taken.error:
-                return taken
+                return TakenStacks(taken.pid, taken.method, without_warm_frames(taken.text))
             errors.append(taken.error)
     if method in ("auto", "faulthandler"):
         if directory is None:
@@ -254,7 +268,7 @@ def take_stacks(pid: int, directory: Path | None, method: str = "auto") -> Taken
         else:
             taken = dump_with_handler(target, directory, inner_pid=inner)
             if not taken.error:
-                return taken
+                return TakenStacks(taken.pid, taken.method, without_warm_frames(taken.text))
             errors.append(taken.error)
     return TakenStacks(target, error="; ".join(errors))
 

@@ -39,6 +39,9 @@ class TaskLimits:
     pids_max: int = 0
     devices: int = 1  # its CPU weight, in devices held
     cpus: float = 0.0  # a hard cap in CPUs (0: none)
+    # The least CPU weight there is (a warm interpreter's, worker_agent/warm_pool.py: its warm-up is
+    # speculative and yields to running tasks); its task's weight is written at handout.
+    background: bool = False
 
 
 @dataclass

@@ -44,19 +44,23 @@ class TaskPaths:
         """
         job_dir = work_dir / "jobs" / start.job_id
         task_dir = job_dir / f"attempt-{start.attempt}" / f"task-{start.task_index}"
-        checkpoint_dir = (
-            Path(start.shared_checkpoint_dir) if start.shared_checkpoint_dir else task_dir / "checkpoints"
-        )
+        shared = Path(start.shared_checkpoint_dir) if start.shared_checkpoint_dir else None
+        return cls.at(task_dir, work_dir / "scratch" / start.task_id, shared)
+
+    @classmethod
+    def at(cls, task_dir: Path, scratch_dir: Path, shared_checkpoint_dir: Path | None = None) -> TaskPaths:
+        """The layout of a task dir at `task_dir` (a warm interpreter's, worker_agent/warm_pool.py, is
+        not under jobs/): bundle, output, checkpoints (unless shared), tmp, stacks, home, metrics."""
         return cls(
             task_dir=task_dir,
             bundle_dir=task_dir / "bundle",
             output_dir=task_dir / "output",
-            checkpoint_dir=checkpoint_dir,
+            checkpoint_dir=shared_checkpoint_dir or task_dir / "checkpoints",
             metrics_file=task_dir / "metrics.jsonl",
             tmp_dir=task_dir / "tmp",
             stacks_dir=task_dir / "stacks",
             home_dir=task_dir / "home",
-            scratch_dir=work_dir / "scratch" / start.task_id,
+            scratch_dir=scratch_dir,
         )
 
     @property
@@ -70,6 +74,8 @@ class TaskPaths:
     def create_fresh(self) -> None:
         """Empties the task dir (a restart of the same task starts clean) and creates its directories,
         all the agent's and closed to others (0700) until `hand_over` gives them to the task's user."""
+        if self.task_dir.is_symlink():
+            self.task_dir.unlink()  # an earlier warm start's link to its own task dir (worker_agent/warm_pool.py)
         shutil.rmtree(self.task_dir, ignore_errors=True)
         shutil.rmtree(self.scratch_dir, ignore_errors=True)
         # jobs/, the job's and the attempt's dirs may be entered, not listed, by task users (no sandbox).

@@ -10,6 +10,7 @@ the previous agent process left running and reclaims its uids, shares and cgroup
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -33,6 +34,7 @@ from mwms.worker_agent.sandbox import Confinement
 from mwms.worker_agent.task_limits import LimitPolicy, disk_usage
 from mwms.worker_agent.task_record import TERMINAL_STATES, TaskRecord
 from mwms.worker_agent.task_users import TaskIdentity, end_processes_of
+from mwms.worker_agent.warm_pool import WarmSlot
 
 log = logging.getLogger("mwms.agent.tasks")
 
@@ -158,6 +160,25 @@ class TaskProcesses:
             self._guard_ports(record)
         return identity
 
+    def memory_limit(self, start: agent_pb2.StartTask) -> int:
+        """The memory limit the task's cgroup gets here (0: none)."""
+        if self._cgroups is None or self._limits is None:
+            return 0
+        return self._limits.limits(start).memory_bytes
+
+    def confine_warm(self, record: TaskRecord, slot: WarmSlot) -> TaskIdentity:
+        """Gives the task what the warm interpreter `slot` was started with: its task dir, its uid (now
+        the task's and its job's), its cgroup, held to the task's limits and ports from now on (a warm
+        task shares nothing with other tasks of its job: it has no co-located peer)."""
+        start = record.start
+        record.paths = dataclasses.replace(slot.paths, scratch_dir=record.paths.scratch_dir)
+        record.identity = self._confinement.users.transfer(slot.slot_id, record.task_id, start.job_id)
+        record.cgroup, slot.cgroup = slot.cgroup, None
+        if self._cgroups is not None and self._limits is not None and record.cgroup is not None:
+            self._cgroups.limit(record.cgroup, self._limits.limits(start))
+            self._guard_ports(record)
+        return record.identity
+
     def _guard_ports(self, record: TaskRecord) -> None:
         """Puts the rules on the task's ports on its cgroup: it binds only its own port of the guarded
         ranges, and reaches them only at its job's peers."""
@@ -190,12 +211,20 @@ class TaskProcesses:
         watcher: CheckpointWatcher | None,
         running: Callable[[int], object],
         exited: Callable[[int], None],
+        warm: WarmSlot | None = None,
     ) -> None:
         """Starts the task's process unless the task ended meanwhile; `running(pid)` is called under the
         record's lock right after the spawn, `exited(exit_code)` once the process has ended and its last
-        metric points are in."""
+        metric points are in. `warm`: the warm interpreter (confined for the task by `confine_warm`) that
+        runs `command` instead of a new process."""
         metrics_done = threading.Event()
         tail = MetricsTail(record.paths.metrics_file, within=record.paths.task_dir)
+        metrics_thread = threading.Thread(
+            target=self._tail_metrics,
+            args=(record, tail, metrics_done),
+            name=f"metrics-{record.task_id}",
+            daemon=True,
+        )
 
         def on_exit(exit_code: int) -> None:
             metrics_done.set()
@@ -205,20 +234,8 @@ class TaskProcesses:
             self._note_exit(record, exit_code, tail)
             exited(exit_code)
 
-        switch, argv = self.launch_for(record, command)
-        if self._scope_sockets and has_co_located_peer(record.start.tf_config, record.start.task_index):
-            record.add_log(
-                "stderr",
-                "mwms-agent: this worker shares its machine with another of its job's workers, so host "
-                "abstract unix sockets stay reachable to it (NCCL passes CUDA memory handles over them)",
-            )
-        process = TaskProcess(argv, env, record.paths.bundle_dir, record.add_log, on_exit, **switch)
-        metrics_thread = threading.Thread(
-            target=self._tail_metrics,
-            args=(record, tail, metrics_done),
-            name=f"metrics-{record.task_id}",
-            daemon=True,
-        )
+        process = warm.process if warm is not None else self._process_for(record, command, env, on_exit)
+        assert process is not None
         # Held across spawn and the RUNNING report, so a fast exit cannot report before RUNNING.
         with record.lock:
             if record.ended:
@@ -227,7 +244,10 @@ class TaskProcesses:
                 watcher.start()
             metrics_thread.start()
             try:
-                pid = process.start()
+                if warm is not None:  # the program and its arguments go to the warm interpreter
+                    pid = warm.hand_over(env, command[1:], record.add_log, on_exit)
+                else:
+                    pid = process.start()
             except BaseException:
                 metrics_done.set()
                 if watcher is not None:
@@ -237,7 +257,21 @@ class TaskProcesses:
             record.pid = pid
             record.start_ticks = agent_state.process_start_ticks(pid)
             running(pid)
-        log.info("task %s running as pid %d", record.task_id, pid)
+        how = f" (warm interpreter {warm.slot_id})" if warm is not None else ""
+        log.info("task %s running as pid %d%s", record.task_id, pid, how)
+
+    def _process_for(
+        self, record: TaskRecord, command: list[str], env: dict[str, str], on_exit: Callable[[int], None]
+    ) -> TaskProcess:
+        """The task's process, confined, not started yet."""
+        switch, argv = self.launch_for(record, command)
+        if self._scope_sockets and has_co_located_peer(record.start.tf_config, record.start.task_index):
+            record.add_log(
+                "stderr",
+                "mwms-agent: this worker shares its machine with another of its job's workers, so host "
+                "abstract unix sockets stay reachable to it (NCCL passes CUDA memory handles over them)",
+            )
+        return TaskProcess(argv, env, record.paths.bundle_dir, record.add_log, on_exit, **switch)
 
     def _tail_metrics(self, record: TaskRecord, tail: MetricsTail, done: threading.Event) -> None:
         next_disk_check = time.monotonic() + DISK_POLL_SECONDS

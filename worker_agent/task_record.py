@@ -156,4 +156,5 @@ class TaskRecord:
             message=report.message,
             final_acked=self.final_acked,
             uid=self.identity.uid if self.identity is not None and not self.identity.shared else 0,
+            task_dir=str(self.paths.task_dir),
         )

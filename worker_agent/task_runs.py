@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+import time
 from collections.abc import Callable
 from typing import Protocol
 
@@ -23,6 +25,8 @@ from mwms.worker_agent import import_failures, preflight
 from mwms.worker_agent.bundles import BundleError
 from mwms.worker_agent.cgroups import CgroupError
 from mwms.worker_agent.environments import Environment, EnvironmentBuildError
+from mwms.worker_agent.gpu_nodes import GpuNode
+from mwms.worker_agent.landlock import has_co_located_peer
 from mwms.worker_agent.port_guard import PortGuardError
 from mwms.worker_agent.runner import CommandNotRunnable, check_runnable, describe_exit, spawn_refusal
 from mwms.worker_agent.task_env import child_environment, in_environment, resolve_command
@@ -30,6 +34,8 @@ from mwms.worker_agent.task_processes import TaskProcesses, UnknownGpu
 from mwms.worker_agent.task_record import State, TaskRecord, port_is_free
 from mwms.worker_agent.task_users import TaskUserError
 from mwms.worker_agent.task_workspace import TaskWorkspace
+from mwms.worker_agent.warm_choice import NO_WARM_INTERPRETER, StartShape, cold_reason
+from mwms.worker_agent.warm_pool import WarmPool, WarmSlot
 
 log = logging.getLogger("mwms.agent.tasks")
 
@@ -49,6 +55,7 @@ class Publish(Protocol):
         environment_build_seconds: float = 0.0,
         environment_digest: str = "",
         environment_platform: str = "",
+        start_kind: agent_pb2.StartKind.ValueType = agent_pb2.START_KIND_UNSPECIFIED,
     ) -> bool: ...
 
 
@@ -62,8 +69,11 @@ class TaskRuns:
         processes: TaskProcesses,
         publish: Publish,
         preflight_done: Callable[[agent_pb2.PreflightResult], None],
+        pool: WarmPool | None = None,
     ) -> None:
         self._hostname = hostname
+        # Warm interpreters (worker_agent/warm_pool.py), where the agent keeps them (--warm-pool).
+        self._pool = pool
         self._workspace = workspace
         self._processes = processes
         self._publish = publish
@@ -79,6 +89,7 @@ class TaskRuns:
         start = record.start
         command: list[str] = []
         shown = start.command[0] if start.command else ""
+        warm: WarmSlot | None = None
         try:
             if start.port and not port_is_free(start.port):
                 self._reject(
@@ -95,8 +106,13 @@ class TaskRuns:
             if record.ended:
                 return
             gpus = self._processes.gpus_of(start)
-            identity = self._processes.confine(record)
-            self._workspace.prepare(record, archive, identity)
+            warm = self._choose_warm(record, command, gpus)
+            if warm is not None:
+                identity = self._processes.confine_warm(record, warm)
+                self._workspace.prepare_warm(record, archive, identity, warm.paths.scratch_dir)
+            else:
+                identity = self._processes.confine(record)
+                self._workspace.prepare(record, archive, identity)
             if record.ended:
                 self.release(record)
                 return
@@ -121,7 +137,7 @@ class TaskRuns:
             if start.preflight and not self._preflight_passed(record, env):
                 self.release(record)
                 return
-            self._spawn(record, command, env)
+            self._spawn(record, command, env, warm)
         except CommandNotRunnable as error:
             self._never_started(record, error)
         except (TaskUserError, UnknownGpu, CgroupError, PortGuardError) as error:
@@ -137,6 +153,8 @@ class TaskRuns:
         except Exception as error:  # noqa: BLE001 - the coordinator must hear about any failed start
             log.exception("task %s failed to start", record.task_id)
             self._reject(record, f"the agent failed to start the task: {error}")
+        if warm is not None and record.process is None:
+            warm.kill()  # handed no task: it ran nothing, and its uid and cgroup are the task's to give back
         if record.ended and record.process is None:
             self.release(record)
 
@@ -207,16 +225,60 @@ class TaskRuns:
         )
         return False
 
-    def _spawn(self, record: TaskRecord, command: list[str], env: dict[str, str]) -> None:
-        """Starts the task's process (worker_agent/task_processes.py): RUNNING once spawned, its final
-        state once it has ended."""
+    def _choose_warm(self, record: TaskRecord, command: list[str], gpus: list[GpuNode]) -> WarmSlot | None:
+        """A warm interpreter taken from the pool for the task, or None (a cold start); either way its log
+        says which, and a cold start why (worker_agent/warm_choice.py)."""
+        if self._pool is None:
+            return None
+        start = record.start
+        sandboxed = self._processes.sandboxed
+        key = self._pool.key_of(gpus)
+        slot = self._pool.peek(key)
+        shape = StartShape(
+            command=command,
+            env=child_environment(start, record.paths, os.environ, gpus=gpus, sandboxed=sandboxed),
+            own_environment=bool(start.environment_lock),
+            preflight=start.preflight,
+            shared_checkpoints=bool(start.shared_checkpoint_dir),
+            co_located_peer=has_co_located_peer(start.tf_config, start.task_index),
+            memory_limit_bytes=self._processes.memory_limit(start),
+        )
+        kept = self._pool.keeps(key)
+        reason = cold_reason(
+            shape,
+            sys.executable,
+            self._pool.env_of(key),
+            kept=kept,
+            ready=slot is not None,
+            warm_memory_bytes=slot.memory_bytes() if slot is not None else 0,
+        )
+        if not reason and slot is not None and not self._pool.take(slot):
+            reason = NO_WARM_INTERPRETER
+        if reason:
+            record.add_log("stderr", f"mwms-agent: cold start: {reason}")
+            return None
+        assert slot is not None
+        record.add_log(
+            "stderr",
+            f"mwms-agent: warm start: {slot.slot_id} imported TensorFlow "
+            f"{time.monotonic() - slot.ready_at:.0f} s ago and runs the program",
+        )
+        return slot
+
+    def _spawn(
+        self, record: TaskRecord, command: list[str], env: dict[str, str], warm: WarmSlot | None
+    ) -> None:
+        """Starts the task's process (worker_agent/task_processes.py), or hands it to its warm interpreter:
+        RUNNING once spawned (with how it started), its final state once it has ended."""
+        kind = agent_pb2.START_KIND_WARM if warm is not None else agent_pb2.START_KIND_COLD
         self._processes.spawn(
             record,
             command,
             env,
             self._workspace.checkpoint_watcher(record),
-            running=lambda pid: self._publish(record, agent_pb2.TASK_STATE_RUNNING, pid=pid),
+            running=lambda pid: self._publish(record, agent_pb2.TASK_STATE_RUNNING, pid=pid, start_kind=kind),
             exited=lambda exit_code: self._exited(record, exit_code),
+            warm=warm,
         )
 
     def _exited(self, record: TaskRecord, exit_code: int) -> None:

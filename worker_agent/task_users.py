@@ -190,6 +190,18 @@ class TaskUsers:
             self._job_of[task_id] = job_id
         return TaskIdentity(uid, uid, f"uid {uid}")
 
+    def transfer(self, holder: str, task_id: str, job_id: str) -> TaskIdentity:
+        """Passes the identity `holder` holds (a warm interpreter's, worker_agent/warm_pool.py) to the task
+        `task_id` of job `job_id`, which its processes then run as: the uid stays locked throughout."""
+        if self._fixed is not None:
+            return self._fixed
+        with self._lock:
+            uid = self._in_use.pop(holder)
+            self._job_of.pop(holder, None)
+            self._in_use[task_id] = uid
+            self._job_of[task_id] = job_id
+        return TaskIdentity(uid, uid, f"uid {uid}")
+
     def release(self, task_id: str) -> bool:
         """Gives the task's uid back once none of its processes can be left (the task has ended); True when
         no other task holds that uid now (its job's other tasks here may)."""

@@ -10,6 +10,7 @@ decides when; the reports stay there.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import threading
 from pathlib import Path
@@ -20,6 +21,7 @@ from mwms.worker_agent import artifacts, checkpoints
 from mwms.worker_agent.bundles import BundleCache
 from mwms.worker_agent.checkpoints import CheckpointWatcher, RestoreError
 from mwms.worker_agent.environments import Environment, EnvironmentCache, EnvironmentSpec
+from mwms.worker_agent.task_env import TaskPaths
 from mwms.worker_agent.task_files import pack_beneath
 from mwms.worker_agent.task_record import TaskRecord
 from mwms.worker_agent.task_users import TaskIdentity
@@ -38,6 +40,7 @@ class TaskWorkspace:
         owners_lock: threading.Lock,
     ) -> None:
         self._stub = stub
+        self._work_dir = work_dir
         self._bundles = BundleCache(work_dir / "bundles", stub)
         self._environments = environments
         # Which task made each task dir: a task the coordinator placed again under the same job, attempt
@@ -68,6 +71,52 @@ class TaskWorkspace:
             self._restore_checkpoint(record)
         if not identity.shared:
             record.paths.hand_over(identity.uid, identity.gid)
+
+    def prepare_warm(
+        self, record: TaskRecord, archive: Path | None, identity: TaskIdentity, warm_scratch: Path
+    ) -> None:
+        """`prepare` for a task dir a warm interpreter's sandbox binds already (worker_agent/warm_pool.py):
+        filled in place, as its directories must stay the ones bound; the interpreter's scratch dir goes."""
+        start = record.start
+        with self._owners_lock:
+            self._dir_owners[record.paths.task_dir] = record.task_id
+        self._link_usual_dir(record)
+        shutil.rmtree(warm_scratch, ignore_errors=True)
+        shutil.rmtree(record.paths.scratch_dir, ignore_errors=True)
+        record.paths.scratch_dir.mkdir(mode=0o700, parents=True)
+        if archive is not None:
+            extract_archive(archive, record.paths.bundle_dir)
+        if start.restore_checkpoint and not start.shared_checkpoint_dir:
+            self._restore_checkpoint(record)
+        if not identity.shared:
+            record.paths.hand_over(identity.uid, identity.gid)
+
+    def _link_usual_dir(self, record: TaskRecord) -> None:
+        """Links jobs/<job>/attempt-<n>/task-<i>, where a cold start's files would be, to a warm task's dir,
+        for whoever looks there (the agent reads and removes the real one, never through the link)."""
+        usual = TaskPaths.for_task(self._work_dir, record.start).task_dir
+        for parent in reversed(usual.parents[:3]):
+            parent.mkdir(exist_ok=True)
+            parent.chmod(0o711)
+        if usual.is_symlink():
+            usual.unlink()
+        else:
+            shutil.rmtree(usual, ignore_errors=True)
+        usual.symlink_to(record.paths.task_dir)
+
+    def _unlink_usual_dir(self, record: TaskRecord) -> None:
+        """Removes `_link_usual_dir`'s link, unless a later task of the same place made its own there."""
+        usual = TaskPaths.for_task(self._work_dir, record.start).task_dir
+        try:
+            if usual.is_symlink() and os.readlink(usual) == str(record.paths.task_dir):
+                usual.unlink()
+        except OSError:
+            return
+        for parent in usual.parents[:2]:
+            try:
+                parent.rmdir()
+            except OSError:
+                break
 
     def _restore_checkpoint(self, record: TaskRecord) -> None:
         """Installs the job's latest checkpoint archive into the task's own checkpoint dir (each task has
@@ -147,6 +196,7 @@ class TaskWorkspace:
                 return  # made again by a later task of the same job, attempt and index
             self._dir_owners.pop(paths.task_dir, None)
         shutil.rmtree(paths.task_dir, ignore_errors=True)
+        self._unlink_usual_dir(record)  # a warm start's link (nothing to do for a cold start's dir)
         # The attempt's and the job's dirs go with their last task (rmdir fails while others remain).
         for parent in paths.task_dir.parents[:2]:
             try:

@@ -44,6 +44,7 @@ from mwms.worker_agent.task_record import TERMINAL_STATES, State, TaskRecord, re
 from mwms.worker_agent.task_runs import TaskRuns
 from mwms.worker_agent.task_users import TaskUsers
 from mwms.worker_agent.task_workspace import TaskWorkspace
+from mwms.worker_agent.warm_pool import WarmPool
 
 log = logging.getLogger("mwms.agent.tasks")
 
@@ -64,6 +65,7 @@ class TaskManager:
         limits: LimitPolicy | None = None,
         port_guard: PortGuard | None = None,
         scope_sockets: bool = False,
+        warm_pool: WarmPool | None = None,
     ) -> None:
         self._work_dir = work_dir
         # Without a confinement (tests of the bookkeeping): tasks run unconfined as the agent's own user.
@@ -90,7 +92,12 @@ class TaskManager:
             environments or EnvironmentCache(work_dir / "envs", ENV_CACHE_BYTES),
             self._records_lock,
         )
-        self._runs = TaskRuns(hostname, self._workspace, self._processes, self._publish, self._preflight_done)
+        # Warm interpreters (worker_agent/warm_pool.py), started once a recovery has reclaimed what an
+        # earlier agent process held.
+        self.warm_pool = warm_pool
+        self._runs = TaskRuns(
+            hostname, self._workspace, self._processes, self._publish, self._preflight_done, self.warm_pool
+        )
         # Reports waiting to be sent; `reports_ready` wakes the connection's sender.
         self.reports: queue.Queue[agent_pb2.TaskReport] = queue.Queue()
         self.reports_ready = threading.Event()
@@ -197,6 +204,8 @@ class TaskManager:
                     continue
             waiting.append(record)
             terminate_in_background(process, grace_seconds)
+        if self.warm_pool is not None:
+            self.warm_pool.close()
         deadline = time.monotonic() + grace_seconds + 15.0
         while any(not record.ended for record in waiting) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -244,6 +253,8 @@ class TaskManager:
                 log.exception("could not take over the tasks of the previous agent process")
             finally:
                 self.recovered.set()
+            if self.warm_pool is not None:
+                self.warm_pool.start()
 
         threading.Thread(target=run, name="recover", daemon=True).start()
 
@@ -261,6 +272,8 @@ class TaskManager:
                 task_id=entry.task_id, job_id=entry.job_id, attempt=entry.attempt, task_index=entry.task_index
             )
             paths = TaskPaths.for_task(self._work_dir, start)
+            if entry.task_dir:  # a warm start's (worker_agent/warm_pool.py)
+                paths = TaskPaths.at(Path(entry.task_dir), paths.scratch_dir)
             record = TaskRecord(start, paths, self._outbox_root / entry.task_id)
             record.pid, record.start_ticks, record.final_acked = (
                 entry.pid,
@@ -337,6 +350,7 @@ class TaskManager:
         environment_build_seconds: float = 0.0,
         environment_digest: str = "",
         environment_platform: str = "",
+        start_kind: agent_pb2.StartKind.ValueType = agent_pb2.START_KIND_UNSPECIFIED,
     ) -> bool:
         """Moves the task to `state` and queues the report; an ended task never changes again."""
         with record.lock:
@@ -352,6 +366,7 @@ class TaskManager:
                 environment_build_seconds=environment_build_seconds,
                 environment_digest=environment_digest,
                 environment_platform=environment_platform,
+                start_kind=start_kind,
             )
             if record.cgroup is not None:
                 record.report.memory_limit_bytes = record.cgroup.limits.memory_bytes

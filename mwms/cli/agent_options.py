@@ -234,6 +234,19 @@ AgentTaskPidsMax = Annotated[
     ),
 ]
 
+AgentWarmPool = Annotated[
+    int | None,
+    typer.Option(
+        min=0,
+        max=agent_defaults.MAX_WARM_POOL,
+        envvar="MWMS_AGENT_WARM_POOL",
+        help="Warm interpreters to keep: sandboxed Pythons that imported TensorFlow already, each waiting "
+        "for one task, which then starts without that wait; each holds its memory (about 0.5 GiB) and a "
+        f"task uid while it waits; 0: none [default: {agent_defaults.WARM_POOL}].",
+        show_default=False,
+    ),
+]
+
 AgentTaskDiskMax = Annotated[
     str | None,
     typer.Option(

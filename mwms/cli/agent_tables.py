@@ -15,6 +15,7 @@ from mwms.cli.formatting import (
     format_time,
 )
 from mwms.cli.safe_text import safe_text
+from mwms.sizes import format_size
 
 
 def isolation_cell(label: str) -> Text:
@@ -22,6 +23,14 @@ def isolation_cell(label: str) -> Text:
     if not label:
         return Text("-")
     return safe_text(label, style="yellow" if "share" in label or "no sandbox" in label else "")
+
+
+def warm_pool_cell(pool: dict[str, Any] | None) -> str:
+    """Its warm interpreters: "ready/kept (memory)", e.g. "1/1 (540 MiB)"; "-" when it keeps none."""
+    if not pool or not pool.get("size"):
+        return "-"
+    memory = pool.get("memory_bytes") or 0
+    return f"{pool.get('ready', 0)}/{pool['size']}" + (f" ({format_size(memory)})" if memory else "")
 
 
 def cordon_text(agent: dict[str, Any]) -> Text:
@@ -46,6 +55,7 @@ def agents_table(agents: list[dict[str, Any]]) -> Table:
         "USED",
         "FREE",
         "MEMORY",
+        "WARM",
         "TASKS",
         "ISOLATION",
         "HEARTBEAT",
@@ -72,6 +82,7 @@ def agents_table(agents: list[dict[str, Any]]) -> Table:
                 agent.get("devices_used", "-"),
                 agent.get("devices_free", "-"),
                 agent_memory(agent),
+                warm_pool_cell(agent.get("warm_pool")),
                 tasks or "-",
                 isolation_cell(agent.get("task_isolation", "")),
                 format_time(agent.get("last_heartbeat_at")),

@@ -46,6 +46,7 @@ from mwms.cli.agent_options import (
     AgentTaskUser,
     AgentTls,
     AgentUser,
+    AgentWarmPool,
     AgentWorkDir,
 )
 from mwms.cli.errors import CliError, handles_errors
@@ -225,6 +226,7 @@ def agent(
     task_uids: AgentTaskUids = None,
     task_pids_max: AgentTaskPidsMax = None,
     task_disk_max: AgentTaskDiskMax = None,
+    warm_pool: AgentWarmPool = None,
     log_format: AgentLogFormat = None,
     log_level: AgentLogLevel = None,
 ) -> None:
@@ -263,6 +265,7 @@ def agent(
         task_uids=None if task_uids is None else parse_uid_range(task_uids),
         task_pids_max=task_pids_max,
         task_disk_max=task_disk_max,
+        warm_pool=warm_pool,
         log_format=log_format,
         log_level=log_level,
     )

@@ -102,6 +102,30 @@ ENVIRONMENT_STATUS_READY: EnvironmentStatus.ValueType  # 2
 """built, or found in the agent's cache"""
 Global___EnvironmentStatus: _TypeAlias = EnvironmentStatus  # noqa: Y015
 
+class _StartKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _StartKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_StartKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    START_KIND_UNSPECIFIED: _StartKind.ValueType  # 0
+    """not said (an older agent, or not RUNNING yet)"""
+    START_KIND_COLD: _StartKind.ValueType  # 1
+    """a new process"""
+    START_KIND_WARM: _StartKind.ValueType  # 2
+    """a warm interpreter of the agent's pool"""
+
+class StartKind(_StartKind, metaclass=_StartKindEnumTypeWrapper):
+    """How a task's process started (worker_agent/warm_pool.py)."""
+
+START_KIND_UNSPECIFIED: StartKind.ValueType  # 0
+"""not said (an older agent, or not RUNNING yet)"""
+START_KIND_COLD: StartKind.ValueType  # 1
+"""a new process"""
+START_KIND_WARM: StartKind.ValueType  # 2
+"""a warm interpreter of the agent's pool"""
+Global___StartKind: _TypeAlias = StartKind  # noqa: Y015
+
 class _FileKind:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -171,6 +195,7 @@ class RegisterRequest(_message.Message):
     JOIN_TOKEN_FIELD_NUMBER: _builtins.int
     TASK_ISOLATION_FIELD_NUMBER: _builtins.int
     MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    WARM_POOL_SIZE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     hostname: _builtins.str
     advertise_address: _builtins.str
@@ -185,6 +210,8 @@ class RegisterRequest(_message.Message):
     """
     memory_bytes: _builtins.int
     """Memory the agent offers its tasks in all (the machine's, less the agent's reserve); 0: unknown."""
+    warm_pool_size: _builtins.int
+    """Warm interpreters the agent keeps (`mwms agent --warm-pool N`, worker_agent/warm_pool.py); 0: none."""
     @_builtins.property
     def devices(self) -> _containers.RepeatedCompositeFieldContainer[Global___Device]: ...
     def __init__(
@@ -200,10 +227,11 @@ class RegisterRequest(_message.Message):
         join_token: _builtins.str = ...,
         task_isolation: _builtins.str = ...,
         memory_bytes: _builtins.int = ...,
+        warm_pool_size: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["advertise_address", b"advertise_address", "devices", b"devices", "hostname", b"hostname", "join_token", b"join_token", "memory_bytes", b"memory_bytes", "name", b"name", "port_range_high", b"port_range_high", "port_range_low", b"port_range_low", "task_isolation", b"task_isolation", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["advertise_address", b"advertise_address", "devices", b"devices", "hostname", b"hostname", "join_token", b"join_token", "memory_bytes", b"memory_bytes", "name", b"name", "port_range_high", b"port_range_high", "port_range_low", b"port_range_low", "task_isolation", b"task_isolation", "version", b"version", "warm_pool_size", b"warm_pool_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -252,6 +280,7 @@ class TaskReport(_message.Message):
     ENVIRONMENT_PLATFORM_FIELD_NUMBER: _builtins.int
     PEAK_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
     MEMORY_LIMIT_BYTES_FIELD_NUMBER: _builtins.int
+    START_KIND_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     state: Global___TaskState.ValueType
     exit_code: _builtins.int
@@ -270,6 +299,8 @@ class TaskReport(_message.Message):
     """The most memory the task's cgroup has held so far (0: unknown, e.g. an agent without cgroups)."""
     memory_limit_bytes: _builtins.int
     """The task's memory limit as its agent applied it (0: none)."""
+    start_kind: Global___StartKind.ValueType
+    """With TASK_STATE_RUNNING: whether a warm interpreter (TensorFlow imported already) runs the program."""
     def __init__(
         self,
         *,
@@ -284,10 +315,11 @@ class TaskReport(_message.Message):
         environment_platform: _builtins.str = ...,
         peak_memory_bytes: _builtins.int = ...,
         memory_limit_bytes: _builtins.int = ...,
+        start_kind: Global___StartKind.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment", b"environment", "environment_build_seconds", b"environment_build_seconds", "environment_digest", b"environment_digest", "environment_platform", b"environment_platform", "exit_code", b"exit_code", "memory_limit_bytes", b"memory_limit_bytes", "message", b"message", "peak_memory_bytes", b"peak_memory_bytes", "pid", b"pid", "state", b"state", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment", b"environment", "environment_build_seconds", b"environment_build_seconds", "environment_digest", b"environment_digest", "environment_platform", b"environment_platform", "exit_code", b"exit_code", "memory_limit_bytes", b"memory_limit_bytes", "message", b"message", "peak_memory_bytes", b"peak_memory_bytes", "pid", b"pid", "start_kind", b"start_kind", "state", b"state", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -325,18 +357,25 @@ class Heartbeat(_message.Message):
 
     SENT_UNIX_MS_FIELD_NUMBER: _builtins.int
     LAST_ROUND_TRIP_MS_FIELD_NUMBER: _builtins.int
+    WARM_POOL_READY_FIELD_NUMBER: _builtins.int
+    WARM_POOL_BYTES_FIELD_NUMBER: _builtins.int
     sent_unix_ms: _builtins.int
     last_round_trip_ms: _builtins.int
     """Round trip of the previous heartbeat as the agent measured it (sent -> answer); 0 when none yet."""
+    warm_pool_ready: _builtins.int
+    """The agent's warm pool now: interpreters ready for a task, and the resident memory of those it keeps."""
+    warm_pool_bytes: _builtins.int
     def __init__(
         self,
         *,
         sent_unix_ms: _builtins.int = ...,
         last_round_trip_ms: _builtins.int = ...,
+        warm_pool_ready: _builtins.int = ...,
+        warm_pool_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["last_round_trip_ms", b"last_round_trip_ms", "sent_unix_ms", b"sent_unix_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["last_round_trip_ms", b"last_round_trip_ms", "sent_unix_ms", b"sent_unix_ms", "warm_pool_bytes", b"warm_pool_bytes", "warm_pool_ready", b"warm_pool_ready"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -24,6 +24,7 @@ from mwms.server.schemas import (
     RestartPolicy,
     TaskOut,
     TokenOut,
+    WarmPoolOut,
 )
 from mwms.server.services.job_life import attempt_endings
 from mwms.server.services.job_life.jobs import JobListing
@@ -222,6 +223,11 @@ def agent_out(view: AgentView) -> AgentOut:
         memory_bytes=agent.memory_bytes or None,
         devices_used=view.devices_used,
         devices_free=view.devices_free,
+        warm_pool=WarmPoolOut(
+            size=agent.warm_pool_size, ready=agent.warm_pool_ready, memory_bytes=agent.warm_pool_bytes
+        )
+        if agent.warm_pool_size
+        else None,
         tasks=[
             AgentTaskOut(
                 job_id=t.job_id,

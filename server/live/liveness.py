@@ -12,12 +12,17 @@ from datetime import datetime
 
 from mwms.server.db.models import utcnow
 
+POOL_MEMORY_STEP = 16 * 1024**2
+
 
 class Liveness:
     """Last time each agent was heard from, since the last flush; used from the event loop only."""
 
     def __init__(self) -> None:
         self._seen: dict[str, datetime] = {}
+        # Warm pools (agent id -> (ready, resident bytes)) said since the last flush, and as last written.
+        self._pools: dict[str, tuple[int, int]] = {}
+        self._written_pools: dict[str, tuple[int, int]] = {}
 
     def seen(self, agent_id: str, at: datetime | None = None) -> None:
         """Records that the agent was heard from now."""
@@ -33,6 +38,24 @@ class Liveness:
         for agent_id, at in seen.items():
             if agent_id not in self._seen or self._seen[agent_id] < at:
                 self._seen[agent_id] = at
+
+    def warm_pool(self, agent_id: str, ready: int, resident_bytes: int) -> None:
+        """Records the agent's warm pool as a heartbeat said; written by the next flush when it changed
+        (the memory in steps of POOL_MEMORY_STEP, so a pool that only breathes costs no write)."""
+        reading = (max(0, ready), max(0, resident_bytes) // POOL_MEMORY_STEP * POOL_MEMORY_STEP)
+        if self._written_pools.get(agent_id) != reading:
+            self._pools[agent_id] = reading
+
+    def take_pools(self) -> dict[str, tuple[int, int]]:
+        """The warm pools to write; `restore_pools` hands them back when the write failed."""
+        pools, self._pools = self._pools, {}
+        self._written_pools.update(pools)
+        return pools
+
+    def restore_pools(self, pools: dict[str, tuple[int, int]]) -> None:
+        for agent_id, reading in pools.items():
+            self._written_pools.pop(agent_id, None)
+            self._pools.setdefault(agent_id, reading)
 
     def __len__(self) -> int:
         return len(self._seen)

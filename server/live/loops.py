@@ -26,7 +26,7 @@ from mwms.server.live.scheduler_process import SchedulerProcess, runs_apart, wor
 from mwms.server.live.task_progress import TaskProgress
 from mwms.server.observability.instruments import observe_scheduler_pass
 from mwms.server.services.fleet import replicas
-from mwms.server.services.fleet.agents import record_heartbeats
+from mwms.server.services.fleet.agents import record_heartbeats, record_warm_pools
 from mwms.server.services.fleet.command_targets import track_command_targets
 from mwms.server.services.job_life.hangs import record_progress
 from mwms.server.services.job_life.reconcile import reconcile
@@ -134,6 +134,7 @@ class BackgroundLoops:
         writer lock: decisions lock task rows in no set order. One progress write at a time; what comes
         meanwhile waits for the next flush."""
         seen = self.liveness.take()
+        pools = self.liveness.take_pools()
         held = self.hub.connected()
         ran = self.passes.leads()
 
@@ -144,6 +145,7 @@ class BackgroundLoops:
                     with self.db.write_unserialised() as session:
                         locked = time.monotonic()
                         record_heartbeats(session, seen, self.settings.agent_timeout_s)
+                        record_warm_pools(session, pools)
                         if stopping:
                             replicas.stop(session, self.replica)
                         else:
@@ -161,6 +163,7 @@ class BackgroundLoops:
             began, locked = await self._loop.run_in_executor(self._flush_thread, run)
         except BaseException:
             self.liveness.restore(seen)
+            self.liveness.restore_pools(pools)
             raise
         done = time.monotonic()
         if done - called > SLOW_FLUSH_S:

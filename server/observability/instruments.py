@@ -92,6 +92,12 @@ for _cause in ("priority", "reclaim", "drain"):
 AGENT_REGISTRATIONS = Counter(
     "mwms_agent_registrations", "Agent registrations accepted (new agents and agents registering again)"
 )
+TASK_STARTS = Counter(
+    "mwms_task_starts",
+    "Task processes started, by kind: warm (a warm interpreter of the agent's pool, TensorFlow imported "
+    "already) or cold (a new process); as the agents said with the tasks' RUNNING reports",
+    ["kind"],
+)
 AGENT_COMMANDS = Counter(
     "mwms_agent_commands_sent", "Commands sent to agents on their streams, by kind (start, stop)", ["kind"]
 )
@@ -109,6 +115,8 @@ for _cause in RESTART_CAUSES:
     JOB_RESTARTS.labels(cause=_cause)
 for _kind in ("start", "stop"):
     AGENT_COMMANDS.labels(kind=_kind)
+for _kind in ("warm", "cold"):
+    TASK_STARTS.labels(kind=_kind)
 for _state in TERMINAL_JOB_STATES:
     JOB_DURATION.labels(state=_state.value)
 for _attempt in ("first", "restart"):
@@ -162,6 +170,12 @@ def count_preemption(session: Session, cause: str) -> None:
 def count_registration(session: Session) -> None:
     """One agent registration, once committed."""
     on_commit(session, AGENT_REGISTRATIONS.inc)
+
+
+def count_task_start(session: Session, kind: str) -> None:
+    """One task process started, warm or cold, once its RUNNING state is committed."""
+    if kind in ("warm", "cold"):
+        on_commit(session, TASK_STARTS.labels(kind=kind).inc)
 
 
 def observe_heartbeat_round_trip(milliseconds: int) -> None:

@@ -139,6 +139,8 @@ class AgentStream(MessageApplier):
             if message.WhichOneof("body") == "heartbeat":
                 await self.send(HEARTBEAT_ACK)  # lets the agent tell a live stream from a dead one
                 observe_heartbeat_round_trip(message.heartbeat.last_round_trip_ms)
+                beat = message.heartbeat  # its warm pool is written with liveness, when it changed
+                self.wiring.liveness.warm_pool(self.agent_id, beat.warm_pool_ready, beat.warm_pool_bytes)
                 continue
             await self._queue_for_work(message)
         await self._queue_for_work(None)

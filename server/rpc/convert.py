@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncIterator
 
+from mwms.agent_defaults import MAX_WARM_POOL
 from mwms.preflight_contract import parse_report
 from mwms.server.db.models import Task
 from mwms.server.services.fleet.agent_uploads import StoredUpload, UploadChunk
@@ -53,11 +54,13 @@ def registration(request: pb.RegisterRequest) -> Registration:
         version=request.version,
         task_isolation=request.task_isolation,
         memory_bytes=max(0, request.memory_bytes),  # a negative says nothing: unknown
+        warm_pool_size=min(max(0, request.warm_pool_size), MAX_WARM_POOL),
     )
 
 
 MAX_DIGEST_CHARS = 64
 MAX_PLATFORM_CHARS = 100
+_START_KINDS = {pb.START_KIND_WARM: "warm", pb.START_KIND_COLD: "cold"}
 _ENVIRONMENT_STATUS = {pb.ENVIRONMENT_STATUS_BUILDING: "building", pb.ENVIRONMENT_STATUS_READY: "ready"}
 
 
@@ -88,6 +91,7 @@ def task_report(report: pb.TaskReport) -> TaskReport | None:
         # An agent's numbers: a negative says nothing (unknown, none).
         peak_memory_bytes=max(0, report.peak_memory_bytes),
         memory_limit_bytes=max(0, report.memory_limit_bytes),
+        start_kind=_START_KINDS.get(report.start_kind, ""),
     )
 
 

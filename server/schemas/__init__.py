@@ -24,6 +24,7 @@ from mwms.server.schemas.agents import (
     AgentTaskOut,
     DeviceOut,
     Overview,
+    WarmPoolOut,
 )
 from mwms.server.schemas.auth import (
     MAX_TOKEN_LIFETIME_S,
@@ -215,4 +216,5 @@ __all__ = [
     "ValidationErrorOut",
     "ValidationIssue",
     "WhoAmI",
+    "WarmPoolOut",
 ]

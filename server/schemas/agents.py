@@ -33,6 +33,14 @@ class AgentTaskOut(BaseModel):
     device_uuids: list[str] = Field(default_factory=list, description=DEVICE_UUIDS_DESCRIPTION)
 
 
+class WarmPoolOut(BaseModel):
+    """An agent's warm interpreters: sandboxed Pythons that imported TensorFlow already, one task each."""
+
+    size: int = Field(description="how many the agent keeps")
+    ready: int = Field(description="how many are ready for a task now, as its last heartbeat said")
+    memory_bytes: int = Field(description="the resident memory of those waiting, as its last heartbeat said")
+
+
 class AgentOut(BaseModel):
     id: str
     name: str
@@ -60,6 +68,9 @@ class AgentOut(BaseModel):
     )
     devices_used: int
     devices_free: int
+    warm_pool: WarmPoolOut | None = Field(
+        default=None, description="its warm interpreters (`mwms agent --warm-pool N`); null: it keeps none"
+    )
     tasks: list[AgentTaskOut]
     cordoned: bool = Field(default=False, description="no new jobs are placed on it (`mwms agent cordon`)")
     cordoned_at: datetime | None = None

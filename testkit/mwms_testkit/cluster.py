@@ -103,6 +103,10 @@ class Process:
             return ""
 
 
+# Agents the tests start keep no warm interpreters unless a test asks (--warm-pool N wins over it).
+NO_WARM_POOL = {"MWMS_AGENT_WARM_POOL": "0"}
+
+
 @dataclass
 class Cluster:
     """`mwms server` and agents for one test module or session. The coordinator binds port 0 unless given
@@ -136,7 +140,9 @@ class Cluster:
         return {"MWMS_ADMIN_TOKEN": self.admin_token, "MWMS_JOIN_TOKEN": self.join_token, **self.server_env}
 
     def agent_environment(self) -> dict[str, str]:
-        return {"MWMS_JOIN_TOKEN": self.join_token}
+        """The agents' environment: the join token, and no warm interpreters (each imports TensorFlow, a
+        load the suite's tiny programs do not need; a test of the pool passes --warm-pool, which wins)."""
+        return {"MWMS_JOIN_TOKEN": self.join_token, **NO_WARM_POOL}
 
     def create_token(self, user: str, role: str = "user") -> str:
         """A new API token for `user` with `role`, made by the admin."""

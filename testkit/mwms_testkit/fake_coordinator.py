@@ -300,7 +300,12 @@ def start_agent(tmp_path: Path) -> Iterator[Callable[..., RunningAgent]]:
 
     def start(server: str, **overrides: Any) -> RunningAgent:
         fields: dict[str, Any] = dict(
-            server=server, name="test-agent", work_dir=tmp_path / "agent", slots=2, stop_grace=2.0
+            server=server,
+            name="test-agent",
+            work_dir=tmp_path / "agent",
+            slots=2,
+            stop_grace=2.0,
+            warm_pool=0,
         )
         fields.update(overrides)
         agent = RunningAgent(AgentConfig(**fields))

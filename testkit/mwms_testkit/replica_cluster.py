@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mwms_testkit.cluster import MWMS, Cluster, Process, wait_until
+from mwms_testkit.cluster import MWMS, NO_WARM_POOL, Cluster, Process, wait_until
 
 
 @dataclass
@@ -66,7 +66,7 @@ class ReplicaCluster:
         """Starts `mwms agent --server A,B,...` (it is not waited for: the test says what it waits for)."""
         log_path = self.root / f"{name}.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("MWMS_") and k != "TF_CONFIG"}
-        env.update(PYTHONUNBUFFERED="1", MWMS_JOIN_TOKEN=self.join_token)
+        env.update(PYTHONUNBUFFERED="1", MWMS_JOIN_TOKEN=self.join_token, **NO_WARM_POOL)
         args = ["agent", "--server", ",".join(r.grpc_address for r in servers), "--name", name]
         args += ["--work-dir", str(self.root / name), "--advertise-address", "127.0.0.1"]
         args += ["--port-range", f"{port_low}-{port_low + 99}"]

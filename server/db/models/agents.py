@@ -34,6 +34,11 @@ class Agent(Base):
     devices: Mapped[list[Any]] = mapped_column(default=list)
     # Memory the agent offers its tasks in all (RegisterRequest.memory_bytes); 0: unknown (no memory check).
     memory_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # Its warm pool (worker_agent/warm_pool.py): interpreters it keeps (RegisterRequest.warm_pool_size), and
+    # as its last heartbeat flushed said, how many are ready and the resident memory of those waiting.
+    warm_pool_size: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    warm_pool_ready: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    warm_pool_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     registered_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_heartbeat_at: Mapped[datetime | None] = mapped_column(default=None)
     # Liveness as data: the agent is online while now < online_until.

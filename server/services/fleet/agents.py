@@ -39,6 +39,7 @@ class Registration:
     version: str
     task_isolation: str = ""
     memory_bytes: int = 0  # what the agent offers its tasks in all; 0: unknown
+    warm_pool_size: int = 0  # warm interpreters it keeps (worker_agent/warm_pool.py); 0: none
 
 
 # Bounds of what an agent says about itself; the columns' sizes, and an address that fits TF_CONFIG.
@@ -128,6 +129,7 @@ def register_agent(
     agent.version = reg.version
     agent.task_isolation = reg.task_isolation
     agent.memory_bytes = reg.memory_bytes
+    agent.warm_pool_size = reg.warm_pool_size
     agent.registered_at = now
     touch_agent(agent, timeout_s, now)
     session.flush()
@@ -204,6 +206,25 @@ def record_heartbeats(session: Session, seen: dict[str, datetime], timeout_s: fl
     # In id order, as every writer that updates several agents takes their rows, so two never deadlock.
     rows = [
         {"agent_id": agent_id, "seen_at": at, "until": at + timeout} for agent_id, at in sorted(seen.items())
+    ]
+    session.connection().execute(statement, rows)
+
+
+def record_warm_pools(session: Session, pools: dict[str, tuple[int, int]]) -> None:
+    """Writes the agents' warm pools as their heartbeats said (agent id -> (ready, resident bytes)), in id
+    order like `record_heartbeats`, in one statement; removed agents are left alone."""
+    if not pools:
+        return
+    table = Agent.__table__
+    assert isinstance(table, Table)
+    statement = (
+        update(table)
+        .where(table.c.id == bindparam("agent_id"), table.c.removed_at.is_(None))
+        .values(warm_pool_ready=bindparam("ready"), warm_pool_bytes=bindparam("resident"))
+    )
+    rows = [
+        {"agent_id": agent_id, "ready": ready, "resident": resident}
+        for agent_id, (ready, resident) in sorted(pools.items())
     ]
     session.connection().execute(statement, rows)
 

@@ -13,6 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from mwms.server.db.models import Agent, Task, utcnow
+from mwms.server.observability.instruments import count_task_start
 from mwms.server.services.job_life.lifecycle import after_task_change
 from mwms.server.services.job_life.transitions import transition_task
 from mwms.server.services.storage.environments import fail_disagreeing_attempt, note_environment
@@ -34,6 +35,7 @@ class TaskReport:
     environment_platform: str = ""  # with "ready": the Python and platform it was built for
     peak_memory_bytes: int = 0  # the most its cgroup has held so far; 0: unknown
     memory_limit_bytes: int = 0  # the memory limit its agent applied; 0: none
+    start_kind: str = ""  # with RUNNING: "warm" (a warm interpreter ran it) or "cold"; "": not said
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,8 @@ def apply_report(
         log.warning("ignoring report %s for task %s in state %s", report.state.value, task.id, current.value)
         return ReportOutcome(known=True, final=report.state.terminal, stop=not report.state.terminal)
     transition_task(session, task, report.state, report.message, now)
+    if report.state == TaskState.RUNNING and report.start_kind:
+        count_task_start(session, report.start_kind)
     if current == TaskState.LOST:
         return ReportOutcome(known=True, final=True, stop=False)
     after_task_change(session, agent, task, backoff_base_s, now)
