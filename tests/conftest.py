@@ -3,6 +3,7 @@ for the replica tests, and a migrated coordinator database (`db`, seeded as a `d
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 from collections.abc import Iterator
@@ -113,3 +114,13 @@ def playwright_instance() -> Iterator[object]:
     sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the dev extra)")
     with sync_api.sync_playwright() as playwright:
         yield playwright
+
+
+@pytest.fixture(autouse=True)
+def _daemon_log_handlers_removed() -> Iterator[None]:
+    """A daemon command run in the test process (CliRunner) installs its log handler on that run's
+    captured stderr (mwms/log_setup.py); it ends with the test, before a later one logs into a closed file."""
+    yield
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if getattr(h, "_mwms_log_setup", False)]:
+        root.removeHandler(handler)
