@@ -250,7 +250,7 @@ class TaskRuns:
             self._pool.env_of(key),
             kept=kept,
             ready=slot is not None,
-            warm_memory_bytes=slot.memory_bytes() if slot is not None else 0,
+            warm_memory_bytes=self._pool.held_bytes(slot) if slot is not None else 0,
         )
         if not reason and slot is not None and not self._pool.take(slot):
             reason = NO_WARM_INTERPRETER
@@ -258,11 +258,12 @@ class TaskRuns:
             record.add_log("stderr", f"mwms-agent: cold start: {reason}")
             return None
         assert slot is not None
-        record.add_log(
-            "stderr",
-            f"mwms-agent: warm start: {slot.slot_id} imported TensorFlow "
-            f"{time.monotonic() - slot.ready_at:.0f} s ago and runs the program",
-        )
+        if slot.ready.is_set():
+            said = f"imported TensorFlow {time.monotonic() - slot.ready_at:.0f} s ago and runs the program"
+        else:
+            importing = time.monotonic() - slot.started_at
+            said = f"has been importing TensorFlow for {importing:.1f} s and runs the program once it has"
+        record.add_log("stderr", f"mwms-agent: warm start: {slot.slot_id} {said}")
         return slot
 
     def _spawn(

@@ -34,7 +34,10 @@ def _warm_up() -> None:
 
 
 def _wait_for_task(channel: socket.socket) -> dict:
-    channel.sendall(b"ready\n")
+    try:
+        channel.sendall(b"ready\n")
+    except OSError:
+        pass  # handed its task while importing: the agent wrote it and closed its side; it is still here
     chunks = []
     while True:
         chunk = channel.recv(65536)

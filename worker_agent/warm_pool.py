@@ -167,6 +167,8 @@ class WarmPool:
         self._closed = False
         # The variables of the newest interpreter started per key, which a task's are compared with.
         self._envs: dict[tuple[int, ...], dict[str, str]] = {}
+        # What an interpreter held once ready, per key: keys in it have had one ready (an import that works).
+        self._held: dict[tuple[int, ...], int] = {}
         self._retry_s = RETRY_FIRST_S
         self.default_key = tuple(sorted(self._gpus))
 
@@ -181,9 +183,22 @@ class WarmPool:
         return tuple(sorted(gpu.index for gpu in gpus))
 
     def peek(self, key: tuple[int, ...]) -> WarmSlot | None:
-        """A ready interpreter for `key`, left in the pool (its env is what a task is compared with)."""
+        """A ready interpreter for `key`, else the one importing TensorFlow longest where one for `key` was
+        ready before (its import is known to work): the task waits for the rest of that import instead of
+        paying a whole one cold. Left in the pool (its env is what a task is compared with)."""
         with self._lock:
-            return next((s for s in self._slots if s.key == key and s.ready.is_set()), None)
+            live = [s for s in self._slots if s.key == key and not s.ended.is_set()]
+            ready = next((s for s in live if s.ready.is_set()), None)
+            if ready is not None or key not in self._held:
+                return ready
+            return min(live, key=lambda s: s.started_at, default=None)
+
+    def held_bytes(self, slot: WarmSlot) -> int:
+        """The memory `slot` holds once TensorFlow is imported: its own if it is ready, else what the last
+        ready interpreter of its key held (what a task's memory limit must leave room for)."""
+        with self._lock:
+            known = self._held.get(slot.key, 0)
+        return slot.memory_bytes() if slot.ready.is_set() else known
 
     def keeps(self, key: tuple[int, ...]) -> bool:
         """Whether the pool keeps interpreters for the GPU set `key` (the agent's whole set, or one that
@@ -329,8 +344,17 @@ class WarmPool:
             said = b""
         if said.startswith(b"ready"):
             slot.ready_at = time.monotonic()
+            # Not waiting: its task took it while it imported, and what it holds now is the task's.
+            with self._lock:
+                waiting = slot in self._slots
+            if waiting:
+                held = slot.memory_bytes()
+                with self._lock:
+                    self._held[slot.key] = held
             slot.ready.set()
             self._retry_s = RETRY_FIRST_S
+            if not waiting:
+                return
             log.info(
                 "warm interpreter %s ready in %.1f s (GPUs %s)",
                 slot.slot_id,

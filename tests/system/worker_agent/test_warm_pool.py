@@ -237,3 +237,21 @@ def test_the_pool_and_its_memory_are_in_the_agent_list(warm_cluster):
     shown = subprocess.run([MWMS, "agents"], capture_output=True, text=True, env=env, timeout=60)
     assert shown.returncode == 0, shown.stderr
     assert "WARM" in shown.stdout and "1/1 (" in shown.stdout, shown.stdout
+
+
+def test_a_task_placed_while_the_replacement_imports_takes_it_rather_than_starting_cold(warm_cluster):
+    # Two jobs back to back on the agent's one slot: the second is placed as the first ends, while the
+    # interpreter that replaced the first one's is (most often) still importing TensorFlow. It waits for the
+    # rest of that import instead of paying a whole one cold.
+    def pool_ready() -> bool:
+        agents = warm_cluster.http.get("/api/v1/agents").json()
+        return all((agent.get("warm_pool") or {}).get("ready") == 1 for agent in agents)
+
+    wait_until(pool_ready, 120, "the warm interpreter ready")
+    first = warm_cluster.submit({"train.py": "print('first')\n"}, ["python", "train.py"], workers=1)
+    second = warm_cluster.submit({"train.py": "print('second')\n"}, ["python", "train.py"], workers=1)
+    for job_id in (first, second):
+        job = warm_cluster.wait_for(job_id, {"SUCCEEDED", "FAILED", "CANCELLED"}, timeout=180)
+        text = warm_cluster.logs_text(job_id)
+        assert job["state"] == "SUCCEEDED", job["reason"] + "\n" + text
+        assert "mwms-agent: warm start" in text, text
