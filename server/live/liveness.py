@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from mwms.agent_defaults import MAX_WARM_POOL
 from mwms.server.db.models import utcnow
 
 POOL_MEMORY_STEP = 16 * 1024**2
+# More memory than any machine's: a heartbeat saying more is held to it.
+MAX_POOL_BYTES = 1 << 50
 
 
 class Liveness:
@@ -41,8 +44,11 @@ class Liveness:
 
     def warm_pool(self, agent_id: str, ready: int, resident_bytes: int) -> None:
         """Records the agent's warm pool as a heartbeat said; written by the next flush when it changed
-        (the memory in steps of POOL_MEMORY_STEP, so a pool that only breathes costs no write)."""
-        reading = (max(0, ready), max(0, resident_bytes) // POOL_MEMORY_STEP * POOL_MEMORY_STEP)
+        (the memory in steps of POOL_MEMORY_STEP, so a pool that only breathes costs no write); what no
+        pool can hold (a count over MAX_WARM_POOL, memory below 0 or over MAX_POOL_BYTES) is held to it."""
+        ready = min(max(0, ready), MAX_WARM_POOL)
+        resident = min(max(0, resident_bytes), MAX_POOL_BYTES)
+        reading = (ready, resident // POOL_MEMORY_STEP * POOL_MEMORY_STEP)
         if self._written_pools.get(agent_id) != reading:
             self._pools[agent_id] = reading
 
