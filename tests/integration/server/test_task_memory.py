@@ -7,16 +7,12 @@ over a real Connect stream to a real in-process coordinator."""
 from __future__ import annotations
 
 import math
-import queue
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 from pydantic import ValidationError
 from sqlalchemy import inspect, select
@@ -34,6 +30,7 @@ from mwms.server.services.scheduler.scheduling import schedule_pending
 from mwms.server.services.scheduler.submit_capacity import RegisteredAgent, impossible_reason
 from mwms.server.states import TaskState
 from mwms.v1 import agent_pb2 as pb
+from mwms_testkit.agent_streams import Stream
 from mwms_testkit.cluster import wait_until
 from mwms_testkit.in_process_coordinator import InProcessCoordinator, coordinator_settings
 
@@ -273,43 +270,6 @@ JOIN_TOKEN = "join-token-for-task-memory-tests-0123456789"
 ADMIN_TOKEN = "mwms_admin-token-for-task-memory-tests-0123"
 
 
-class Stream:
-    """A Connect stream driven by the test: `send` queues agent messages, `next` reads coordinator messages."""
-
-    def __init__(self, coordinator: InProcessCoordinator, credential: str) -> None:
-        self._out: queue.Queue[pb.AgentMessage | None] = queue.Queue()
-        self._in: queue.Queue[pb.CoordinatorMessage | BaseException] = queue.Queue()
-        self.call = coordinator.stub.Connect(
-            iter(self._out.get, None), metadata=(("authorization", f"Bearer {credential}"),)
-        )
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        try:
-            for message in self.call:
-                self._in.put(message)
-        except grpc.RpcError as error:
-            self._in.put(error)
-
-    def send(self, **body: Any) -> None:
-        self._out.put(pb.AgentMessage(**body))
-
-    def next(self, kind: str, timeout: float = 10, where: Callable[[Any], bool] = lambda _: True) -> Any:
-        """The next coordinator message of `kind` (start, stop, ack) matching `where`; others are skipped."""
-        deadline = time.monotonic() + timeout
-        while True:
-            item = self._in.get(timeout=max(0.01, deadline - time.monotonic()))
-            if isinstance(item, BaseException):
-                raise AssertionError(f"the stream ended: {item}")
-            body = getattr(item, kind) if item.WhichOneof("body") == kind else None
-            if body is not None and where(body):
-                return body
-
-    def close(self) -> None:
-        self._out.put(None)
-        self.call.cancel()
-
-
 @pytest.fixture
 def coordinator(tmp_path: Path) -> Iterator[InProcessCoordinator]:
     settings = coordinator_settings(
@@ -357,7 +317,7 @@ def test_an_oom_killed_task_fails_its_job_with_the_agents_message_and_its_peak_m
     job_id = created.json()["id"]
     assert (created.json()["memory_per_worker"], created.json()["cpus_per_worker"]) == (8 * GiB, 2.0)
 
-    stream = Stream(coordinator, registered.credential)
+    stream = Stream(coordinator.stub, registered.credential)
     try:
         stream.send(hello=pb.Hello(agent_id=registered.agent_id))
         start = stream.next("start", timeout=20)
