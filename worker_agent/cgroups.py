@@ -30,7 +30,7 @@ import os
 from pathlib import Path
 
 from mwms import agent_defaults
-from mwms.worker_agent.task_cgroup import UNIFIED, _write
+from mwms.worker_agent.task_cgroup import UNIFIED, write_control
 from mwms.worker_agent.task_cgroup import TaskCgroup as TaskCgroup
 from mwms.worker_agent.task_cgroup import TaskLimits as TaskLimits
 
@@ -199,7 +199,7 @@ def _detect_v2(root: Path, own: str, tag: str) -> tuple[TaskCgroups | None, str]
         try:
             leaf = mine / "agent"
             leaf.mkdir(exist_ok=True)
-            _write(leaf / "cgroup.procs", str(os.getpid()))
+            write_control(leaf / "cgroup.procs", str(os.getpid()))
             _enable(mine, wanted)
             parent = mine / "tasks"
             parent.mkdir(exist_ok=True)
@@ -234,12 +234,12 @@ def _enable(directory: Path, controllers: list[str]) -> None:
     enabled = _words(directory / "cgroup.subtree_control")
     todo = [c for c in controllers if c not in enabled]
     if todo:
-        _write(directory / "cgroup.subtree_control", " ".join(f"+{c}" for c in todo))
+        write_control(directory / "cgroup.subtree_control", " ".join(f"+{c}" for c in todo))
 
 
 def _limit_v2(directory: Path, limits: TaskLimits) -> None:
     if limits.memory_bytes:
-        _write(directory / "memory.max", str(limits.memory_bytes))
+        write_control(directory / "memory.max", str(limits.memory_bytes))
         _write_if_present(directory / "memory.swap.max", "0")
         _write_if_present(directory / "memory.oom.group", "1")
     if limits.pids_max:
@@ -253,13 +253,13 @@ def _limit_v2(directory: Path, limits: TaskLimits) -> None:
 def _limit_v1(dirs: dict[str, Path], limits: TaskLimits) -> None:
     memory = dirs.get("memory")
     if memory is not None and limits.memory_bytes:
-        _write(memory / "memory.limit_in_bytes", str(limits.memory_bytes))
+        write_control(memory / "memory.limit_in_bytes", str(limits.memory_bytes))
         # memory+swap at the same limit: no swap at all.
         _write_if_present(memory / "memory.memsw.limit_in_bytes", str(limits.memory_bytes))
         _write_if_present(memory / "memory.swappiness", "0")
     pids = dirs.get("pids")
     if pids is not None and limits.pids_max:
-        _write(pids / "pids.max", str(limits.pids_max))
+        write_control(pids / "pids.max", str(limits.pids_max))
     cpu = dirs.get("cpu")
     if cpu is not None:
         shares = 2 if limits.background else V1_SHARES_PER_DEVICE * max(1, limits.devices)
@@ -277,7 +277,7 @@ def set_own_oom_score_adj(value: int = AGENT_OOM_SCORE_ADJ) -> bool:
     """Lowers this process's OOM score (the host's out-of-memory killer takes tasks first); False
     without the privilege to lower it."""
     try:
-        _write(Path("/proc/self/oom_score_adj"), str(value))
+        write_control(Path("/proc/self/oom_score_adj"), str(value))
     except OSError:
         return False
     return True
@@ -290,7 +290,7 @@ def _safe_name(task_id: str) -> str:
 
 def _write_if_present(path: Path, text: str) -> None:
     if path.exists():
-        _write(path, text)
+        write_control(path, text)
 
 
 def _words(path: Path) -> list[str]:

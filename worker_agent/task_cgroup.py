@@ -99,7 +99,7 @@ class TaskCgroup:
         if self.version == 2 and directory is not None and (directory / "cgroup.kill").exists():
             members = self.processes()
             if members:
-                _write(directory / "cgroup.kill", "1")
+                write_control(directory / "cgroup.kill", "1")
             return len(members)
         killed = 0
         for _ in range(10):  # a process forking meanwhile leaves a child: go again
@@ -137,7 +137,7 @@ class TaskCgroup:
                     time.sleep(REMOVE_PAUSE_S)
 
 
-def _write(path: Path, text: str) -> None:
+def write_control(path: Path, text: str) -> None:
     with open(path, "w") as handle:
         handle.write(text)
 
