@@ -19,6 +19,8 @@ from typing import Any
 
 import httpx
 
+from mwms_testkit.parallel import port_range
+
 MWMS = str(Path(sys.executable).parent / "mwms")
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
@@ -212,7 +214,7 @@ class Cluster:
                 "--advertise-address",
                 "127.0.0.1",
                 "--port-range",
-                f"{port_low}-{port_low + 99}",
+                port_range(port_low),
                 # One cache of jobs' own Python environments for the machine, as an operator would set it.
                 "--env-cache-dir",
                 str(self.root / "envs"),

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from mwms_testkit.cluster import Cluster, Process, wait_until
+from mwms_testkit.parallel import port_range
 
 UUIDS = ("GPU-00000000-0000-0000-0000-000000000000", "GPU-11111111-1111-1111-1111-111111111111")
 MINORS = (1, 0)  # GPU 0's node is /dev/nvidia1: the driver's probe order is not the index order
@@ -120,7 +121,7 @@ def start_fake_gpu_agent(
     }
     args = ["agent", "--server", f"127.0.0.1:{cluster.grpc_port}", "--name", name, "--work-dir"]
     args += [str(cluster.root / name), "--advertise-address", "127.0.0.1"]
-    args += ["--port-range", f"{port_low}-{port_low + 99}", "--device-sample-interval", str(interval)]
+    args += ["--port-range", port_range(port_low), "--device-sample-interval", str(interval)]
     agent = cluster._spawn(name, args, env)
     cluster.agents[name] = agent
     wait_until(lambda: cluster.agent_online(name), 60, f"agent {name} online\n{agent.log_tail()}")

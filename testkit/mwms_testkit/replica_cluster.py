@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mwms_testkit.cluster import MWMS, NO_WARM_POOL, Cluster, Process, wait_until
+from mwms_testkit.parallel import port_range
 
 
 @dataclass
@@ -69,7 +70,7 @@ class ReplicaCluster:
         env.update(PYTHONUNBUFFERED="1", MWMS_JOIN_TOKEN=self.join_token, **NO_WARM_POOL)
         args = ["agent", "--server", ",".join(r.grpc_address for r in servers), "--name", name]
         args += ["--work-dir", str(self.root / name), "--advertise-address", "127.0.0.1"]
-        args += ["--port-range", f"{port_low}-{port_low + 99}"]
+        args += ["--port-range", port_range(port_low)]
         with log_path.open("ab") as out:
             popen = subprocess.Popen(
                 [MWMS, *args], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True

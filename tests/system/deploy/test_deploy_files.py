@@ -18,6 +18,7 @@ import pytest
 from mwms.server.settings import Settings
 from mwms_testkit import REPO
 from mwms_testkit.cluster import MWMS, Cluster, Process, free_port, wait_until
+from mwms_testkit.parallel import port_range
 
 REPO = REPO
 UNIT = REPO / "deploy" / "systemd" / "mwms-server.service"
@@ -270,7 +271,7 @@ def test_the_api_and_an_agent_work_through_haproxy(tmp_path: Path) -> None:
         # The agent knows only the load balancer's gRPC port, over TLS checked against the coordinator's CA.
         args = ["agent", "--server", f"127.0.0.1:{agents_port}", "--ca-file", str(cluster.ca_file)]
         args += ["--name", "behind-lb", "--work-dir", str(tmp_path / "behind-lb"), "--slots", "1"]
-        args += ["--advertise-address", "127.0.0.1", "--port-range", "23300-23399"]
+        args += ["--advertise-address", "127.0.0.1", "--port-range", port_range(23300)]
         agent = cluster.agents["behind-lb"] = cluster._spawn("behind-lb", args, cluster.agent_environment())
 
         def online_through_balancer() -> bool:

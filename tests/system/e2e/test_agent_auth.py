@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from mwms_testkit.cluster import MWMS, Cluster, Process, processes_of_job, wait_until
+from mwms_testkit.parallel import port_range
 
 pytestmark = pytest.mark.e2e
 NAME = "auth-1"
@@ -38,7 +39,7 @@ def auth_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 def spawn_agent(cluster: Cluster, log_name: str, work_dir: str, join_token: str | None) -> Process:
     args = ["agent", "--server", f"127.0.0.1:{cluster.grpc_port}", "--name", NAME]
     args += ["--work-dir", str(cluster.root / work_dir), "--slots", "1", "--advertise-address", "127.0.0.1"]
-    args += ["--port-range", f"{PORT_LOW}-{PORT_LOW + 99}"]
+    args += ["--port-range", port_range(PORT_LOW)]
     return cluster._spawn(log_name, args, {"MWMS_JOIN_TOKEN": join_token or ""})
 
 
@@ -135,7 +136,14 @@ def test_an_agent_takes_its_join_token_from_a_file_and_refuses_one_on_its_comman
     # Last in the module: this second agent is stopped at the end and cannot take the tests' jobs.
     name, work_dir, token = "auth-file", auth_cluster.root / "auth-file", auth_cluster.join_token
     args = ["agent", "--server", f"127.0.0.1:{auth_cluster.grpc_port}", "--name", name]
-    args += ["--work-dir", str(work_dir), "--advertise-address", "127.0.0.1", "--port-range", "24200-24299"]
+    args += [
+        "--work-dir",
+        str(work_dir),
+        "--advertise-address",
+        "127.0.0.1",
+        "--port-range",
+        port_range(24200),
+    ]
     environment = {k: v for k, v in os.environ.items() if k != "MWMS_JOIN_TOKEN"}
     refused = subprocess.run(
         [MWMS, *args, "--join-token", token], capture_output=True, text=True, timeout=60, env=environment
@@ -164,7 +172,7 @@ def test_an_agent_named_like_another_agents_id_is_refused_and_told_what_to_do(au
     assert record is not None
     args = ["agent", "--server", f"127.0.0.1:{auth_cluster.grpc_port}", "--name", record["id"]]
     args += ["--work-dir", str(auth_cluster.root / "id-named"), "--slots", "1"]
-    args += ["--advertise-address", "127.0.0.1", "--port-range", f"{PORT_LOW + 200}-{PORT_LOW + 299}"]
+    args += ["--advertise-address", "127.0.0.1", "--port-range", port_range(PORT_LOW + 200)]
     rogue = auth_cluster._spawn("id-named", args, {"MWMS_JOIN_TOKEN": auth_cluster.join_token})
     assert exit_code(rogue) == 2
     log = rogue.log_tail()

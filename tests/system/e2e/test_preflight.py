@@ -18,6 +18,7 @@ import pytest
 
 from mwms_testkit import PROGRAMS
 from mwms_testkit.cluster import MWMS, TERMINAL, Cluster, pack_dir, wait_until
+from mwms_testkit.parallel import port_range
 
 pytestmark = [pytest.mark.e2e, pytest.mark.tf]
 PROGRAM = pack_dir(PROGRAMS / "preflight_user")
@@ -78,7 +79,7 @@ def unreachable_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cl
                 "--advertise-address",
                 NOBODY_ADDRESS,
                 "--port-range",
-                "21500-21599",
+                port_range(21500),
             ],
             instance.agent_environment(),
         )

@@ -19,6 +19,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from mwms_testkit.cluster import MWMS, Cluster, Process, wait_until
+from mwms_testkit.parallel import port_range
 
 pytestmark = pytest.mark.e2e
 
@@ -72,7 +73,7 @@ class TlsCluster(Cluster):
     def start_tls_agent(self, name: str, port_low: int) -> Process:
         args = ["agent", "--server", f"127.0.0.1:{self.grpc_port}", "--ca-file", str(self.ca_file)]
         args += ["--name", name, "--work-dir", str(self.root / name), "--slots", "1"]
-        args += ["--advertise-address", "127.0.0.1", "--port-range", f"{port_low}-{port_low + 99}"]
+        args += ["--advertise-address", "127.0.0.1", "--port-range", port_range(port_low)]
         agent = self._spawn(name, args, self.agent_environment())
         self.agents[name] = agent
         wait_until(lambda: self.agent_online(name), 60, f"agent {name} online\n{agent.log_tail()}")

@@ -14,6 +14,7 @@ from pathlib import Path
 from mwms.v1 import agent_pb2
 from mwms.worker_agent import agent_state
 from mwms_testkit.cluster import pack
+from mwms_testkit.parallel import port_range
 
 S = agent_pb2
 MWMS = Path(sys.executable).with_name("mwms")
@@ -65,7 +66,7 @@ def test_a_restarted_agent_stops_the_orphans_reports_them_and_resends_unacked_li
     work_dir = tmp_path / "agent"
     first_agent = subprocess.Popen(
         [str(MWMS), "agent", "--server", address, "--name", "node-a", "--work-dir", str(work_dir)]
-        + ["--slots", "1", "--port-range", "21000-21010"],
+        + ["--slots", "1", "--port-range", port_range(21000, 11)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )

@@ -18,21 +18,12 @@ from mwms.worker_agent.sandbox import Confinement, SandboxError, closed_ancestor
 from mwms.worker_agent.seccomp import run_filled
 from mwms.worker_agent.task_env import TaskPaths
 from mwms.worker_agent.task_files import pack_beneath, read_beneath
-from mwms.worker_agent.task_users import TaskIdentity, TaskUserError, TaskUsers, leftovers_of
+from mwms.worker_agent.task_users import TaskIdentity, TaskUserError, TaskUsers
+from mwms_testkit.parallel import free_uid_range
 
 ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not ROOT, reason="changing a task's uid needs root")
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
-
-
-def free_uid_range(size: int) -> tuple[int, int]:
-    """A range of uids with no account and nothing left of them on this host (a process, an IPC object,
-    a file in /tmp: TaskUsers would skip such a uid), for tests that hand them out."""
-    taken = {entry.pw_uid for entry in pwd.getpwall()}
-    low = 61000
-    while any(uid in taken or leftovers_of(uid) for uid in range(low, low + size)):
-        low += size
-    return low, low + size - 1
 
 
 @needs_root

@@ -16,8 +16,9 @@ from mwms.worker_agent.gpu_nodes import DriverPaths, GpuNode, gpu_nodes, locate_
 from mwms.worker_agent.sandbox import Confinement, find_bwrap
 from mwms.worker_agent.seccomp import run_filled
 from mwms.worker_agent.task_env import TaskPaths, child_environment, gpu_variables
-from mwms.worker_agent.task_users import TaskUsers, leftovers_of
+from mwms.worker_agent.task_users import TaskUsers
 from mwms_testkit.fake_gpus import BUS_IDS, MINORS, UUIDS, write_stand_in_driver
+from mwms_testkit.parallel import free_uid_range
 
 ROOT = os.geteuid() == 0
 needs_sandbox = pytest.mark.skipif(
@@ -134,16 +135,6 @@ def test_a_task_inherits_none_of_the_agents_gpu_variables_but_keeps_the_jobs_and
         "CUDA_MPS_PIPE_DIRECTORY",
     ):
         assert name not in env
-
-
-def free_uid_range(size: int) -> tuple[int, int]:
-    import pwd
-
-    taken = {entry.pw_uid for entry in pwd.getpwall()}
-    low = 62000
-    while any(uid in taken or leftovers_of(uid) for uid in range(low, low + size)):  # TaskUsers skips those
-        low += size
-    return low, low + size - 1
 
 
 @needs_sandbox

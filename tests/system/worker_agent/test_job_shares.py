@@ -15,7 +15,8 @@ from mwms.worker_agent.job_shares import JobShares
 from mwms.worker_agent.sandbox import Confinement, find_bwrap
 from mwms.worker_agent.seccomp import run_filled
 from mwms.worker_agent.task_env import TaskPaths
-from mwms.worker_agent.task_users import TaskUsers, leftovers_of
+from mwms.worker_agent.task_users import TaskUsers
+from mwms_testkit.parallel import free_uid_range
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("bwrap") is None, reason="a sandbox as another uid needs root and bwrap"
@@ -36,16 +37,6 @@ for entry in sorted(os.listdir("/dev/shm")):
         seen[entry] = type(error).__name__
 print(os.readlink("/proc/self/ns/ipc"), os.getuid(), seen)
 """
-
-
-def free_uid_range(size: int) -> tuple[int, int]:
-    import pwd
-
-    taken = {entry.pw_uid for entry in pwd.getpwall()}
-    low = 63000
-    while any(uid in taken or leftovers_of(uid) for uid in range(low, low + size)):  # TaskUsers skips those
-        low += size
-    return low, low + size - 1
 
 
 def test_a_jobs_tasks_share_dev_shm_and_ipc_and_another_jobs_task_sees_neither(tmp_path: Path) -> None:

@@ -1,0 +1,68 @@
+"""What tests running side by side must not share on this host.
+
+`make test` runs the suite in pytest-xdist workers (gw0, gw1, ...), each a whole test module at a time. Two
+modules on different workers may start agents at the same moment, and two agents of different coordinators
+on one host must not hand out the same task ports or task uids: a task of one would squat or reach a port
+of the other, or share a uid with it. Each worker gets a block of its own: the port ranges the tests name
+(20000-25999) and the uid ranges they hand out themselves are shifted by the worker's index. Agents' own
+task uids need nothing: they are locked host-wide (/run/mwms/task-uids), as between agents of one machine.
+"""
+
+from __future__ import annotations
+
+import os
+
+# The task port ranges the tests name lie in [PORTS_LOW, PORTS_LOW + PORT_BLOCK); worker N uses the block
+# PORT_BLOCK * N below it, so three workers stay above 8000 and below the kernel's ephemeral range.
+PORTS_LOW = 20_000
+PORT_BLOCK = 6_000
+# Uid ranges the tests hand out themselves (free_uid_range: 61000 and up) move up by UID_BLOCK per worker.
+UID_BLOCK = 2_000
+MAX_WORKERS = 3
+
+
+def worker_index() -> int:
+    """0 outside pytest-xdist, else N for worker gwN."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not name:
+        return 0
+    index = int(name.removeprefix("gw"))
+    if index >= MAX_WORKERS:
+        raise RuntimeError(
+            f"pytest-xdist worker {name}: at most {MAX_WORKERS} workers have port and uid blocks of "
+            "their own (mwms_testkit/parallel.py); run with -n 3 or fewer"
+        )
+    return index
+
+
+def task_ports(low: int) -> int:
+    """The first port of a task port range a test names as starting at `low`, on this worker."""
+    if PORTS_LOW <= low < PORTS_LOW + PORT_BLOCK:
+        return low - PORT_BLOCK * worker_index()
+    return low
+
+
+def port_range(low: int, size: int = 100) -> str:
+    """`--port-range` for `size` ports from `low` (task_ports applied)."""
+    first = task_ports(low)
+    return f"{first}-{first + size - 1}"
+
+
+def task_uids(low: int) -> int:
+    """The first uid of a range a test hands out itself from `low`, on this worker."""
+    return low + UID_BLOCK * worker_index()
+
+
+def free_uid_range(size: int) -> tuple[int, int]:
+    """A range of `size` uids with no account and nothing left of them on this host (a process, an IPC
+    object, a file in /tmp: TaskUsers would skip such a uid), in this worker's block, for tests that hand
+    uids out themselves."""
+    import pwd
+
+    from mwms.worker_agent.task_users import leftovers_of
+
+    taken = {entry.pw_uid for entry in pwd.getpwall()}
+    low = task_uids(61_000)
+    while any(uid in taken or leftovers_of(uid) for uid in range(low, low + size)):
+        low += size
+    return low, low + size - 1
