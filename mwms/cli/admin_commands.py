@@ -22,8 +22,7 @@ from mwms.cli.errors import CliError, ExitCode
 from mwms.cli.options import JsonOption
 from mwms.cli.output import cells, err, format_time, out, parse_time, print_json
 from mwms.cli.safe_text import safe_text, terminal_safe
-from mwms.client import Client
-from mwms.client.rest import RestApi
+from mwms.client import Client, Token
 
 ROLES = ("admin", "user", "viewer")
 SUB_APP_SETTINGS: dict[str, Any] = {
@@ -117,15 +116,15 @@ def create_token(
     if role not in ROLES:
         raise CliError(f"--role {role!r} must be one of {', '.join(ROLES)}")
     seconds = None if expires_in is None else max(1, round(expires_in))
-    created = client.rest.create_token(user, role, name, seconds)
+    created = client.create_token(user, role, name, expires_in_seconds=seconds)
     if json_output:
-        print_json(created)
+        print_json(created.raw)
         return
-    print(terminal_safe(created["token"]), flush=True)
+    print(terminal_safe(created.raw["token"]), flush=True)
     err.print(
         safe_text(
-            f"created API token {created['id']} for {created['user']} (role {created['role']}, "
-            f"{_lifetime(created)}). Its secret, printed on stdout, is shown only this once: hand it over "
+            f"created API token {created.id} for {created.user} (role {created.role}, "
+            f"{_lifetime(created.raw)}). Its secret, printed on stdout, is shown only this once: hand it over "
             f"now; its user runs `mwms login --api {client.api}` or sets MWMS_TOKEN."
         )
     )
@@ -141,14 +140,14 @@ def create_join_token(
 ) -> None:
     """Create a join token for agents and print its secret, which cannot be shown again."""
     seconds = None if expires_in is None else max(1, round(expires_in))
-    created = client.rest.create_join_token(name, seconds)
+    created = client.create_join_token(name, expires_in_seconds=seconds)
     if json_output:
-        print_json(created)
+        print_json(created.raw)
         return
-    print(terminal_safe(created["token"]), flush=True)
+    print(terminal_safe(created.raw["token"]), flush=True)
     err.print(
         safe_text(
-            f"created join token {created['id']} ({created.get('name', '')}, {_lifetime(created)}). "
+            f"created join token {created.id} ({created.name}, {_lifetime(created.raw)}). "
             "Its secret, printed on stdout, is shown only this once. Give it to agents in their environment, "
             "not on their command line: MWMS_JOIN_TOKEN=... mwms agent --server HOST:GRPC_PORT "
             "(for systemd: an EnvironmentFile)."
@@ -166,8 +165,8 @@ class TokenKind:
     app: typer.Typer
     noun: str  # as messages name one: "API token", "join token"
     with_user: bool  # API tokens belong to a user (with a role); join tokens to no one
-    list_all: Callable[[RestApi], list[dict[str, Any]]]
-    revoke: Callable[[RestApi, str], dict[str, Any]]
+    list_all: Callable[[Client], list[Token]]
+    revoke: Callable[[Client, str], Token]
     none_found: str
     list_help: str
     revoke_help: str
@@ -177,8 +176,8 @@ API_TOKENS = TokenKind(
     app=token_app,
     noun="API token",
     with_user=True,
-    list_all=RestApi.list_tokens,
-    revoke=RestApi.revoke_token,
+    list_all=Client.tokens,
+    revoke=Client.revoke_token,
     none_found="no API tokens",
     list_help="List API tokens (never their secrets), revoked and expired ones included.",
     revoke_help="Revoke an API token at once; dashboard sessions opened with it end too.",
@@ -187,8 +186,8 @@ JOIN_TOKENS = TokenKind(
     app=agent_token_app,
     noun="join token",
     with_user=False,
-    list_all=RestApi.list_join_tokens,
-    revoke=RestApi.revoke_join_token,
+    list_all=Client.join_tokens,
+    revoke=Client.revoke_join_token,
     none_found="no join tokens; make one with `mwms agent-token create`",
     list_help="List join tokens (never their secrets), revoked and expired ones included.",
     revoke_help="Revoke a join token: no new agent joins with it; to shut out a joined agent use "
@@ -202,7 +201,7 @@ def add_list_and_revoke(kind: TokenKind) -> None:
     @kind.app.command("list", help=kind.list_help)
     @with_client
     def list_command(client: Client, json_output: JsonOption = False) -> None:
-        found = kind.list_all(client.rest)
+        found = [token.raw for token in kind.list_all(client)]
         if json_output:
             print_json(found)
         elif not found:
@@ -213,12 +212,12 @@ def add_list_and_revoke(kind: TokenKind) -> None:
     @kind.app.command("revoke", help=kind.revoke_help)
     @with_client
     def revoke_command(client: Client, token_id: TokenIdArgument, json_output: JsonOption = False) -> None:
-        revoked = kind.revoke(client.rest, token_id)
+        revoked = kind.revoke(client, token_id)
         if json_output:
-            print_json(revoked)
+            print_json(revoked.raw)
             return
-        owner = f", user {revoked.get('user', '')}" if kind.with_user else ""
-        out.print(safe_text(f"revoked {kind.noun} {revoked['id']} ({revoked.get('name', '')}{owner})"))
+        owner = f", user {revoked.user}" if kind.with_user else ""
+        out.print(safe_text(f"revoked {kind.noun} {revoked.id} ({revoked.name}{owner})"))
 
 
 add_list_and_revoke(API_TOKENS)
@@ -251,10 +250,10 @@ def remove_agent(
 
     To let the machine join again it needs a valid join token.
     """
-    target = find_agent(client.rest.list_agents(), agent)
-    result = client.rest.remove_agent(target["id"])
+    target = find_agent([found.raw for found in client.agents()], agent)
+    removed = client.remove_agent(target["id"])
     if json_output:
-        print_json(result)
+        print_json(removed.raw)
         return
     out.print(safe_text(f"removed agent {target.get('name', '')} ({target['id']})"))
     tasks = target.get("tasks") or []

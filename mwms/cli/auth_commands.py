@@ -92,7 +92,7 @@ def login(
     connection = resolve_connection(api, secret, ca_file)
     try:
         with Client.for_connection(connection, retry_seconds=connect.RETRY_SECONDS) as client:
-            identity = client.rest.whoami()
+            identity = client.identity()
     except MwmsError as error:
         if error.status == 401:
             raise CliError(
@@ -104,9 +104,9 @@ def login(
         raise CliError(message_for(error, connection.api, connection), exit_code_for(error)) from None
     path = save_config(StoredConfig(api=connection.api, token=secret, ca_file=connection.ca_file))
     if json_output:
-        print_json({**identity, "api": connection.api, "config_file": str(path)})
+        print_json({**identity.raw, "api": connection.api, "config_file": str(path)})
     else:
-        out.print(safe_text(f"logged in to {connection.api} as {identity['user']} ({identity['role']})"))
+        out.print(safe_text(f"logged in to {connection.api} as {identity.user} ({identity.role})"))
         err.print(f"token saved in {path}")
     if os.environ.get(TOKEN_ENV) and os.environ[TOKEN_ENV].strip() != secret:
         err.print(f"note: {TOKEN_ENV} is set in this shell and takes precedence over the saved token")
@@ -131,10 +131,10 @@ def logout() -> None:
 def whoami(client: Client, json_output: JsonOption = False) -> None:
     """Show the user and role of the token in force, and where it came from."""
     connection = client.connection
-    identity = client.rest.whoami()
+    identity = client.identity()
     if json_output:
-        print_json(identity)
+        print_json(identity.raw)
         return
-    out.print(safe_text(f"{identity['user']} ({identity['role']}) at {connection.api}"))
-    name = f"token {identity['token_name']!r}" if identity.get("token_name") else "a token"
+    out.print(safe_text(f"{identity.user} ({identity.role}) at {connection.api}"))
+    name = f"token {identity.token_name!r}" if identity.token_name else "a token"
     err.print(safe_text(f"using {name} from {connection.token_source}"))

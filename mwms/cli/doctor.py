@@ -24,7 +24,7 @@ from mwms.cli.options import JsonOption
 from mwms.cli.output import cells, err, first_line, out, print_json
 from mwms.cli.safe_text import safe_text, terminal_safe
 from mwms.cli.submit import pack_and_upload
-from mwms.client import Client
+from mwms.client import Client, Preflight
 from mwms.preflight_contract import TCP_MB_ENV, size_label
 
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
@@ -63,7 +63,7 @@ def wait_for_end(client: Client, job_id: str, timeout_s: float) -> dict[str, Any
     deadline = time.monotonic() + timeout_s
     said = ""
     while True:
-        job = client.rest.get_job(job_id)
+        job = client.job(job_id).raw
         line = terminal_safe(f"{job['state']}: {first_line(job.get('reason'))}")
         if line != said:
             err.print(safe_text(f"doctor job {job_id}: {line}"))
@@ -71,7 +71,7 @@ def wait_for_end(client: Client, job_id: str, timeout_s: float) -> dict[str, Any
         if job["state"] in TERMINAL:
             return job
         if time.monotonic() > deadline:
-            client.rest.cancel_job(job_id)
+            client.cancel(job_id)
             raise CliError(
                 f"the doctor job {job_id} did not end within {timeout_s:g} s and was cancelled; last state "
                 f"{line}",
@@ -80,11 +80,10 @@ def wait_for_end(client: Client, job_id: str, timeout_s: float) -> dict[str, Any
         time.sleep(POLL_SECONDS)
 
 
-def worker_rows(job: dict[str, Any], preflight: dict[str, Any]) -> list[dict[str, Any]]:
+def worker_rows(job: dict[str, Any], preflight: Preflight) -> list[dict[str, Any]]:
     """One row per worker of the last attempt: its agent, whether it passed, and what it measured."""
     tasks = {t["index"]: t for t in job.get("tasks") or []}  # the newest attempt's
-    results = preflight["attempts"][-1]["results"] if preflight.get("attempts") else []
-    by_index = {r["task_index"]: r for r in results}
+    by_index = {r["task_index"]: r for r in preflight.latest_results}
     rows = []
     for index in sorted(tasks):
         task, result = tasks[index], by_index.get(index)
@@ -166,7 +165,7 @@ def doctor(
     job = client.create_job(doctor_spec(digest, names, tcp_mb)).raw
     err.print(safe_text(f"doctor job {job['id']}: checking {', '.join(names)}"))
     job = wait_for_end(client, job["id"], timeout)
-    preflight = client.rest.job_preflight(job["id"])
+    preflight = client.preflight(job["id"])
     rows = worker_rows(job, preflight)
     ok = job["state"] == "SUCCEEDED" and bool(rows) and all(row["ok"] for row in rows)
     if json_output:

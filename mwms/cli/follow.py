@@ -52,12 +52,11 @@ def _deliver_new_lines(
 ) -> int | None:
     """Fetches every line past `after` (page by page) and returns the new cursor."""
     while True:
-        page = client.rest.logs(job_id, task=task, after=after)
-        lines = page.get("lines") or []
-        if lines:
-            on_log_lines(lines)
-        next_after = page.get("next_after", after)
-        if not lines or next_after == after:
+        page = client.log_page(job_id, task=task, after=after)
+        if page.lines:
+            on_log_lines([line.raw for line in page.lines])
+        next_after = after if page.next_after is None else page.next_after
+        if not page.lines or next_after == after:
             return next_after
         after = next_after
 
@@ -65,5 +64,5 @@ def _deliver_new_lines(
 def tail_of_task_logs(client: Client, job_id: str, task: int, attempt: int | None, count: int) -> list[str]:
     """The last `count` lines of one task's log (of `attempt`, or of whatever the API picks), made
     `terminal_safe` for printing."""
-    page = client.rest.logs(job_id, task=task, attempt=attempt, tail=count)
-    return [terminal_safe(str(line.get("text", "")).rstrip("\n")) for line in page.get("lines") or []]
+    page = client.log_page(job_id, task=task, attempt=attempt, tail=count)
+    return [terminal_safe(line.text) for line in page.lines]

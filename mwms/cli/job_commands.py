@@ -9,7 +9,6 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from mwms import metrics_line
 from mwms.cli.attempt_stories import print_attempt_stories
 from mwms.cli.connect import with_client
 from mwms.cli.errors import CliError
@@ -64,21 +63,21 @@ def jobs(
     unknown = [value for value in states if value not in JOB_STATES]
     if unknown:
         raise CliError(f"unknown state {', '.join(unknown)}; use one of {', '.join(JOB_STATES)}")
-    page = client.rest.list_jobs(states, offset=offset, limit=limit)
+    page = client.job_page(states, offset=offset, limit=limit)
     if json_output:
-        print_json(page)
+        print_json(page.raw)
         return
-    if not page.get("jobs"):
+    if not page.jobs:
         where = f" in state {', '.join(states)}" if states else ""
-        total = page.get("total", 0)
+        total = page.total
         err.print(
             f"no jobs{where}" + (f" after the first {offset} (there are {total})" if offset and total else "")
         )
         return
-    out.print(jobs_table(page["jobs"]))
-    shown = len(page["jobs"])
-    if page.get("total", shown) > offset + shown:
-        err.print(f"showing {offset + 1}-{offset + shown} of {page['total']}; see more with --offset/--limit")
+    out.print(jobs_table([job.raw for job in page.jobs]))
+    shown = len(page.jobs)
+    if page.total > offset + shown:
+        err.print(f"showing {offset + 1}-{offset + shown} of {page.total}; see more with --offset/--limit")
 
 
 @with_client
@@ -87,7 +86,7 @@ def agents(
     json_output: JsonOption = False,
 ) -> None:
     """List the agents the coordinator knows, their devices and running tasks."""
-    found = client.rest.list_agents()
+    found = [agent.raw for agent in client.agents()]
     if json_output:
         print_json(found)
         return
@@ -105,7 +104,7 @@ def status(
 ) -> None:
     """Show one job: its settings, the newest attempt's tasks, its state changes, and each attempt's
     story (why it ended, what acted on it, after how long)."""
-    job = client.rest.get_job(job_id)
+    job = client.job(job_id).raw
     if json_output:
         print_json(job)
     else:
@@ -153,10 +152,9 @@ def logs(
         for line in Job(client, {"id": job_id}).logs(task, follow=True, attempt=attempt, tail=tail):
             show(line.raw)
         return
-    page = client.rest.logs(job_id, task=task, attempt=attempt, tail=tail)
-    lines = page.get("lines") or []
+    lines = client.log_page(job_id, task=task, attempt=attempt, tail=tail).lines
     for line in lines:
-        show(line)
+        show(line.raw)
     if tail is None and len(lines) >= DEFAULT_LOG_TAIL:
         err.print(f"showing the last {len(lines)} lines; ask for more with --tail N")
 
@@ -168,11 +166,11 @@ def cancel(
     json_output: JsonOption = False,
 ) -> None:
     """Cancel a job: its tasks are stopped (SIGTERM, then SIGKILL)."""
-    job = client.rest.cancel_job(job_id)
+    job = client.cancel(job_id)
     if json_output:
-        print_json(job)
+        print_json(job.raw)
         return
-    out.print(Text.assemble("job ", safe_text(job["id"]), " ", state_text(job.get("state"))))
+    out.print(Text.assemble("job ", safe_text(job.id), " ", state_text(job.state)))
 
 
 @with_client
@@ -187,12 +185,12 @@ def metrics(
 ) -> None:
     """Show the metrics a job reported: one row per step, one column per metric; per-epoch series
     (epoch_*, as fit's epoch logs are recorded) in a table of their own, one row per epoch."""
-    points = client.rest.all_metrics(job_id, name=name, min_step=min_step, max_step=max_step, attempt=attempt)
+    points = client.metrics(job_id, name, min_step=min_step, max_step=max_step, attempt=attempt)
     if json_output:
-        print_json({"points": points})
+        print_json({"points": [point.raw for point in points]})
         return
     if not points and name:
-        names = sorted({p["name"] for p in client.rest.all_metrics(job_id, attempt=attempt)})
+        names = client.metrics(job_id, attempt=attempt).names()
         if names:
             reported = terminal_safe(", ".join(names))
             err.print(f"no points for metric {name!r} in that range; this job reported: {reported}")
@@ -202,8 +200,8 @@ def metrics(
             "no metrics reported (yet); programs report them with mwms_runtime.report() or its Keras callback"
         )
         return
-    per_step = [p for p in points if metrics_line.axis(p["name"]) == metrics_line.AXIS_STEP]
-    per_epoch = [p for p in points if metrics_line.axis(p["name"]) == metrics_line.AXIS_EPOCH]
+    per_step = [point.raw for point in points.per_step()]
+    per_epoch = [point.raw for point in points.per_epoch()]
     if per_step:
         out.print(metrics_table(per_step))
     if per_epoch:
@@ -223,23 +221,23 @@ def artifacts(
     json_output: JsonOption = False,
 ) -> None:
     """List the files a job saved (models, checkpoints); --download fetches them."""
-    found = client.rest.list_artifacts(job_id)
+    found = client.artifacts(job_id)
     if download is not None:
         download_artifacts(client, job_id, found, download)
     if json_output:
-        print_json(found)
+        print_json([artifact.raw for artifact in found])
     elif not found:
         err.print(
             "no artifacts; the chief's files in MWMS_OUTPUT_DIR (mwms_runtime.output_dir()) become artifacts"
         )
     elif download is None:
-        out.print(artifacts_table(found))
+        out.print(artifacts_table([artifact.raw for artifact in found]))
 
 
-def download_artifacts(client: Client, job_id: str, found: list[dict], destination: Path) -> int:
+def download_artifacts(client: Client, job_id: str, found: list[Artifact], destination: Path) -> int:
     """Downloads every listed artifact under `destination`; returns the total byte count."""
     try:
-        written = Job(client, {"id": job_id}).download(destination, [Artifact.from_api(a) for a in found])
+        written = Job(client, {"id": job_id}).download(destination, found)
     except OSError as error:
         raise CliError(f"cannot write {error.filename or destination}: {error.strerror or error}") from None
     total = sum(path.stat().st_size for path in written)

@@ -145,8 +145,8 @@ class LocalCluster:
     def _wait_healthy(self, coordinator: ManagedProcess) -> bool:
         """True once /healthz answers; False if the process exits or the time runs out first."""
         with self.client(timeout=2.0) as client:
-            _wait_until(lambda: client.rest.health() or not coordinator.running(), SERVER_START_TIMEOUT_S)
-            return coordinator.running() and client.rest.health()
+            _wait_until(lambda: client.health() or not coordinator.running(), SERVER_START_TIMEOUT_S)
+            return coordinator.running() and client.health()
 
     def start_agents(self) -> None:
         """Starts one agent per name, each with its own work dir and port range, and waits until both are online."""
@@ -177,7 +177,7 @@ class LocalCluster:
                 for process in self.processes:
                     if not process.running():
                         raise CliError(self._failure(f"{process.name} exited", process), ExitCode.UNREACHABLE)
-                online = {agent["name"] for agent in client.rest.list_agents() if agent.get("online")}
+                online = {agent.name for agent in client.agents() if agent.online}
                 return online.issuperset(AGENT_NAMES)
 
             if not _wait_until(both_online, AGENTS_ONLINE_TIMEOUT_S, 0.5):
@@ -190,7 +190,7 @@ class LocalCluster:
     def task_isolation(self) -> str:
         """How the agents confine their tasks, as they registered it; said plainly when not at all."""
         with self.client() as client:
-            labels = {agent.get("task_isolation") or "unknown" for agent in client.rest.list_agents()}
+            labels = {agent.task_isolation or "unknown" for agent in client.agents()}
         text = "; ".join(sorted(labels))
         if "share" in text:
             text += (
@@ -277,11 +277,11 @@ def follow_with_lines(client: Client, job_id: str, total_steps: int) -> dict[str
 
 def report_results(client: Client, job: dict[str, Any], data_dir: Path) -> Path | None:
     """Prints the final metrics and downloads the artifacts; returns where they went."""
-    points = client.rest.all_metrics(job["id"])
+    points = client.metrics(job["id"])
     if points:
         out.print(Text("Metrics", style="bold"))
-        out.print(metrics_summary_table(points))
-    found = client.rest.list_artifacts(job["id"])
+        out.print(metrics_summary_table([point.raw for point in points]))
+    found = client.artifacts(job["id"])
     if not found:
         err.print("the job saved no artifacts")
         return None

@@ -51,7 +51,7 @@ from mwms.cli.team_commands import share_in_use as share_in_use
 from mwms.cli.team_commands import standings_table as standings_table
 from mwms.cli.team_commands import team_app as team_app
 from mwms.cli.team_commands import teams_table as teams_table
-from mwms.client import Client
+from mwms.client import Agent, Client
 
 # How often `mwms agent drain --wait` asks whether the agent still runs something.
 DRAIN_POLL_S = 1.0
@@ -80,18 +80,12 @@ def priority(
     json_output: JsonOption = False,
 ) -> None:
     """Change a waiting job's priority; users may go up to the coordinator's ceiling, admins anywhere."""
-    job = client.rest.set_priority(job_id, parse_priority(value, "PRIORITY"))
+    job = client.set_priority(job_id, parse_priority(value, "PRIORITY"))
     if json_output:
-        print_json(job)
+        print_json(job.raw)
         return
     out.print(
-        Text.assemble(
-            "job ",
-            safe_text(job["id"]),
-            " ",
-            state_text(job.get("state")),
-            f" priority {job.get('priority')}",
-        )
+        Text.assemble("job ", safe_text(job.id), " ", state_text(job.state), f" priority {job.priority}")
     )
 
 
@@ -184,18 +178,19 @@ def queue(
     """List the waiting jobs in the order the scheduler places them, with why each waits and when it is
     estimated to start: from running jobs' max_runtime, else from how long the same user's jobs of the same
     shape usually ran ('unknown' when neither tells)."""
-    page = client.rest.queue(offset=offset, limit=limit)
+    page = client.queue_page(offset=offset, limit=limit)
     if json_output:
-        print_json(page)
+        print_json(page.raw)
         return
-    entries = page.get("jobs") or []
+    entries = page.entries
     if not entries:
         err.print("no job is waiting" + (f" after the first {offset}" if offset else ""))
         return
-    out.print(queue_table(entries))
-    total = page.get("total", len(entries))
-    if total > offset + len(entries):
-        err.print(f"showing {offset + 1}-{offset + len(entries)} of {total}; see more with --offset/--limit")
+    out.print(queue_table([entry.raw for entry in entries]))
+    if page.total > offset + len(entries):
+        err.print(
+            f"showing {offset + 1}-{offset + len(entries)} of {page.total}; see more with --offset/--limit"
+        )
     print_standings(client, entries)
 
 
@@ -205,12 +200,12 @@ def queue(
 # -- mwms agent cordon / uncordon / drain -----------------------------------------------------------------
 
 
-def print_agent(agent: dict[str, Any], json_output: bool) -> None:
+def print_agent(agent: Agent, json_output: bool) -> None:
     """One agent after a change: the API's object with --json, else one line of its cordon state."""
     if json_output:
-        print_json(agent)
+        print_json(agent.raw)
         return
-    out.print(Text.assemble("agent ", safe_text(agent.get("name", "")), ": ", cordon_text(agent)))
+    out.print(Text.assemble("agent ", safe_text(agent.name), ": ", cordon_text(agent.raw)))
 
 
 @with_client
@@ -218,33 +213,32 @@ def cordon(
     client: Client, agent: AgentArgument, reason: ReasonOption = "", json_output: JsonOption = False
 ) -> None:
     """Cordon an agent (admin): nothing new is placed on it; what it runs keeps running."""
-    print_agent(client.rest.cordon_agent(agent, reason), json_output)
+    print_agent(client.cordon(agent, reason), json_output)
 
 
 @with_client
 def uncordon(client: Client, agent: AgentArgument, json_output: JsonOption = False) -> None:
     """End an agent's cordon or drain (admin): jobs may be placed on it again."""
-    print_agent(client.rest.uncordon_agent(agent), json_output)
+    print_agent(client.uncordon(agent), json_output)
 
 
-def running_on(agent: dict[str, Any]) -> str:
+def running_on(agent: Agent) -> str:
     return ", ".join(
-        f"{task.get('job_name') or task.get('job_id')}[{task.get('task_index')}]"
-        for task in agent.get("tasks") or []
+        f"{task.get('job_name') or task.get('job_id')}[{task.get('task_index')}]" for task in agent.tasks
     )
 
 
-def wait_until_drained(client: Client, agent_id: str, timeout: float) -> dict[str, Any]:
+def wait_until_drained(client: Client, agent_id: str, timeout: float) -> Agent:
     """Polls the agents until `agent_id` holds no task, saying on stderr what still runs; CliError with
     exit code 1 after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     said = None
     while True:
-        found = [a for a in client.rest.list_agents() if a.get("id") == agent_id]
+        found = [a for a in client.agents() if a.id == agent_id]
         if not found:
             raise CliError(f"agent {agent_id} is gone (removed?) while draining", ExitCode.NOT_FOUND)
         agent = found[0]
-        if not agent.get("tasks"):
+        if not agent.tasks:
             return agent
         still = running_on(agent)
         if still != said:
@@ -252,7 +246,7 @@ def wait_until_drained(client: Client, agent_id: str, timeout: float) -> dict[st
             said = still
         if time.monotonic() >= deadline:
             raise CliError(
-                f"agent {agent.get('name', agent_id)} still runs {still} after {timeout:g} s; it stays draining "
+                f"agent {agent.name} still runs {still} after {timeout:g} s; it stays draining "
                 "(run `mwms agent drain` again with --wait, or check `mwms agents`)",
                 ExitCode.WAIT_TIMED_OUT,
             )
@@ -298,7 +292,8 @@ def drain(
     Each job's workers get SIGTERM, the grace to save a checkpoint, then SIGKILL; the job waits again in
     its place in the queue, no restart used. `mwms agent uncordon` ends the drain.
     """
-    drained = client.rest.drain_agent(agent, reason, None if grace is None else round(grace), let_finish)
-    if wait and drained.get("tasks"):
-        drained = wait_until_drained(client, str(drained["id"]), timeout)
+    grace_seconds = None if grace is None else round(grace)
+    drained = client.drain(agent, reason, grace_seconds=grace_seconds, let_finish=let_finish)
+    if wait and drained.tasks:
+        drained = wait_until_drained(client, drained.id, timeout)
     print_agent(drained, json_output)

@@ -75,8 +75,8 @@ def stacks(
     """Show the Python stacks of every task of a job: per task its agent, pid and whether it waits in a
     TensorFlow collective (NO only when outside one in all of the 3 snapshots taken over about a second),
     then every thread's stack, innermost frame first."""
-    dump = client.rest.dump_stacks(job_id) if refresh else client.rest.job_stacks(job_id)
+    dump = client.take_stacks(job_id) if refresh else client.stacks(job_id)
     if json_output:
-        print_json(dump)
+        print_json(dump.raw)
     else:
-        print_stacks(dump)
+        print_stacks(dump.raw)

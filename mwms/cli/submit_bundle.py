@@ -61,10 +61,10 @@ def parse_memory_option(text: str | None, option: str = "--memory-per-worker") -
         raise CliError(str(error)) from None
 
 
-def upload(client: Client, bundle: PackedBundle, *, show_progress: bool) -> dict[str, Any]:
-    """Uploads a packed bundle, with a progress bar on stderr for big ones."""
+def upload(client: Client, bundle: PackedBundle, *, show_progress: bool) -> str:
+    """Uploads a packed bundle, with a progress bar on stderr for big ones; returns its digest."""
     if not show_progress or bundle.size < PROGRESS_BAR_MIN_BYTES:
-        return client.rest.upload_bundle(bundle.file)
+        return client.upload_bundle(bundle.file)
     columns = (
         "[progress.description]{task.description}",
         BarColumn(),
@@ -73,7 +73,7 @@ def upload(client: Client, bundle: PackedBundle, *, show_progress: bool) -> dict
     )
     with Progress(*columns, console=err, transient=True) as progress:
         task = progress.add_task("uploading", total=bundle.size)
-        return client.rest.upload_bundle(bundle.file, on_bytes=lambda count: progress.advance(task, count))
+        return client.upload_bundle(bundle.file, on_bytes=lambda count: progress.advance(task, count))
 
 
 def pack_and_upload(client: Client, directory: Path, *, quiet: bool = False) -> str:
@@ -82,7 +82,6 @@ def pack_and_upload(client: Client, directory: Path, *, quiet: bool = False) -> 
     try:
         if not quiet:
             err.print(f"packed {bundle.file_count} files from {directory} ({human_size(bundle.size)})")
-        result = upload(client, bundle, show_progress=not quiet and err.is_terminal)
+        return upload(client, bundle, show_progress=not quiet and err.is_terminal)
     finally:
         bundle.close()
-    return str(result["digest"])

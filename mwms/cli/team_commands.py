@@ -23,7 +23,7 @@ from mwms.cli.output import (
     print_json,
 )
 from mwms.cli.safe_text import safe_text
-from mwms.client import Client
+from mwms.client import Client, QueueEntry, Team
 from mwms.errors import MwmsError
 
 team_app = typer.Typer(
@@ -125,28 +125,28 @@ def standings_table(teams: list[dict[str, Any]]) -> Table:
     return table
 
 
-def print_standings(client: Client, entries: list[dict[str, Any]]) -> None:
+def print_standings(client: Client, entries: list[QueueEntry]) -> None:
     """The fair share of the teams `entries` (queue rows) belong to, after the queue; a note on stderr when
     the teams cannot be read."""
-    waiting = {entry.get("team") for entry in entries if entry.get("team")}
+    waiting = {entry.team for entry in entries if entry.team}
     try:
-        found = client.rest.list_teams()
+        found = client.teams()
     except MwmsError as error:
         err.print(safe_text(f"fair share not shown: the teams could not be read ({first_line(str(error))})"))
         return
-    teams = [team for team in found if team.get("team") in waiting and "standing" in team]
+    teams = [team.raw for team in found if team.name in waiting and "standing" in team.raw]
     if teams:
         out.print(standings_table(teams))
 
 
-def print_team(team: dict[str, Any], json_output: bool) -> None:
+def print_team(team: Team, json_output: bool) -> None:
     """One team after a change: the API's object with --json, else one line."""
     if json_output:
-        print_json(team)
+        print_json(team.raw)
         return
-    members = ", ".join(team.get("members") or []) or "no members"
-    quota = format_counts(team.get("quota"), caps=True)
-    out.print(safe_text(f"team {team.get('team', '')}: {members}; quota {quota}"))
+    members = ", ".join(team.members) or "no members"
+    quota = format_counts(team.quota, caps=True)
+    out.print(safe_text(f"team {team.name}: {members}; quota {quota}"))
 
 
 @team_app.command("list")
@@ -155,13 +155,13 @@ def list_teams(client: Client, json_output: JsonOption = False) -> None:
     """List teams with members, a quota, jobs holding devices or recent use: members, quota, devices in use,
     share, recent use (device-hours, decayed with the coordinator's half-life) and standing (that use over
     the share, in hours of the whole share: lower goes first within a priority)."""
-    found = client.rest.list_teams()
+    found = client.teams()
     if json_output:
-        print_json(found)
+        print_json([team.raw for team in found])
     elif not found:
         err.print("no teams yet; every user is a team of their own until `mwms team add TEAM USER`")
     else:
-        out.print(teams_table(found))
+        out.print(teams_table([team.raw for team in found]))
 
 
 @team_app.command("add")
@@ -170,7 +170,7 @@ def add_member(
     client: Client, team: TeamArgument, user: UserArgument, json_output: JsonOption = False
 ) -> None:
     """Put USER in TEAM (out of any other team); the jobs they submit from now on count against TEAM."""
-    print_team(client.rest.add_team_member(team, user), json_output)
+    print_team(client.add_team_member(team, user), json_output)
 
 
 @team_app.command("remove")
@@ -179,7 +179,7 @@ def remove_member(
     client: Client, team: TeamArgument, user: UserArgument, json_output: JsonOption = False
 ) -> None:
     """Take USER out of TEAM: their new jobs are a team of their own again."""
-    print_team(client.rest.remove_team_member(team, user), json_output)
+    print_team(client.remove_team_member(team, user), json_output)
 
 
 @quota_app.command("set")
@@ -199,11 +199,11 @@ def set_quota(
     """Set TEAM's quota, replacing the one it had: a kind not given has no cap."""
     if gpus is None and cpu_slots is None:
         raise CliError("give --gpus and/or --cpu-slots; to remove a team's quota use `mwms quota clear TEAM`")
-    print_team(client.rest.set_quota(team, gpus, cpu_slots), json_output)
+    print_team(client.set_quota(team, gpus=gpus, cpu_slots=cpu_slots), json_output)
 
 
 @quota_app.command("clear")
 @with_client
 def clear_quota(client: Client, team: TeamArgument, json_output: JsonOption = False) -> None:
     """Remove TEAM's quota: its jobs are capped by nothing but the cluster."""
-    print_team(client.rest.clear_quota(team), json_output)
+    print_team(client.clear_quota(team), json_output)

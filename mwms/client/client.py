@@ -15,14 +15,18 @@ import shlex
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
+from mwms.client.admin import AdminMethods
+from mwms.client.diagnostics import Preflight, StackDump
 from mwms.client.environment import resolve as resolve_environment
 from mwms.client.job import Job
 from mwms.client.job_spec import build_job_spec
-from mwms.client.models import Agent, QueueEntry, Team
+from mwms.client.models import Artifact, MetricPoint, Metrics
 from mwms.client.packing import pack_directory
+from mwms.client.pages import JobPage, LogPage
 from mwms.client.rest import RestApi
+from mwms.client.sharing import SharingMethods
 from mwms.client.transport import Transport
 from mwms.connection import Connection, resolve_connection
 from mwms.errors import InvalidSpec
@@ -30,7 +34,6 @@ from mwms.sizes import SizeError, parse_size
 
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_RETRY_S = 30.0
-QUEUE_PAGE = 500  # the most GET /api/v1/queue answers at once
 
 
 def new_idempotency_key() -> str:
@@ -51,7 +54,7 @@ def memory_bytes(size: int | str, what: str = "memory_per_worker") -> int:
         raise InvalidSpec(str(error)) from None
 
 
-class Client:
+class Client(SharingMethods, AdminMethods):
     """A connection to one mwms coordinator.
 
     `api`, `token` and `ca_file` default to what the CLI uses: MWMS_API / MWMS_TOKEN / MWMS_CA_FILE,
@@ -61,6 +64,9 @@ class Client:
     refused connection before any answer is retried for 2 s only, and an address that is the coordinator's
     gRPC port raises `NotACoordinator` at once. Every failure is an `mwms.errors.MwmsError`. Use it as a
     context manager, or `close()`.
+
+    The queue, teams, quotas and agents (mwms/client/sharing.py) and identity, tokens and removing agents
+    (mwms/client/admin.py) are methods of it too.
     """
 
     def __init__(
@@ -122,10 +128,14 @@ class Client:
         returns the bundle's digest."""
         bundle = pack_directory(Path(directory))
         try:
-            result = self.rest.upload_bundle(bundle.file, on_bytes=on_bytes)
+            return self.upload_bundle(bundle.file, on_bytes=on_bytes)
         finally:
             bundle.close()
-        return str(result["digest"])
+
+    def upload_bundle(self, file: IO[bytes], *, on_bytes: Callable[[int], None] | None = None) -> str:
+        """Uploads an already packed .tar.gz bundle (a file open for reading, rewound on a resend) and
+        returns its digest; `on_bytes` is told each chunk's size as it goes out."""
+        return str(self.rest.upload_bundle(file, on_bytes=on_bytes)["digest"])
 
     def submit(
         self,
@@ -208,8 +218,12 @@ class Client:
         The list entries are summaries (no tasks or events); `refresh()` one for everything.
         """
         states = [state] if isinstance(state, str) else list(state or [])
-        page = self.rest.list_jobs([value.upper() for value in states], offset=offset, limit=limit)
-        return [Job(self, raw) for raw in page.get("jobs") or []]
+        return self.job_page(states, limit=limit, offset=offset).jobs
+
+    def job_page(self, states: Sequence[str] = (), *, limit: int = 50, offset: int = 0) -> JobPage:
+        """One page of jobs, newest first (those in any of `states`, or all), and how many match in all."""
+        wanted = [value.upper() for value in states]
+        return JobPage.from_api(self, self.rest.list_jobs(wanted, offset=offset, limit=limit))
 
     def set_priority(self, job: str | Job, priority: int | str) -> Job:
         """Changes a pending job's priority: 0-1000 (higher is placed first) or "low", "normal", "high".
@@ -217,69 +231,67 @@ class Client:
         Users may go up to the coordinator's MWMS_USER_PRIORITY_CEILING (default 500), admins anywhere;
         a job that is no longer waiting keeps its priority (`Conflict`).
         """
-        job_id = job.id if isinstance(job, Job) else job
-        return Job(self, self.rest.set_priority(job_id, priority))
+        return Job(self, self.rest.set_priority(_job_id(job), priority))
 
-    def queue(self) -> list[QueueEntry]:
-        """Every waiting job in the order the scheduler places them, with why each waits."""
-        entries: list[QueueEntry] = []
-        while True:
-            page = self.rest.queue(offset=len(entries), limit=QUEUE_PAGE)
-            found = page.get("jobs") or []
-            entries += [QueueEntry.from_api(raw) for raw in found]
-            if not found or len(entries) >= int(page.get("total") or 0):
-                return entries
+    def cancel(self, job: str | Job) -> Job:
+        """Cancels a job (its tasks are stopped) and returns it; `Conflict` if it had ended."""
+        return Job(self, self.rest.cancel_job(_job_id(job)))
 
-    # -- teams and quotas (changes: admin only) ----------------------------------------------------------
+    # -- what a job left: logs, metrics, artifacts, diagnostics ------------------------------------------
 
-    def teams(self) -> list[Team]:
-        """Every team with members, a quota or jobs holding devices."""
-        return [Team.from_api(raw) for raw in self.rest.list_teams()]
+    def log_page(
+        self,
+        job: str | Job,
+        *,
+        task: int | None = None,
+        attempt: int | None = None,
+        tail: int | None = None,
+        after: int | None = None,
+    ) -> LogPage:
+        """One page of a job's log lines, oldest first: the newest `tail` (the API's default: 1000), or
+        those past the cursor `after` (`LogPage.next_after` of the page before); `Job.logs` to follow."""
+        raw = self.rest.logs(_job_id(job), task=task, attempt=attempt, tail=tail, after=after)
+        return LogPage.from_api(raw)
 
-    def add_team_member(self, team: str, user: str) -> Team:
-        """Puts `user` in `team` (out of any other): the jobs they submit from now on count against it."""
-        return Team.from_api(self.rest.add_team_member(team, user))
+    def metrics(
+        self,
+        job: str | Job,
+        name: str | None = None,
+        *,
+        min_step: int | None = None,
+        max_step: int | None = None,
+        attempt: int | None = None,
+    ) -> Metrics:
+        """Every metric point a job reported (or of `name`, within the steps, of `attempt`), read page by
+        page, ordered by name, attempt and step."""
+        points = self.rest.all_metrics(
+            _job_id(job), name=name, min_step=min_step, max_step=max_step, attempt=attempt
+        )
+        return Metrics(MetricPoint.from_api(point) for point in points)
 
-    def remove_team_member(self, team: str, user: str) -> Team:
-        """Takes `user` out of `team`: they are a team of their own again."""
-        return Team.from_api(self.rest.remove_team_member(team, user))
+    def artifacts(self, job: str | Job) -> list[Artifact]:
+        """The files a job's chief saved in MWMS_OUTPUT_DIR; `Job.download` fetches them."""
+        return [Artifact.from_api(raw) for raw in self.rest.list_artifacts(_job_id(job))]
 
-    def set_quota(self, team: str, *, gpus: int | None = None, cpu_slots: int | None = None) -> Team:
-        """Sets (replaces) `team`'s quota; a kind left None has no cap."""
-        return Team.from_api(self.rest.set_quota(team, gpus, cpu_slots))
+    def preflight(self, job: str | Job) -> Preflight:
+        """A job's preflight check results, per attempt and task (none when no check ran)."""
+        return Preflight.from_api(self.rest.job_preflight(_job_id(job)))
 
-    def clear_quota(self, team: str) -> Team:
-        """Removes `team`'s quota."""
-        return Team.from_api(self.rest.clear_quota(team))
+    def take_stacks(self, job: str | Job) -> StackDump:
+        """Takes the Python stacks of a running job's tasks now (never resent: each call takes a new dump;
+        the coordinator waits up to 10 s for its agents)."""
+        return StackDump.from_api(self.rest.dump_stacks(_job_id(job)))
 
-    # -- cordons and drains (admin only) -----------------------------------------------------------------
+    def stacks(self, job: str | Job, request_id: str | None = None) -> StackDump:
+        """A job's newest stack dump (taken on request or by hang detection), or the one `request_id` names."""
+        return StackDump.from_api(self.rest.job_stacks(_job_id(job), request_id))
 
-    def cordon(self, agent: str, reason: str = "") -> Agent:
-        """Cordons an agent (its name or id): nothing new is placed on it; what it runs keeps running."""
-        return Agent.from_api(self.rest.cordon_agent(agent, reason))
-
-    def uncordon(self, agent: str) -> Agent:
-        """Ends an agent's cordon or drain: jobs may be placed on it again."""
-        return Agent.from_api(self.rest.uncordon_agent(agent))
-
-    def drain(
-        self, agent: str, reason: str = "", *, grace_seconds: int | None = None, let_finish: bool = False
-    ) -> Agent:
-        """Drains an agent: cordons it and preempts the jobs it runs (SIGTERM, `grace_seconds`, SIGKILL),
-        which then wait for other agents; with `let_finish` they run to their end. `Agent.drained` turns
-        True once nothing runs there (poll `agents()`)."""
-        return Agent.from_api(self.rest.drain_agent(agent, reason, grace_seconds, let_finish))
-
-    # -- the cluster -------------------------------------------------------------------------------------
-
-    def agents(self) -> list[Agent]:
-        """The agents the coordinator knows: online or lost, their devices and running tasks."""
-        return [Agent.from_api(raw) for raw in self.rest.list_agents()]
-
-    def whoami(self) -> dict[str, Any]:
-        """{"user", "role", "token_name", "via_session"} of the token this client sends."""
-        return self.rest.whoami()
+    # -- the coordinator ---------------------------------------------------------------------------------
 
     def health(self) -> bool:
         """True when the coordinator answers /healthz (asked once, without retries)."""
         return self.rest.health()
+
+
+def _job_id(job: str | Job) -> str:
+    return job.id if isinstance(job, Job) else job

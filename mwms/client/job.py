@@ -8,7 +8,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from mwms import agent_defaults
-from mwms.client.models import Artifact, LogLine, MetricPoint, Metrics, parse_number
+from mwms.client.models import Artifact, LogLine, Metrics, parse_number
 from mwms.errors import CoordinatorUnreachable, InvalidSpec, JobFailed, WaitTimeout
 
 if TYPE_CHECKING:
@@ -113,6 +113,12 @@ class Job:
         return parse_number(self.raw.get("loss"))
 
     @property
+    def priority(self) -> int | None:
+        """Its priority, 0-1000 (higher is placed first); None from a coordinator that does not say."""
+        priority = self.raw.get("priority")
+        return None if priority is None else int(priority)
+
+    @property
     def attempts(self) -> int:
         """How many attempts the job has had (restarts + 1 once it started)."""
         return int(self.raw.get("attempts") or 0)
@@ -200,10 +206,10 @@ class Job:
         task = None if culprit is None else int(culprit.get("index", 0))
         lines: list[str] = []
         if culprit is not None:
-            page = self._client.rest.logs(
+            page = self._client.log_page(
                 self.id, task=task, attempt=culprit.get("attempt"), tail=FAILURE_LOG_LINES
             )
-            lines = [str(line.get("text", "")).rstrip("\n") for line in page.get("lines") or []]
+            lines = [line.text for line in page.lines]
         return JobFailed(self.id, self.reason, state=self.state, task=task, log_lines=lines)
 
     def logs(
@@ -223,8 +229,7 @@ class Job:
         """
         rest = self._client.rest
         if not follow:
-            page = rest.logs(self.id, task=task, attempt=attempt, tail=tail)
-            yield from (LogLine.from_api(line) for line in page.get("lines") or [])
+            yield from self._client.log_page(self.id, task=task, attempt=attempt, tail=tail).lines
             return
         after: int | None = None
         unreachable_since: float | None = None
@@ -249,12 +254,11 @@ class Job:
     def metrics(self, name: str | None = None, *, attempt: int | None = None) -> Metrics:
         """The metric points the chief reported (all names, or `name`): a list with `to_pandas()`, whose
         `per_step()` and `per_epoch()` keep steps and epochs apart."""
-        points = self._client.rest.all_metrics(self.id, name=name, attempt=attempt)
-        return Metrics(MetricPoint.from_api(point) for point in points)
+        return self._client.metrics(self.id, name, attempt=attempt)
 
     def artifacts(self) -> list[Artifact]:
         """The files the chief saved in MWMS_OUTPUT_DIR (`mwms_runtime.output_dir()`)."""
-        return [Artifact.from_api(raw) for raw in self._client.rest.list_artifacts(self.id)]
+        return self._client.artifacts(self.id)
 
     def download(self, dest: str | Path, artifacts: list[Artifact] | None = None) -> list[Path]:
         """Downloads every artifact (or those given) under `dest`, keeping relative paths; returns the files."""
@@ -272,5 +276,5 @@ class Job:
 
     def cancel(self) -> Job:
         """Cancels the job (its tasks are stopped); returns itself, refreshed. `Conflict` if it had ended."""
-        self.raw = self._client.rest.cancel_job(self.id)
+        self.raw = self._client.cancel(self.id).raw
         return self

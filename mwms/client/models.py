@@ -197,6 +197,11 @@ class Agent:
         return int(self.raw.get("memory_bytes") or 0)
 
     @property
+    def task_isolation(self) -> str:
+        """How it confines its tasks, as it registered it (e.g. "bubblewrap"); "" when it did not say."""
+        return str(self.raw.get("task_isolation") or "")
+
+    @property
     def cordoned(self) -> bool:
         """True when an admin cordoned (or drained) it: nothing new is placed on it."""
         return bool(self.raw.get("cordoned"))
