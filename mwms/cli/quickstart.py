@@ -1,18 +1,14 @@
 """`mwms quickstart`: a coordinator and two agents on this machine, one Keras job across them, the results.
 
 Everything it starts is stopped again on the way out (also on Ctrl-C or an error) unless --keep-running.
-The coordinator gets an admin token and a join token through its environment (never its command line,
-where `ps` shows them); the admin token is kept in <data dir>/admin-token (0600) for the dashboard's
-log-in and for the CLI, and reused on the next run. Others may not list the data dir, nor read its logs
-and results (mwms/private_files.py).
+The cluster itself (tokens, addresses, ports, waiting for it) is mwms/cli/quickstart_cluster.py. Before the
+job is submitted the quickstart waits a little for the agents' warm interpreters (TensorFlow imported), and
+the results say whether each worker started warm or cold, and why. Others may not list the data dir, nor
+read its logs and results (mwms/private_files.py).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import random
-import secrets
 import signal
 import sys
 import time
@@ -28,184 +24,25 @@ from mwms.cli.errors import CliError, ExitCode, handles_errors
 from mwms.cli.follow import first_failed_task, tail_of_task_logs, watch_job
 from mwms.cli.job_commands import download_artifacts
 from mwms.cli.output import err, first_line, format_loss, metrics_summary_table, out, state_text
-from mwms.cli.processes import (
-    ManagedProcess,
-    last_lines,
-    mwms_command,
-    start_process,
-    stop_processes,
-)
+from mwms.cli.quickstart_cluster import AGENT_NAMES, WARM_POOLS_TIMEOUT_S, LocalCluster
+from mwms.cli.quickstart_cluster import quickstart_admin_token as quickstart_admin_token  # re-exported
 from mwms.cli.submit import pack_and_upload
 from mwms.client import Client
 from mwms.client.job_spec import build_job_spec
-from mwms.connection import Connection
 from mwms.errors import MwmsError
 
-AGENT_NAMES = ("local-1", "local-2")
-SERVER_START_TIMEOUT_S = 60.0
-AGENTS_ONLINE_TIMEOUT_S = 60.0
-PORTS_PER_AGENT = 50
-ADMIN_TOKEN_FILE = "admin-token"
 # What the quickstart's dir keeps for its user alone (the coordinator's own dir is made private by
 # `mwms server`, each agent's work dir by the agent): the processes' logs, and the job's results.
 QUICKSTART_PRIVATE_DIRS = ("logs", "artifacts")
-MIN_TOKEN_LENGTH = 16  # what the coordinator accepts as MWMS_ADMIN_TOKEN
-
-
-def new_secret() -> str:
-    return secrets.token_urlsafe(32)
-
-
-def quickstart_admin_token(path: Path) -> str:
-    """The admin token saved in `path` by an earlier run, else a new one written there (0600)."""
-    try:
-        saved = path.read_text().strip()
-    except OSError:
-        saved = ""
-    if len(saved) >= MIN_TOKEN_LENGTH and not any(character.isspace() for character in saved):
-        from mwms.private_files import make_private_file  # not at import: `mwms --help` stays light
-
-        make_private_file(path)  # 0600; ForeignFileError when another user owns it
-        return saved
-    secret = new_secret()
-    path.unlink(missing_ok=True)
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w") as file:
-        file.write(secret + "\n")
-    return secret
+# How a task's log says how it started (worker_agent/task_runs.py): its agent's first line in it.
+WARM_START_LINE = "mwms-agent: warm start"
+COLD_START_LINE = "mwms-agent: cold start: "
+MAX_LOG_TAIL = 10000  # the most lines one log page holds
 
 
 def example_dir() -> Path:
     """examples/keras_fit, shipped inside the mwms package (mwms/examples; in a source checkout a link)."""
     return Path(str(resources.files("mwms") / "examples" / "keras_fit"))
-
-
-def _wait_until(predicate: Any, timeout_s: float, interval_s: float = 0.25) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval_s)
-    return False
-
-
-class LocalCluster:
-    """The coordinator and agents quickstart runs, with their log files under `data_dir/logs`."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.data_dir = data_dir
-        self.log_dir = data_dir / "logs"
-        self.processes: list[ManagedProcess] = []
-        self.http_port = 0
-        self.grpc_port = 0
-        self.admin_token_file = data_dir / ADMIN_TOKEN_FILE
-        self.admin_token = quickstart_admin_token(self.admin_token_file)
-        self.join_token = new_secret()  # lives as long as this coordinator process
-
-    def client(self, timeout: float = 30.0) -> Client:
-        """A client of the local coordinator with the admin token (the user's own settings do not apply)."""
-        return Client.for_connection(Connection(api=self.api, token=self.admin_token), timeout=timeout)
-
-    @property
-    def api(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
-
-    def start_coordinator(self) -> None:
-        """Starts the coordinator on ports it picks (port 0), learns them from its ports file, and waits
-        for /healthz: no free port is picked here, so there is no race to lose."""
-        ports_file = self.data_dir / "coordinator" / "ports.json"
-        ports_file.unlink(missing_ok=True)
-        argv = [
-            *mwms_command(),
-            "server",
-            "--host",
-            "127.0.0.1",
-            "--http-port",
-            "0",
-            "--grpc-port",
-            "0",
-            "--data-dir",
-            str(self.data_dir / "coordinator"),
-            "--ports-file",
-            str(ports_file),
-        ]
-        secrets_env = {"MWMS_ADMIN_TOKEN": self.admin_token, "MWMS_JOIN_TOKEN": self.join_token}
-        coordinator = start_process("coordinator", argv, self.log_dir / "coordinator.log", secrets_env)
-        self.processes.append(coordinator)
-        _wait_until(lambda: ports_file.exists() or not coordinator.running(), SERVER_START_TIMEOUT_S)
-        if not coordinator.running() or not ports_file.exists():
-            raise CliError(self._failure("the coordinator did not start", coordinator), ExitCode.UNREACHABLE)
-        ports = json.loads(ports_file.read_text())
-        self.http_port, self.grpc_port = int(ports["http"]), int(ports["grpc"])
-        if not self._wait_healthy(coordinator):
-            raise CliError(
-                self._failure("the coordinator did not become healthy", coordinator), ExitCode.UNREACHABLE
-            )
-
-    def _wait_healthy(self, coordinator: ManagedProcess) -> bool:
-        """True once /healthz answers; False if the process exits or the time runs out first."""
-        with self.client(timeout=2.0) as client:
-            _wait_until(lambda: client.health() or not coordinator.running(), SERVER_START_TIMEOUT_S)
-            return coordinator.running() and client.health()
-
-    def start_agents(self) -> None:
-        """Starts one agent per name, each with its own work dir and port range, and waits until both are online."""
-        base = 20000 + random.randrange(0, 400) * 100  # two quickstarts side by side rarely collide
-        for number, name in enumerate(AGENT_NAMES):
-            low = base + number * PORTS_PER_AGENT
-            argv = [
-                *mwms_command(),
-                "agent",
-                "--server",
-                f"127.0.0.1:{self.grpc_port}",
-                "--name",
-                name,
-                "--work-dir",
-                str(self.data_dir / "agents" / name),
-                "--slots",
-                "1",
-                "--advertise-address",
-                "127.0.0.1",
-                "--port-range",
-                f"{low}-{low + PORTS_PER_AGENT - 1}",
-            ]
-            join_env = {"MWMS_JOIN_TOKEN": self.join_token}
-            self.processes.append(start_process(name, argv, self.log_dir / f"{name}.log", join_env))
-        with self.client() as client:
-
-            def both_online() -> bool:
-                for process in self.processes:
-                    if not process.running():
-                        raise CliError(self._failure(f"{process.name} exited", process), ExitCode.UNREACHABLE)
-                online = {agent.name for agent in client.agents() if agent.online}
-                return online.issuperset(AGENT_NAMES)
-
-            if not _wait_until(both_online, AGENTS_ONLINE_TIMEOUT_S, 0.5):
-                raise CliError(
-                    f"the agents did not come online within {AGENTS_ONLINE_TIMEOUT_S:.0f}s; "
-                    f"see the logs in {self.log_dir}",
-                    ExitCode.UNREACHABLE,
-                )
-
-    def task_isolation(self) -> str:
-        """How the agents confine their tasks, as they registered it; said plainly when not at all."""
-        with self.client() as client:
-            labels = {agent.task_isolation or "unknown" for agent in client.agents()}
-        text = "; ".join(sorted(labels))
-        if "share" in text:
-            text += (
-                " (fine for your own jobs on this machine; run agents as root with bubblewrap for others')"
-            )
-        return text
-
-    def _failure(self, what: str, process: ManagedProcess) -> str:
-        tail = "\n".join(f"  {line}" for line in last_lines(process.log_path, 20))
-        code = process.popen.returncode
-        exit_note = f" (exit code {code})" if code is not None else ""
-        return f"{what}{exit_note}; its log is {process.log_path}" + (f":\n{tail}" if tail else "")
-
-    def stop(self) -> None:
-        stop_processes(self.processes)
 
 
 PLAIN_PROGRESS_EVERY_S = 5.0  # without a terminal: one line of step and loss this often, when they moved
@@ -290,6 +127,51 @@ def report_results(client: Client, job: dict[str, Any], data_dir: Path) -> Path 
     return destination
 
 
+def wait_for_warm_interpreters(cluster: LocalCluster) -> bool:
+    """Before the job is submitted: until each agent has a warm interpreter that imported TensorFlow (at
+    most WARM_POOLS_TIMEOUT_S), so that both workers start warm; not at all when the agents keep none.
+    Returns whether they keep any."""
+    if not cluster.keeps_warm_pools():
+        err.print("the agents keep no warm interpreters (MWMS_AGENT_WARM_POOL=0): the workers start cold")
+        return False
+    err.print(
+        "waiting for the agents' warm interpreters to import TensorFlow "
+        f"(at most {WARM_POOLS_TIMEOUT_S:.0f} s)"
+    )
+    began = time.monotonic()
+    if cluster.wait_for_warm_pools():
+        err.print(f"warm interpreters ready after {time.monotonic() - began:.0f} s")
+    else:
+        err.print(
+            f"the warm interpreters were not ready within {WARM_POOLS_TIMEOUT_S:.0f} s: submitting anyway "
+            "(a worker may start cold, or wait for its interpreter to finish importing)"
+        )
+    return True
+
+
+def start_kinds(client: Client, job: dict[str, Any], warm_pools: bool) -> list[tuple[int, str]]:
+    """How each task of the job started, as its log says: (index, "warm" or "cold: <why>"); an agent
+    without a warm pool says nothing, so without `warm_pools` every start is cold for that reason."""
+    tasks = sorted(job.get("tasks") or [], key=lambda task: task.get("index", 0))
+    if not warm_pools:
+        return [(task["index"], "cold: the agents keep no warm interpreters") for task in tasks]
+    return [(task["index"], how_task_started(client, job["id"], task)) for task in tasks]
+
+
+def how_task_started(client: Client, job_id: str, task: dict[str, Any]) -> str:
+    """ "warm", "cold: <why>", or "(not said in its log)": the agent's line about it in the task's log."""
+    try:
+        page = client.log_page(job_id, task=task["index"], attempt=task.get("attempt"), tail=MAX_LOG_TAIL)
+    except MwmsError:
+        return "(its log could not be read)"
+    for line in page.lines:
+        if line.text.startswith(WARM_START_LINE):
+            return "warm"
+        if line.text.startswith(COLD_START_LINE):
+            return f"cold: {line.text.removeprefix(COLD_START_LINE)}"
+    return "(not said in its log)"
+
+
 def explain_failure(client: Client, job: dict[str, Any], cluster: LocalCluster) -> None:
     if job.get("reason"):
         err.print(f"reason: {job['reason']}")
@@ -335,9 +217,12 @@ def quickstart(
         cluster.start_agents()
         err.print(f"coordinator at {cluster.api}/, agents {', '.join(AGENT_NAMES)} online")
         err.print(Text(f"task isolation: {cluster.task_isolation()}"))
+        warm_pools = wait_for_warm_interpreters(cluster)
         with cluster.client() as client:
             job = _run_example(client, example, epochs, steps_per_epoch, cluster.admin_token_file)
             out.print(Text.assemble("job ", (job["id"], "bold"), " ended ", state_text(job.get("state"))))
+            for index, how in start_kinds(client, job, warm_pools):
+                out.print(Text(f"worker {index} started {how}"))
             if job.get("state") == "SUCCEEDED":
                 destination = report_results(client, job, data_dir)
                 if destination:
