@@ -89,6 +89,11 @@ os.environ["MWMS_SCHEDULER_STRICT_CHECK"] = "1"
 # Agents the tests start, by hand or through the scaffolding, keep no warm interpreters (each imports
 # TensorFlow while the suite's programs are tiny); the warm pool's own tests pass --warm-pool, which wins.
 os.environ.update(NO_WARM_POOL)
+# pytest-xdist's workers (`make test`) start with COLUMNS=80 and LINES=24 set, which would draw the CLI's
+# tables (mwms/cli/formatting.py) as narrow as a terminal's: the suite reads them as a pipe's, as in one process.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for name in ("COLUMNS", "LINES"):
+        os.environ.pop(name, None)
 
 CHROMIUM = os.environ.get("MWMS_CHROMIUM", "/usr/bin/chromium")
 

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from mwms_testkit.cluster import Cluster
+from mwms_testkit.parallel import task_ports
 
 pytestmark = [
     pytest.mark.e2e,
@@ -19,7 +20,8 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="port rules need a root agent (CI runs as root)"),
 ]
 
-RANGES = ((23100, 23199), (23200, 23299))
+# The two agents' task port ranges, as this pytest-xdist worker shifts them (mwms_testkit/parallel.py).
+RANGES = tuple((task_ports(low), task_ports(low) + 99) for low in (23100, 23200))
 
 ATTACKER = r"""
 import errno, json, os, socket, time

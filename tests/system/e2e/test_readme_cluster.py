@@ -22,6 +22,7 @@ import pytest
 
 from mwms_testkit import REPO
 from mwms_testkit.cluster import free_port
+from mwms_testkit.parallel import task_ports
 
 pytestmark = [pytest.mark.e2e, pytest.mark.tf]
 
@@ -69,7 +70,7 @@ def test_the_readmes_three_terminals_run_a_program(tmp_path: Path, terminals: li
     here.mkdir()
     for name in (".venv", "examples"):
         (here / name).symlink_to(ROOT / name)
-    http, grpc, low = free_port(), free_port(), 23000 + os.getpid() % 500 * 10
+    http, grpc, low = free_port(), free_port(), task_ports(23000 + os.getpid() % 250 * 10)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MWMS_", "TF_CONFIG", "VIRTUAL_ENV"))}
     env |= {"HOME": str(tmp_path / "home"), "PYTHONUNBUFFERED": "1"}
     scripts = [as_here(b, http, grpc, tmp_path / "a1", (low, low + 99)) for b in blocks]
