@@ -6,13 +6,14 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from mwms_testkit import tiers
+from mwms_testkit import parallel, tiers
 from mwms_testkit.cluster import NO_WARM_POOL, Cluster
 
 TESTS = Path(__file__).parent
@@ -26,7 +27,31 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         raise pytest.UsageError("tests in the wrong tier:\n  " + "\n  ".join(problems))
 
 
+_ALONE_LOCK = (
+    parallel.AloneLock(tempfile.gettempdir(), os.environ["PYTEST_XDIST_TESTRUNUID"])
+    if os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    else None
+)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """Under pytest-xdist (`make test`), a test marked `alone` runs while the other workers wait between
+    their tests (mwms_testkit/parallel.py AloneLock); the others run side by side."""
+    if _ALONE_LOCK is None:
+        return (yield)
+    _ALONE_LOCK.acquire(alone=item.get_closest_marker("alone") is not None)
+    try:
+        return (yield)
+    finally:
+        _ALONE_LOCK.release()
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "alone: bounds latencies or durations; under pytest-xdist it runs while no other test does",
+    )
     for tier in tiers.TIERS:
         config.addinivalue_line(
             "markers", f"{tier}: the test lives in tests/{tier} (set by tests/conftest.py)"

@@ -66,3 +66,36 @@ def free_uid_range(size: int) -> tuple[int, int]:
     while any(uid in taken or leftovers_of(uid) for uid in range(low, low + size)):
         low += size
     return low, low + size - 1
+
+
+class AloneLock:
+    """Lets a test marked `alone` (one that bounds latencies or durations, which a TensorFlow job on the
+    other worker would stretch) run while no other worker runs a test; every other test runs beside
+    each other as usual. Two files locked by the workers of one run: every test passes through the
+    turnstile, then holds the room shared; an `alone` test holds the turnstile while it waits for the
+    room alone, so the other worker's next test waits for it instead of starving it. POSIX record locks
+    (lockf), not flock(2): a child a test forks does not inherit them, so none outlives its worker's test."""
+
+    def __init__(self, directory: str, run_id: str) -> None:
+        self._turnstile = os.path.join(directory, f"mwms-tests-{run_id}.turnstile")
+        self._room = os.path.join(directory, f"mwms-tests-{run_id}.room")
+        self._held: list[int] = []
+
+    def acquire(self, alone: bool) -> None:
+        import fcntl
+
+        turnstile = os.open(self._turnstile, os.O_CREAT | os.O_RDWR, 0o600)
+        room = os.open(self._room, os.O_CREAT | os.O_RDWR, 0o600)
+        fcntl.lockf(turnstile, fcntl.LOCK_EX)
+        if alone:
+            fcntl.lockf(room, fcntl.LOCK_EX)
+            self._held = [room, turnstile]
+            return
+        fcntl.lockf(room, fcntl.LOCK_SH)
+        os.close(turnstile)
+        self._held = [room]
+
+    def release(self) -> None:
+        for descriptor in self._held:
+            os.close(descriptor)  # closing it releases this process's lock on the file
+        self._held = []

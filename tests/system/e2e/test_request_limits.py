@@ -11,7 +11,8 @@ import pytest
 
 from mwms_testkit.cluster import pack
 
-pytestmark = pytest.mark.e2e
+# Bounds latencies: under pytest-xdist it runs while no other test does (tests/conftest.py).
+pytestmark = [pytest.mark.e2e, pytest.mark.alone]
 MiB = 1024 * 1024
 # Runs through every probe in this module; it must end SUCCEEDED, with its agents online throughout.
 STEADY_JOB = "import time\nfor i in range(20):\n    print('step', i, flush=True)\n    time.sleep(0.5)\n"

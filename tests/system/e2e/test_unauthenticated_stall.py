@@ -25,7 +25,8 @@ from mwms_testkit.bombs import grpc_call_head, http2_frame, many_parts_body
 from mwms_testkit.cluster import Cluster, wait_until
 from mwms_testkit.simulator import SimAgent, SimConfig  # noqa: E402
 
-pytestmark = pytest.mark.e2e
+# Bounds latencies: under pytest-xdist it runs while no other test does (tests/conftest.py).
+pytestmark = [pytest.mark.e2e, pytest.mark.alone]
 
 MiB = 1024 * 1024
 # Shorter than the defaults (10 s, 5 s, 30 s) to keep the module fast; the code paths are the same.

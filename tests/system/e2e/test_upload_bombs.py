@@ -15,7 +15,8 @@ import pytest
 from mwms_testkit.bombs import GIB, gzip_bomb, many_entries_bomb, zip_bomb
 from mwms_testkit.cluster import Cluster, pack
 
-pytestmark = pytest.mark.e2e
+# Bounds latencies: under pytest-xdist it runs while no other test does (tests/conftest.py).
+pytestmark = [pytest.mark.e2e, pytest.mark.alone]
 
 MB = 1024 * 1024
 SLOW_JOB = "import time\nfor step in range(8):\n    print('step', step, flush=True)\n    time.sleep(1)\n"
