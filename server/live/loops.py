@@ -43,6 +43,10 @@ PROGRESS_MEMORY = timedelta(minutes=10)
 # A flush slower than this is logged with where its time went.
 SLOW_FLUSH_S = 2.0
 FLUSH_ATTEMPTS = 3
+# A pass starts at least this long after the last one ended: the pokes of a burst (a 64-worker gang
+# reporting its tasks starting pokes over a hundred times) fold into a few passes instead of running
+# one after another, each reading the whole cluster, beside the heartbeats this coordinator answers.
+MIN_PASS_GAP_S = 0.2
 
 
 class BackgroundLoops:
@@ -85,6 +89,7 @@ class BackgroundLoops:
         self._pokes = self._pokes_seen = 0
         self._idle = False
         self._last_pass = 0.0
+        self._last_pass_end = 0.0  # when the last pass ended (monotonic): MIN_PASS_GAP_S counts from it
         self.scheduler_wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._loop = asyncio.get_running_loop()
@@ -261,6 +266,9 @@ class BackgroundLoops:
         poked = self._pokes != self._pokes_seen
         if not poked and self._idle and now - self._last_pass < self.settings.scheduler_idle_interval_s:
             return
+        pause = pause_before_pass(self._last_pass_end, now)
+        if pause > 0:
+            await asyncio.sleep(pause)  # pokes meanwhile are taken by this pass
         pokes = self._pokes
         held = frozenset(self.hub.connected())
 
@@ -293,8 +301,11 @@ class BackgroundLoops:
 
         # A poke seen while another replica holds the pass stays pending: this replica tries again at its
         # next tick, in case that pass read before the change that poked.
-        if await self.passes.run("scheduler", one_pass):
-            self._pokes_seen, self._last_pass = pokes, now
+        try:
+            if await self.passes.run("scheduler", one_pass):
+                self._pokes_seen, self._last_pass = pokes, now
+        finally:
+            self._last_pass_end = time.monotonic()
 
     async def _flush_and_reconcile(self) -> None:
         # Liveness first, so the lost decision below never runs on heartbeats not written yet. It is
@@ -328,3 +339,8 @@ class BackgroundLoops:
         if targets:
             self.hub.wake(targets)
             self.poke()  # ended attempts may restart
+
+
+def pause_before_pass(last_end: float, now: float) -> float:
+    """Seconds to wait before a pass so that it starts MIN_PASS_GAP_S after the last one ended."""
+    return min(MIN_PASS_GAP_S, max(0.0, MIN_PASS_GAP_S - (now - last_end)))

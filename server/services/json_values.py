@@ -32,3 +32,9 @@ def _parse(text: str) -> Any:
 def parsed(value: Any) -> Any:
     """A JSON column's value read with `as_text`: parsed once per distinct text (shared: read only)."""
     return _parse(value) if isinstance(value, str) else value
+
+
+def hashable(value: Any) -> Any:
+    """A JSON column's value read with `as_text`, as a key for a memo: its text, or (from a driver that
+    parses JSON itself) the value's canonical text."""
+    return value if isinstance(value, str) or value is None else json.dumps(value, sort_keys=True)

@@ -146,12 +146,11 @@ def agents_view(session: Session, agent_id: str | None = None) -> list[AgentView
     query = select(Agent).order_by(Agent.name)
     query = query.where(Agent.id == agent_id) if agent_id else query.where(Agent.removed_at.is_(None))
     held = live_tasks_by_agent(session)
-    jobs = {
-        job.id: job.name
-        for job in session.scalars(
-            select(Job).where(Job.id.in_({t.job_id for tasks in held.values() for t in tasks}))
+    jobs: dict[str, str] = dict(
+        session.execute(  # names only: loading whole jobs (options, waiting) cost most of this view
+            select(Job.id, Job.name).where(Job.id.in_({t.job_id for tasks in held.values() for t in tasks}))
         ).all()
-    }
+    )
     views = []
     for agent in session.scalars(query).all():
         tasks = held.get(agent.id, [])

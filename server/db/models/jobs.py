@@ -33,6 +33,9 @@ class Job(Base):
         Index("ix_jobs_state_created_id", "state", "created_at", "id"),
         # Retention walks finished jobs oldest first.
         Index("ix_jobs_finished_id", "finished_at", "id"),
+        # Every scheduler pass counts the waiting jobs and sums their priorities (the waiting-jobs cache's
+        # check), and reads the live holds: both from this index, not 10,000 rows of the table.
+        Index("ix_jobs_state_hold_priority", "state", "hold_until", "priority"),
         UniqueConstraint("submitted_by", "idempotency_key", name="uq_jobs_submitter_idempotency_key"),
     )
 

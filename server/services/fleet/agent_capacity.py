@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from mwms.server.db.models import Agent, Job, Task, utcnow
 from mwms.server.poison import contain
-from mwms.server.services.json_values import as_text, parsed
+from mwms.server.services.json_values import as_text, hashable, parsed
 from mwms.server.services.scheduler.placement import AgentCapacity
 from mwms.server.states import DEVICE_HOLDING_TASK_STATES, TaskState
 
@@ -51,7 +51,10 @@ def refused_ports_by_agent(session: Session, now: datetime) -> dict[str, set[int
 
 
 def capacities(
-    session: Session, now: datetime | None = None, connected: frozenset[str] | None = None
+    session: Session,
+    now: datetime | None = None,
+    connected: frozenset[str] | None = None,
+    memo: dict[Any, AgentCapacity] | None = None,
 ) -> list[AgentCapacity]:
     """What every online agent can offer now, net of the tasks it holds (their devices, and the memory their
     jobs asked per worker) and the ports it refused.
@@ -59,16 +62,20 @@ def capacities(
     `connected` (agent ids with a live session), when given, narrows the offer further: right after a
     coordinator start, agents count as online for a grace period before they have reconnected. Read as
     plain columns (no ORM objects): the scheduler asks on every pass, with up to thousands of agents.
+    `memo`: the scheduler process's AgentCapacity of each agent by the exact values it was built from (its
+    row, its tasks' raw devices and ports, its refused ports, its promised memory), so an agent whose values
+    are the same as last pass is not parsed again; what was read is always the database's (replaced by
+    this pass's agents).
     """
     now = now or utcnow()
-    held: dict[str, list[tuple[list[Any], int]]] = {}
+    held: dict[str, list[tuple[str, int]]] = {}  # agent id -> (device indices as stored, port) per task
     promised: dict[str, int] = {}  # agent id -> the memory_per_worker of the tasks holding its devices
     for agent_id, indices, port, memory in session.execute(
         select(Task.agent_id, as_text(Task.device_indices), Task.port, Job.memory_per_worker)
         .join(Job, Job.id == Task.job_id)
         .where(Task.state.in_(DEVICE_HOLDING_TASK_STATES))
     ):
-        held.setdefault(agent_id, []).append((parsed(indices), port))
+        held.setdefault(agent_id, []).append((hashable(indices), port))
         if memory:
             promised[agent_id] = promised.get(agent_id, 0) + int(memory)
     refused = refused_ports_by_agent(session, now)
@@ -86,29 +93,50 @@ def capacities(
         .order_by(Agent.name)
     ).all()
     result = []
-    for agent_id, name, address, devices_json, port_low, port_high, memory_bytes in rows:
+    kept: dict[Any, AgentCapacity] = {}
+    for row in rows:
+        agent_id = row[0]
         if connected is not None and agent_id not in connected:
             continue
-        try:
-            devices = parsed(devices_json)
-            tasks = held.get(agent_id, [])
-            busy = {int(i) for held_indices, _ in tasks for i in held_indices}
-            device_ids: tuple[int, ...] = tuple(int(d["index"]) for d in devices)
-            result.append(
-                AgentCapacity(
-                    agent_id=agent_id,
-                    name=name,
-                    address=address,
-                    device_kind=devices[0]["kind"] if devices else "cpu",
-                    all_devices=device_ids,
-                    free_devices=tuple(i for i in device_ids if i not in busy),
-                    port_low=port_low,
-                    port_high=port_high,
-                    used_ports=frozenset({port for _, port in tasks} | refused.get(agent_id, set())),
-                    memory_bytes=max(0, int(memory_bytes or 0)),
-                    memory_used=promised.get(agent_id, 0),
-                )
-            )
-        except Exception:  # noqa: BLE001 - one damaged agent row must not stall placement for everyone
-            contain(log, "agent_capacity", agent_id, f"agent {agent_id}")
+        tasks = tuple(held.get(agent_id, ()))
+        key = (
+            (*row[:3], hashable(row[3]), *row[4:]),
+            tasks,
+            frozenset(refused.get(agent_id, ())),
+            promised.get(agent_id, 0),
+        )
+        capacity = memo.get(key) if memo is not None else None
+        if capacity is None:
+            try:
+                capacity = _capacity(row, tasks, refused.get(agent_id, set()), promised.get(agent_id, 0))
+            except Exception:  # noqa: BLE001 - one damaged agent row must not stall placement for everyone
+                contain(log, "agent_capacity", agent_id, f"agent {agent_id}")
+                continue
+        kept[key] = capacity
+        result.append(capacity)
+    if memo is not None:
+        memo.clear()
+        memo.update(kept)
     return result
+
+
+def _capacity(
+    row: Any, tasks: tuple[tuple[str, int], ...], refused: set[int], promised: int
+) -> AgentCapacity:
+    agent_id, name, address, devices_json, port_low, port_high, memory_bytes = row
+    devices = parsed(devices_json)
+    busy = {int(i) for indices, _ in tasks for i in parsed(indices)}
+    device_ids: tuple[int, ...] = tuple(int(d["index"]) for d in devices)
+    return AgentCapacity(
+        agent_id=agent_id,
+        name=name,
+        address=address,
+        device_kind=devices[0]["kind"] if devices else "cpu",
+        all_devices=device_ids,
+        free_devices=tuple(i for i in device_ids if i not in busy),
+        port_low=port_low,
+        port_high=port_high,
+        used_ports=frozenset({port for _, port in tasks} | refused),
+        memory_bytes=max(0, int(memory_bytes or 0)),
+        memory_used=promised,
+    )

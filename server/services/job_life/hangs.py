@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Table, bindparam, or_, select, update
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session
 
 from mwms.server.db.models import Attempt, Job, Task, utcnow
 from mwms.server.services.job_life import attempt_endings
@@ -59,22 +59,32 @@ def hang_timeout(options: dict[str, Any], default_s: float) -> float | None:
 
 
 def running_attempts(session: Session, default_timeout_s: float) -> list[WatchedAttempt]:
-    """Every RUNNING job's active attempt with its tasks, in two queries."""
-    rows = session.execute(
-        select(Job.id, Job.options, Attempt)
+    """Every RUNNING job's active attempt with its tasks, in two queries of plain columns (no ORM objects:
+    the detector reads every few seconds, in the coordinator that also answers heartbeats)."""
+    running = (Job.state == JobState.RUNNING.value, Attempt.state == AttemptState.ACTIVE.value)
+    attempts = session.execute(
+        select(Job.id, Job.options, Attempt.id, Attempt.number)
         .join(Attempt, Attempt.job_id == Job.id)
-        .where(Job.state == JobState.RUNNING.value, Attempt.state == AttemptState.ACTIVE.value)
-        .options(selectinload(Attempt.tasks))
+        .where(*running)
     ).all()
+    tasks: dict[str, list[WatchedTask]] = {}
+    for attempt_id, task_id, started_at, progress_at in session.execute(
+        select(Task.attempt_id, Task.id, Task.started_at, Task.progress_at)
+        .join(Attempt, Attempt.id == Task.attempt_id)
+        .join(Job, Job.id == Attempt.job_id)
+        .where(*running)
+        .order_by(Task.attempt_id, Task.index)
+    ):
+        tasks.setdefault(attempt_id, []).append(WatchedTask(task_id, started_at, progress_at))
     return [
         WatchedAttempt(
             job_id=job_id,
-            attempt_id=attempt.id,
-            attempt=attempt.number,
+            attempt_id=attempt_id,
+            attempt=number,
             timeout_s=hang_timeout(options or {}, default_timeout_s),
-            tasks=[WatchedTask(t.id, t.started_at, t.progress_at) for t in attempt.tasks],
+            tasks=tasks.get(attempt_id, []),
         )
-        for job_id, options, attempt in rows
+        for job_id, options, attempt_id, number in attempts
     ]
 
 

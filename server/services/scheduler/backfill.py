@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from mwms.server.services.scheduler.free_capacity import Free, devices_of
+from mwms.server.services.scheduler.free_capacity import Free, changed, devices_of
 from mwms.server.services.scheduler.placement import place_gang, workers_fitting
 from mwms.server.services.scheduler.plan_parts import RunningJob
 from mwms.server.services.scheduler.queue_order import WaitingJob
@@ -81,11 +81,7 @@ def reserve(
                 continue
             release(r)
     offer = [
-        replace(
-            agent,
-            free_devices=tuple(sorted(sim[a])),
-            memory_used=max(0, free.memory_used[a] - freed[a]),
-        )
+        changed(agent, tuple(sorted(sim[a])), agent.used_ports, max(0, free.memory_used[a] - freed[a]))
         for a, agent in free.agents.items()
     ]
     tasks = place_gang(offer, job.workers, job.gpus_per_worker, rng, job.memory_per_worker)

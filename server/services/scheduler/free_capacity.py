@@ -11,9 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+from mwms.server.services.scheduler.fit_rules import AgentShape
 from mwms.server.services.scheduler.placement import (
     AgentCapacity,
     TaskPlacement,
+    agent_shapes,
     fitting_now,
     never_fits,
     workers_fitting,
@@ -62,14 +64,7 @@ class Free:
             if without and agent_id in without:
                 free -= without[agent_id]
             used = max(0, self.memory_used[agent_id] - (freeing or {}).get(agent_id, 0))
-            result.append(
-                replace(
-                    agent,
-                    free_devices=tuple(sorted(free)),
-                    used_ports=frozenset(self.ports[agent_id]),
-                    memory_used=used,
-                )
-            )
+            result.append(changed(agent, tuple(sorted(free)), self.ports[agent_id], used))
         return result
 
     def units(
@@ -87,6 +82,16 @@ class Free:
             else:
                 total += devices // per_worker
         return total
+
+
+def changed(
+    agent: AgentCapacity, free: tuple[int, ...], ports: frozenset[int] | set[int], memory_used: int
+) -> AgentCapacity:
+    """The agent with these free devices, used ports and used memory: itself when they are its own (most
+    agents, in a pass over thousands: a copy each is most of an offer's cost)."""
+    if free == agent.free_devices and ports is agent.used_ports and memory_used == agent.memory_used:
+        return agent
+    return replace(agent, free_devices=free, used_ports=frozenset(ports), memory_used=memory_used)
 
 
 def units(offer: Sequence[AgentCapacity], kind: str, per_worker: int, memory: int = 0) -> int:
@@ -119,12 +124,17 @@ class Idle:
         self.cordoned = list(cordoned)
         self.connecting = list(connecting)
         self._never: dict[tuple[str, int, int, int], str] = {}
+        self._shapes: list[AgentShape] | None = None  # the offer as never_fits sees it, built once
 
     def never(self, job: WaitingJob) -> str:
         """place_gang's own explanation when the job could not fit even on an idle cluster, else ''."""
         key = (job.kind, job.per_worker, job.workers, job.memory_per_worker)
         if key not in self._never:
-            result = never_fits(self.offer, job.workers, job.gpus_per_worker, job.memory_per_worker)
+            if self._shapes is None:
+                self._shapes = agent_shapes(self.offer)
+            result = never_fits(
+                self.offer, job.workers, job.gpus_per_worker, job.memory_per_worker, shapes=self._shapes
+            )
             self._never[key] = result.reason if result is not None else ""
         return self._never[key]
 

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from mwms.server.db.models import Attempt, Job, Preemption, Task
 from mwms.server.poison import contain
 from mwms.server.services.job_life.jobs import NEVER_S
-from mwms.server.services.json_values import as_text, parsed
+from mwms.server.services.json_values import as_text, hashable, parsed
 from mwms.server.services.scheduler.queue_order import WaitingJob
 from mwms.server.services.scheduler.queue_plan import RunningJob
 from mwms.server.states import DEVICE_HOLDING_TASK_STATES, JobState
@@ -142,11 +142,15 @@ def _seconds(value: Any) -> float | None:
     return float(value) if 0 < value <= NEVER_S else None
 
 
-def read_running(session: Session, now: datetime, policy: SharingPolicy) -> list[RunningJob]:
+def read_running(
+    session: Session, now: datetime, policy: SharingPolicy, memo: dict[Any, RunningJob] | None = None
+) -> list[RunningJob]:
     """Every job whose tasks hold devices, with when it ends and whether it may be preempted now.
 
     The tasks, then their jobs and attempts once each (not once per task), with only the option values
-    planning needs; a job whose row cannot be read is left out (and counted), not the pass.
+    planning needs; a job whose row cannot be read is left out (and counted), not the pass. `memo`: the
+    scheduler process's RunningJob of each job by the exact values it was built from (its rows as read
+    now, its preemptions, whether its minimum run time has passed), replaced by this pass's jobs.
     """
     tasks = session.execute(
         select(
@@ -154,26 +158,14 @@ def read_running(session: Session, now: datetime, policy: SharingPolicy) -> list
         ).where(Task.state.in_(DEVICE_HOLDING_TASK_STATES))
     ).all()
     if not tasks:
+        if memo is not None:
+            memo.clear()
         return []
-    job_ids = {t.job_id for t in tasks}
-    attempt_ids = {t.attempt_id for t in tasks}
-    job_rows = {
-        row[0]: row
-        for row in session.execute(
-            select(
-                Job.id,
-                Job.state,
-                Job.priority,
-                Job.team,
-                Job.preemptible,
-                _option(session, "preemption_grace_seconds"),
-                _option(session, "max_runtime_seconds"),
-                _option(session, "preempted_s"),
-                type_coerce(Job.started_at, String),
-                Job.memory_per_worker,
-            ).where(Job.id.in_(job_ids))
-        )
-    }
+    per_job: dict[str, list[tuple[Any, ...]]] = {}
+    for task in tasks:
+        per_job.setdefault(task[0], []).append((*task[:4], hashable(task[4])))
+    job_rows = {row[0]: row for row in session.execute(_running_jobs_query(session, set(per_job)))}
+    attempt_ids = {t[1] for t in tasks}
     attempts = {
         row[0]: row
         for row in session.execute(
@@ -183,33 +175,58 @@ def read_running(session: Session, now: datetime, policy: SharingPolicy) -> list
         )
     }
     recent, preempted_at = _preemptions(session, now)
-    devices: dict[str, dict[str, list[int]]] = {}
-    placed: dict[str, dict[str, int]] = {}  # job id -> agent id -> its tasks there
-    first: dict[str, Any] = {}
-    for task in tasks:
-        first.setdefault(task.job_id, task)
-        devices.setdefault(task.job_id, {}).setdefault(task.agent_id, []).extend(parsed(task[4]))
-        per_agent = placed.setdefault(task.job_id, {})
-        per_agent[task.agent_id] = per_agent.get(task.agent_id, 0) + 1
     result = []
-    for job_id, task in first.items():
+    kept: dict[Any, RunningJob] = {}
+    for job_id, raw in per_job.items():
         try:
-            result.append(
-                _running_job(
-                    job_rows[job_id],
-                    attempts[task.attempt_id],
-                    task.device_kind,
-                    devices[job_id],
-                    placed[job_id],
-                    now,
-                    policy,
-                    recent.get(job_id, 0),
-                    preempted_at.get(job_id),
-                )
-            )
+            job, attempt = job_rows[job_id], attempts[raw[0][1]]
+            count, since = recent.get(job_id, 0), preempted_at.get(job_id)
+            settled = (now - _aware(attempt[3])).total_seconds() >= policy.min_runtime_s
+            key = (tuple(job), tuple(attempt), tuple(raw), count, since, settled, policy)
+            running = memo.get(key) if memo is not None else None
+            if running is None:
+                running = _from_rows(job, attempt, raw, now, policy, count, since)
+            kept[key] = running
+            result.append(running)
         except Exception:  # noqa: BLE001 - one damaged row must not stall placement for everyone
             contain(log, "schedule_job", job_id, f"running job {job_id}")
+    if memo is not None:
+        memo.clear()
+        memo.update(kept)
     return result
+
+
+def _running_jobs_query(session: Session, job_ids: set[str]) -> Any:
+    return select(
+        Job.id,
+        Job.state,
+        Job.priority,
+        Job.team,
+        Job.preemptible,
+        _option(session, "preemption_grace_seconds"),
+        _option(session, "max_runtime_seconds"),
+        _option(session, "preempted_s"),
+        type_coerce(Job.started_at, String),
+        Job.memory_per_worker,
+    ).where(Job.id.in_(job_ids))
+
+
+def _from_rows(
+    job: Any,
+    attempt: Any,
+    tasks: list[tuple[Any, ...]],
+    now: datetime,
+    policy: SharingPolicy,
+    recent: int,
+    preempted_at: Any,
+) -> RunningJob:
+    """A RunningJob from its job and attempt rows and its tasks' (job, attempt, agent, kind, devices) rows."""
+    devices: dict[str, list[int]] = {}
+    placed: dict[str, int] = {}  # agent id -> its tasks there
+    for _, _, agent_id, _, indices in tasks:
+        devices.setdefault(agent_id, []).extend(parsed(indices))
+        placed[agent_id] = placed.get(agent_id, 0) + 1
+    return _running_job(job, attempt, tasks[0][3], devices, placed, now, policy, recent, preempted_at)
 
 
 def _preemptions(session: Session, now: datetime) -> tuple[dict[str, int], dict[str, Any]]:

@@ -45,7 +45,7 @@ def read_inputs(
     if not waiting:
         return PlanInputs(order=[], offer=[], cordoned=[], running=[], usage={}, quotas={}, now=now)
     cordoned_ids = set(session.scalars(select(Agent.id).where(Agent.cordoned_at.is_not(None))).all())
-    online = capacities(session, now)
+    online = capacities(session, now, memo=waiting_jobs.agents_memo if waiting_jobs is not None else None)
     # An agent is online from its registration, and offered from its stream on: between the two (a
     # fraction of a second, or a coordinator start's reconnect grace) a job waits for it to connect.
     offered = [a for a in online if connected is None or a.agent_id in connected]
@@ -56,7 +56,9 @@ def read_inputs(
     ]
     offer = [a for a in offered if a.agent_id not in cordoned_ids]
     cordoned = [a for a in offered if a.agent_id in cordoned_ids]
-    running = read_running(session, now, policy)
+    running = read_running(
+        session, now, policy, waiting_jobs.running_memo if waiting_jobs is not None else None
+    )
     usage = _usage(running)
     quotas = {q.team: {"gpu": q.gpus, "cpu": q.cpu_slots} for q in teams.quotas(session).values()}
     history = (

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from mwms.agent_references import AmbiguousAgent, UnknownAgent, resolve_agent_reference
@@ -191,13 +191,23 @@ def _no_capacity(
 
 
 def never_fits(
-    agents: list[AgentCapacity], workers: int, gpus_per_worker: int, memory_per_worker: int = 0
+    agents: list[AgentCapacity],
+    workers: int,
+    gpus_per_worker: int,
+    memory_per_worker: int = 0,
+    shapes: Sequence[AgentShape] | None = None,
 ) -> NoFit | None:
     """Why the gang could not fit the online agents even if every one were idle (services/scheduler/fit_rules.py),
-    phrased for a waiting job; None when it could."""
-    shapes = [AgentShape(a.name, a.device_kind, len(a.all_devices), a.memory_bytes) for a in agents]
+    phrased for a waiting job; None when it could. `shapes`: agent_shapes(agents), when the caller keeps them."""
+    if shapes is None:
+        shapes = agent_shapes(agents)
     misfit = fit_rules.never_fits(shapes, workers, gpus_per_worker, memory_per_worker)
     return None if misfit is None else NoFit(_waiting_reason(misfit, workers, memory_per_worker))
+
+
+def agent_shapes(agents: Sequence[AgentCapacity]) -> list[AgentShape]:
+    """The agents as fit_rules sees them: kind, devices and memory."""
+    return [AgentShape(a.name, a.device_kind, len(a.all_devices), a.memory_bytes) for a in agents]
 
 
 def _waiting_reason(misfit: Misfit, workers: int, memory: int) -> str:

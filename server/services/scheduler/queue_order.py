@@ -34,6 +34,7 @@ from mwms.server.services.scheduler.placement import devices_needed
 
 KINDS = ("gpu", "cpu")
 HOUR_S = 3600.0
+INFINITY = float("inf")
 
 
 @dataclass(slots=True)
@@ -93,7 +94,9 @@ def share_ratio(used: Mapping[str, int], share: Mapping[str, float]) -> float:
         if amount <= 0:
             continue
         part = share.get(kind, 0.0)
-        ratio = max(ratio, amount / part if part > 0 else float("inf"))
+        value = amount / part if part > 0 else INFINITY
+        if value > ratio:
+            ratio = value
     return ratio
 
 
@@ -141,17 +144,31 @@ def queue_order(
             for team, q in per_team.items()
         ]
         heapq.heapify(heap)
-        while heap:
-            _, _, _, team = heap[0]
-            queue = per_team[team]
-            job = queue.pop()
-            ordered.append(job)
-            used = projected.setdefault(team, {})
-            used[job.kind] = used.get(job.kind, 0) + job.need
-            if queue:
-                head = queue[-1]
-                key = standing[team] + share_ratio(used, team_shares[team])
-                heapq.heapreplace(heap, (key, head.created_at, head.job_id, team))
-            else:
-                heapq.heappop(heap)
+        _take_turns(heap, per_team, projected, standing, team_shares, ordered)
     return ordered
+
+
+def _take_turns(
+    heap: list[tuple[float, datetime, str, str]],
+    per_team: dict[str, list[WaitingJob]],
+    projected: dict[str, dict[str, int]],
+    standing: Mapping[str, float],
+    team_shares: Mapping[str, Mapping[str, float]],
+    ordered: list[WaitingJob],
+) -> None:
+    """One priority band's jobs into `ordered`, the team with the lowest key first (Turns); the loop runs
+    once per waiting job, so it keeps to local names."""
+    heapreplace, heappop, append = heapq.heapreplace, heapq.heappop, ordered.append
+    while heap:
+        team = heap[0][3]
+        queue = per_team[team]
+        job = queue.pop()
+        append(job)
+        used = projected.setdefault(team, {})
+        used[job.kind] = used.get(job.kind, 0) + job.need
+        if queue:
+            head = queue[-1]
+            key = standing[team] + share_ratio(used, team_shares[team])
+            heapreplace(heap, (key, head.created_at, head.job_id, team))
+        else:
+            heappop(heap)

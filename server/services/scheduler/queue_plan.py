@@ -169,7 +169,10 @@ class _Pass:
         if own_hold:
             waiting[job.job_id] = wait_reasons.preempting_for(job)
             return
-        if self.wait_for_connecting(job, own_hold) or self.preempt_for(job) or self.reserve_for(job):
+        # Each of these acts only while no job holds the reservation (most jobs of a long queue come after).
+        if self.reservation is None and (
+            self.wait_for_connecting(job, own_hold) or self.preempt_for(job) or self.reserve_for(job)
+        ):
             return
         waiting[job.job_id] = self.blocked(job)
 

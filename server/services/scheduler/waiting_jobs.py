@@ -8,6 +8,10 @@ jobs have one), reasons are updated in place when a pass writes them. Against an
 transactions that commit out of id order on PostgreSQL), the last REREAD_EVENTS events are looked at
 again every pass there; when the count of waiting jobs or the sum of their priorities is not what the cache
 holds, or every FULL_READ_S seconds, or after a gap in the events, everything is read afresh.
+
+It also carries the pass's memos of the agents' capacities and of the running jobs (agents_memo,
+running_memo): those rows are read every pass, and what was built from them is kept by the exact values
+read, so nothing there can go stale; only the parsing and building of unchanged rows is saved.
 """
 
 from __future__ import annotations
@@ -15,12 +19,15 @@ from __future__ import annotations
 from collections.abc import Hashable
 from dataclasses import replace
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from mwms.server.db.models import Job, JobEvent
 from mwms.server.services.scheduler import fair_share
+from mwms.server.services.scheduler.placement import AgentCapacity
+from mwms.server.services.scheduler.plan_parts import RunningJob
 from mwms.server.services.scheduler.queue_order import WaitingJob
 from mwms.server.services.scheduler.scheduling import WAITING_STATES, hold_of, read_holds, read_waiting
 
@@ -46,14 +53,19 @@ class WaitingJobs:
         # The queue order of the last pass, with the inputs it was made from (pass_inputs._ordered).
         self.order: tuple[Hashable, list[WaitingJob]] | None = None
         self._history: tuple[datetime, fair_share.PerTeam] | None = None
+        self._held: set[str] = set()  # jobs the cache holds with a hold
+        self._priorities: int | None = None  # the sum of the cached jobs' priorities; None: sum again
+        # What the pass built from the agents' and the running jobs' rows, by the exact values it was built
+        # from (agent_capacity.capacities, job_rows.read_running): rows read again each pass, and the same
+        # as last pass, are not parsed again.
+        self.agents_memo: dict[Any, AgentCapacity] = {}
+        self.running_memo: dict[Any, RunningJob] = {}
 
     def history(self, session: Session, now: datetime) -> fair_share.PerTeam:
         """The teams' fair-share usage (fair_share.read_history), read again every HISTORY_READ_S."""
         if self._history is None or not (0 <= (now - self._history[0]).total_seconds() < HISTORY_READ_S):
             self._history = (now, fair_share.read_history(session, now))
         return self._history[1]
-        self._held: set[str] = set()  # jobs the cache holds with a hold
-        self._priorities: int | None = None  # the sum of the cached jobs' priorities; None: sum again
 
     def read(self, session: Session, now: datetime) -> list[WaitingJob]:
         """The waiting jobs as of `session`, holds as of now."""
