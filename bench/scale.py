@@ -152,15 +152,23 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None or math.isinf(seconds) else round(seconds * 1000, 2)
 
 
-async def lost_agents(http: httpx.AsyncClient, sim: Simulator) -> dict[str, int]:
+async def lost_agents(http: httpx.AsyncClient, sim: Simulator) -> dict[str, Any]:
     """Agents of this simulator that the coordinator shows offline, and streams that broke on our side."""
     response = await http.get("/api/v1/agents", timeout=120)
     response.raise_for_status()
     names = {a.name for a in sim.agents}
-    offline = sum(1 for a in response.json() if a["name"] in names and not a["online"])
+    ours = [a for a in response.json() if a["name"] in names]
+    offline = [a for a in ours if not a["online"]]
     return {
-        "agents_lost": offline,
+        "agents_lost": len(offline),
+        "oldest_heartbeat": min((a["last_heartbeat_at"] or "" for a in ours), default=None),
         "agent_stream_errors": sum(len(a.stream_errors) for a in sim.agents),
+        # When some show offline: one of them as the API showed it, and when (what it says tells why).
+        "offline_sample": (
+            {"at": time.time(), "date": response.headers.get("date"), "agent": offline[0]}
+            if offline
+            else None
+        ),
     }
 
 
@@ -172,6 +180,10 @@ class OfflineWatch:
     def __init__(self, cluster: Cluster, sim: Simulator, interval_s: float = 2.0) -> None:
         self.cluster, self.sim, self.interval_s = cluster, sim, interval_s
         self.most = 0
+        self.sample: dict | None = None  # the poll that showed the most offline: when, and one of them
+        self.timeline: list[
+            tuple[float, int, str | None]
+        ] = []  # each poll: when, how many offline, oldest beat
         self.polls = 0
         self.errors = 0
         self._task: asyncio.Task[None] | None = None
@@ -188,14 +200,23 @@ class OfflineWatch:
         async with admin_client(self.cluster) as http:
             while True:
                 try:
-                    self.most = max(self.most, (await lost_agents(http, self.sim))["agents_lost"])
+                    seen = await lost_agents(http, self.sim)
+                    self.timeline.append(
+                        (round(time.time(), 2), seen["agents_lost"], seen["oldest_heartbeat"])
+                    )
+                    if seen["agents_lost"] > self.most:
+                        self.most, self.sample = seen["agents_lost"], seen["offline_sample"]
                     self.polls += 1
                 except httpx.HTTPError:
                     self.errors += 1
                 await asyncio.sleep(self.interval_s)
 
-    def figures(self) -> dict[str, int]:
-        return {"agents_offline_max_in_window": self.most, "offline_polls": self.polls}
+    def figures(self) -> dict[str, Any]:
+        figures: dict[str, Any] = {"agents_offline_max_in_window": self.most, "offline_polls": self.polls}
+        if self.sample is not None:
+            figures["offline_sample_in_window"] = self.sample
+            figures["offline_timeline"] = self.timeline
+        return figures
 
 
 class WriteProbe:
