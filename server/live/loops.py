@@ -98,6 +98,7 @@ class BackgroundLoops:
         # writer lock, and this replica's agents aged towards offline meanwhile.
         self._flush_thread = ThreadPoolExecutor(1, thread_name_prefix="mwms-flush")
         self._progress_write: asyncio.Task[None] | None = None
+        self._reconciling: asyncio.Task[None] | None = None  # the reconcile pass under way, if any
 
     def start(self) -> None:
         self._tasks = [
@@ -118,9 +119,10 @@ class BackgroundLoops:
             )
 
     async def stop(self) -> None:
-        for task in [*self._tasks, *self._rings]:
+        reconciling = [self._reconciling] if self._reconciling is not None else []
+        for task in [*self._tasks, *self._rings, *reconciling]:
             task.cancel()
-        await asyncio.gather(*self._tasks, *self._rings, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *self._rings, *reconciling, return_exceptions=True)
         if self.scheduler is not None:
             await self.scheduler.stop()
         try:
@@ -312,13 +314,36 @@ class BackgroundLoops:
         # made as of the moment they were taken: both writes may wait for the writer (a long telemetry
         # transaction), and that wait must not age every agent into "lost". With replicas, every replica
         # flushes what it heard every second, so the reconciler's replica judges from all of them.
+        # The reconcile runs apart from this loop: while it waits for the writer lock (behind a long write,
+        # another process's included) the flush goes on every second. When it waited inside this loop, no
+        # liveness was written meanwhile, and every agent read offline in the API after the agent timeout.
         taken_at = utcnow()
         await self.flush_liveness()
+        if self._reconciling is not None and not self._reconciling.done():
+            return  # the last reconcile still waits; the next tick after it ends starts one
+
+        started = time.monotonic()
+        led: list[float] = []
 
         async def one_pass() -> None:
+            led.append(time.monotonic())
             await self._reconcile(taken_at)
 
-        await self.passes.run("reconciler", one_pass)
+        async def reconcile_pass() -> None:
+            try:
+                await self.passes.run("reconciler", one_pass)
+                if led and time.monotonic() - started > SLOW_FLUSH_S:
+                    log.warning(
+                        "a reconcile pass took %.1f s (%.1f s waiting for the reconciler's lead, %.1f s "
+                        "reconciling)",
+                        time.monotonic() - started,
+                        led[0] - started,
+                        time.monotonic() - led[0],
+                    )
+            except Exception:  # noqa: BLE001 - logged; the next tick reconciles again
+                log.exception("reconciling failed")
+
+        self._reconciling = asyncio.create_task(reconcile_pass())
 
     async def _reconcile(self, taken_at: datetime) -> None:
 

@@ -197,6 +197,8 @@ def test_waiting_for_the_writer_does_not_age_liveness_on_postgres(postgres_url, 
         holding.wait(10)
         liveness.seen(agent.id)  # heard from now; the pass below waits 1.5 s for the writer
         await loops._flush_and_reconcile()
+        assert loops._reconciling is not None
+        await loops._reconciling  # the reconcile runs apart from the flush's loop
         holder.join()
 
     asyncio.run(one_pass())
