@@ -20,11 +20,12 @@ demo: install
 	$(BIN)/mwms quickstart
 
 # Two workers, a test module at a time on each (module-scoped clusters stay whole); ports and uids that
-# tests name are shifted per worker (testkit/mwms_testkit/parallel.py). TEST_WORKERS=0 runs in one process.
+# tests name are shifted per worker, and the longest modules go first, in the order tests/conftest.py gives
+# (testkit/mwms_testkit/parallel.py; not reordered by test count). TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
 
 test: install
-	$(BIN)/python -m pytest -ra --durations=30 -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -ra --durations=30 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 test-fast: install
 	$(BIN)/python -m pytest -ra --durations=15 tests/unit tests/integration $(PYTEST_ARGS)

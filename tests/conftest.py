@@ -25,6 +25,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     problems = tiers.collection_problems(items, TESTS)
     if problems:
         raise pytest.UsageError("tests in the wrong tier:\n  " + "\n  ".join(problems))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # Longest modules first, so the workers end together (mwms_testkit/parallel.py); stable, so each
+        # module keeps its tests' order. Every worker sorts the same way, as pytest-xdist requires.
+        items.sort(key=lambda item: parallel.schedule_rank(item.path.relative_to(TESTS).as_posix()))
 
 
 _ALONE_LOCK = (
