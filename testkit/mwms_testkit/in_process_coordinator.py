@@ -5,6 +5,7 @@ Test modules subclass InProcessCoordinator for the few helpers of their own."""
 
 from __future__ import annotations
 
+import asyncio
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,8 +15,13 @@ import grpc
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from mwms.server.app import create_app
+from mwms.server.app import create_app, replica_identity
 from mwms.server.db.engine import Database
+from mwms.server.live.hub import AgentHub
+from mwms.server.live.liveness import Liveness
+from mwms.server.live.loops import BackgroundLoops
+from mwms.server.live.pass_locks import PassLocks
+from mwms.server.live.task_progress import TaskProgress
 from mwms.server.services.auth.tokens import Role, create_api_token
 from mwms.server.settings import Settings
 from mwms.v1 import agent_pb2_grpc
@@ -62,3 +68,17 @@ class InProcessCoordinator:
     def register_agent(self, name: str, join_token: str, port_low: int = 20000) -> str:
         """Registers a one-CPU-slot agent over gRPC (no stream opened): its id."""
         return self.stub.Register(register_request(name, join_token, port_low=port_low), timeout=10).agent_id
+
+
+def background_loops(db: Database, settings: Settings, liveness: Liveness) -> BackgroundLoops:
+    """The coordinator's background loops on `db`, not started: a test drives their ticks itself. Call it
+    inside the running event loop."""
+    return BackgroundLoops(
+        db,
+        settings,
+        AgentHub(asyncio.get_running_loop(), db),
+        liveness,
+        replica=replica_identity(settings),
+        passes=PassLocks(db),
+        progress=TaskProgress(),
+    )

@@ -11,17 +11,13 @@ import asyncio
 from datetime import datetime
 from pathlib import Path
 
-from mwms.server.app import replica_identity
 from mwms.server.db.engine import Database
 from mwms.server.db.migrate import upgrade_to_head
 from mwms.server.db.models import Agent
-from mwms.server.live.hub import AgentHub
 from mwms.server.live.liveness import Liveness
-from mwms.server.live.loops import BackgroundLoops
-from mwms.server.live.pass_locks import PassLocks
-from mwms.server.live.task_progress import TaskProgress
 from mwms.server.services.fleet.agents import Registration, register_agent
 from mwms.server.settings import Settings
+from mwms_testkit.in_process_coordinator import background_loops
 
 
 def test_liveness_is_written_at_every_tick_while_a_reconcile_pass_waits(tmp_path: Path) -> None:
@@ -42,15 +38,7 @@ def test_liveness_is_written_at_every_tick_while_a_reconcile_pass_waits(tmp_path
 
     async def ticks() -> None:
         liveness = Liveness()
-        loops = BackgroundLoops(
-            db,
-            settings,
-            AgentHub(asyncio.get_running_loop(), db),
-            liveness,
-            replica=replica_identity(settings),
-            passes=PassLocks(db),
-            progress=TaskProgress(),
-        )
+        loops = background_loops(db, settings, liveness)
         release = asyncio.Event()
         reconciles: list[datetime] = []
 

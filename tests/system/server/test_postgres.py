@@ -11,15 +11,10 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import func, inspect, select
 
-from mwms.server.app import replica_identity
 from mwms.server.db.engine import Database
 from mwms.server.db.migrate import downgrade_to, upgrade_to_head
 from mwms.server.db.models import Agent, Base, Bundle, Job, LogLine, MetricPoint
-from mwms.server.live.hub import AgentHub
 from mwms.server.live.liveness import Liveness
-from mwms.server.live.loops import BackgroundLoops
-from mwms.server.live.pass_locks import PassLocks
-from mwms.server.live.task_progress import TaskProgress
 from mwms.server.schemas import JobCreate
 from mwms.server.services.fleet.agents import Registration, register_agent
 from mwms.server.services.job_life.jobs import cancel_job, create_job
@@ -33,6 +28,7 @@ from mwms.server.services.observing.telemetry import (
 )
 from mwms.server.services.scheduler.scheduling import schedule_pending
 from mwms.server.settings import Settings
+from mwms_testkit.in_process_coordinator import background_loops
 
 
 @pytest.fixture
@@ -183,15 +179,7 @@ def test_waiting_for_the_writer_does_not_age_liveness_on_postgres(postgres_url, 
 
     async def one_pass() -> None:
         liveness = Liveness()
-        loops = BackgroundLoops(
-            db,
-            settings,
-            AgentHub(asyncio.get_running_loop(), db),
-            liveness,
-            replica=replica_identity(settings),
-            passes=PassLocks(db),
-            progress=TaskProgress(),
-        )
+        loops = background_loops(db, settings, liveness)
         holder = threading.Thread(target=hold_the_writer)
         holder.start()
         holding.wait(10)
