@@ -1,4 +1,4 @@
-"""SQLite's writers take turns: an flock on a file beside the database, taken before BEGIN IMMEDIATE.
+"""SQLite's writers take turns, first come first served, across every process that writes the database file.
 
 SQLite has a writer that finds the write lock taken wait by polling: its busy handler sleeps 1, 2, 5, ...
 up to 100 ms between tries. A writer that holds the lock nearly all the time wins nearly every race:
@@ -8,17 +8,26 @@ liveness flush, POST /jobs) and the scheduler process's passes waited up to 1-2 
 next try happened to hit (bench/README.md, ingest: `api_write_p99_ms`).
 
 So every writer of a database file, in any process (the coordinator's threads, its scheduler and ingest
-processes), first takes its turn: an exclusive flock on `<database file>-writers`, reached through a
-door, an flock on `<database file>-writers.door` held only while waiting for the turn. A writer that
-gives its turn back and wants the next one finds the door held by the writer already waiting, so turns
-alternate, however short the gap between one writer's transactions: a transaction waits at most about
-as long as the one before it held the lock. Locks are tried every millisecond (STEP_S); the kernel frees
-them when their holder dies. The turn is advisory: a program that writes without it (the sqlite3 shell)
-meets SQLite's own locking, as before.
+processes), first takes a ticket and waits for the writer with the ticket before it to finish, a queue
+kept by the kernel's locks on `<database file>-writers`:
 
-Rules: a writer already holding its turn in this thread (a write inside a write) takes none, so it
-cannot wait on itself (SQLite's busy timeout then decides, as before); one that has waited MAX_WAIT_S
-goes on to SQLite's own locking (logged), rather than waiting forever on a holder that hangs.
+- tickets are numbered by a counter stored in the file's first 8 bytes, read and advanced under an flock
+  of the file (held for a few system calls);
+- a writer holds a lock on its ticket's byte (byte 8 + ticket, an open-file-description record lock,
+  which threads of one process hold apart) from taking the ticket to giving the turn back, and waits
+  until it can lock the byte of the ticket before its own: that writer has finished, or died (the kernel
+  frees its locks).
+
+Only the next writer watches a finishing writer's byte, so no writer can win a race against others waiting
+longer. (The queue before this one let the waiting writers race for a lock tried every millisecond: the
+coordinator's threads, which need the interpreter's lock to try, lost it to single-threaded processes for
+up to 13 s in bench/sharing.py's scale scenario.) The turn is advisory: a program that writes without it
+(the sqlite3 shell) meets SQLite's own locking, as before.
+
+Rules: a writer already holding its turn in this thread (a write inside a write) takes none, so it cannot
+wait on itself (SQLite's busy timeout then decides, as before); one that has waited MAX_WAIT_S for the
+writer before it goes on to SQLite's own locking (logged), rather than waiting forever on a holder that
+hangs. Where the system has no open-file-description locks (not Linux), writers take no turns.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -33,56 +43,74 @@ from contextlib import contextmanager
 from pathlib import Path
 
 log = logging.getLogger("mwms.server.db")
-STEP_S = 0.001
+STEP_S = 0.001  # how often the next writer tries the byte of the writer before it
 # As long as SQLite's own busy timeout (server/db/engine.py), after which a writer meets its locking.
 MAX_WAIT_S = 30.0
 SUFFIX = "-writers"
-DOOR_SUFFIX = "-writers.door"
+COUNTER = struct.Struct("<Q")
+FIRST_BYTE = COUNTER.size  # ticket t's byte is FIRST_BYTE + t
+_SET_LOCK = getattr(fcntl, "F_OFD_SETLK", None)  # Linux >= 3.15
 
 
 class WriteTurns:
     """The turns of the writers of one SQLite database file; none for an in-memory database."""
 
     def __init__(self, database_file: str | None) -> None:
-        on_disk = bool(database_file) and database_file != ":memory:"
+        on_disk = bool(database_file) and database_file != ":memory:" and _SET_LOCK is not None
         self.path = Path(f"{database_file}{SUFFIX}") if on_disk else None
-        self.door = Path(f"{database_file}{DOOR_SUFFIX}") if on_disk else None
         self._held = threading.local()
 
     @contextmanager
     def turn(self) -> Iterator[None]:
         """Holds this process's and thread's turn to write for the block (see the module's rules)."""
-        if self.path is None or self.door is None or getattr(self._held, "turn", False):
+        if self.path is None or getattr(self._held, "turn", False):
             yield
             return
-        deadline = time.monotonic() + MAX_WAIT_S
-        fd = _open(self.path)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            door = _open(self.door)
-            try:
-                if _take(door, deadline):
-                    _take(fd, deadline)
-            finally:
-                os.close(door)  # the next writer may wait at the turn now
+            ticket = take_ticket(fd)
+            if ticket > 0:
+                wait_for(fd, ticket - 1, time.monotonic() + MAX_WAIT_S)
             self._held.turn = True
             yield
         finally:
             self._held.turn = False
-            os.close(fd)  # gives the turn back
+            os.close(fd)  # frees this ticket's byte: the next writer's turn
 
 
-def _open(path: Path) -> int:
-    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+def take_ticket(fd: int) -> int:
+    """The next ticket, its byte locked by `fd` before any later ticket is handed out."""
+    fcntl.flock(fd, fcntl.LOCK_EX)  # held for the few calls below; the kernel queues the takers
+    try:
+        stored = os.pread(fd, COUNTER.size, 0)
+        ticket = COUNTER.unpack(stored)[0] if len(stored) == COUNTER.size else 0
+        os.pwrite(fd, COUNTER.pack(ticket + 1), 0)
+        if not _lock_byte(fd, ticket):
+            raise RuntimeError(f"ticket {ticket}'s byte is locked: another writer was handed the same ticket")
+        return ticket
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
 
 
-def _take(fd: int, deadline: float) -> bool:
-    """Locks `fd` (an flock), trying every STEP_S; False when `deadline` passed first (logged)."""
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                log.warning("no turn to write after %.0f s; going on to SQLite's own locking", MAX_WAIT_S)
-                return False
-            time.sleep(STEP_S)
+def wait_for(fd: int, ticket: int, deadline: float) -> bool:
+    """Waits until the writer holding `ticket` has finished; False when `deadline` passed first (logged)."""
+    while not _lock_byte(fd, ticket):
+        if time.monotonic() > deadline:
+            log.warning("no turn to write after %.0f s; going on to SQLite's own locking", MAX_WAIT_S)
+            return False
+        time.sleep(STEP_S)
+    return True
+
+
+def _lock_byte(fd: int, ticket: int) -> bool:
+    """Write-locks ticket's byte through `fd`'s open file description; False when another one holds it."""
+    # struct flock: l_type, l_whence, l_start, l_len, l_pid (0 for open-file-description locks), padding
+    assert _SET_LOCK is not None
+    request = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, FIRST_BYTE + ticket, 1, 0)
+    try:
+        fcntl.fcntl(fd, _SET_LOCK, request)
+    except BlockingIOError:
+        return False
+    except PermissionError:  # EACCES: some systems' word for the same conflict
+        return False
+    return True

@@ -1,6 +1,7 @@
 """SQLite's writers take turns (server/db/write_turns.py): a writer that waits behind another one holding the
 write lock in back-to-back transactions (as the ingest process does) gets it after about one of them, not
-whenever SQLite's polling busy handler happens to hit a gap. A real SQLite file, a real second process.
+whenever SQLite's polling busy handler happens to hit a gap; writers get their turns in the order they asked,
+whichever process or thread they write from. A real SQLite file, real other processes.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from mwms.server.db.engine import Database
+from mwms.server.db.write_turns import COUNTER, WriteTurns
 from mwms_testkit.cluster import wait_until
 
 HOLD_S = 0.05  # each of the other writer's transactions
@@ -73,11 +75,91 @@ def test_a_waiting_writer_gets_its_turn_between_back_to_back_transactions(db: Da
     wait_until(lambda: not alive(), RUN_S + 10, "the other writer's end")
 
 
-def test_turn_files_sit_beside_the_database_and_a_write_in_a_write_takes_none(db: Database) -> None:
+def test_turn_file_sits_beside_the_database_and_a_write_in_a_write_takes_none(db: Database) -> None:
     database_file = Path(db.engine.url.database or "")
     with db.write() as outer:
         outer.connection()
-        assert Path(f"{database_file}-writers").exists() and Path(f"{database_file}-writers.door").exists()
+        assert Path(f"{database_file}-writers").exists()
         # The same thread asking again does not wait on its own turn (SQLite's locking then decides).
         with db._turns.turn():
             pass
+
+
+WAITER = textwrap.dedent(
+    """
+    import sys, time
+    from mwms.server.db.write_turns import WriteTurns
+    with WriteTurns(sys.argv[1]).turn():
+        with open(sys.argv[2], "a") as order:
+            order.write(sys.argv[3] + "\\n")
+        time.sleep(0.02)
+    """
+)
+
+
+def tickets_taken(turns: WriteTurns) -> int:
+    assert turns.path is not None
+    return COUNTER.unpack(turns.path.read_bytes()[: COUNTER.size])[0]
+
+
+def test_writers_get_their_turns_in_the_order_they_asked_whichever_process_or_thread(tmp_path: Path) -> None:
+    """Three writers wait behind a fourth: two single-threaded processes and a thread of a process whose other
+    thread keeps the interpreter busy (as the coordinator's event loop does). Each gets its turn in the order it
+    asked, every time; before, they raced for a lock tried every millisecond and the busy process's thread lost."""
+    database_file = str(tmp_path / "turns.db")
+    turns = WriteTurns(database_file)
+    order_file = tmp_path / "order"
+    stop = threading.Event()
+
+    def busy() -> None:  # holds the interpreter's lock as long as it is let
+        while not stop.is_set():
+            sum(range(10_000))
+
+    def thread_waiter(name: str) -> None:
+        with turns.turn():
+            with order_file.open("a") as order:
+                order.write(name + "\n")
+            time.sleep(0.02)
+
+    asked = []
+    workers: list[threading.Thread | subprocess.Popen[bytes]] = []
+    threading.Thread(target=busy, daemon=True).start()
+    try:
+        with turns.turn():
+            for name in ["process-1", "thread-1", "process-2", "thread-2", "process-3"]:
+                before = tickets_taken(turns)
+                if name.startswith("thread"):
+                    thread = threading.Thread(target=thread_waiter, args=(name,), daemon=True)
+                    thread.start()
+                    workers.append(thread)
+                else:
+                    workers.append(
+                        subprocess.Popen([sys.executable, "-c", WAITER, database_file, str(order_file), name])
+                    )
+                wait_until(lambda before=before: tickets_taken(turns) > before, 30, f"{name}'s ticket")
+                asked.append(name)
+            assert not order_file.exists(), "a writer wrote while another held the turn"
+    finally:
+        for worker in workers:
+            if isinstance(worker, threading.Thread):
+                worker.join(30)
+            else:
+                assert worker.wait(30) == 0
+        stop.set()
+    assert order_file.read_text().split() == asked
+
+
+def test_a_writer_that_dies_waiting_or_writing_passes_its_turn_on(tmp_path: Path) -> None:
+    database_file = str(tmp_path / "turns.db")
+    turns = WriteTurns(database_file)
+    order_file = tmp_path / "order"
+    with turns.turn():
+        before = tickets_taken(turns)
+        killed = subprocess.Popen([sys.executable, "-c", WAITER, database_file, str(order_file), "killed"])
+        wait_until(lambda: tickets_taken(turns) > before, 30, "the doomed writer's ticket")
+        next_one = subprocess.Popen([sys.executable, "-c", WAITER, database_file, str(order_file), "next"])
+        wait_until(lambda: tickets_taken(turns) > before + 1, 30, "the next writer's ticket")
+        killed.kill()
+        killed.wait(30)
+    assert next_one.wait(30) == 0
+    assert order_file.read_text().split() == ["next"]
