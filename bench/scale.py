@@ -529,15 +529,24 @@ async def wait_until_readable(http: httpx.AsyncClient, tasks: list[Any]) -> None
 
 
 async def count_points(http: httpx.AsyncClient, task: Any) -> bool:
-    """True when one task's metric series through the API holds every acknowledged point exactly once."""
-    points = (
-        await http.get(
-            f"/api/v1/jobs/{task.job_id}/metrics",
-            params={"name": "loss", "attempt": task.attempt},  # a restarted job's next attempt counts anew
-            timeout=300,
-        )
-    ).json()
-    steps = [p["step"] for p in points["points"]]
+    """True when one task's metric series through the API holds every acknowledged point exactly once.
+
+    Read in storage order, a page at a time (the API pages at telemetry_reads.MAX_METRIC_POINTS_PER_PAGE)."""
+    steps: list[int] = []
+    after = 0
+    while True:
+        page = (
+            await http.get(
+                f"/api/v1/jobs/{task.job_id}/metrics",
+                # a restarted job's next attempt counts anew
+                params={"name": "loss", "attempt": task.attempt, "after": after},
+                timeout=300,
+            )
+        ).json()
+        steps += [p["step"] for p in page["points"]]
+        if not page["more"] or not page["points"]:
+            break
+        after = page["cursor"]
     return len(steps) == len(set(steps)) and set(range(1, task.acked_metric_seq + 1)) <= set(steps)
 
 
