@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from mwms.server.db import write_turns
 from mwms.server.db.engine import Database
 from mwms.server.db.write_turns import COUNTER, WriteTurns
 from mwms_testkit.cluster import wait_until
@@ -163,3 +164,44 @@ def test_a_writer_that_dies_waiting_or_writing_passes_its_turn_on(tmp_path: Path
         killed.wait(30)
     assert next_one.wait(30) == 0
     assert order_file.read_text().split() == ["next"]
+
+
+def test_a_writer_that_waited_too_long_goes_on_to_sqlites_own_locking(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(write_turns, "MAX_WAIT_S", 0.3)
+    turns = WriteTurns(str(tmp_path / "turns.db"))
+    went_on = threading.Event()
+
+    def waiter() -> None:
+        with turns.turn():
+            went_on.set()
+
+    with turns.turn():  # held past the waiter's patience: a holder that hangs
+        thread = threading.Thread(target=waiter, daemon=True)
+        thread.start()
+        assert went_on.wait(30), "the waiter still waits"
+    thread.join(30)
+    assert "no turn to write after" in caplog.text
+
+
+def test_waiting_writers_wait_in_the_kernel_not_by_trying(tmp_path: Path) -> None:
+    """A queue of waiting threads costs no CPU: each blocks until the writer before it finishes. (Trying
+    every millisecond took the interpreter's lock from the coordinator's event loop 32,000 times a second.)"""
+    turns = WriteTurns(str(tmp_path / "turns.db"))
+
+    def write() -> None:
+        with turns.turn():
+            pass
+
+    waiters = [threading.Thread(target=write, daemon=True) for _ in range(16)]
+    with turns.turn():
+        for waiter in waiters:
+            waiter.start()
+        wait_until(lambda: tickets_taken(turns) == 17, 30, "the waiters' tickets")
+        cpu_before = time.process_time()
+        time.sleep(1.0)
+        cpu_spent = time.process_time() - cpu_before
+    for waiter in waiters:
+        waiter.join(30)
+    assert cpu_spent < 0.1, f"16 waiting writers spent {cpu_spent:.2f} s of CPU in 1 s"
