@@ -23,6 +23,7 @@ from mwms.server.live.ingest_store import Decode, GroupStore, ThreadStore
 from mwms.server.live.liveness import Liveness
 from mwms.server.live.loops import BackgroundLoops
 from mwms.server.live.pass_locks import PassLocks
+from mwms.server.live.report_writer import ReportWriter
 from mwms.server.live.stack_collector import StackCollector
 from mwms.server.live.task_progress import TaskProgress
 from mwms.server.services.fleet.replicas import ReplicaIdentity
@@ -41,6 +42,7 @@ class Wiring:
     progress: TaskProgress  # hang detection's clock, fed by the telemetry writer
     telemetry: TelemetryWriter
     hellos: HelloWriter  # the agents' hellos, several to a transaction
+    reports: ReportWriter  # the agents' task reports, several to a transaction
     devices: DeviceTelemetryWriter  # also holds the newest device samples, for server/api/devices.py
     stacks: StackCollector  # stack dump requests waiting for the agents' answers
     hangs: HangDetector
@@ -63,6 +65,7 @@ class Wiring:
         self.hub.start()
         self.telemetry.start()
         self.hellos.start()
+        self.reports.start()
         self.devices.start()
         self.loops.start()
         self.hangs.start()
@@ -72,6 +75,7 @@ class Wiring:
         await self.hangs.stop()
         await self.telemetry.stop()
         await self.hellos.stop()
+        await self.reports.stop()
         await self.devices.stop()
         await self.hub.stop()
         await self.loops.stop()
@@ -117,6 +121,7 @@ def build_wiring(db: Database, settings: Settings, replica: ReplicaIdentity, dec
         progress=progress,
         telemetry=telemetry,
         hellos=HelloWriter(db, settings, replica.id, hub.wake, loops.poke),
+        reports=ReportWriter(db, settings.restart_backoff_s, hub.wake),
         devices=DeviceTelemetryWriter(db, settings, passes),
         stacks=stacks,
         hangs=HangDetector(db, settings, stacks, progress, hub.wake, loops.poke, passes=passes),

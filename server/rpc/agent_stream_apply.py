@@ -2,9 +2,9 @@
 
 A hello goes through the shared hello writer (server/live/hello_writer.py); log and metric batches through
 the shared telemetry writer (server/live/ingest.py), at most MAX_UNACKED_BATCHES of a stream at once, and
-are acknowledged in order once committed. Task reports and goodbyes are one transaction each, applied once
-the batches the agent sent before them are stored; the agents their changes give commands to are woken, and
-only those. A message that cannot be applied is contained (`_refuse`): a batch is acknowledged as refused,
+are acknowledged in order once committed. Task reports go through the shared report writer
+(server/live/report_writer.py), goodbyes are one transaction each, both applied once the batches the agent
+sent before them are stored; the agents their changes give commands to are woken, and only those. A message that cannot be applied is contained (`_refuse`): a batch is acknowledged as refused,
 so the agent drops it. Reading the stream and sending commands is server/rpc/agent_stream.py's.
 """
 
@@ -89,7 +89,6 @@ class MessageApplier:
             await self.context.write(message)
 
     async def _apply(self, message: pb.AgentMessage, body: str | None) -> None:
-        settings = self.settings
         wiring = self.wiring
         if body == "hello":
             if message.hello.agent_id and message.hello.agent_id != self.agent_id:
@@ -112,13 +111,11 @@ class MessageApplier:
             report = convert.task_report(message.task)
             if report is not None:
                 await self._after_batches()
-                replies = await self._write_tracked(
-                    agent_messages.accept_report,
-                    self.agent_id,
-                    report,
-                    backoff_base_s=settings.restart_backoff_s,
-                )
-                await self._reply(replies)
+                # Applied with the reports of other streams that came at the same time (a gang starting).
+                answer = await wiring.reports.submit(self.agent_id, report)
+                await self._reply(
+                    (answer, set())
+                )  # the writer woke the agents its transaction gave commands to
         elif body in ("logs", "metrics"):
             await self._submit_batch(message, body)
         elif body == "preflight":

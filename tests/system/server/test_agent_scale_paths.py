@@ -249,3 +249,32 @@ def test_telemetry_transactions_are_sized_to_hold_the_write_lock_briefly() -> No
     # Never so small that per-transaction costs dominate, and nothing measured yet means no bound but the largest.
     assert items_per_transaction(1_000, 10.0) == MIN_ITEMS_PER_TRANSACTION
     assert items_per_transaction(0, 0.0) == MAX_ITEMS_PER_TRANSACTION
+
+
+def test_task_reports_of_many_streams_share_transactions_and_each_is_answered(
+    cluster: tuple[Coordinator, Any],
+) -> None:
+    """A gang's agents report at once: their reports share transactions (server/live/report_writer.py), each
+    applied as it would be alone: the known tasks end, a task the coordinator does not know is stopped."""
+    coordinator, app = cluster
+    writer = app.state.wiring.reports
+    streams = []
+    for i in range(8):
+        agent_id, stream = coordinator.join(f"reporting-agent-{i}")
+        task = coordinator.running_job(agent_id)
+        hello(stream, agent_id, task)
+        streams.append((task, stream))
+    transactions = writer.transactions
+    for task, stream in streams:
+        stream.send(task=pb.TaskReport(task_id=task.id, state=pb.TASK_STATE_SUCCEEDED, exit_code=0, pid=4242))
+    unknown = "0" * 32
+    streams[0][1].send(task=pb.TaskReport(task_id=unknown, state=pb.TASK_STATE_RUNNING, pid=4243))
+    for task, stream in streams:
+        stream.next("ack", where=lambda ack, t=task: ack.task_id == t.id and ack.final_state)
+    streams[0][1].next("stop", where=lambda stop: stop.task_id == unknown)
+    with coordinator.db.read() as session:
+        states = session.scalars(select(Task.state).where(Task.id.in_([t.id for t, _ in streams]))).all()
+    assert sorted(states) == ["SUCCEEDED"] * 8
+    assert writer.transactions - transactions < 9, (writer.transactions - transactions, 9)
+    for _task, stream in streams:
+        stream.close()
