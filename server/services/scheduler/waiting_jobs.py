@@ -46,8 +46,10 @@ class WaitingJobs:
         self._last_event = 0
         self._full_at: datetime | None = None
         self._full_read = timedelta(seconds=full_read_s)
-        # Changes whenever a job, a hold or the set of waiting jobs changes (read() sets it).
+        # Changes whenever a waiting job, a hold or the set of waiting jobs changes (read() sets it); not
+        # for the events of other jobs (a placed gang's tasks starting): those made every pass plan again.
         self.version: Hashable = None
+        self._revision = 0  # counts the re-reads that changed a waiting job
         # The inputs key of the last pass when it decided nothing (server/services/scheduler/scheduling.py).
         self.quiet_key: Hashable = None
         # The queue order of the last pass, with the inputs it was made from (pass_inputs._ordered).
@@ -83,9 +85,11 @@ class WaitingJobs:
             ).all()
         )
         if changed:
-            for job_id in changed:
-                self._jobs.pop(job_id, None)
-            self._jobs.update({job.job_id: job for job in read_waiting(session, now, changed)})
+            before = {job_id: self._jobs.pop(job_id, None) for job_id in changed}
+            after = {job.job_id: job for job in read_waiting(session, now, changed)}
+            self._jobs.update(after)
+            if any(_differs(before[job_id], after.get(job_id)) for job_id in changed):
+                self._revision += 1
         self._last_event = newest
         count, priorities = session.execute(
             select(func.count(), func.coalesce(func.sum(Job.priority), 0)).where(
@@ -111,5 +115,12 @@ class WaitingJobs:
         jobs = list(self._jobs.values())
         held = tuple(sorted((j.job_id, tuple(sorted(j.hold.items()))) for j in jobs if j.hold))
         self._held = {job_id for job_id, _ in held}
-        self.version = (newest, len(jobs), self._full_at, held)
+        self.version = (self._revision, len(jobs), self._full_at, held)
         return jobs
+
+
+def _differs(before: WaitingJob | None, after: WaitingJob | None) -> bool:
+    """Whether a job's event changed what a pass plans with (or its reason, written by someone else)."""
+    if before is None or after is None:
+        return before is not after
+    return before != after or before.stored_reason != after.stored_reason

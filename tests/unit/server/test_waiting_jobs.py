@@ -8,6 +8,7 @@ from typing import Any
 from mwms.server.db.models import Job, utcnow
 from mwms.server.schemas import JobCreate
 from mwms.server.services.job_life.jobs import SubmitPolicy, cancel_job, create_job, set_priority
+from mwms.server.services.job_life.transitions import transition_job
 from mwms.server.services.scheduler.scheduling import SharingPolicy, read_waiting, schedule_pass
 from mwms.server.services.scheduler.waiting_jobs import WaitingJobs
 from mwms.server.states import JobState
@@ -94,4 +95,26 @@ def test_a_pass_that_decided_nothing_is_not_planned_again_until_something_change
     assert schedule_pass(db, waiting_jobs=cache)
     with db.read() as session:
         assert session.get(Job, second).state == JobState.SCHEDULED.value
+    db.dispose()
+
+
+def test_events_of_jobs_that_do_not_wait_leave_the_waiting_jobs_version_alone(tmp_path):
+    """A placed job's events (its tasks starting) change nothing a pass plans the
+    waiting jobs with: the version stays, so the next pass is not a full replan of every waiting job."""
+    db = seeded_database(tmp_path / "v.db", DIGEST, ("a-1",))
+    cache = WaitingJobs()
+    placed, waiting = submit(db), submit(db, workers=2)
+    assert schedule_pass(db, waiting_jobs=cache)
+    cached(db, cache)
+    version = cache.version
+    with db.write() as session:  # its tasks started: the job runs (an event)
+        job = session.get(Job, placed)
+        assert job is not None
+        transition_job(session, job, JobState.RUNNING, "all tasks running")
+    cached(db, cache)
+    assert cache.version == version
+    with db.write() as session:
+        set_priority(session, waiting, 700, by="u", policy=SubmitPolicy(), any_owner=True)
+    assert cached(db, cache)[waiting] == ("PENDING", 700)
+    assert cache.version != version
     db.dispose()
