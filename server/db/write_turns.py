@@ -104,11 +104,15 @@ def wait_for(path: Path, fd: int, ticket: int, timeout_s: float) -> bool:
     ended = threading.Event()
 
     def watch() -> None:
-        watcher = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         try:
-            _lock_byte(watcher, ticket, wait=True)
+            watcher = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+            try:
+                _lock_byte(watcher, ticket, wait=True)
+            finally:
+                os.close(watcher)  # nobody else waits for this byte: the lock is let go at once
+        except OSError as error:  # the file went away (its database with it): wait no longer
+            log.warning("could not wait for the writer before this one: %s", error)
         finally:
-            os.close(watcher)  # nobody else waits for this byte: the lock is let go at once
             ended.set()
 
     threading.Thread(target=watch, name="mwms-write-turn", daemon=True).start()
