@@ -4,7 +4,9 @@ A pass reads every agent's devices and every device-holding task's indices: thou
 values, most of them alike (`[{"kind": "cpu", "index": 0, ...}]`, `[0]`). SQLAlchemy's JSON type parses
 each one again on every read; reading the text (`as_text`) and parsing it through `parsed` keeps one
 parsed value per distinct text. The values returned are shared between callers: read them, never change
-them. A driver that parses JSON itself (psycopg) hands back the value, which passes through.
+them. The text is cast in SQL, so a driver that parses JSON itself (psycopg) hands back text too: on
+PostgreSQL a quiet pass parsed ~2,900 JSON values and wrote each back as text for its memo key (35 of its
+~52 ms).
 """
 
 from __future__ import annotations
@@ -13,15 +15,15 @@ import json
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import String, type_coerce
+from sqlalchemy import Text, cast
 from sqlalchemy.sql.elements import ColumnElement
 
 DISTINCT_VALUES = 4096
 
 
 def as_text(column: Any) -> ColumnElement[str]:
-    """The column as the driver returns it, without SQLAlchemy's JSON processing."""
-    return type_coerce(column, String)
+    """The column's JSON text, cast by the database (no parsing by the driver or by SQLAlchemy)."""
+    return cast(column, Text)
 
 
 @lru_cache(maxsize=DISTINCT_VALUES)

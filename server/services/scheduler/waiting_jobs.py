@@ -50,6 +50,7 @@ class WaitingJobs:
         # for the events of other jobs (a placed gang's tasks starting): those made every pass plan again.
         self.version: Hashable = None
         self._revision = 0  # counts the re-reads that changed a waiting job
+        self._seen_events: set[int] = set()  # the ids of the last window's events (PostgreSQL)
         # The inputs key of the last pass when it decided nothing (server/services/scheduler/scheduling.py).
         self.quiet_key: Hashable = None
         # The queue order of the last pass, with the inputs it was made from (pass_inputs._ordered).
@@ -76,14 +77,16 @@ class WaitingJobs:
         if stale:
             self._jobs = {job.job_id: job for job in read_waiting(session, now)}
             self._full_at, self._last_event, self._priorities = now, newest, None
+            self._seen_events = set()  # the next pass reads the window's jobs again, as before
             return self._current(newest)
         # SQLite has one writer, so events commit in id order and none can appear behind the newest seen.
         window = 0 if session.get_bind().dialect.name == "sqlite" else REREAD_EVENTS
-        changed = set(
-            session.scalars(
-                select(JobEvent.job_id).where(JobEvent.id > max(0, self._last_event - window))
-            ).all()
-        )
+        events = session.execute(
+            select(JobEvent.id, JobEvent.job_id).where(JobEvent.id > max(0, self._last_event - window))
+        ).all()
+        # Only events not seen before: the window's other events were read with their jobs already.
+        changed = {job_id for event_id, job_id in events if event_id not in self._seen_events}
+        self._seen_events = {event_id for event_id, _ in events}
         if changed:
             before = {job_id: self._jobs.pop(job_id, None) for job_id in changed}
             after = {job.job_id: job for job in read_waiting(session, now, changed)}

@@ -13,11 +13,12 @@ from sqlalchemy import func, inspect, select
 
 from mwms.server.db.engine import Database
 from mwms.server.db.migrate import downgrade_to, upgrade_to_head
-from mwms.server.db.models import Agent, Base, Bundle, Job, LogLine, MetricPoint
+from mwms.server.db.models import Agent, Base, Bundle, Job, LogLine, MetricPoint, utcnow
 from mwms.server.live.liveness import Liveness
 from mwms.server.schemas import JobCreate
 from mwms.server.services.fleet.agents import Registration, register_agent
-from mwms.server.services.job_life.jobs import cancel_job, create_job
+from mwms.server.services.job_life.jobs import SubmitPolicy, cancel_job, create_job, set_priority
+from mwms.server.services.json_values import as_text
 from mwms.server.services.observing.telemetry import (
     IncomingLine,
     IncomingPoint,
@@ -27,6 +28,7 @@ from mwms.server.services.observing.telemetry import (
     value_out,
 )
 from mwms.server.services.scheduler.scheduling import schedule_pending
+from mwms.server.services.scheduler.waiting_jobs import WaitingJobs
 from mwms.server.settings import Settings
 from mwms_testkit.in_process_coordinator import background_loops
 
@@ -194,3 +196,39 @@ def test_waiting_for_the_writer_does_not_age_liveness_on_postgres(postgres_url, 
         stored = session.get(Agent, agent.id)
         assert stored is not None and stored.lost_at is None, (stored.last_heartbeat_at, stored.lost_at)
     db.dispose()
+
+
+def test_the_waiting_jobs_cache_catches_an_event_committed_behind_a_newer_one_on_postgres(postgres_url):
+    """On PostgreSQL events can commit out of id order: an event that was not visible when the cache read
+    the newer one is still caught (the cache looks at the last events again and reads the jobs of those it
+    has not seen); the scheduler's hot reads get JSON columns as text, not parsed by the driver."""
+    pytest.importorskip("psycopg")
+    db = Database(postgres_url)
+    upgrade_to_head(db.engine)
+    with db.write() as session:
+        session.add(Bundle(digest="c" * 64, size=1, archive_format="tar.gz"))
+    first, second = (
+        _submit(db, JobCreate(bundle_digest="c" * 64, command=["python", "x.py"], workers=2))
+        for _ in range(2)
+    )
+    cache = WaitingJobs()
+    with db.read() as session:
+        assert {j.job_id for j in cache.read(session, utcnow())} == {first, second}
+    with db.write_unserialised() as slow:  # its event takes an id first, and commits last
+        set_priority(slow, first, 700, by="u", policy=SubmitPolicy(), any_owner=True)
+        slow.flush()
+        with db.write_unserialised() as fast:
+            set_priority(fast, second, 600, by="u", policy=SubmitPolicy(), any_owner=True)
+        with db.read() as session:
+            seen = {j.job_id: j.priority for j in cache.read(session, utcnow())}
+        assert seen == {first: 500, second: 600}, seen  # the slow one is not visible yet
+    with db.read() as session:
+        assert {j.job_id: j.priority for j in cache.read(session, utcnow())} == {first: 700, second: 600}
+        texts = session.scalars(select(as_text(Job.options))).all()
+    assert texts and all(isinstance(text, str) for text in texts), texts
+    db.dispose()
+
+
+def _submit(db: Database, spec: JobCreate) -> str:
+    with db.write() as session:
+        return create_job(session, spec, submitted_by="u").id
