@@ -149,24 +149,36 @@ def apply_preemption(
     return sorted(touched)
 
 
-def store_reasons(
-    session: Session, order: Iterable[WaitingJob], reasons: dict[str, dict[str, Any]], placed: set[str]
-) -> None:
-    """Writes each waiting job's typed reason (and its text as `reason`) where it changed, in one batch."""
+def reason_changes(
+    order: Iterable[WaitingJob], reasons: Mapping[str, dict[str, Any]], placed: set[str]
+) -> list[tuple[WaitingJob, dict[str, Any]]]:
+    """The PENDING jobs of `order` not `placed` whose reason in `reasons` is not the one stored (one look at
+    each of thousands of waiting jobs, so it keeps to local names)."""
+    pending = JobState.PENDING.value
+    get = reasons.get
     changes = []
     for job in order:
-        if job.job_id in placed or job.state != JobState.PENDING.value:
+        if job.state != pending:
             continue
-        reason = reasons.get(job.job_id)
-        if reason is None or job.stored_reason == reason["message"]:
-            continue
-        changes.append({"job": job.job_id, "new_waiting": reason, "new_reason": reason["message"]})
+        reason = get(job.job_id)
+        if reason is not None and job.stored_reason != reason["message"] and job.job_id not in placed:
+            changes.append((job, reason))
+    return changes
+
+
+def store_reasons(session: Session, changes: list[tuple[WaitingJob, dict[str, Any]]]) -> None:
+    """Writes each changed waiting job's typed reason (and its text as `reason`), from `reason_changes`, in
+    one batch."""
+    if not changes:
+        return
+    rows = []
+    for job, reason in changes:
+        rows.append({"job": job.job_id, "new_waiting": reason, "new_reason": reason["message"]})
         job.stored_reason = reason["message"]  # what a cached WaitingJob compares with next pass
-    if changes:
-        # Only jobs still PENDING: one cancelled since the pass read it keeps the reason it ended with.
-        statement = (
-            update(Job)
-            .where(Job.id == bindparam("job"), Job.state == JobState.PENDING.value)
-            .values(waiting=bindparam("new_waiting"), reason=bindparam("new_reason"))
-        )
-        session.connection().execute(statement, changes)
+    # Only jobs still PENDING: one cancelled since the pass read it keeps the reason it ended with.
+    statement = (
+        update(Job)
+        .where(Job.id == bindparam("job"), Job.state == JobState.PENDING.value)
+        .values(waiting=bindparam("new_waiting"), reason=bindparam("new_reason"))
+    )
+    session.connection().execute(statement, rows)

@@ -32,6 +32,7 @@ from mwms.server.services.scheduler.job_rows import read_holds as read_holds
 from mwms.server.services.scheduler.job_rows import read_running as read_running
 from mwms.server.services.scheduler.job_rows import read_waiting as read_waiting
 from mwms.server.services.scheduler.pass_inputs import read_inputs as read_inputs
+from mwms.server.services.scheduler.queue_order import WaitingJob
 from mwms.server.services.scheduler.queue_plan import Plan, PlanInputs, plan_pass
 from mwms.server.states import JobState
 
@@ -126,9 +127,10 @@ def schedule_pass(
         clock.lap("check")
     decided = plan is not None and bool(plan.placements or plan.preemptions)
     touched: list[str] = []
-    if plan is not None and (decided or _changed_reasons(inputs, plan)):
+    changes = plan_apply.reason_changes(inputs.order, plan.waiting, _placed(plan)) if plan is not None else []
+    if plan is not None and (decided or changes):
         with db.write() as session:
-            touched = apply_plan(session, inputs, plan, policy, now)
+            touched = apply_plan(session, inputs, plan, policy, now, changes)
     clock.lap("apply")
     if (
         waiting_jobs is not None
@@ -153,9 +155,15 @@ class _Phases:
 
 
 def apply_plan(
-    session: Session, inputs: PlanInputs, plan: Plan, policy: SharingPolicy, now: datetime
+    session: Session,
+    inputs: PlanInputs,
+    plan: Plan,
+    policy: SharingPolicy,
+    now: datetime,
+    changes: list[tuple[WaitingJob, dict[str, Any]]] | None = None,
 ) -> list[str]:
-    """Places, preempts and stores reasons as `plan` says; returns the agents that got tasks or stops."""
+    """Places, preempts and stores reasons as `plan` says; returns the agents that got tasks or stops.
+    `changes`: the reasons to store (plan_apply.reason_changes), when the caller has them already."""
     touched: set[str] = set()
     still_free = plan_apply.still_free(session, plan.placements, now)
     names = {agent.agent_id: agent.name for agent in inputs.offer}
@@ -175,15 +183,11 @@ def apply_plan(
             f"preemption for {decision.preemptor.job_id}",
         ):
             touched.update(plan_apply.apply_preemption(session, decision, policy, now))
-    placed = {p.job.job_id for p in plan.placements}
-    plan_apply.store_reasons(session, inputs.order, plan.waiting, placed)
+    if changes is None:
+        changes = plan_apply.reason_changes(inputs.order, plan.waiting, _placed(plan))
+    plan_apply.store_reasons(session, changes)
     return sorted(touched)
 
 
-def _changed_reasons(inputs: PlanInputs, plan: Plan) -> bool:
-    return any(
-        job.state == JobState.PENDING.value
-        and job.job_id in plan.waiting
-        and plan.waiting[job.job_id]["message"] != job.stored_reason
-        for job in inputs.order
-    )
+def _placed(plan: Plan) -> set[str]:
+    return {p.job.job_id for p in plan.placements}
