@@ -56,6 +56,17 @@ def _agent(coordinator: Coordinator, agent_id: str) -> Agent:
         return agent
 
 
+def streams_running_a_task(coordinator: Coordinator, prefix: str, count: int) -> list[tuple[Task, Any]]:
+    """`count` agents joined, each with a running task it said hello with: (task, stream) of each."""
+    streams = []
+    for i in range(count):
+        agent_id, stream = coordinator.join(f"{prefix}-{i}")
+        task = coordinator.running_job(agent_id)
+        hello(stream, agent_id, task)
+        streams.append((task, stream))
+    return streams
+
+
 def test_heartbeats_write_nothing_and_are_flushed_in_batches(cluster: tuple[Coordinator, Any]) -> None:
     coordinator, app = cluster
     agent_id, stream = coordinator.join("hb-agent")
@@ -174,12 +185,7 @@ def test_telemetry_of_many_streams_shares_transactions_and_is_stored_once(
 ) -> None:
     coordinator, app = cluster
     writer = app.state.wiring.telemetry
-    streams = []
-    for i in range(4):
-        agent_id, stream = coordinator.join(f"ingest-agent-{i}")
-        task = coordinator.running_job(agent_id)
-        hello(stream, agent_id, task)
-        streams.append((task, stream))
+    streams = streams_running_a_task(coordinator, "ingest-agent", 4)
     transactions = writer.transactions
     batches = 0
     for round_ in range(10):
@@ -258,12 +264,7 @@ def test_task_reports_of_many_streams_share_transactions_and_each_is_answered(
     applied as it would be alone: the known tasks end, a task the coordinator does not know is stopped."""
     coordinator, app = cluster
     writer = app.state.wiring.reports
-    streams = []
-    for i in range(8):
-        agent_id, stream = coordinator.join(f"reporting-agent-{i}")
-        task = coordinator.running_job(agent_id)
-        hello(stream, agent_id, task)
-        streams.append((task, stream))
+    streams = streams_running_a_task(coordinator, "reporting-agent", 8)
     transactions = writer.transactions
     for task, stream in streams:
         stream.send(task=pb.TaskReport(task_id=task.id, state=pb.TASK_STATE_SUCCEEDED, exit_code=0, pid=4242))
