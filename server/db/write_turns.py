@@ -22,8 +22,8 @@ Only the next writer watches a finishing writer's byte, so no writer can win a r
 longer. (The queue before this one let the waiting writers race for a lock tried every millisecond: the
 coordinator's threads, which need the interpreter's lock to try, lost it to single-threaded processes for
 up to 13 s in bench/sharing.py's scale scenario, and the trying took the interpreter's lock from its event
-loop.) The turn is advisory: a program that writes without it
-(the sqlite3 shell) meets SQLite's own locking, as before.
+loop.) The turn is advisory: a program that writes without it (the sqlite3 shell) meets SQLite's own
+locking, as before.
 
 Rules: a writer already holding its turn in this thread (a write inside a write) takes none, so it cannot
 wait on itself (SQLite's busy timeout then decides, as before); one that has waited MAX_WAIT_S for the

@@ -15,7 +15,6 @@ Each item's future holds its outcome once committed; the agents the transaction 
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -27,7 +26,6 @@ from mwms.server.live import outcomes as outcomes_of
 from mwms.server.poison import is_transient
 from mwms.server.services.fleet.command_targets import track_command_targets
 
-log = logging.getLogger("mwms.server.rpc")
 Item = TypeVar("Item")
 Outcome = TypeVar("Outcome")
 

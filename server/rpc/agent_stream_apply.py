@@ -4,8 +4,9 @@ A hello goes through the shared hello writer (server/live/hello_writer.py); log 
 the shared telemetry writer (server/live/ingest.py), at most MAX_UNACKED_BATCHES of a stream at once, and
 are acknowledged in order once committed. Task reports go through the shared report writer
 (server/live/report_writer.py), goodbyes are one transaction each, both applied once the batches the agent
-sent before them are stored; the agents their changes give commands to are woken, and only those. A message that cannot be applied is contained (`_refuse`): a batch is acknowledged as refused,
-so the agent drops it. Reading the stream and sending commands is server/rpc/agent_stream.py's.
+sent before them are stored; the agents their changes give commands to are woken, and only those. A
+message that cannot be applied is contained (`_refuse`): a batch is acknowledged as refused, so the agent
+drops it. Reading the stream and sending commands is server/rpc/agent_stream.py's.
 """
 
 from __future__ import annotations
@@ -111,11 +112,10 @@ class MessageApplier:
             report = convert.task_report(message.task)
             if report is not None:
                 await self._after_batches()
-                # Applied with the reports of other streams that came at the same time (a gang starting).
+                # Applied with the reports of other streams that came at the same time (a gang starting);
+                # the writer woke the agents its transaction gave commands to.
                 answer = await wiring.reports.submit(self.agent_id, report)
-                await self._reply(
-                    (answer, set())
-                )  # the writer woke the agents its transaction gave commands to
+                await self._reply((answer, set()))
         elif body in ("logs", "metrics"):
             await self._submit_batch(message, body)
         elif body == "preflight":

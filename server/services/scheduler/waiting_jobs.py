@@ -78,7 +78,7 @@ class WaitingJobs:
             self._jobs = {job.job_id: job for job in read_waiting(session, now)}
             self._full_at, self._last_event, self._priorities = now, newest, None
             self._seen_events = set()  # the next pass reads the window's jobs again, as before
-            return self._current(newest)
+            return self._current()
         # SQLite has one writer, so events commit in id order and none can appear behind the newest seen.
         window = 0 if session.get_bind().dialect.name == "sqlite" else REREAD_EVENTS
         events = session.execute(
@@ -105,16 +105,16 @@ class WaitingJobs:
             # Something changed without an event the cache saw: read them all.
             self._jobs = {job.job_id: job for job in read_waiting(session, now)}
             self._full_at, self._priorities = now, None
-            return self._current(newest)
+            return self._current()
         holds = read_holds(session, now)
         for job_id in set(holds) | self._held:  # a hold given, changed or ended
             job = self._jobs.get(job_id)
             hold = hold_of(holds.get(job_id))
             if job is not None and hold != job.hold:
                 self._jobs[job_id] = replace(job, hold=hold)
-        return self._current(newest)
+        return self._current()
 
-    def _current(self, newest: int) -> list[WaitingJob]:
+    def _current(self) -> list[WaitingJob]:
         jobs = list(self._jobs.values())
         held = tuple(sorted((j.job_id, tuple(sorted(j.hold.items()))) for j in jobs if j.hold))
         self._held = {job_id for job_id, _ in held}
