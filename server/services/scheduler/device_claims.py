@@ -8,9 +8,9 @@ again fails on the primary key, and that placement alone is dropped (server/serv
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -18,23 +18,22 @@ from mwms.server.db.models import DeviceClaim, Task
 from mwms.server.states import DEVICE_HOLDING_TASK_STATES
 
 
-def claim(session: Session, tasks: Iterable[Task]) -> None:
-    """Claims the devices of `tasks` (flushed: raises IntegrityError when one is held).
+def claim(session: Session, claims: Sequence[tuple[str, int, str]]) -> None:
+    """Claims devices, as (agent id, device index, task id); raises IntegrityError when one is held.
 
     A claim whose task no longer holds devices (a state written without transition_task) is dropped
     first, so a missed release can never keep a device from being given again."""
-    tasks = list(tasks)
-    agents = {task.agent_id for task in tasks}
+    if not claims:
+        return
+    agents = {agent_id for agent_id, _, _ in claims}
     ended = select(Task.id).where(Task.agent_id.in_(agents), Task.state.not_in(DEVICE_HOLDING_TASK_STATES))
     session.execute(
         delete(DeviceClaim).where(DeviceClaim.agent_id.in_(agents), DeviceClaim.task_id.in_(ended))
     )
-    session.add_all(
-        DeviceClaim(agent_id=task.agent_id, device_index=int(index), task_id=task.id)
-        for task in tasks
-        for index in task.device_indices
+    session.execute(
+        insert(DeviceClaim),
+        [{"agent_id": a, "device_index": i, "task_id": t} for a, i, t in claims],
     )
-    session.flush()
 
 
 def release(session: Session, task: Task) -> None:
