@@ -64,10 +64,13 @@ class WaitingJob:
     kind: str = field(init=False, compare=False)  # "gpu" or "cpu"
     per_worker: int = field(init=False, compare=False)  # devices one worker takes
     need: int = field(init=False, compare=False)  # devices of its kind the whole gang takes
+    # What a pass's fit for it depends on besides the pass's state: jobs alike in it fare alike.
+    fit: tuple[Any, ...] = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
         self.kind, self.per_worker = devices_needed(self.gpus_per_worker)
         self.need = self.workers * self.per_worker
+        self.fit = (self.kind, self.per_worker, self.workers, self.memory_per_worker, self.max_runtime_s)
 
 
 def shares(

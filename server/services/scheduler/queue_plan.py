@@ -45,6 +45,7 @@ from mwms.server.services.scheduler.queue_order import WaitingJob
 # could not fit even on an idle cluster gets none): each is a few placement tries.
 MAX_PREEMPTION_SEARCHES = 3
 MAX_RESERVATION_TRIES = 3
+_NO_QUOTA: Mapping[str, int | None] = {}
 
 
 @dataclass
@@ -97,6 +98,10 @@ class _Pass:
         self.cache: dict[tuple[Any, ...], int] = {}
         self.reservation_tries = 0
         self.reasons: dict[tuple[Any, ...], dict[str, Any]] = {}
+        # Once a job holds the reservation, holds and the reservation stay as they are for the rest of
+        # the pass: a plain job (no hold, within quota) that does not fit is told what the last job of
+        # its fit was, until a placement changes what is free. Most of a long queue is decided here.
+        self.settled: dict[tuple[int, tuple[Any, ...]], dict[str, Any]] = {}
         self.idle = Idle(inputs.offer, inputs.cordoned, inputs.connecting)
 
     def blocked_for(self, job: WaitingJob) -> dict[str, set[int]]:
@@ -150,16 +155,25 @@ class _Pass:
         if job.state != "PENDING":
             waiting[job.job_id] = wait_reasons.not_placeable(job.state)
             return
-        in_use = self.usage.get(job.team, {}).get(job.kind, 0)
-        limit = self.inputs.quotas.get(job.team, {}).get(job.kind)
-        over_quota = limit is not None and in_use + job.need > limit
-        if over_quota and limit is not None and not job.preemptible:
-            waiting[job.job_id] = wait_reasons.over_quota(job, in_use, limit, borrowable=False)
-            return
+        limit = self.inputs.quotas.get(job.team, _NO_QUOTA).get(job.kind)
+        in_use, over_quota = 0, False
+        if limit is not None:
+            in_use = self.usage.get(job.team, {}).get(job.kind, 0)
+            over_quota = in_use + job.need > limit
+            if over_quota and not job.preemptible:
+                waiting[job.job_id] = wait_reasons.over_quota(job, in_use, limit, borrowable=False)
+                return
         if job.pinned:
             self.place_pinned(job, job.pinned, over_quota)
             return
         own_hold = job.job_id in self.holds
+        settled = None
+        if self.reservation is not None and not (own_hold or over_quota):
+            settled = (self.free.version, job.fit)
+            reason = self.settled.get(settled)
+            if reason is not None:
+                waiting[job.job_id] = reason
+                return
         if self.place(job, own_hold, over_quota):
             return
         if over_quota and limit is not None:
@@ -174,7 +188,9 @@ class _Pass:
             self.wait_for_connecting(job, own_hold) or self.preempt_for(job) or self.reserve_for(job)
         ):
             return
-        waiting[job.job_id] = self.blocked(job)
+        reason = waiting[job.job_id] = self.blocked(job)
+        if settled is not None:
+            self.settled[settled] = reason
 
     def place_pinned(self, job: WaitingJob, pins: Sequence[str], over_quota: bool) -> None:
         """Places the job on the agents it pins, or says why it cannot."""

@@ -315,3 +315,67 @@ def test_restarting_and_preempted_jobs_wait_without_being_placed():
     result = plan([waiting("r", state="RESTARTING"), waiting("p", state="PREEMPTING")], [agent("a1", 2)])
     assert placed(result) == []
     assert (result.waiting["r"]["kind"], result.waiting["p"]["kind"]) == ("backoff", "preempted")
+
+
+# -- settled reasons --------------------------------------------------------------------------------------
+
+
+class _Forgets(dict):
+    """A memo that keeps nothing: every job is decided in full."""
+
+    def __setitem__(self, key, value) -> None:
+        pass
+
+
+def test_jobs_decided_from_their_fits_settled_reason_fare_as_if_each_were_decided_in_full():
+    # Random clusters and queues: gangs that reserve, short jobs that backfill (a placement changes what
+    # is free), quotas, holds, jobs that could never fit. The plan is the same with and without the memo.
+    from mwms.server.services.scheduler.queue_plan import _Pass
+
+    for seed in range(60):
+        rng = random.Random(seed)
+        offer = [agent(f"a{i}", slots=2, free=rng.choice([(), (0,), (0, 1)])) for i in range(8)]
+        run = [
+            running(
+                f"r{i}",
+                {a.agent_id: tuple(d for d in (0, 1) if d not in a.free_devices)},
+                team=rng.choice("tu"),
+                ends_in_s=rng.choice([None, 5, 50]),
+            )
+            for i, a in enumerate(offer)
+            if len(a.free_devices) < 2
+        ]
+        order = [
+            waiting(
+                f"j{i}",
+                workers=rng.choice([1, 1, 2, 3, 6, 20]),
+                team=rng.choice("tuv"),
+                age_s=100 - i,
+                preemptible=rng.random() < 0.5,
+                max_runtime_s=rng.choice([None, None, 1, 30]),
+            )
+            for i in range(40)
+        ]
+        quotas = {"v": {"gpu": None, "cpu": rng.choice([1, 4])}}
+        usage: dict[str, dict[str, int]] = {}
+        for r in run:
+            usage.setdefault(r.team, {"gpu": 0, "cpu": 0})[r.kind] += r.size
+        inputs = PlanInputs(
+            order=order, offer=offer, cordoned=[], running=run, usage=usage, quotas=quotas, now=NOW
+        )
+        plans = []
+        for memo in (None, _Forgets()):
+            state = _Pass(PlanInputs(**{**inputs.__dict__, "rng": random.Random(seed)}))
+            if memo is not None:
+                state.settled = memo
+            for job in order:
+                state.decide(job)
+            plans.append(state.plan)
+        with_memo, in_full = plans
+        assert [(p.job.job_id, p.tasks) for p in with_memo.placements] == [
+            (p.job.job_id, p.tasks) for p in in_full.placements
+        ], seed
+        assert with_memo.waiting == in_full.waiting, seed
+        assert [d.preemptor.job_id for d in with_memo.preemptions] == [
+            d.preemptor.job_id for d in in_full.preemptions
+        ], seed
