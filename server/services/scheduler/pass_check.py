@@ -24,6 +24,7 @@ import os
 import random
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from prometheus_client import Counter
 
@@ -137,7 +138,7 @@ def violations(inputs: PlanInputs, plan: Plan) -> list[Violation]:
     names = {a.agent_id: a.name for a in everything.agents}
     offered = {a.agent_id for a in inputs.offer}
     found: list[Violation] = []
-    seen: dict[tuple[str, int, int, int], tuple[bool, list[str] | None]] = {}
+    seen: dict[tuple[Any, ...], tuple[bool, list[str] | None]] = {}
     for job in inputs.order:
         if job.state != "PENDING" or job.pinned or job.job_id in placed:
             continue
@@ -145,11 +146,11 @@ def violations(inputs: PlanInputs, plan: Plan) -> list[Violation]:
         kind = reason.get("kind")
         if kind in HELD_BACK:
             continue  # the reason names the quota, reservation or hold that keeps it
-        shape = (job.kind, job.per_worker, job.workers, job.memory_per_worker)
-        if shape not in seen:
+        known = seen.get(job.fit)  # by its fit: the shape, and a max_runtime that does not matter here
+        if known is None:
             placed_on = offer.fits(job)
-            seen[shape] = (placed_on is not None, placed_on or everything.fits(job))
-        fits_offer, agents = seen[shape]
+            known = seen[job.fit] = (placed_on is not None, placed_on or everything.fits(job))
+        fits_offer, agents = known
         if agents is None or (kind == "connecting" and not fits_offer):
             continue  # fits nowhere, or only once agents connect, which its reason says
         unoffered = tuple(names[a] for a in agents if a not in offered)

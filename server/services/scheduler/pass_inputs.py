@@ -119,7 +119,7 @@ def _ordered(
     cached = waiting_jobs.order
     if cached is not None and cached[0] == key:
         return cached[1]
-    order = queue_order(waiting, usage, totals, quotas, history)
+    order = queue_order(waiting, usage, totals, quotas, history, memo=waiting_jobs.team_runs)
     waiting_jobs.order = (key, order)
     return order
 

@@ -24,7 +24,7 @@ is the dominant share now alone: fair share by current use.
 
 from __future__ import annotations
 
-import heapq
+import operator
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -115,63 +115,82 @@ def standing_hours(history: Mapping[str, float], share: Mapping[str, float]) -> 
     return hours
 
 
+# One team's jobs in the order it takes its turns, each with the key it is taken at: (-priority, key,
+# created_at, job_id, job), increasing. A team's run depends on its own jobs, use, share and standing only.
+Run = list[tuple[int, float, datetime, str, WaitingJob]]
+# What queue_order keeps between calls when given one: per team, what its run was built from, and the run.
+TeamRuns = dict[str, tuple[tuple[Any, ...], list[WaitingJob], Run]]
+
+
 def queue_order(
     waiting: Iterable[WaitingJob],
     usage: Mapping[str, Mapping[str, int]],
     totals: Mapping[str, int],
     quotas: Mapping[str, Mapping[str, int | None]],
     history: Mapping[str, Mapping[str, float]] | None = None,
+    memo: TeamRuns | None = None,
 ) -> list[WaitingJob]:
     """Every waiting job in the order the scheduler considers them (see the module docstring).
 
     `usage`: devices each team holds now; `history`: each team's decayed past use in device-seconds, by
-    team then kind (fair_share.read_history), taken as it is."""
+    team then kind (fair_share.read_history), taken as it is. `memo` (the scheduler's, kept between
+    passes): each team's run by what it was built from, so a pass orders again only the teams whose jobs,
+    use, share or standing changed (a placed gang changes one team's).
+
+    Turns as a merge: within a band a team's key only grows as its jobs are taken, and later bands start
+    from what it took in earlier ones, so each team's run is increasing and taking the lowest head of all
+    teams' runs, one job at a time, is sorting their union."""
     jobs = list(waiting)
     team_shares = shares([j.team for j in jobs] + list(usage), totals, quotas)
     history = history or {}
-    standing = {team: standing_hours(history.get(team, {}), share) for team, share in team_shares.items()}
-    projected = {team: dict(used) for team, used in usage.items()}
-    bands: dict[int, dict[str, list[WaitingJob]]] = {}
-    for job in sorted(jobs, key=lambda j: (j.created_at, j.job_id), reverse=True):
-        bands.setdefault(job.priority, {}).setdefault(job.team, []).append(job)  # oldest last: pop()
-    ordered: list[WaitingJob] = []
-    for priority in sorted(bands, reverse=True):
-        per_team = bands[priority]
-        heap = [
-            (
-                standing[team] + share_ratio(projected.get(team, {}), team_shares[team]),
-                q[-1].created_at,
-                q[-1].job_id,
-                team,
-            )
-            for team, q in per_team.items()
-        ]
-        heapq.heapify(heap)
-        _take_turns(heap, per_team, projected, standing, team_shares, ordered)
-    return ordered
-
-
-def _take_turns(
-    heap: list[tuple[float, datetime, str, str]],
-    per_team: dict[str, list[WaitingJob]],
-    projected: dict[str, dict[str, int]],
-    standing: Mapping[str, float],
-    team_shares: Mapping[str, Mapping[str, float]],
-    ordered: list[WaitingJob],
-) -> None:
-    """One priority band's jobs into `ordered`, the team with the lowest key first (Turns); the loop runs
-    once per waiting job, so it keeps to local names."""
-    heapreplace, heappop, append = heapq.heapreplace, heapq.heappop, ordered.append
-    while heap:
-        team = heap[0][3]
-        queue = per_team[team]
-        job = queue.pop()
-        append(job)
-        used = projected.setdefault(team, {})
-        used[job.kind] = used.get(job.kind, 0) + job.need
-        if queue:
-            head = queue[-1]
-            key = standing[team] + share_ratio(used, team_shares[team])
-            heapreplace(heap, (key, head.created_at, head.job_id, team))
+    per_team: dict[str, list[WaitingJob]] = {}
+    for job in sorted(jobs, key=_age):
+        per_team.setdefault(job.team, []).append(job)
+    merged: Run = []
+    kept: TeamRuns = {}
+    for team, queue in per_team.items():
+        queue.sort(key=_priority, reverse=True)  # stable: oldest first within a priority
+        share = team_shares[team]
+        standing = standing_hours(history.get(team, {}), share)
+        used = usage.get(team, {})
+        built_from = (standing, tuple(share.items()), tuple(sorted(used.items())))
+        cached = memo.get(team) if memo is not None else None
+        if cached is not None and cached[0] == built_from and _same_jobs(cached[1], queue):
+            run = cached[2]
         else:
-            heappop(heap)
+            run = _run(queue, standing, used, share)
+        kept[team] = (built_from, queue, run)
+        merged += run
+    if memo is not None:
+        memo.clear()
+        memo.update(kept)
+    merged.sort()  # the runs are sorted already: this merges them
+    return [entry[4] for entry in merged]
+
+
+def _age(job: WaitingJob) -> tuple[datetime, str]:
+    return job.created_at, job.job_id
+
+
+def _priority(job: WaitingJob) -> int:
+    return job.priority
+
+
+def _same_jobs(before: list[WaitingJob], now: list[WaitingJob]) -> bool:
+    """The same job objects (a job read again is a new object, even when equal: its stored reason may
+    differ, and the order hands out these objects)."""
+    return len(before) == len(now) and all(map(operator.is_, before, now))
+
+
+def _run(
+    queue: list[WaitingJob], standing: float, used: Mapping[str, int], share: Mapping[str, float]
+) -> Run:
+    """The team's jobs (by priority, then age) with the key each is taken at: its holding grows by what
+    each job needs, as if it were placed (Turns)."""
+    projected = dict(used)
+    run: Run = []
+    append = run.append
+    for job in queue:
+        append((-job.priority, standing + share_ratio(projected, share), job.created_at, job.job_id, job))
+        projected[job.kind] = projected.get(job.kind, 0) + job.need
+    return run

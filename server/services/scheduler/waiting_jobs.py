@@ -28,7 +28,7 @@ from mwms.server.db.models import Job, JobEvent
 from mwms.server.services.scheduler import fair_share
 from mwms.server.services.scheduler.placement import AgentCapacity
 from mwms.server.services.scheduler.plan_parts import RunningJob
-from mwms.server.services.scheduler.queue_order import WaitingJob
+from mwms.server.services.scheduler.queue_order import TeamRuns, WaitingJob
 from mwms.server.services.scheduler.scheduling import WAITING_STATES, hold_of, read_holds, read_waiting
 
 FULL_READ_S = 600.0
@@ -55,6 +55,7 @@ class WaitingJobs:
         self.quiet_key: Hashable = None
         # The queue order of the last pass, with the inputs it was made from (pass_inputs._ordered).
         self.order: tuple[Hashable, list[WaitingJob]] | None = None
+        self.team_runs: TeamRuns = {}  # queue_order's memo: each team's run, by what it was built from
         self._history: tuple[datetime, fair_share.PerTeam] | None = None
         self._held: set[str] = set()  # jobs the cache holds with a hold
         self._priorities: int | None = None  # the sum of the cached jobs' priorities; None: sum again

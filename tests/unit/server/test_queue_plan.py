@@ -4,6 +4,7 @@ preemption. The same planner runs in every scheduler pass (server/services/sched
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 from mwms.server.services.scheduler.placement import AgentCapacity
@@ -124,6 +125,67 @@ def test_fair_share_lets_a_team_below_its_share_go_first_and_teams_take_turns():
     # With equal use the teams alternate, each team's jobs oldest first (ties go to the older job).
     order = queue_order(jobs, {}, {"cpu": 8}, {})
     assert [j.job_id for j in order] == ["a0", "b0", "a1", "b1", "a2", "b2"]
+
+
+def _turns_one_job_at_a_time(jobs, usage, totals, quotas, history):
+    """The rule as written: band by band, the team with the lowest key gives its oldest job next."""
+    from mwms.server.services.scheduler.queue_order import share_ratio, shares, standing_hours
+
+    team_shares = shares([j.team for j in jobs] + list(usage), totals, quotas)
+    projected = {team: dict(used) for team, used in usage.items()}
+    ordered = []
+    for priority in sorted({j.priority for j in jobs}, reverse=True):
+        left = sorted((j for j in jobs if j.priority == priority), key=lambda j: (j.created_at, j.job_id))
+        while left:
+
+            def key(job):
+                share = team_shares[job.team]
+                standing = standing_hours(history.get(job.team, {}), share)
+                return (
+                    standing + share_ratio(projected.get(job.team, {}), share),
+                    job.created_at,
+                    job.job_id,
+                )
+
+            heads = {}
+            for job in left:
+                heads.setdefault(job.team, job)
+            job = min(heads.values(), key=key)
+            left.remove(job)
+            ordered.append(job)
+            used = projected.setdefault(job.team, {})
+            used[job.kind] = used.get(job.kind, 0) + job.need
+    return ordered
+
+
+def test_teams_runs_merged_are_the_turns_taken_one_job_at_a_time_and_the_memo_changes_nothing():
+    memo: dict = {}
+    for seed in range(40):
+        rng = random.Random(seed)
+        jobs = [
+            waiting(
+                f"j{i}",
+                workers=rng.choice([1, 2, 4]),
+                gpus=rng.choice([0, 0, 1]),
+                priority=rng.choice([100, 500, 900]),
+                team=rng.choice("abcd"),
+                age_s=rng.choice([0, 5, 10, 20]),  # ties in age go to the lower id
+            )
+            for i in range(rng.randint(0, 40))
+        ]
+        usage = {t: {"gpu": rng.randint(0, 3), "cpu": rng.randint(0, 6)} for t in "ab" if rng.random() < 0.7}
+        quotas = {"c": {"gpu": None, "cpu": rng.choice([None, 2])}}
+        history = {"d": {"cpu": rng.random() * 3600 * 8}} if seed % 2 else {}
+        totals = {"gpu": 4, "cpu": 16}
+        expected = [j.job_id for j in _turns_one_job_at_a_time(jobs, usage, totals, quotas, history)]
+        assert [j.job_id for j in queue_order(jobs, usage, totals, quotas, history)] == expected, seed
+        # Kept between calls (as the scheduler keeps it), whatever came before: the same order, and the
+        # job objects handed out are this call's.
+        got = queue_order(jobs, usage, totals, quotas, history, memo=memo)
+        assert [j.job_id for j in got] == expected and {id(j) for j in got} == {id(j) for j in jobs}, seed
+        again = [replace(j) for j in jobs]
+        got = queue_order(again, usage, totals, quotas, history, memo=memo)
+        assert {id(j) for j in got} == {id(j) for j in again}, seed
 
 
 def test_a_quota_is_a_teams_share():
