@@ -6,7 +6,7 @@ plain rows (server/services/scheduler/job_rows.py).
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -33,15 +33,18 @@ def read_inputs(
     policy: SharingPolicy,
     waiting_jobs: WaitingJobs | None = None,
     unless_same_as: Hashable | None = None,
+    lap: Callable[[str], None] = lambda part: None,
 ) -> PlanInputs:
     """Everything a pass plans with, in a fixed number of queries.
 
     `waiting_jobs`: the coordinator's cache of waiting jobs (server/services/scheduler/waiting_jobs.py), which
     re-reads only the jobs that changed; without it every waiting job is read. `unless_same_as`: the
     key (PlanInputs.key) of a pass that decided nothing; when what was read is the same again, the
-    inputs come back without an order (nothing to plan), and ordering is skipped.
+    inputs come back without an order (nothing to plan), and ordering is skipped. `lap` is told as each
+    part ends (waiting, agents, running, others, order).
     """
     waiting = waiting_jobs.read(session, now) if waiting_jobs is not None else read_waiting(session, now)
+    lap("waiting")
     if not waiting:
         return PlanInputs(order=[], offer=[], cordoned=[], running=[], usage={}, quotas={}, now=now)
     cordoned_ids = set(session.scalars(select(Agent.id).where(Agent.cordoned_at.is_not(None))).all())
@@ -56,9 +59,11 @@ def read_inputs(
     ]
     offer = [a for a in offered if a.agent_id not in cordoned_ids]
     cordoned = [a for a in offered if a.agent_id in cordoned_ids]
+    lap("agents")
     running = read_running(
         session, now, policy, waiting_jobs.running_memo if waiting_jobs is not None else None
     )
+    lap("running")
     usage = _usage(running)
     quotas = {q.team: {"gpu": q.gpus, "cpu": q.cpu_slots} for q in teams.quotas(session).values()}
     history = (
@@ -81,11 +86,14 @@ def read_inputs(
         tuple(sorted((team, q["gpu"], q["cpu"]) for team, q in quotas.items())),
         fair_share.history_key(history),
     )
+    lap("others")
     if waiting_jobs is not None and unless_same_as is not None and key == unless_same_as:
         return PlanInputs(order=[], offer=[], cordoned=[], running=[], usage={}, quotas={}, now=now, key=key)
+    order = _ordered(waiting_jobs, waiting, usage, totals, quotas, history)
+    lap("order")
     return PlanInputs(
         key=key,
-        order=_ordered(waiting_jobs, waiting, usage, totals, quotas, history),
+        order=order,
         offer=offer,
         cordoned=cordoned,
         running=running,

@@ -105,7 +105,8 @@ def schedule_pass(
 
     Only this loop places tasks, so what it read stays true but for tasks ending (which frees devices)
     and agents leaving or being cordoned; apply_plan checks those again before it places.
-    `phases`, when given, receives the seconds each part took: release, read, plan, check, apply.
+    `phases`, when given, receives the seconds each part took: release, the reads (waiting, agents,
+    running, others) and the order, plan, check, apply.
     """
     now = now or utcnow()
     policy = policy or SharingPolicy()
@@ -118,8 +119,9 @@ def schedule_pass(
     clock.lap("release")
     quiet = waiting_jobs.quiet_key if waiting_jobs is not None else None
     with db.read() as session:
-        inputs = read_inputs(session, now, connected, policy, waiting_jobs, unless_same_as=quiet)
-        clock.lap("read")
+        inputs = read_inputs(
+            session, now, connected, policy, waiting_jobs, unless_same_as=quiet, lap=clock.lap
+        )
         plan = plan_pass(inputs) if inputs.order else None
         clock.lap("plan")
         if plan is not None:
