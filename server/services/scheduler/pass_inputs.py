@@ -82,7 +82,7 @@ def read_inputs(
         tuple((a.agent_id, a.free_devices, a.used_ports, a.memory_bytes, a.memory_used) for a in offered),
         tuple(a.agent_id for a in connecting),  # a connecting agent that goes away changes reasons
         frozenset(cordoned_ids),
-        tuple((r.job_id, r.preemptable, r.ends_at, r.size) for r in running),
+        _running_key(running, waiting),
         tuple(sorted((team, q["gpu"], q["cpu"]) for team, q in quotas.items())),
         fair_share.history_key(history),
     )
@@ -130,6 +130,25 @@ def _ordered(
     order = queue_order(waiting, usage, totals, quotas, history, memo=waiting_jobs.team_runs)
     waiting_jobs.order = (key, order)
     return order
+
+
+def _running_key(running: Iterable[RunningJob], waiting: Iterable[WaitingJob]) -> tuple[Any, ...]:
+    """What of the running jobs a plan depends on. Whether one may be preempted counts only where a waiting
+    job could preempt it (preemption_choice.may_preempt: a lower priority than the highest waiting, or
+    borrowed): a job of the highest priority turning preemptable as its workers start made the scheduler
+    plan 10,000 jobs again, to the same plan."""
+    top = max((j.priority for j in waiting), default=None)
+    return tuple(
+        sorted(  # in no particular order as read: a task's state written moves it in its index
+            (
+                r.job_id,
+                r.preemptable and top is not None and (r.priority < top or r.borrowed),
+                r.ends_at,
+                r.size,
+            )
+            for r in running
+        )
+    )
 
 
 def _usage(running: Iterable[RunningJob]) -> dict[str, dict[str, int]]:

@@ -118,3 +118,37 @@ def test_events_of_jobs_that_do_not_wait_leave_the_waiting_jobs_version_alone(tm
     assert cached(db, cache)[waiting] == ("PENDING", 700)
     assert cache.version != version
     db.dispose()
+
+
+def test_a_running_job_turning_preemptable_replans_only_when_a_waiting_job_could_preempt_it(tmp_path):
+    """The 64-worker job of the scale bench (priority 900, above every waiting job) made the scheduler
+    plan 10,000 jobs again as its workers started and it turned preemptable; a job of lower priority than
+    one waiting still does."""
+    db = seeded_database(tmp_path / "p.db", DIGEST, ("a-1", "a-2"))
+    cache = WaitingJobs()
+    policy = SharingPolicy(min_runtime_s=0)
+    top, low = submit(db, priority=900), submit(db, priority=100)
+    assert len(schedule_pass(db, policy=policy, waiting_jobs=cache)) == 2
+    submit(db, workers=3, priority=500)  # never fits two slots: waits whatever runs
+    schedule_pass(db, policy=policy, waiting_jobs=cache)
+    assert cache.quiet_key is not None
+
+    def running(job_id: str) -> None:
+        with db.write() as session:
+            job = session.get(Job, job_id)
+            assert job is not None
+            for task in job.attempts[-1].tasks:
+                task.state = "RUNNING"
+            transition_job(session, job, JobState.RUNNING, "all tasks running")
+
+    def planned() -> bool:
+        phases: dict[str, float] = {}
+        schedule_pass(db, policy=policy, waiting_jobs=cache, phases=phases)
+        return "order" in phases
+
+    running(top)
+    assert not planned()  # nothing waiting may preempt a priority-900 job
+    running(low)
+    assert planned()  # the priority-500 job may preempt it now
+    assert not planned()
+    db.dispose()
