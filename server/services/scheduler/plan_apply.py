@@ -99,8 +99,8 @@ def _place(session: Session, placement: Placement, names: Mapping[str, str], now
     attempt = open_attempt(session, job, now)
     attempt.borrowed = placement.borrowed
     endpoints = [p.endpoint for p in placement.tasks]
-    # One INSERT for the gang's rows (64 workers: a tenth of the unit of work's time); the attempt's
-    # task list loads again when it is next read.
+    # The gang's rows in one statement, not through the unit of work (the 64-worker job's placement
+    # 20 -> 14 ms, offline); the attempt's task list loads again when it is next read.
     tasks = [
         {
             "id": new_id(),
