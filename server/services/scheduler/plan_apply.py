@@ -101,9 +101,10 @@ def _place(session: Session, placement: Placement, names: Mapping[str, str], now
     endpoints = [p.endpoint for p in placement.tasks]
     # The gang's rows in one statement, not through the unit of work (the 64-worker job's placement
     # 20 -> 14 ms, offline); the attempt's task list loads again when it is next read.
+    ids = [new_id() for _ in placement.tasks]
     tasks = [
         {
-            "id": new_id(),
+            "id": task_id,
             "job_id": job.id,
             "attempt_id": attempt.id,
             "attempt_number": attempt.number,
@@ -117,13 +118,18 @@ def _place(session: Session, placement: Placement, names: Mapping[str, str], now
             "state": TaskState.ASSIGNED.value,
             "created_at": now,
         }
-        for p in placement.tasks
+        for p, task_id in zip(placement.tasks, ids, strict=True)
     ]
     session.execute(insert(Task), tasks)
     session.expire(attempt, ["tasks"])
     job.hold, job.hold_until, job.waiting = None, None, {}
     device_claims.claim(
-        session, [(t["agent_id"], int(i), t["id"]) for t in tasks for i in t["device_indices"]]
+        session,
+        [
+            (p.agent_id, int(i), task_id)
+            for p, task_id in zip(placement.tasks, ids, strict=True)
+            for i in p.device_indices
+        ],
     )
     agents = sorted({p.agent_id for p in placement.tasks})
     attempt_placed(session, job, attempt, endpoints, agents, now, shared_agent_note(placement.tasks, names))
