@@ -9,7 +9,6 @@ offers when nothing runs, and what cordoned and connecting agents add), fixed fo
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 
 from mwms.server.services.scheduler.fit_rules import AgentShape
 from mwms.server.services.scheduler.placement import (
@@ -91,7 +90,7 @@ def changed(
     agents, in a pass over thousands: a copy each is most of an offer's cost)."""
     if free == agent.free_devices and ports is agent.used_ports and memory_used == agent.memory_used:
         return agent
-    return replace(agent, free_devices=free, used_ports=frozenset(ports), memory_used=memory_used)
+    return agent.in_use(free, frozenset(ports), memory_used)
 
 
 def units(offer: Sequence[AgentCapacity], kind: str, per_worker: int, memory: int = 0) -> int:

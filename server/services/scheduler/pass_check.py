@@ -23,7 +23,7 @@ import logging
 import os
 import random
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import Counter
@@ -88,11 +88,10 @@ def _free_after(
             result.append(agent)
             continue
         result.append(
-            replace(
-                agent,
-                free_devices=tuple(d for d in agent.free_devices if d not in gone),
-                used_ports=agent.used_ports | frozenset(ports.get(agent.agent_id, set())),
-                memory_used=agent.memory_used + memory.get(agent.agent_id, 0),
+            agent.in_use(
+                tuple(d for d in agent.free_devices if d not in gone),
+                agent.used_ports | frozenset(ports.get(agent.agent_id, set())),
+                agent.memory_used + memory.get(agent.agent_id, 0),
             )
         )
     return result

@@ -43,6 +43,16 @@ class AgentCapacity:
         """Memory not yet promised to its tasks; None when the agent did not report its memory."""
         return max(0, self.memory_bytes - self.memory_used) if self.memory_bytes > 0 else None
 
+    def in_use(self, free: tuple[int, ...], ports: frozenset[int], memory_used: int) -> AgentCapacity:
+        """This agent with these free devices, used ports and used memory. A pass makes a thousand of
+        these (the reservation's idle cluster, the invariant check): its fields are copied as they are,
+        where dataclasses.replace ran the frozen __init__ again (5x the time)."""
+        copy = object.__new__(AgentCapacity)
+        fields = copy.__dict__
+        fields.update(self.__dict__)
+        fields["free_devices"], fields["used_ports"], fields["memory_used"] = free, ports, memory_used
+        return copy
+
 
 @dataclass(frozen=True)
 class TaskPlacement:

@@ -441,3 +441,19 @@ def test_jobs_decided_from_their_fits_settled_reason_fare_as_if_each_were_decide
         assert [d.preemptor.job_id for d in with_memo.preemptions] == [
             d.preemptor.job_id for d in in_full.preemptions
         ], seed
+
+
+def test_an_agent_in_use_is_a_copy_with_what_the_pass_changed_and_the_agent_itself_unchanged():
+    from dataclasses import replace as dataclass_replace
+
+    original = agent("a1", slots=4)
+    copy = original.in_use((1, 3), frozenset({20001}), 512)
+    assert copy == dataclass_replace(
+        original, free_devices=(1, 3), used_ports=frozenset({20001}), memory_used=512
+    )
+    assert hash(copy) == hash(copy.in_use((1, 3), frozenset({20001}), 512))
+    assert (
+        original.free_devices == (0, 1, 2, 3)
+        and original.used_ports == frozenset()
+        and original.memory_used == 0
+    )
