@@ -140,26 +140,26 @@ def queue_order(
     Turns as a merge: within a band a team's key only grows as its jobs are taken, and later bands start
     from what it took in earlier ones, so each team's run is increasing and taking the lowest head of all
     teams' runs, one job at a time, is sorting their union."""
-    jobs = list(waiting)
-    team_shares = shares([j.team for j in jobs] + list(usage), totals, quotas)
-    history = history or {}
     per_team: dict[str, list[WaitingJob]] = {}
-    for job in sorted(jobs, key=_age):
+    for job in waiting:  # in the order given: a team's list changes only when its jobs do
         per_team.setdefault(job.team, []).append(job)
+    team_shares = shares([*per_team, *usage], totals, quotas)
+    history = history or {}
     merged: Run = []
     kept: TeamRuns = {}
-    for team, queue in per_team.items():
-        queue.sort(key=_priority, reverse=True)  # stable: oldest first within a priority
+    for team, given in per_team.items():
         share = team_shares[team]
         standing = standing_hours(history.get(team, {}), share)
         used = usage.get(team, {})
         built_from = (standing, tuple(share.items()), tuple(sorted(used.items())))
         cached = memo.get(team) if memo is not None else None
-        if cached is not None and cached[0] == built_from and _same_jobs(cached[1], queue):
+        if cached is not None and cached[0] == built_from and _same_jobs(cached[1], given):
             run = cached[2]
         else:
+            queue = sorted(given, key=_age)
+            queue.sort(key=_priority, reverse=True)  # stable: oldest first within a priority
             run = _run(queue, standing, used, share)
-        kept[team] = (built_from, queue, run)
+        kept[team] = (built_from, given, run)
         merged += run
     if memo is not None:
         memo.clear()
