@@ -34,6 +34,7 @@ class Free:
         self.ports: dict[str, frozenset[int] | set[int]] = {a.agent_id: a.used_ports for a in agents}
         self.memory_used: dict[str, int] = {a.agent_id: a.memory_used for a in agents}
         self.version = 0
+        self._units: dict[tuple[int, str, int, int], int] = {}  # units() of all that is free, by version
 
     def take(self, tasks: Sequence[TaskPlacement]) -> None:
         for t in tasks:
@@ -70,7 +71,10 @@ class Free:
         self, kind: str, per_worker: int, without: Mapping[str, set[int]] | None = None, memory: int = 0
     ) -> int:
         """Workers of this shape (asking `memory` each) that fit on what is free, less `without`, counted
-        without building offers."""
+        without building offers (kept until the next take when nothing is left out)."""
+        whole = (self.version, kind, per_worker, memory) if not without else None
+        if whole is not None and whole in self._units:
+            return self._units[whole]
         total = 0
         for agent_id, free in self.free.items():
             if self.agents[agent_id].device_kind != kind:
@@ -80,6 +84,8 @@ class Free:
                 total += workers_fitting(devices, per_worker, self.memory_free(agent_id), memory)
             else:
                 total += devices // per_worker
+        if whole is not None:
+            self._units[whole] = total
         return total
 
 
