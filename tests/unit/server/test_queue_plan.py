@@ -79,22 +79,24 @@ def running(
     )
 
 
-def plan(order, offer, run=(), quotas=None, cordoned=()):
+def inputs_of(order, offer, run=(), quotas=None, cordoned=(), seed=1) -> PlanInputs:
     usage: dict[str, dict[str, int]] = {}
     for r in run:
         usage.setdefault(r.team, {"gpu": 0, "cpu": 0})[r.kind] += r.size
-    return plan_pass(
-        PlanInputs(
-            order=order,
-            offer=offer,
-            cordoned=list(cordoned),
-            running=list(run),
-            usage=usage,
-            quotas=quotas or {},
-            now=NOW,
-            rng=random.Random(1),
-        )
+    return PlanInputs(
+        order=order,
+        offer=offer,
+        cordoned=list(cordoned),
+        running=list(run),
+        usage=usage,
+        quotas=quotas or {},
+        now=NOW,
+        rng=random.Random(seed),
     )
+
+
+def plan(order, offer, run=(), quotas=None, cordoned=()):
+    return plan_pass(inputs_of(order, offer, run, quotas, cordoned))
 
 
 def placed(result) -> list[str]:
@@ -419,15 +421,9 @@ def test_jobs_decided_from_their_fits_settled_reason_fare_as_if_each_were_decide
             for i in range(40)
         ]
         quotas = {"v": {"gpu": None, "cpu": rng.choice([1, 4])}}
-        usage: dict[str, dict[str, int]] = {}
-        for r in run:
-            usage.setdefault(r.team, {"gpu": 0, "cpu": 0})[r.kind] += r.size
-        inputs = PlanInputs(
-            order=order, offer=offer, cordoned=[], running=run, usage=usage, quotas=quotas, now=NOW
-        )
         plans = []
         for memo in (None, _Forgets()):
-            state = _Pass(PlanInputs(**{**inputs.__dict__, "rng": random.Random(seed)}))
+            state = _Pass(inputs_of(order, offer, run, quotas, seed=seed))
             if memo is not None:
                 state.settled = memo
             for job in order:
