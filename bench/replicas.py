@@ -767,6 +767,7 @@ async def start_fleet(plane: Plane, agents: int, config: SimConfig, results: dic
     start = time.monotonic()
     await sim.connect_all(timeout_s=300)
     results["connect_all_s"] = round(time.monotonic() - start, 2)
+    scale.quiet_collector()
     return sim
 
 
@@ -923,6 +924,7 @@ def fleet_process(
         try:
             await sim.register_all()
             await sim.connect_all(timeout_s=300)
+            scale.quiet_collector()
             while not stop.is_set():
                 acked = sum(t.acked_metric_seq + t.acked_log_seq for t in sim.tasks())
                 samples.append((time.monotonic(), acked))
