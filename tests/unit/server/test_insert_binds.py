@@ -59,4 +59,6 @@ def test_rows_bound_here_are_stored_as_the_driver_reads_them_back() -> None:
 def test_log_lines_bind_only_their_time() -> None:
     plan = insert_plan(LogLine.__table__, LOG_COLUMNS, sqlite.dialect())
     row = ("job", "task", 1, "stdout", "hello", AT, None)
-    assert plan.bind.rows([row]) == [("job", "task", 1, "stdout", "hello", "2026-12-06 20:45:01.250000", None)]
+    assert plan.bind.rows([row]) == [
+        ("job", "task", 1, "stdout", "hello", "2026-12-06 20:45:01.250000", None)
+    ]
