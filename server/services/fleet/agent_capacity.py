@@ -50,11 +50,36 @@ def refused_ports_by_agent(session: Session, now: datetime) -> dict[str, set[int
     return refused
 
 
+# A task that holds devices, as a pass reads it once for the agents' capacities and the running jobs
+# (server/services/scheduler/job_rows.py): job id, attempt id, agent id, device kind, device indices as
+# stored, port, and its job's memory per worker.
+HoldingRow = tuple[str, str, str, str, Any, int, int | None]
+
+
+def holding_tasks(session: Session) -> list[HoldingRow]:
+    """Every task holding devices (DEVICE_HOLDING_TASK_STATES), with what capacities and running jobs need."""
+    rows = session.execute(
+        select(
+            Task.job_id,
+            Task.attempt_id,
+            Task.agent_id,
+            Task.device_kind,
+            as_text(Task.device_indices),
+            Task.port,
+            Job.memory_per_worker,
+        )
+        .join(Job, Job.id == Task.job_id)
+        .where(Task.state.in_(DEVICE_HOLDING_TASK_STATES))
+    )
+    return [tuple(row) for row in rows]  # type: ignore[misc]
+
+
 def capacities(
     session: Session,
     now: datetime | None = None,
     connected: frozenset[str] | None = None,
-    memo: dict[Any, AgentCapacity] | None = None,
+    memo: dict[Any, Any] | None = None,
+    holding: list[HoldingRow] | None = None,
 ) -> list[AgentCapacity]:
     """What every online agent can offer now, net of the tasks it holds (their devices, and the memory their
     jobs asked per worker) and the ports it refused.
@@ -62,19 +87,15 @@ def capacities(
     `connected` (agent ids with a live session), when given, narrows the offer further: right after a
     coordinator start, agents count as online for a grace period before they have reconnected. Read as
     plain columns (no ORM objects): the scheduler asks on every pass, with up to thousands of agents.
-    `memo`: the scheduler process's AgentCapacity of each agent by the exact values it was built from (its
-    row, its tasks' raw devices and ports, its refused ports, its promised memory), so an agent whose values
-    are the same as last pass is not parsed again; what was read is always the database's (replaced by
-    this pass's agents).
+    `memo`: the scheduler process's AgentCapacity of each agent with the exact values it was built from
+    (its row, its tasks' raw devices and ports, its refused ports, its promised memory), so an agent whose
+    values are the same as last pass is not parsed again; what was read is always the database's
+    (replaced by this pass's agents). `holding`: the pass's holding_tasks, when it read them already.
     """
     now = now or utcnow()
     held: dict[str, list[tuple[str, int]]] = {}  # agent id -> (device indices as stored, port) per task
     promised: dict[str, int] = {}  # agent id -> the memory_per_worker of the tasks holding its devices
-    for agent_id, indices, port, memory in session.execute(
-        select(Task.agent_id, as_text(Task.device_indices), Task.port, Job.memory_per_worker)
-        .join(Job, Job.id == Task.job_id)
-        .where(Task.state.in_(DEVICE_HOLDING_TASK_STATES))
-    ):
+    for _, _, agent_id, _, indices, port, memory in holding_tasks(session) if holding is None else holding:
         held.setdefault(agent_id, []).append((hashable(indices), port))
         if memory:
             promised[agent_id] = promised.get(agent_id, 0) + int(memory)
@@ -93,26 +114,26 @@ def capacities(
         .order_by(Agent.name)
     ).all()
     result = []
-    kept: dict[Any, AgentCapacity] = {}
+    kept: dict[str, tuple[Any, AgentCapacity]] = {}
+    nothing: frozenset[int] = frozenset()
     for row in rows:
         agent_id = row[0]
         if connected is not None and agent_id not in connected:
             continue
         tasks = tuple(held.get(agent_id, ()))
-        key = (
-            (*row[:3], hashable(row[3]), *row[4:]),
-            tasks,
-            frozenset(refused.get(agent_id, ())),
-            promised.get(agent_id, 0),
-        )
-        capacity = memo.get(key) if memo is not None else None
-        if capacity is None:
+        ports = frozenset(refused[agent_id]) if agent_id in refused else nothing
+        key = (tuple(row), tasks, ports, promised.get(agent_id, 0))
+        # By agent id, compared by value: one lookup, and no hash of the agent's values.
+        last = memo.get(agent_id) if memo is not None else None
+        if last is not None and last[0] == key:
+            capacity = last[1]
+        else:
             try:
-                capacity = _capacity(row, tasks, refused.get(agent_id, set()), promised.get(agent_id, 0))
+                capacity = _capacity(row, tasks, set(ports), promised.get(agent_id, 0))
             except Exception:  # noqa: BLE001 - one damaged agent row must not stall placement for everyone
                 contain(log, "agent_capacity", agent_id, f"agent {agent_id}")
                 continue
-        kept[key] = capacity
+        kept[agent_id] = (key, capacity)
         result.append(capacity)
     if memo is not None:
         memo.clear()

@@ -17,13 +17,14 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import String, case, func, select, type_coerce
 from sqlalchemy.orm import Session
 
-from mwms.server.db.models import Attempt, Job, Preemption, Task
+from mwms.server.db.models import Attempt, Job, Preemption
 from mwms.server.poison import contain
+from mwms.server.services.fleet.agent_capacity import HoldingRow, holding_tasks
 from mwms.server.services.job_life.jobs import NEVER_S
-from mwms.server.services.json_values import as_text, hashable, parsed
+from mwms.server.services.json_values import hashable, parsed
 from mwms.server.services.scheduler.queue_order import WaitingJob
 from mwms.server.services.scheduler.queue_plan import RunningJob
-from mwms.server.states import DEVICE_HOLDING_TASK_STATES, JobState
+from mwms.server.states import JobState
 
 if TYPE_CHECKING:
     from mwms.server.services.scheduler.scheduling import SharingPolicy
@@ -143,7 +144,11 @@ def _seconds(value: Any) -> float | None:
 
 
 def read_running(
-    session: Session, now: datetime, policy: SharingPolicy, memo: dict[Any, RunningJob] | None = None
+    session: Session,
+    now: datetime,
+    policy: SharingPolicy,
+    memo: dict[Any, RunningJob] | None = None,
+    holding: list[HoldingRow] | None = None,
 ) -> list[RunningJob]:
     """Every job whose tasks hold devices, with when it ends and whether it may be preempted now.
 
@@ -151,12 +156,9 @@ def read_running(
     planning needs; a job whose row cannot be read is left out (and counted), not the pass. `memo`: the
     scheduler process's RunningJob of each job by the exact values it was built from (its rows as read
     now, its preemptions, whether its minimum run time has passed), replaced by this pass's jobs.
+    `holding`: the pass's holding_tasks (server/services/fleet/agent_capacity.py), when it read them already.
     """
-    tasks = session.execute(
-        select(
-            Task.job_id, Task.attempt_id, Task.agent_id, Task.device_kind, as_text(Task.device_indices)
-        ).where(Task.state.in_(DEVICE_HOLDING_TASK_STATES))
-    ).all()
+    tasks = holding_tasks(session) if holding is None else holding
     if not tasks:
         if memo is not None:
             memo.clear()

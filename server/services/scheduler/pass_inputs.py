@@ -14,6 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from mwms.server.db.models import Agent
+from mwms.server.services.fleet.agent_capacity import holding_tasks
 from mwms.server.services.fleet.agents import capacities
 from mwms.server.services.scheduler import fair_share, teams
 from mwms.server.services.scheduler.job_rows import read_running, read_waiting
@@ -48,7 +49,10 @@ def read_inputs(
     if not waiting:
         return PlanInputs(order=[], offer=[], cordoned=[], running=[], usage={}, quotas={}, now=now)
     cordoned_ids = set(session.scalars(select(Agent.id).where(Agent.cordoned_at.is_not(None))).all())
-    online = capacities(session, now, memo=waiting_jobs.agents_memo if waiting_jobs is not None else None)
+    holding = holding_tasks(session)  # read once: they make the agents' capacities and the running jobs
+    online = capacities(
+        session, now, memo=waiting_jobs.agents_memo if waiting_jobs is not None else None, holding=holding
+    )
     # An agent is online from its registration, and offered from its stream on: between the two (a
     # fraction of a second, or a coordinator start's reconnect grace) a job waits for it to connect.
     offered = [a for a in online if connected is None or a.agent_id in connected]
@@ -61,7 +65,7 @@ def read_inputs(
     cordoned = [a for a in offered if a.agent_id in cordoned_ids]
     lap("agents")
     running = read_running(
-        session, now, policy, waiting_jobs.running_memo if waiting_jobs is not None else None
+        session, now, policy, waiting_jobs.running_memo if waiting_jobs is not None else None, holding
     )
     lap("running")
     usage = _usage(running)

@@ -62,7 +62,7 @@ class WaitingJobs:
         # What the pass built from the agents' and the running jobs' rows, by the exact values it was built
         # from (agent_capacity.capacities, job_rows.read_running): rows read again each pass, and the same
         # as last pass, are not parsed again.
-        self.agents_memo: dict[Any, AgentCapacity] = {}
+        self.agents_memo: dict[str, tuple[Any, AgentCapacity]] = {}  # agent id -> (its values, capacity)
         self.running_memo: dict[Any, RunningJob] = {}
 
     def history(self, session: Session, now: datetime) -> fair_share.PerTeam:

@@ -9,7 +9,7 @@ from typing import Any
 
 from mwms.server.db.models import Agent, Job, Preemption, Task, utcnow
 from mwms.server.schemas import JobCreate
-from mwms.server.services.fleet.agent_capacity import capacities
+from mwms.server.services.fleet.agent_capacity import capacities, holding_tasks
 from mwms.server.services.fleet.agents import Registration, register_agent
 from mwms.server.services.fleet.cordons import cordon
 from mwms.server.services.job_life.jobs import create_job
@@ -25,12 +25,14 @@ POLICY = SharingPolicy(min_runtime_s=60.0)
 
 
 def same_as_fresh(db, memo: dict[Any, Any], running_memo: dict[Any, Any], later_s: float = 0.0) -> Any:
-    """capacities and read_running with the memos equal them without; returns (agents, running)."""
+    """capacities and read_running with the memos, given the holding tasks once as a pass reads them, equal
+    them without either; returns (agents, running)."""
     now = utcnow() + timedelta(seconds=later_s)
     with db.read() as session:
-        agents = capacities(session, now, memo=memo)
+        holding = holding_tasks(session)
+        agents = capacities(session, now, memo=memo, holding=holding)
         assert agents == capacities(session, now)
-        running = read_running(session, now, POLICY, running_memo)
+        running = read_running(session, now, POLICY, running_memo, holding)
         assert running == read_running(session, now, POLICY)
     return {a.name: a for a in agents}, {r.job_id: r for r in running}
 
