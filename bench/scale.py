@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from mwms.server.heap import settle_heap
 from mwms_testkit.cluster import Cluster, pack
@@ -173,6 +174,44 @@ async def lost_agents(http: httpx.AsyncClient, sim: Simulator) -> dict[str, Any]
     }
 
 
+class LoopLag:
+    """The coordinator's event-loop lag over a window, from its own histogram (mwms_event_loop_lag_seconds,
+    server/live/loop_lag.py): its part of the heartbeats' round trips, apart from this simulator's.
+    `await LoopLag.read(http)` when the window opens, then `await lag.figures(http)` when it closes."""
+
+    def __init__(self, buckets: dict[float, float]) -> None:
+        self.buckets = buckets
+
+    @staticmethod
+    async def _buckets(http: httpx.AsyncClient) -> dict[float, float]:
+        response = await http.get("/metrics", timeout=60)
+        response.raise_for_status()
+        return {
+            float(sample.labels["le"]): sample.value
+            for family in text_string_to_metric_families(response.text)
+            if family.name == "mwms_event_loop_lag_seconds"
+            for sample in family.samples
+            if sample.name.endswith("_bucket")
+        }
+
+    @classmethod
+    async def read(cls, http: httpx.AsyncClient) -> LoopLag:
+        return cls(await cls._buckets(http))
+
+    async def figures(self, http: httpx.AsyncClient) -> dict[str, Any]:
+        """p99 as the upper bound of its histogram bucket, and the samples 50 ms or more late."""
+        after = await self._buckets(http)
+        counts = sorted((le, after[le] - self.buckets.get(le, 0.0)) for le in after)
+        total = counts[-1][1] if counts else 0.0
+        p99 = next((le for le, n in counts if n >= 0.99 * total), math.inf) if total else None
+        within_50ms = next((n for le, n in counts if le >= 0.05), total)
+        return {
+            "coordinator_loop_lag_p99_ms_at_most": None if p99 is None else round(1000 * p99, 1),
+            "coordinator_loop_lag_samples": int(total),
+            "coordinator_loop_lag_over_50ms": int(total - within_50ms),
+        }
+
+
 class OfflineWatch:
     """Polls `GET /api/v1/agents` every `interval_s` while a window is open: the most of this simulator's
     agents shown offline at once. An agent marked lost and back online by the end leaves no other trace
@@ -306,10 +345,12 @@ async def scenario_agents(
     sim = await start_fleet(cluster, agents, sim_config(cluster), results)
     try:
         await asyncio.sleep(settle_s)  # registration's own load passes before the window opens
-        window = Window(cluster.server.popen.pid, database_pid)
-        with OfflineWatch(cluster, sim) as watch:
-            await asyncio.sleep(seconds)
-        results |= window.close() | watch.figures()
+        async with admin_client(cluster) as http:
+            lag = await LoopLag.read(http)
+            window = Window(cluster.server.popen.pid, database_pid)
+            with OfflineWatch(cluster, sim) as watch:
+                await asyncio.sleep(seconds)
+            results |= window.close() | watch.figures() | await lag.figures(http)
         await drain_heartbeats(sim, window.end)
         results |= heartbeat_figures(sim, window.start, window.end)
         async with admin_client(cluster) as http:
@@ -451,13 +492,14 @@ async def scenario_ingest(
             others = [a for a in sim.agents if not a.tasks]
             # Tasks stream from their start: what was acked before the window is not counted in it.
             acked_before = {t.task_id: (t.acked_log_seq, t.acked_metric_seq) for t in sim.tasks()}
+            lag = await LoopLag.read(http)
             window = Window(cluster.server.popen.pid, database_pid)
             with OfflineWatch(cluster, sim) as watch, WriteProbe(cluster) as writes:
                 await asyncio.sleep(seconds)
             for task in sim.tasks():
                 task.done.set()  # the producers stop; what is in flight is still acked
             sent_at = time.monotonic()
-            results |= window.close() | watch.figures() | writes.figures()
+            results |= window.close() | watch.figures() | writes.figures() | await lag.figures(http)
             await drain_heartbeats(sim, window.end)
             results |= heartbeat_figures(sim, window.start, window.end, others)
             results |= {

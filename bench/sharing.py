@@ -368,6 +368,7 @@ async def scenario_scale(
             window_from = time.time()
             if cluster.profile_passes:
                 Path(f"{cluster.pass_profile}.on").touch()
+            lag = await scale.LoopLag.read(http)
             window = scale.Window(cluster.server.popen.pid, database_pid)
             with scale.OfflineWatch(cluster, sim) as watch:
                 await asyncio.sleep(seconds)
@@ -386,7 +387,7 @@ async def scenario_scale(
                 await asyncio.sleep(3)  # passes with the 64-worker job placed
             window_to = time.time()
             Path(f"{cluster.pass_profile}.on").unlink(missing_ok=True)
-            results |= window.close() | watch.figures()
+            results |= window.close() | watch.figures() | await lag.figures(http)
             results |= pass_figures(cluster, window_from, window_to)
             # Passes while the jobs were stored, and the first one that stored all their reasons.
             seeding = cluster.passes(seeded_from, window_from)

@@ -21,6 +21,7 @@ from mwms.server.live.ingest import TelemetryWriter
 from mwms.server.live.ingest_process import IngestProcess, runs_apart, worker_config
 from mwms.server.live.ingest_store import Decode, GroupStore, ThreadStore
 from mwms.server.live.liveness import Liveness
+from mwms.server.live.loop_lag import LoopLagProbe
 from mwms.server.live.loops import BackgroundLoops
 from mwms.server.live.pass_locks import PassLocks
 from mwms.server.live.report_writer import ReportWriter
@@ -50,6 +51,7 @@ class Wiring:
     doorbell: Doorbell  # rings between replicas (PostgreSQL LISTEN/NOTIFY; inert on SQLite)
     passes: PassLocks  # which background loop's pass runs here
     background: set[asyncio.Task[None]]  # fire-and-forget work to await at stop
+    lag: LoopLagProbe  # the event loop's lateness, for /metrics
 
     def poke_scheduler(self) -> None:
         """Runs the scheduler soon (task or job states changed)."""
@@ -60,7 +62,8 @@ class Wiring:
         self.hub.wake(agent_ids)
 
     def start(self) -> None:
-        """Starts the doorbell, the hub's dispatcher, the writers, the background loops and the hang detector."""
+        """Starts the doorbell, the hub's dispatcher, the writers, the background loops, the hang detector and
+        the event loop's lag probe."""
         self.doorbell.start()
         self.hub.start()
         self.telemetry.start()
@@ -69,9 +72,11 @@ class Wiring:
         self.devices.start()
         self.loops.start()
         self.hangs.start()
+        self.lag.start()
 
     async def stop(self) -> None:
         """Stops what `start` started; the database stays open (its owner disposes of it)."""
+        await self.lag.stop()
         await self.hangs.stop()
         await self.telemetry.stop()
         await self.hellos.stop()
@@ -129,4 +134,5 @@ def build_wiring(db: Database, settings: Settings, replica: ReplicaIdentity, dec
         doorbell=doorbell,
         passes=passes,
         background=set(),
+        lag=LoopLagProbe(),
     )

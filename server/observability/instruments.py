@@ -56,6 +56,12 @@ HEARTBEAT_ROUND_TRIP = Histogram(
     "Round trip of agents' heartbeats (agent sends, coordinator answers), as the agents measured it",
     buckets=_ROUND_TRIP_BUCKETS,
 )
+EVENT_LOOP_LAG = Histogram(
+    "mwms_event_loop_lag_seconds",
+    "How late the coordinator's event loop ran a timer that was due (heartbeat answers and REST calls wait "
+    "as long); sampled 10 times a second",
+    buckets=_ROUND_TRIP_BUCKETS,
+)
 SCHEDULER_PASS = Histogram(
     "mwms_scheduler_pass_seconds",
     "Time one scheduler pass took to read, plan and apply (in the scheduler process, when it runs there)",
@@ -182,6 +188,11 @@ def observe_heartbeat_round_trip(milliseconds: int) -> None:
     """An agent's measured round trip of its previous heartbeat; 0 (none measured yet) is skipped."""
     if milliseconds > 0:
         HEARTBEAT_ROUND_TRIP.observe(milliseconds / 1000.0)
+
+
+def observe_loop_lag(seconds: float) -> None:
+    """How late one of the event loop's timers fired (server/live/loop_lag.py)."""
+    EVENT_LOOP_LAG.observe(seconds)
 
 
 def count_ingested(lines: int, points: int) -> None:

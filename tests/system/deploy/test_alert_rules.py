@@ -224,7 +224,7 @@ def test_labelled_series_exist_at_zero_from_the_start(db: Database) -> None:
         + [("mwms_scheduling_latency_seconds_count", {"attempt": a}) for a in ("first", "restart")]
         + [("mwms_job_queue_wait_seconds_count", {"band": b}) for b in ("low", "normal", "high")]
         + [("mwms_hang_detections_total", {}), ("mwms_metric_update_failures_total", {})]
-        + [("mwms_heartbeat_round_trip_seconds_count", {})]
+        + [("mwms_heartbeat_round_trip_seconds_count", {}), ("mwms_event_loop_lag_seconds_count", {})]
     )
     missing = [f"{name}{labels}" for name, labels in expected if not present(name, **labels)]
     assert not missing, "no series yet: " + ", ".join(missing)
