@@ -32,6 +32,7 @@ from mwms.v1 import agent_pb2 as pb
 
 log = logging.getLogger("mwms.server.rpc")
 T = TypeVar("T")
+_NOTHING = object()  # no message carried over to the acknowledger's next round
 # Log and metric batches of one stream (both kinds together) being stored at once; past it the reader waits
 # (backpressure on the agent), so one agent cannot queue unbounded work and memory on the coordinator.
 MAX_UNACKED_BATCHES = 32
@@ -187,28 +188,65 @@ class MessageApplier:
 
     async def _acknowledge(self) -> None:
         """Acknowledges stored batches in the order they came; a batch that could not be stored is
-        refused (the agent drops it), unless the database is in trouble or the agent was removed."""
-        while (item := await self._unacked.get()) is not None:
-            message, body, store = item
+        refused (the agent drops it), unless the database is in trouble or the agent was removed.
+
+        The batches stored by the time the first of them is (one transaction stores many) are
+        acknowledged together: one Ack per task with the highest log and metric seq stored, each of
+        which says "everything up to here" (an agent streaming logs and metrics got an Ack per batch,
+        the coordinator's costliest message to write after heartbeats'). A batch with refused items
+        keeps an Ack of its own, as its reason is that batch's."""
+        carried: Any = _NOTHING
+        while True:
+            item = await self._unacked.get() if carried is _NOTHING else carried
+            if item is None:
+                return
+            await asyncio.wait({item[2]})
+            ready, carried = [item], _NOTHING
+            while not self._unacked.empty():
+                following = self._unacked.get_nowait()
+                if following is None or not following[2].done():
+                    carried = following
+                    break
+                ready.append(following)
+            await self._acknowledge_stored(ready)
+
+    async def _acknowledge_stored(
+        self, ready: list[tuple[pb.AgentMessage, str, asyncio.Future[StoreOutcome]]]
+    ) -> None:
+        merged: dict[str, list[int]] = {}  # task id -> [log seq, metric seq] to acknowledge together
+        for message, body, store in ready:
             try:
-                stored = await store
+                stored = store.result()
             except (DomainError, asyncio.CancelledError):
                 raise
             except Exception as error:  # noqa: BLE001 - one bad batch must not end the stream
                 if is_transient(error):
                     raise  # the agent resends once it reconnects
                 self._unacked_slots.release()
+                await self._send_acks(merged)
                 # The ingest process says what it could not do (a batch that does not decode, one that
                 # killed the process); anything else is an internal error, logged here.
                 await self._refuse(message, body, str(error) if isinstance(error, IngestItemError) else "")
                 continue
             self._unacked_slots.release()
-            if body == "logs":
-                await self.send(convert.ack(message.logs.task_id, log_seq=stored.acked_seq, stored=stored))
-            else:
-                await self.send(
-                    convert.ack(message.metrics.task_id, metric_seq=stored.acked_seq, stored=stored)
-                )
+            logs = body == "logs"
+            task_id = message.logs.task_id if logs else message.metrics.task_id
+            if stored.rejected:
+                await self._send_acks(merged)
+                if logs:
+                    await self.send(convert.ack(task_id, log_seq=stored.acked_seq, stored=stored))
+                else:
+                    await self.send(convert.ack(task_id, metric_seq=stored.acked_seq, stored=stored))
+                continue
+            seq = merged.setdefault(task_id, [0, 0])
+            seq[not logs] = max(seq[not logs], stored.acked_seq)
+        await self._send_acks(merged)
+
+    async def _send_acks(self, merged: dict[str, list[int]]) -> None:
+        """One Ack per task of `merged` (its log and metric seqs), in the order the tasks came; empties it."""
+        for task_id, (log_seq, metric_seq) in merged.items():
+            await self.send(convert.ack(task_id, log_seq=log_seq, metric_seq=metric_seq))
+        merged.clear()
 
     async def _refuse(self, message: pb.AgentMessage, body: str | None, why: str = "") -> None:
         """Contains a message that could not be applied: a batch is acknowledged as refused (with `why`,

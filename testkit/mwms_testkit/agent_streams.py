@@ -59,6 +59,20 @@ class Stream:
             if body is not None and where(body):
                 return body
 
+    def acked(self, task_id: str, log_seq: int = 0, metric_seq: int = 0, timeout: float = 10) -> list[Any]:
+        """Waits until the task's log lines up to `log_seq` and points up to `metric_seq` are acknowledged
+        (one Ack may acknowledge both: the batches of one transaction); the task's acks read meanwhile."""
+        acks: list[Any] = []
+
+        def covers(ack: Any) -> bool:
+            if ack.task_id != task_id:
+                return False
+            acks.append(ack)
+            return max(a.log_seq for a in acks) >= log_seq and max(a.metric_seq for a in acks) >= metric_seq
+
+        self.next("ack", timeout=timeout, where=covers)
+        return acks
+
     def close(self) -> None:
         self._out.put(None)
         self.call.cancel()

@@ -94,8 +94,7 @@ def test_telemetry_is_stored_by_the_ingest_process_and_not_in_the_coordinator(
         for round_ in range(5):
             stream.send(metrics=metric_batch(task.id, round_ * 100 + 1, 100))
             stream.send(logs=log_batch(task.id, round_ * 100 + 1, 100))
-        stream.next("ack", where=lambda a: a.metric_seq == 500)
-        stream.next("ack", where=lambda a: a.log_seq == 500)
+        stream.acked(task.id, log_seq=500, metric_seq=500)
 
     store = ingest_of(coordinator)
     assert store.pid is not None and store.starts == 1
@@ -115,8 +114,7 @@ def test_without_the_ingest_process_telemetry_is_stored_in_a_thread(tmp_path: Pa
         hello(stream, agent_id, task)
         stream.send(metrics=metric_batch(task.id, 1, 50))
         stream.send(logs=log_batch(task.id, 1, 50))
-        stream.next("ack", where=lambda a: a.metric_seq == 50)
-        stream.next("ack", where=lambda a: a.log_seq == 50)
+        stream.acked(task.id, log_seq=50, metric_seq=50)
         assert stored(coordinator, task.id) == {"metrics": (50, 50), "logs": (50, 50)}
         stream.close()
 
@@ -157,12 +155,11 @@ def test_a_killed_ingest_process_is_started_again_and_nothing_acknowledged_is_lo
         round_ += 1
         time.sleep(0.01)  # streaming on while the kills land
     last = round_ * size
-    metric_acks = [stream.next("ack", timeout=60, where=lambda a: a.metric_seq == last)]
-    log_acks = [stream.next("ack", timeout=60, where=lambda a: a.log_seq == last)]
+    acks = stream.acked(task.id, log_seq=last, metric_seq=last, timeout=60)
     killer.join(30)
 
     assert len(killed) == kills and store.starts >= kills, (killed, store.starts)
-    assert all(ack.rejected == 0 for ack in metric_acks + log_acks)
+    assert all(ack.rejected == 0 for ack in acks)
     assert stored(coordinator, task.id) == {"metrics": (last, last), "logs": (last, last)}
     # The process now running stores on: the stream needed no reconnect.
     stream.send(metrics=metric_batch(task.id, last + 1, 10))
