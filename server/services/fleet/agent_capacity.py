@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, load_only
 
 from mwms.server.db.models import Agent, Job, Task, utcnow
 from mwms.server.poison import contain
@@ -26,7 +26,17 @@ def live_tasks_by_agent(session: Session) -> dict[str, list[Task]]:
     run them, and a new task on the same GPU would run out of memory.
     """
     holding = [s.value for s in TaskState if not s.terminal] + [TaskState.LOST.value]
-    rows = session.scalars(select(Task).where(Task.state.in_(holding))).all()
+    # Only what the agents list shows of a task: a gang's TF_CONFIG alone is kilobytes a task.
+    shown = load_only(
+        Task.job_id,
+        Task.agent_id,
+        Task.attempt_number,
+        Task.index,
+        Task.state,
+        Task.device_kind,
+        Task.device_indices,
+    )
+    rows = session.scalars(select(Task).where(Task.state.in_(holding)).options(shown)).all()
     grouped: dict[str, list[Task]] = {}
     for task in rows:
         grouped.setdefault(task.agent_id, []).append(task)

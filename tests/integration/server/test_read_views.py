@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
-from sqlalchemy import select
+from sqlalchemy import inspect, select
 
 from mwms.server.api.errors import closing_on_refusal, install_error_handlers
+from mwms.server.api.views import agent_out
 from mwms.server.app import create_app
 from mwms.server.db.engine import Database
 from mwms.server.db.models import Agent, Task, utcnow
@@ -62,6 +63,19 @@ def test_agents_view_and_overview_count_devices_of_online_agents_and_live_jobs(d
     assert overview == ClusterOverview(
         agents_online=2, agents_lost=1, devices_busy=2, devices_free=0, jobs_running=2, jobs_pending=0
     )
+
+
+def test_the_agents_view_reads_no_task_column_the_list_does_not_show(db: Database) -> None:
+    """A gang's TF_CONFIG names every worker (kilobytes a task): the agents list of a cluster running one must
+    not read it for every task, nor anything else it does not show."""
+    place_task(db, agent_id(db, "alpha"), digest=DIGEST)
+    with db.read() as session:
+        [alpha] = agents_view(session, agent_id(db, "alpha"))
+        [task] = alpha.tasks
+        unread = inspect(task).unloaded
+        shown = agent_out(alpha)
+    assert {"tf_config", "message", "stop_reason", "environment_platform"} <= unread
+    assert [(t.task_index, t.state, t.device_indices) for t in shown.tasks] == [(0, "RUNNING", [0])]
 
 
 def test_a_job_view_carries_its_agents_names_and_says_not_found_for_an_unknown_id(db: Database) -> None:
