@@ -233,13 +233,15 @@ class MessageApplier:
             task_id = message.logs.task_id if logs else message.metrics.task_id
             if stored.rejected:
                 await self._send_acks(merged)
-                if logs:
-                    await self.send(convert.ack(task_id, log_seq=stored.acked_seq, stored=stored))
-                else:
-                    await self.send(convert.ack(task_id, metric_seq=stored.acked_seq, stored=stored))
+                seq = stored.acked_seq
+                await self.send(
+                    convert.ack(
+                        task_id, log_seq=seq if logs else 0, metric_seq=0 if logs else seq, stored=stored
+                    )
+                )
                 continue
-            seq = merged.setdefault(task_id, [0, 0])
-            seq[not logs] = max(seq[not logs], stored.acked_seq)
+            seqs = merged.setdefault(task_id, [0, 0])
+            seqs[not logs] = max(seqs[not logs], stored.acked_seq)
         await self._send_acks(merged)
 
     async def _send_acks(self, merged: dict[str, list[int]]) -> None:

@@ -88,7 +88,7 @@ def capacities(
     session: Session,
     now: datetime | None = None,
     connected: frozenset[str] | None = None,
-    memo: dict[Any, Any] | None = None,
+    memo: dict[str, tuple[Any, AgentCapacity]] | None = None,
     holding: list[HoldingRow] | None = None,
 ) -> list[AgentCapacity]:
     """What every online agent can offer now, net of the tasks it holds (their devices, and the memory their
