@@ -129,6 +129,24 @@ def first_line(text: str | None) -> str:
     return lines[0] + (" …" if len(lines) > 1 else "")
 
 
+def state_change_detail(job: dict[str, Any], previous_state: str | None) -> str:
+    """What follows "job <state>" when a follower sees the state change: the first line of the reason, or
+    for RUNNING, where the workers run when SCHEDULED (whose reason names them) went by between two polls
+    ("" when there is nothing to add)."""
+    state = job.get("state")
+    if state != "RUNNING":
+        return first_line(job.get("reason"))
+    if previous_state == "SCHEDULED":
+        return ""  # its line named the workers' addresses already
+    tasks = job.get("tasks") or []
+    newest = max((task.get("attempt") or 0 for task in tasks), default=0)
+    addresses = [task.get("address") or "?" for task in tasks if (task.get("attempt") or 0) == newest]
+    if not addresses:
+        return ""
+    workers = "1 worker" if len(addresses) == 1 else f"{len(addresses)} workers"
+    return terminal_safe(f"{workers} on {', '.join(addresses)}")
+
+
 def format_loss(loss: float | str | None) -> str:
     """A job's loss: a number, "nan", "inf" or "-inf" ("NaN"/"Infinity" from the API), "-" when unknown."""
     value = parse_number(loss)

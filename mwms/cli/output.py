@@ -31,6 +31,7 @@ from mwms.cli.formatting import out as out
 from mwms.cli.formatting import parse_time as parse_time
 from mwms.cli.formatting import print_json as print_json
 from mwms.cli.formatting import raw_log_line as raw_log_line
+from mwms.cli.formatting import state_change_detail as state_change_detail
 from mwms.cli.formatting import state_text as state_text
 from mwms.cli.formatting import task_memory as task_memory
 from mwms.cli.formatting import write_raw as write_raw

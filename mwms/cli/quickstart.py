@@ -23,7 +23,14 @@ from rich.text import Text
 from mwms.cli.errors import CliError, ExitCode, handles_errors
 from mwms.cli.follow import first_failed_task, tail_of_task_logs, watch_job
 from mwms.cli.job_commands import download_artifacts
-from mwms.cli.output import err, first_line, format_loss, metrics_summary_table, out, state_text
+from mwms.cli.output import (
+    err,
+    format_loss,
+    metrics_summary_table,
+    out,
+    state_change_detail,
+    state_text,
+)
 from mwms.cli.quickstart_cluster import AGENT_NAMES, WARM_POOLS_TIMEOUT_S, LocalCluster
 from mwms.cli.quickstart_cluster import quickstart_admin_token as quickstart_admin_token  # re-exported
 from mwms.cli.submit import pack_and_upload
@@ -68,8 +75,9 @@ def follow_with_progress(client: Client, job_id: str, total_steps: int) -> dict[
             state = job.get("state")
             if state != seen_state[0]:
                 line = Text.assemble("job ", state_text(state))
-                if job.get("reason") and state != "RUNNING":
-                    line.append(f": {first_line(job['reason'])}")
+                detail = state_change_detail(job, seen_state[0])
+                if detail:
+                    line.append(f": {detail}")
                 progress.console.print(line)
                 seen_state[0] = state
             step = job.get("step")
@@ -92,10 +100,8 @@ def follow_with_lines(client: Client, job_id: str, total_steps: int) -> dict[str
     def on_job(job: dict[str, Any]) -> None:
         state = job.get("state")
         if state != seen["state"]:
-            line = f"job {state}"
-            if job.get("reason") and state != "RUNNING":
-                line += f": {first_line(job['reason'])}"
-            err.print(Text(line))
+            detail = state_change_detail(job, seen["state"])
+            err.print(Text(f"job {state}: {detail}" if detail else f"job {state}"))
             seen["state"] = state
         step = job.get("step")
         progress = (step, job.get("loss"))

@@ -20,11 +20,11 @@ from mwms.cli.options import JsonOption
 from mwms.cli.output import (
     clear_status_line,
     err,
-    first_line,
     format_loss,
     log_line_text,
     out,
     print_json,
+    state_change_detail,
     state_text,
 )
 from mwms.cli.parsing import check_command_words, corrected_submit_line, parse_env, parse_priority
@@ -148,8 +148,9 @@ class TextFollower:
         state = job.get("state")
         if state != self._state:
             line = Text.assemble("job ", safe_text(job["id"], "bold"), " ", state_text(state))
-            if job.get("reason") and state != "RUNNING":
-                line.append(f": {first_line(job['reason'])}")
+            detail = state_change_detail(job, self._state)
+            if detail:
+                line.append(f": {detail}")
             err.print(line)
             self._state = state
         progress = (job.get("step"), job.get("loss"))

@@ -89,3 +89,33 @@ def test_the_programs_output_starts_on_a_line_of_its_own(
 )
 def test_ctrl_c_says_what_happens_to_the_job(state: str | None, expected: str) -> None:
     assert stopped_following_message("j1", state) == expected
+
+
+def _followed(states: list[str], monkeypatch: pytest.MonkeyPatch) -> str:
+    """What `mwms submit --follow` prints to a pipe for these polled states of one job."""
+    captured = io.StringIO()
+    monkeypatch.setattr(submit, "err", SafeConsole(file=captured, highlight=False, soft_wrap=True))
+    tasks = [
+        {"index": 0, "attempt": 1, "address": "10.0.0.1:2222"},
+        {"index": 0, "attempt": 2, "address": "10.0.0.1:2300"},
+        {"index": 1, "attempt": 2, "address": "10.0.0.2:2300"},
+    ]
+    reasons = {"PENDING": "waiting for 2 free devices", "SCHEDULED": "attempt 2: 2 workers on 2 agents: …"}
+    with TextFollower(logs_to_stdout=True) as follower:
+        for state in states:
+            follower.on_job({"id": "j1", "state": state, "reason": reasons.get(state, "ok"), "tasks": tasks})
+    return captured.getvalue()
+
+
+def test_a_job_seen_running_says_where_its_workers_run_even_when_scheduled_went_by(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Polled once a second, a job whose workers start warm may go PENDING -> SCHEDULED -> RUNNING unseen.
+    printed = _followed(["PENDING", "RUNNING"], monkeypatch)
+    assert printed.splitlines() == [
+        "job j1 PENDING: waiting for 2 free devices",
+        "job j1 RUNNING: 2 workers on 10.0.0.1:2300, 10.0.0.2:2300",  # the newest attempt's
+    ]
+    # SCHEDULED seen: its reason named the workers, and RUNNING does not repeat them.
+    printed = _followed(["PENDING", "SCHEDULED", "RUNNING"], monkeypatch)
+    assert printed.splitlines()[-1] == "job j1 RUNNING"
