@@ -99,7 +99,9 @@ def test_bombs_are_refused_in_seconds_while_a_job_runs_unaffected(cluster, tmp_p
     )
     for _name, status, detail, seconds in results:
         assert status == 400 and "was refused" in detail and "MWMS_ARCHIVE_MAX_" in detail, report
-        assert seconds < 5, report
+        # Eight at once on two cores (5.2 s seen for the 1 Mi-entry tar on a slow day); unpacking any of them
+        # whole would take minutes.
+        assert seconds < 10, report
     assert "MWMS_ARCHIVE_MAX_ENTRIES" in dict((n, d) for n, _, d, _ in results)["entries"]
     assert memory["VmHWM"] - before < 100 * 1024, f"{before} KiB before, peak {memory['VmHWM']} KiB"
     assert leftovers(cluster.root / "data" / "bundles") == []
