@@ -36,6 +36,8 @@ _EXECUTING_FRAME = re.compile(
 )
 # MWMS's health check of its peers: always in the collective strategy's code, never a sign of a wait.
 _HEALTH_CHECK_FRAME = re.compile(r"_check_health")
+# The line faulthandler prints above the current thread's frames while a garbage collection runs.
+_GC_LINE = "Garbage-collecting"
 _PY_SPY_THREAD = re.compile(r'^Thread (\S+) \(([^)]*)\)(?::\s*"(.*)")?\s*$')
 _FAULTHANDLER_THREAD = re.compile(
     r"^(Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent call first\):\s*$"
@@ -115,8 +117,11 @@ def dump_in_collective(text: str) -> bool | None:
 
 def main_thread_frame(threads: list[ThreadStack]) -> str:
     """The innermost frame of the main thread (py-spy's "MainThread", faulthandler's current thread,
-    which runs the signal handler), for a one-line "where is it"; empty when unknown."""
-    for thread in threads:
-        if thread.frames and ("MainThread" in thread.title or thread.title.endswith("(current)")):
-            return thread.frames[0]
-    return next((thread.frames[0] for thread in threads if thread.frames), "")
+    which runs the signal handler), for a one-line "where is it"; empty when unknown. faulthandler's
+    "Garbage-collecting" line (a collection was under way when the signal came) is no frame: the one
+    under it is where the thread is."""
+    code_frames = [[f for f in thread.frames if f != _GC_LINE] for thread in threads]
+    for thread, frames in zip(threads, code_frames, strict=True):
+        if frames and ("MainThread" in thread.title or thread.title.endswith("(current)")):
+            return frames[0]
+    return next((frames[0] for frames in code_frames if frames), "")

@@ -101,6 +101,22 @@ def by_index(dumps: dict) -> dict[int, dict]:
     return {task["task_index"]: task for task in dumps["tasks"]}
 
 
+def what_the_hang_saw(cluster: Cluster, job_id: str, reason: str) -> str:
+    """For a failed assertion on a hang's reason: the reason whole, and what each worker's snapshots of the
+    newest dump showed (each thread's innermost frames)."""
+    dumps = cluster.http.get(f"/api/v1/jobs/{job_id}/stacks").json()
+    lines = [f"reason: {reason}"]
+    for task in sorted(dumps.get("tasks", []), key=lambda t: t["task_index"]):
+        lines.append(
+            f"worker {task['task_index']} on {task['agent_name']}: {task['method']}, "
+            f"in_collective={task['in_collective']}, error={task.get('error')}"
+        )
+        for line in (task.get("text") or "").splitlines():
+            if line.startswith(("===", "Thread", "Current thread", "  File", "    ", "  Garbage")):
+                lines.append("  " + line[:200])
+    return "\n".join(lines)
+
+
 def check_method(task: dict) -> None:
     if task["agent_name"] == FAULTHANDLER_AGENT:
         assert task["method"] == "faulthandler", task
@@ -230,10 +246,11 @@ def test_a_straggler_before_its_first_all_reduce_is_named_and_the_job_restarts_t
 
     job = wait_until(restarted, timeout_s + 60, "the hang to restart the job")
     hang = next(e for e in job["events"] if e["to_state"] == "RESTARTING")
-    assert hang["reason"].startswith(f"no progress for {timeout_s} s"), hang
-    assert "not in a collective: worker 1 on agent" in hang["reason"], hang
-    assert "worker 0" not in hang["reason"].split("not in a collective")[1], hang
-    assert "restart 1 of 1" in hang["reason"], hang
+    saw = what_the_hang_saw(stk, job_id, hang["reason"])
+    assert hang["reason"].startswith(f"no progress for {timeout_s} s"), saw
+    assert "not in a collective: worker 1 on agent" in hang["reason"], saw
+    assert "worker 0" not in hang["reason"].split("not in a collective")[1], saw
+    assert "restart 1 of 1" in hang["reason"], saw
 
     job = stk.wait_for(job_id, {"FAILED", "SUCCEEDED", "CANCELLED"}, timeout=240)
     assert job["state"] == "FAILED" and "(all 1 restarts used)" in job["reason"], job["reason"]

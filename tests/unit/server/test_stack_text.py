@@ -62,6 +62,15 @@ def test_faulthandler_threads_and_frames() -> None:
     assert "wait_before_first_allreduce" in main_thread_frame(threads)
 
 
+def test_a_collection_under_way_is_not_where_the_thread_is() -> None:
+    text = dump("faulthandler_worker1_sleeping.txt").replace(
+        "(most recent call first):\n", "(most recent call first):\n  Garbage-collecting\n", 1
+    )
+    threads = parse_threads(text)
+    assert threads[0].frames[0] == "Garbage-collecting"
+    assert "wait_before_first_allreduce" in main_thread_frame(threads)
+
+
 def test_the_health_check_thread_is_no_wait() -> None:
     frames = [
         "CollectiveAllReduceExtended._check_health (tensorflow/python/distribute/collective_all_reduce_strategy.py:950)",
