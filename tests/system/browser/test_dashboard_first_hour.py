@@ -214,8 +214,14 @@ def assert_in_view(page, table: str, headings: list[str]) -> None:
 @pytest.mark.parametrize("width", [1280, 800])
 def test_the_job_pages_tables_fit_1280_and_800_px_windows(new_page, cluster_url, width: int) -> None:
     cluster, url = cluster_url
+    # Submitted yesterday: its tasks' Started cells show the date as well as the time (the widest they get).
     job = StoppingJob(
-        LONG_NAMES, "long-names", "SUCCEEDED", T0, metrics=points(0, 5), reason="all tasks exited 0"
+        LONG_NAMES,
+        "long-names",
+        "SUCCEEDED",
+        T0 - timedelta(days=1),
+        metrics=points(0, 5),
+        reason="all tasks exited 0",
     )
     job.tasks_running = False
     job.agent = LONG_AGENT
