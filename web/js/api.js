@@ -47,7 +47,47 @@ async function errorDetail(response) {
   }
 }
 
-async function request(method, path, { query = null, body = undefined, signal = undefined, loggingIn = false } = {}) {
+// A GET not answered in this long is given up as the coordinator being unreachable, so the login check and
+// the pollers try again (every 2 s) instead of waiting on a stalled connection for ever: one such request
+// once left a page blank, still checking who was logged in, for four minutes. Writes are never given up.
+export const GET_TIMEOUT_MS = 30_000;
+
+/** A signal that aborts when `signal` does (its reason kept) or after ms with a TimeoutError; done() ends it. */
+function limited(signal, ms) {
+  const controller = new AbortController();
+  const timer = setTimeout(() => controller.abort(new DOMException(`no answer in ${ms / 1000} s`, "TimeoutError")), ms);
+  const forward = () => controller.abort(signal.reason);
+  if (signal?.aborted) forward();
+  else signal?.addEventListener("abort", forward, { once: true });
+  return {
+    signal: controller.signal,
+    done() {
+      clearTimeout(timer);
+      signal?.removeEventListener("abort", forward);
+    },
+  };
+}
+
+/** The coordinator did not answer a GET within GET_TIMEOUT_MS. */
+function timedOut() {
+  const unreachable = new UnreachableError(`No answer in ${GET_TIMEOUT_MS / 1000} s`);
+  setReachable(false, unreachable);
+  return unreachable;
+}
+
+async function request(method, path, options = {}) {
+  if (method !== "GET") return send(method, path, options);
+  const limit = limited(options.signal, GET_TIMEOUT_MS);
+  try {
+    return await send(method, path, { ...options, signal: limit.signal });
+  } catch (error) {
+    throw error?.name === "TimeoutError" ? timedOut() : error;
+  } finally {
+    limit.done();
+  }
+}
+
+async function send(method, path, { query = null, body = undefined, signal = undefined, loggingIn = false } = {}) {
   let url = path;
   if (query) {
     const params = new URLSearchParams();
@@ -68,7 +108,7 @@ async function request(method, path, { query = null, body = undefined, signal = 
   try {
     response = await fetch(url, init);
   } catch (error) {
-    if (error.name === "AbortError") throw error;
+    if (error.name === "AbortError" || error.name === "TimeoutError") throw error;
     const unreachable = new UnreachableError(`Network error (${error.message})`);
     setReachable(false, unreachable);
     throw unreachable;

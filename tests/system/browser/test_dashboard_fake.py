@@ -391,6 +391,36 @@ def test_an_ended_session_returns_to_the_login_form(new_page, cluster_url) -> No
     watched.assert_clean()
 
 
+def test_a_request_left_unanswered_is_given_up_and_asked_again(new_page, cluster_url) -> None:
+    """A stalled connection (the first /whoami is never answered) does not leave the page blank: after 30 s
+    (web/js/api.js GET_TIMEOUT_MS, on the page's fake clock) the banner says so, and the next try goes in."""
+    _, url = cluster_url
+    watched = logged_in(new_page, url)
+    page = watched.page
+    stalled: list[object] = []
+
+    def stall_the_first(route) -> None:
+        if stalled:
+            route.continue_()
+        else:
+            stalled.append(route)  # never answered
+
+    page.route("**/api/v1/whoami", stall_the_first)
+    page.clock.install()
+    page.goto(f"{url}/#/jobs")
+    expect(page.locator("[data-testid=jobs-table]")).to_have_count(0)
+    assert len(stalled) == 1
+    page.clock.run_for(29_000)
+    expect(page.locator("#banner")).to_be_hidden()
+    page.clock.run_for(1_100)
+    expect(page.locator("#banner")).to_be_visible()
+    expect(page.locator("#banner-text")).to_contain_text("No answer in 30 s")
+    page.clock.run_for(2_100)  # the retry, POLL_INTERVAL_MS later
+    expect(page.locator("[data-testid=jobs-table] tbody tr")).to_have_count(4)
+    expect(page.locator("#banner")).to_be_hidden()
+    watched.assert_clean()
+
+
 def test_login_waits_for_an_unreachable_coordinator_and_fits_a_phone(new_page, cluster_url) -> None:
     cluster, url = cluster_url
     cluster.unreachable = True
