@@ -44,11 +44,11 @@ import grpc
 from mwms.loop import Backoff
 from mwms.v1 import agent_pb2 as pb
 from mwms.v1 import agent_pb2_grpc
+from mwms.worker_agent.connection import BATCH_INTERVAL_SECONDS, BATCH_MAX_ITEMS
 
-# Like worker_agent/connection.py: at most this many items per LogBatch / MetricBatch, and a task at a
-# chosen rate sends what it has about this often (a full batch at once), as the real agent does.
-BATCH_MAX_ITEMS = 500
-BATCH_INTERVAL_S = 0.2
+# As the real agent: at most BATCH_MAX_ITEMS per LogBatch / MetricBatch, and a task at a chosen rate sends
+# what it has every BATCH_INTERVAL_S (a full batch at once).
+BATCH_INTERVAL_S = BATCH_INTERVAL_SECONDS
 # Each channel gets its own subchannel pool, so every simulated agent has its own TCP connection.
 CHANNEL_OPTIONS = [
     ("grpc.use_local_subchannel_pool", 1),
