@@ -47,8 +47,7 @@ from mwms.v1 import agent_pb2_grpc
 from mwms.worker_agent.connection import BATCH_INTERVAL_SECONDS, BATCH_MAX_ITEMS
 
 # As the real agent: at most BATCH_MAX_ITEMS per LogBatch / MetricBatch, and a task at a chosen rate sends
-# what it has every BATCH_INTERVAL_S (a full batch at once).
-BATCH_INTERVAL_S = BATCH_INTERVAL_SECONDS
+# what it has every BATCH_INTERVAL_SECONDS (a full batch at once).
 # Each channel gets its own subchannel pool, so every simulated agent has its own TCP connection.
 CHANNEL_OPTIONS = [
     ("grpc.use_local_subchannel_pool", 1),
@@ -550,7 +549,7 @@ class SimAgent:
         """Sends log lines and metric points until the task is done, never more than the window unacked.
 
         At a chosen rate, what is due goes out as the real agent sends it (worker_agent/connection.py):
-        a full batch at once, else what has gathered once BATCH_INTERVAL_S passed since the last batch
+        a full batch at once, else what has gathered once BATCH_INTERVAL_SECONDS passed since the last batch
         of its kind; as fast as acks allow, full batches whenever the window has room."""
         started = time.monotonic()
         last_logs = last_metrics = started
@@ -563,7 +562,7 @@ class SimAgent:
                 due = _due(plan.log_lines_per_s, elapsed, task.sent_log_seq)
                 room = plan.window_items - (task.sent_log_seq - task.acked_log_seq)
                 count = min(BATCH_MAX_ITEMS, due, room)
-                if count > 0 and (count == BATCH_MAX_ITEMS or now - last_logs >= BATCH_INTERVAL_S):
+                if count > 0 and (count == BATCH_MAX_ITEMS or now - last_logs >= BATCH_INTERVAL_SECONDS):
                     self._send(_log_batch(task, count))
                     last_logs = now
                     sent_any = True
@@ -571,7 +570,7 @@ class SimAgent:
                 due = _due(plan.metric_points_per_s, elapsed, task.sent_metric_seq)
                 room = plan.window_items - (task.sent_metric_seq - task.acked_metric_seq)
                 count = min(BATCH_MAX_ITEMS, due, room)
-                if count > 0 and (count == BATCH_MAX_ITEMS or now - last_metrics >= BATCH_INTERVAL_S):
+                if count > 0 and (count == BATCH_MAX_ITEMS or now - last_metrics >= BATCH_INTERVAL_SECONDS):
                     self._send(_metric_batch(task, count))
                     last_metrics = now
                     sent_any = True

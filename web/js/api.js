@@ -68,11 +68,11 @@ function limited(signal, ms) {
   };
 }
 
-/** The coordinator did not answer a GET within GET_TIMEOUT_MS. */
-function timedOut() {
-  const unreachable = new UnreachableError(`No answer in ${GET_TIMEOUT_MS / 1000} s`);
-  setReachable(false, unreachable);
-  return unreachable;
+/** The coordinator cannot be reached (`message` says how it showed): tells the listeners, returns the error. */
+function unreachable(message) {
+  const error = new UnreachableError(message);
+  setReachable(false, error);
+  return error;
 }
 
 async function request(method, path, options = {}) {
@@ -81,7 +81,7 @@ async function request(method, path, options = {}) {
   try {
     return await send(method, path, { ...options, signal: limit.signal });
   } catch (error) {
-    throw error?.name === "TimeoutError" ? timedOut() : error;
+    throw error?.name === "TimeoutError" ? unreachable(`No answer in ${GET_TIMEOUT_MS / 1000} s`) : error;
   } finally {
     limit.done();
   }
@@ -109,14 +109,10 @@ async function send(method, path, { query = null, body = undefined, signal = und
     response = await fetch(url, init);
   } catch (error) {
     if (error.name === "AbortError" || error.name === "TimeoutError") throw error;
-    const unreachable = new UnreachableError(`Network error (${error.message})`);
-    setReachable(false, unreachable);
-    throw unreachable;
+    throw unreachable(`Network error (${error.message})`);
   }
   if (response.status === 502 || response.status === 503 || response.status === 504) {
-    const unreachable = new UnreachableError(`It answered HTTP ${response.status}`);
-    setReachable(false, unreachable);
-    throw unreachable;
+    throw unreachable(`It answered HTTP ${response.status}`);
   }
   setReachable(true);
   if (!response.ok) {
