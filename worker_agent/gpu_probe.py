@@ -24,7 +24,7 @@ from mwms.worker_agent import seccomp
 from mwms.worker_agent.devices import GpuQuery
 from mwms.worker_agent.gpu_nodes import DriverPaths, GpuNode, gpu_nodes, locate_nodes
 from mwms.worker_agent.sandbox import Confinement, SandboxError
-from mwms.worker_agent.task_env import inherited
+from mwms.worker_agent.task_env import inherited_environment
 from mwms.worker_agent.task_users import TaskUserError
 
 log = logging.getLogger("mwms.agent.devices")
@@ -75,7 +75,7 @@ def _probe(confinement: Confinement, smi: str, gpu: GpuNode) -> str:
         return f"{prefix} cannot be checked: {error}"
     try:
         argv = confinement.probe_argv([smi, "-L"], identity, [gpu])
-        env = {name: value for name, value in os.environ.items() if inherited(name)}
+        env = inherited_environment(os.environ)
         with seccomp.filled_argv(argv) as (filled, fds):
             done = subprocess.run(
                 filled,

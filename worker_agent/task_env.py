@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from mwms import task_environment
+from mwms import grpc_process, task_environment
 from mwms.v1 import agent_pb2
 from mwms.worker_agent.gpu_nodes import GpuNode
 from mwms.worker_agent.stacks import handler_environment
@@ -136,6 +136,14 @@ def inherited(name: str) -> bool:
     )
 
 
+def inherited_environment(agent_env: Mapping[str, str]) -> dict[str, str]:
+    """What of the agent's environment a task (or a probe started as one) begins with: what `inherited`
+    lets through, less the gRPC settings mwms gave itself (mwms/grpc_process.py): TensorFlow's gRPC would
+    read them too."""
+    ours = grpc_process.set_by_mwms(agent_env)
+    return {name: value for name, value in agent_env.items() if inherited(name) and name not in ours}
+
+
 def gpu_variables(start: agent_pb2.StartTask, gpus: Sequence[GpuNode], sandboxed: bool) -> dict[str, str]:
     """How a task is told its GPUs, in a form CUDA resolves inside its sandbox and outside it.
 
@@ -176,7 +184,7 @@ def child_environment(
     """The agent's environment less its secrets, settings and GPU variables, then StartTask.env, then the
     variables the agent owns (mwms/task_environment.py names them). `user` is (name, shared with the
     agent): a task of its own user gets its own HOME. `gpus`, `sandboxed`: see `gpu_variables`."""
-    env = {name: value for name, value in agent_env.items() if inherited(name)}
+    env = inherited_environment(agent_env)
     # The gang's TF_CONFIG comes from the coordinator alone; one from the agent's shell would mislead TensorFlow.
     env.pop(task_environment.TF_CONFIG, None)
     env.update(start.env)

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import os
 
-# The daemons start helper processes (the coordinator's scheduler and ingest processes, the agent's tasks)
-# with fork+exec while gRPC's threads run. gRPC's fork handlers serve children that go on using gRPC, which
-# none of these do, and they print a line of their own to stderr ("skipping fork() handlers") that no log
-# format can hold. gRPC reads this once, as it loads: before anything here imports it.
-os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+from mwms import grpc_process
+
+# gRPC reads its process-wide settings once, as it loads: before anything here imports it.
+os.environ.update(grpc_process.missing_from(os.environ))
 from typing import Annotated
 
 import typer

@@ -9,6 +9,12 @@ Installed editable by `make install` (testkit/pyproject.toml); not part of mwms'
 
 from pathlib import Path
 
+from mwms import grpc_process
+
+# The simulated agents and the coordinators run in tests speak gRPC as mwms's own processes do (the same I/O
+# path, set before gRPC loads): whatever imports the scaffolding imports it before gRPC.
+grpc_process.configure()
+
 # The repository: testkit/ sits at its top.
 REPO = Path(__file__).resolve().parents[2]
 PROGRAMS = Path(__file__).resolve().parent / "programs"

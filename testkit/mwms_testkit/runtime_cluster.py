@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from mwms import grpc_process
 from mwms_testkit import REPO
 
 PYTHON = sys.executable
@@ -34,7 +35,12 @@ def task_env(
     root: Path, index: int, num_workers: int, ports: list[int] | None, **extra: str
 ) -> dict[str, str]:
     """Return the environment the agent gives task ``index``, with every path under ``root``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MWMS_") and k != "TF_CONFIG"}
+    ours = grpc_process.set_by_mwms(os.environ)  # as the agent: TensorFlow's gRPC would read them
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("MWMS_") and k != "TF_CONFIG" and k not in ours
+    }
     if num_workers > 1:
         assert ports is not None
         cluster = {"worker": [f"localhost:{p}" for p in ports]}

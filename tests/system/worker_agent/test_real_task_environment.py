@@ -9,7 +9,7 @@ import os
 import tarfile
 import textwrap
 
-from mwms import task_environment
+from mwms import grpc_process, task_environment
 from mwms.v1 import agent_pb2
 from mwms_testkit.agent_builders import connected, start_task
 from mwms_testkit.cluster import pack
@@ -64,3 +64,6 @@ def test_what_the_agent_sets_is_reserved_defaulted_or_merged(coordinator, start_
     )
     # The agent's own settings and secrets do not reach the task.
     assert not {name for name in seen if name.startswith("MWMS_")} - allowed - set(job_env)
+    # Nor the gRPC settings mwms gives its own processes (mwms/grpc_process.py): TensorFlow's gRPC reads them.
+    ours = grpc_process.set_by_mwms(agent_env)
+    assert ours and not ours & set(seen), ours & set(seen)
