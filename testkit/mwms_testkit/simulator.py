@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from mwms import agent_link
 from mwms.loop import Backoff
 from mwms.v1 import agent_pb2 as pb
 from mwms.v1 import agent_pb2_grpc
@@ -55,6 +56,7 @@ CHANNEL_OPTIONS = [
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
+    *agent_link.flow_control_options(),  # as the real agent's channel
 ]
 # An agent given several replicas uses the real agent's channel (worker_agent/channel.py): a replica that
 # comes back is tried again within the agent's own backoff (not gRPC's default of up to 120 s), and the

@@ -18,6 +18,7 @@ from mwms.server import limits
 from mwms.server.settings import Settings
 from mwms.worker_agent.channel import CHANNEL_OPTIONS, ChannelFactory
 from mwms.worker_agent.config import AgentConfig
+from mwms_testkit import simulator
 
 # --- the gRPC link ---
 
@@ -54,6 +55,14 @@ def test_the_agents_pings_pass_the_coordinators_policy() -> None:
 )
 def test_the_ping_policy_check_on_edge_values(client: Any, server: Any, allowed: bool) -> None:
     assert agent_link.client_pings_allowed(client, server) is allowed
+
+
+def test_both_sides_and_the_simulated_agents_use_the_one_flow_control() -> None:
+    # No bandwidth-delay probe pings on either side, and the same fixed stream window (mwms/agent_link.py).
+    wanted = dict(agent_link.flow_control_options())
+    assert wanted == {"grpc.http2.bdp_probe": 0, "grpc.http2.lookahead_bytes": agent_link.STREAM_WINDOW_BYTES}
+    for side in (CHANNEL_OPTIONS, agent_link.server_keepalive_options(), simulator.CHANNEL_OPTIONS):
+        assert {name: dict(side).get(name) for name in wanted} == wanted
 
 
 def test_both_sides_use_the_one_receive_limit() -> None:
