@@ -14,8 +14,8 @@
 - Flow control (``flow_control_options``, both sides): a fixed window of ``STREAM_WINDOW_BYTES`` a stream,
   without gRPC's bandwidth-delay probes. Those pinged the other side on nearly every message received: with
   1,000 agents heartbeating at 1 Hz, a ping and its ack per heartbeat, twice the coordinator's sendmsg calls
-  and three times its futex calls; without them the coordinator took 31 % of a core instead of 45-47 %, the
-  agents' side 28 % instead of 42 % (bench/README.md, Agents). The window caps one stream at
+  and three times its futex calls; without them the coordinator took 26-31 % of a core instead of 32-47 %,
+  the agents' side 25-28 % instead of 30-42 % (bench/README.md, Agents). The window caps one stream at
   STREAM_WINDOW_BYTES a round trip: 4 GB/s at 1 ms, 400 MB/s at 10 ms, for a bundle or checkpoint; and it
   bounds what one stream may have in flight towards a reader that is not reading.
 
