@@ -49,15 +49,9 @@ from mwms.worker_agent.connection import BATCH_INTERVAL_SECONDS, BATCH_MAX_ITEMS
 
 # As the real agent: at most BATCH_MAX_ITEMS per LogBatch / MetricBatch, and a task at a chosen rate sends
 # what it has every BATCH_INTERVAL_SECONDS (a full batch at once).
-# Each channel gets its own subchannel pool, so every simulated agent has its own TCP connection.
-CHANNEL_OPTIONS = [
-    ("grpc.use_local_subchannel_pool", 1),
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-    *agent_link.flow_control_options(),  # as the real agent's channel
-]
+# The real agent's link (receive limit, keepalive, flow control: mwms/agent_link.py); each channel gets its own
+# subchannel pool, so every simulated agent has its own TCP connection.
+CHANNEL_OPTIONS = [("grpc.use_local_subchannel_pool", 1), *agent_link.channel_options()]
 # An agent given several replicas uses the real agent's channel (worker_agent/channel.py): a replica that
 # comes back is tried again within the agent's own backoff (not gRPC's default of up to 120 s), and the
 # minimum backoff is also the connect timeout (0.5 s: a handshake slower than that fails, UNAVAILABLE).
