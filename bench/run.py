@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import platform
 import shutil
@@ -239,6 +240,21 @@ def report(scenarios: dict[str, dict[str, object]]) -> list[str]:
     return missed
 
 
+def python_speed_s(rounds: int = 3, additions: int = 2_000_000) -> float:
+    """Seconds this machine takes for 10 M additions in a pure-Python loop (best of `rounds` shorter runs,
+    scaled): how fast it ran Python just before a scenario. The reference VM's speed swings between days and
+    within an hour (storing telemetry cost the ingest process 6.8 us an item on 2026-12-06, 13-16 us on
+    2026-12-07), and every figure follows it: compare figures taken at a similar speed."""
+    best = math.inf
+    for _ in range(rounds):
+        started = time.perf_counter()
+        total = 0
+        for i in range(additions):
+            total += i
+        best = min(best, time.perf_counter() - started)
+    return round(best * 10_000_000 / additions, 3)
+
+
 def machine() -> str:
     return (
         f"{platform.node()}, {os.cpu_count()} CPUs, {platform.platform()}, Python {platform.python_version()}"
@@ -345,9 +361,12 @@ def main() -> int:
     ]
     with bench_database(args.db) as database:
         for name in runs:
+            speed = python_speed_s()
             started = time.monotonic()
             load_before = os.getloadavg()
-            print(f"--- {name} ({args.db})", file=sys.stderr, flush=True)
+            print(
+                f"--- {name} ({args.db}; 10 M Python additions took {speed} s)", file=sys.stderr, flush=True
+            )
             if name == "turnaround":
                 scenarios[name] = run_turnaround(args, database)
             elif name == "jobs":  # bench/jobs_at_volume.py prints and judges its own endpoints' targets
@@ -358,6 +377,7 @@ def main() -> int:
             # The 1-minute load average (as `uptime` shows it) before and after: how shared the machine was.
             scenarios[name]["load_average_before"] = load_before
             scenarios[name]["load_average_after"] = os.getloadavg()
+            scenarios[name]["python_10m_additions_s_before"] = speed
             scenarios[name].update(stamp)
             print(json.dumps({name: scenarios[name]}, indent=2, default=str), flush=True)
             # Written after each scenario, so an interrupted run keeps what it measured.
