@@ -27,6 +27,7 @@ import os
 import platform
 import shutil
 import signal
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -116,8 +117,19 @@ def metric_throughput(cluster: Cluster, points: int) -> float:
     start = time.monotonic()
     job_id = cluster.submit({"p.py": program}, ["python", "p.py"], workers=1)
     cluster.wait_for(job_id, {"SUCCEEDED"}, timeout=600)
-    wait_until(lambda: len(cluster.metrics(job_id)) >= points, 600, "all metric points")
+    wait_until(lambda: _stored_points(cluster, job_id) >= points, 600, "all metric points")
     return points / (time.monotonic() - start)
+
+
+def _stored_points(cluster: Cluster, job_id: str) -> int:
+    """The job's metric points readable through the API, every page (a page holds at most 10,000)."""
+    count, after = 0, 0
+    while True:
+        page = cluster.http.get(f"/api/v1/jobs/{job_id}/metrics", params={"after": after}).json()
+        count += len(page["points"])
+        if not page["more"] or not page["points"]:
+            return count
+        after = page["cursor"]
 
 
 def rss_mib(pid: int) -> float:
@@ -240,19 +252,48 @@ def report(scenarios: dict[str, dict[str, object]]) -> list[str]:
     return missed
 
 
-def python_speed_s(rounds: int = 3, additions: int = 2_000_000) -> float:
-    """Seconds this machine takes for 10 M additions in a pure-Python loop (best of `rounds` shorter runs,
-    scaled): how fast it ran Python just before a scenario. The reference VM's speed swings between days and
-    within an hour (storing telemetry cost the ingest process 6.8 us an item on 2026-12-06, 13-16 us on
-    2026-12-07), and every figure follows it: compare figures taken at a similar speed."""
-    best = math.inf
-    for _ in range(rounds):
-        started = time.perf_counter()
-        total = 0
-        for i in range(additions):
-            total += i
-        best = min(best, time.perf_counter() - started)
-    return round(best * 10_000_000 / additions, 3)
+def machine_speed() -> dict[str, float]:
+    """How fast this machine ran just before a scenario, for comparing figures of different days and hours:
+    the reference VM's speed swings between days and within an hour, and every figure follows it.
+
+    `python_10m_additions_s`: 10 M additions in a pure-Python loop (best of three shorter runs, scaled);
+    `sqlite_insert_us_per_row`: a row of a 20,000-row executemany into an indexed SQLite table in WAL mode,
+    committed (best of three), the ingest process's kind of work."""
+    best_loop = best_insert = math.inf
+    additions, rows = 2_000_000, 20_000
+    with tempfile.TemporaryDirectory() as tmp:
+        db = sqlite3.connect(Path(tmp) / "speed.db", isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.execute(
+            "CREATE TABLE t (id INTEGER PRIMARY KEY, task TEXT, seq INTEGER, text TEXT, UNIQUE (task, seq))"
+        )
+        for round_ in range(3):
+            started = time.perf_counter()
+            total = 0
+            for i in range(additions):
+                total += i
+            best_loop = min(best_loop, time.perf_counter() - started)
+            data = [
+                (f"task-{i % 50}", round_ * rows + i, f"step {i} loss 0.{i % 1000:03d}") for i in range(rows)
+            ]
+            started = time.perf_counter()
+            db.execute("BEGIN IMMEDIATE")
+            db.executemany("INSERT INTO t (task, seq, text) VALUES (?, ?, ?)", data)
+            db.execute("COMMIT")
+            best_insert = min(best_insert, time.perf_counter() - started)
+        db.close()
+    return {
+        "python_10m_additions_s": round(best_loop * 10_000_000 / additions, 3),
+        "sqlite_insert_us_per_row": round(best_insert / rows * 1e6, 3),
+    }
+
+
+def speed_line(speed: dict[str, float]) -> str:
+    return (
+        f"10 M Python additions {speed['python_10m_additions_s']} s, "
+        f"a SQLite row {speed['sqlite_insert_us_per_row']} us"
+    )
 
 
 def machine() -> str:
@@ -361,12 +402,10 @@ def main() -> int:
     ]
     with bench_database(args.db) as database:
         for name in runs:
-            speed = python_speed_s()
+            speed = machine_speed()
             started = time.monotonic()
             load_before = os.getloadavg()
-            print(
-                f"--- {name} ({args.db}; 10 M Python additions took {speed} s)", file=sys.stderr, flush=True
-            )
+            print(f"--- {name} ({args.db}; {speed_line(speed)})", file=sys.stderr, flush=True)
             if name == "turnaround":
                 scenarios[name] = run_turnaround(args, database)
             elif name == "jobs":  # bench/jobs_at_volume.py prints and judges its own endpoints' targets
@@ -377,7 +416,7 @@ def main() -> int:
             # The 1-minute load average (as `uptime` shows it) before and after: how shared the machine was.
             scenarios[name]["load_average_before"] = load_before
             scenarios[name]["load_average_after"] = os.getloadavg()
-            scenarios[name]["python_10m_additions_s_before"] = speed
+            scenarios[name]["machine_speed_before"] = speed
             scenarios[name].update(stamp)
             print(json.dumps({name: scenarios[name]}, indent=2, default=str), flush=True)
             # Written after each scenario, so an interrupted run keeps what it measured.

@@ -758,17 +758,15 @@ def run_database(db: str, args: argparse.Namespace, chosen: list[str]) -> dict[s
         for name in SCENARIOS:
             if name not in chosen:
                 continue
-            speed = bench_run.python_speed_s()
+            speed = bench_run.machine_speed()
             started = time.monotonic()
             load_before = os.getloadavg()
-            print(
-                f"--- {name} ({args.db}; 10 M Python additions took {speed} s)", file=sys.stderr, flush=True
-            )
+            print(f"--- {name} ({args.db}; {bench_run.speed_line(speed)})", file=sys.stderr, flush=True)
             scenarios[name] = run_scenario(name, args, database)
             scenarios[name]["scenario_wall_s"] = time.monotonic() - started
             scenarios[name]["load_average_before"] = load_before
             scenarios[name]["load_average_after"] = os.getloadavg()
-            scenarios[name]["python_10m_additions_s_before"] = speed
+            scenarios[name]["machine_speed_before"] = speed
             scenarios[name].update(stamp)
             print(json.dumps({name: scenarios[name]}, indent=2, default=str), flush=True)
             bench_run.write_results(out, stamp, scenarios, missed=None)  # type: ignore[arg-type]
