@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from mwms.server.db.models import Agent, Attempt, Job, Task
@@ -164,6 +165,14 @@ def fail_on_nan_metric(
 # -- reacting to a task's change ----------------------------------------------------------------------
 
 
+def _every_task_is(session: Session, attempt: Attempt, state: TaskState) -> bool:
+    """Whether every task of `attempt` is in `state`, asked of the database (the session's changes flushed
+    first) rather than by loading the attempt's tasks: each report of a 256-worker gang loaded all 256, so
+    starting or ending a gang cost time quadratic in its size (bench/README.md, gangs)."""
+    other = select(Task.id).where(Task.attempt_id == attempt.id, Task.state != state.value).limit(1)
+    return session.scalar(other) is None
+
+
 def after_task_change(
     session: Session, agent: Agent, task: Task, backoff_base_s: float, now: datetime
 ) -> None:
@@ -175,9 +184,7 @@ def after_task_change(
     if attempt.state != AttemptState.ACTIVE.value:
         return
     if state == TaskState.RUNNING:
-        if job.state == JobState.SCHEDULED.value and all(
-            t.state == TaskState.RUNNING.value for t in attempt.tasks
-        ):
+        if job.state == JobState.SCHEDULED.value and _every_task_is(session, attempt, TaskState.RUNNING):
             transition_job(
                 session,
                 job,
@@ -186,7 +193,7 @@ def after_task_change(
                 now,
             )
     elif state == TaskState.SUCCEEDED:
-        if all(t.state == TaskState.SUCCEEDED.value for t in attempt.tasks):
+        if _every_task_is(session, attempt, TaskState.SUCCEEDED):
             transition_attempt(
                 session,
                 attempt,
