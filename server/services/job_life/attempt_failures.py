@@ -150,12 +150,16 @@ def replace_attempt(
     transition_job(session, job, JobState.PENDING, f"{reason}; placing the job again", now)
 
 
+# The states of a task that may have caused its attempt's failure (is_cause looks closer).
+CAUSE_STATES = (TaskState.FAILED, TaskState.STOPPED, TaskState.LOST)
+
+
 def is_cause(task: Task) -> bool:
     """Ended on its own (not because it was asked to stop), or lost with its agent."""
     state = TaskState(task.state)
     if state == TaskState.LOST:
         return True
-    return state in (TaskState.FAILED, TaskState.STOPPED) and not task.stop_requested
+    return state in CAUSE_STATES and not task.stop_requested
 
 
 def settle_failed_attempt(

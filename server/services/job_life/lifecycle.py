@@ -32,9 +32,9 @@ from sqlalchemy.orm import Session
 from mwms.server.db.models import Agent, Attempt, Job, Task
 from mwms.server.services.job_life import attempt_endings
 from mwms.server.services.job_life.attempt_endings import AttemptEnding
+from mwms.server.services.job_life.attempt_failures import CAUSE_STATES, is_cause, settle_failed_attempt
 from mwms.server.services.job_life.attempt_failures import MAX_REFUSALS_IN_A_ROW as MAX_REFUSALS_IN_A_ROW
 from mwms.server.services.job_life.attempt_failures import fail_attempt as fail_attempt
-from mwms.server.services.job_life.attempt_failures import is_cause, settle_failed_attempt
 from mwms.server.services.job_life.attempt_failures import replace_attempt as replace_attempt
 from mwms.server.services.job_life.failure_reasons import FAILURE_LOG_LINES as FAILURE_LOG_LINES
 from mwms.server.services.job_life.failure_reasons import describe_task_failure as describe_task_failure
@@ -173,6 +173,12 @@ def _every_task_is(session: Session, attempt: Attempt, state: TaskState) -> bool
     return session.scalar(other) is None
 
 
+def _some_task_is(session: Session, attempt: Attempt, states: tuple[TaskState, ...]) -> bool:
+    """Whether a task of `attempt` is in one of `states` (one query, as _every_task_is)."""
+    found = select(Task.id).where(Task.attempt_id == attempt.id, Task.state.in_([s.value for s in states]))
+    return session.scalar(found.limit(1)) is not None
+
+
 def after_task_change(
     session: Session, agent: Agent, task: Task, backoff_base_s: float, now: datetime
 ) -> None:
@@ -211,7 +217,9 @@ def after_task_change(
                 "every task exited 0" if len(attempt.tasks) > 1 else "the task exited 0",
                 now,
             )
-        else:  # the last task of a failing attempt may end with 0 before its stop arrives
+        elif _some_task_is(session, attempt, CAUSE_STATES):
+            # The last task of a failing attempt may end with 0 before its stop arrives. Without a task that
+            # failed, stopped or was lost there is nothing to settle (and no reason to load every task).
             settle_failed_attempt(session, job, attempt, backoff_base_s, now)
     elif state == TaskState.REJECTED:
         replace_attempt(

@@ -27,9 +27,8 @@ pytestmark = pytest.mark.db_seed("d" * 64, agents=("a", "b", "c"))
 
 def submit(db: Database, **spec) -> str:
     with db.write() as session:
-        job = create_job(
-            session, JobCreate(bundle_digest="d" * 64, command=["python", "t.py"], workers=2, **spec)
-        )
+        spec = {"workers": 2, **spec}
+        job = create_job(session, JobCreate(bundle_digest="d" * 64, command=["python", "t.py"], **spec))
         schedule_pending(session)
         return job.id
 
@@ -169,3 +168,34 @@ def test_the_worker_that_failed_is_named_and_its_peers_are_stopped_because_of_it
     ]
     assert job.tasks[0].message == "stopped because worker 1 failed"
     assert [t.ended_attempt for t in job.attempt_history[0].tasks] == [False, True]
+
+
+def test_a_peer_that_exits_0_after_a_failure_still_settles_the_attempt(db):
+    """The last task of a failing attempt may end with 0 before its stop arrives: the attempt fails then,
+    from the task that failed (lifecycle asks for a failed task before settling, not for every task)."""
+    job_id = submit(db)  # exit code 1 is not retried by default
+    for index in (0, 1):
+        report(db, job_id, index, TaskState.RUNNING)
+    report(db, job_id, 1, TaskState.FAILED, 1, "exited with code 1")
+    report(db, job_id, 0, TaskState.SUCCEEDED, 0)
+    with db.read() as session:
+        job = job_out(read_job_view(session, job_id))
+    assert job.state == "FAILED"
+    assert [(t.index, t.state, t.ended_attempt) for t in job.tasks] == [
+        (0, "SUCCEEDED", False),
+        (1, "FAILED", True),
+    ]
+
+
+def test_a_gang_runs_and_succeeds_only_once_every_task_has(db):
+    job_id = submit(db, workers=3)
+    states = []
+    for index in (0, 1, 2):
+        report(db, job_id, index, TaskState.RUNNING)
+        with db.read() as session:
+            states.append(session.get(Job, job_id).state)
+    for index in (2, 0, 1):
+        report(db, job_id, index, TaskState.SUCCEEDED, 0)
+        with db.read() as session:
+            states.append(session.get(Job, job_id).state)
+    assert states == ["SCHEDULED", "SCHEDULED", "RUNNING", "RUNNING", "RUNNING", "SUCCEEDED"]
