@@ -74,7 +74,7 @@ def _grant_reconnect_grace(db: Database, settings: Settings, me: replicas.Replic
     a replica joining live ones gives none (they kept hearing the agents)."""
     with db.write() as session:
         if replicas.others_alive(session, me.id) == 0:
-            grant_reconnect_grace(session, settings.agent_timeout_s + settings.reconnect_grace_s)
+            grant_reconnect_grace(session, settings.reconnect_window_s)
         replicas.beat(session, me, 0, [])
 
 

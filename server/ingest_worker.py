@@ -94,8 +94,21 @@ def main() -> int:
     from mwms.log_setup import configure_logging
 
     configure_logging(config.get("log_format", "text"), config.get("log_level", "info"))
-    serve(config, requests, replies)
+    try:
+        serve(config, requests, replies)
+    except BrokenPipeError:
+        # Its coordinator died (a kill -9, the OOM killer) while it answered: nobody is left to read
+        # the reply, and the next coordinator stores again what was not acknowledged.
+        log.info("the coordinator stopped reading the ingest process's replies; stopping")
+        _discard(replies)
     return 0
+
+
+def _discard(stream: IO[bytes]) -> None:
+    """Points `stream`'s descriptor at /dev/null, so flushing it at exit raises nothing more."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, stream.fileno())
+    os.close(devnull)
 
 
 if __name__ == "__main__":

@@ -62,8 +62,8 @@ class Settings(BaseSettings):
     heartbeat_interval_s: float = 2.0
     # An agent that has not been heard from for this long is lost; its attempts end.
     agent_timeout_s: float = 10.0
-    # After a coordinator start, agents get this long (plus agent_timeout_s) to reconnect before they count
-    # as lost; it must exceed the agents' longest reconnect backoff (10 s with jitter).
+    # After a coordinator start, or the death of the replica holding their streams, agents get this long
+    # plus agent_timeout_s to reconnect before they count as lost (reconnect_window_s).
     reconnect_grace_s: float = 20.0
     scheduler_interval_s: float = 0.5
     # While passes find nothing to place or preempt, timed passes (those no event asked for) run at most
@@ -205,6 +205,14 @@ class Settings(BaseSettings):
         if is_loopback(self.http_host):
             return ["127.0.0.1", "localhost", "[::1]", "::1"]
         return ["*"]
+
+    @property
+    def reconnect_window_s(self) -> float:
+        """How long an agent whose coordinator (or stream replica) went away may take to say hello again
+        before it counts as lost. Its own reconnect backs off up to 3 s (worker_agent/main.py), but a
+        registration may meet a replica that is starting, or swamped by the same failover, and wait its
+        10 s timeout before the agent moves on to the next: a kill storm's agents needed 19-23 s."""
+        return self.agent_timeout_s + self.reconnect_grace_s
 
     @property
     def view_cache_seconds(self) -> float:

@@ -352,7 +352,7 @@ class BackgroundLoops:
                 targets = track_command_targets(session)
                 reconcile(
                     session,
-                    moving_grace_s=self.settings.reconnect_grace_s if self.db.is_postgres else 0.0,
+                    moving_grace_s=self.settings.reconnect_window_s if self.db.is_postgres else 0.0,
                     backoff_base_s=self.settings.restart_backoff_s,
                     default_startup_timeout_s=self.settings.startup_timeout_s,
                     now=taken_at,

@@ -6,10 +6,13 @@ process as a real child process) fed over real Connect streams; processes are ki
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -240,3 +243,23 @@ def test_a_batch_that_kills_the_ingest_process_each_time_is_refused_and_the_stre
         seqs = set(session.scalars(select(MetricPoint.seq).where(MetricPoint.task_id == task.id)))
     assert seqs == {*range(1, 6), *range(11, 16)}
     stream.close()
+
+
+def test_an_ingest_process_whose_coordinator_died_stops_quietly(tmp_path: Path) -> None:
+    """A coordinator killed while its ingest process answers: the reply meets a closed pipe. The process
+    stops with status 0 and one line saying why, not a traceback logged as CRITICAL."""
+    worker = subprocess.Popen(
+        [sys.executable, "-m", ingest_process.MODULE],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert worker.stdin is not None and worker.stdout is not None
+    worker.stdout.close()  # the coordinator's end of the replies, gone
+    url = f"sqlite:///{tmp_path / 'coordinator.db'}"
+    worker.stdin.write(json.dumps({"url": url}).encode() + b"\n")  # its first reply is READY
+    worker.stdin.flush()
+    _, stderr = worker.communicate(timeout=60)
+    assert worker.returncode == 0, stderr.decode()
+    assert b"Traceback" not in stderr and b"CRITICAL" not in stderr, stderr.decode()
+    assert b"stopped reading the ingest process's replies" in stderr

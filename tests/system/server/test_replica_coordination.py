@@ -21,11 +21,13 @@ from mwms.server.db.models import Agent, utcnow
 from mwms.server.db.single_instance import AlreadyRunning, SingleInstanceLock
 from mwms.server.live.agent_notify import PAYLOAD_BYTES, Doorbell, payloads
 from mwms.server.live.hub import AgentHub
+from mwms.server.live.liveness import Liveness
 from mwms.server.live.pass_locks import PATIENT_TRY_S, PassLocks
 from mwms.server.services.fleet import replicas
 from mwms.server.services.fleet.agents import Registration, record_heartbeats, register_agent
 from mwms.server.services.job_life.reconcile import reconcile
 from mwms.server.settings import Settings
+from mwms_testkit.in_process_coordinator import background_loops
 
 
 @pytest.fixture
@@ -344,6 +346,32 @@ def test_an_agent_silent_with_its_dead_replica_gets_time_to_move_before_it_is_lo
         reconcile(session, backoff_base_s=1, default_startup_timeout_s=60, moving_grace_s=20, now=later)
     with first.read() as session:
         assert session.get(Agent, moving).lost_at == later  # it never said hello anywhere
+
+
+def test_the_reconciler_gives_a_dead_replicas_agents_as_long_as_a_coordinator_start_gives(two, tmp_path):
+    """A moving agent may first meet a replica that is starting, or swamped by the same failover, and wait
+    out its registration timeout there (a kill storm's agents needed 19-23 s): the reconciler's loop grants
+    the agent timeout plus the reconnect grace, as a start of the whole control plane does."""
+    first, _ = two
+    moving = add_agent(first, "moving-far")
+    now = utcnow()
+    with first.write() as session:
+        replicas.beat(session, identity("killed"), 1, [], now - timedelta(seconds=5))
+        replicas.claim_stream(session, moving, "killed")
+        session.get(Agent, moving).online_until = now  # as its replica last heard it
+    settings = Settings(data_dir=tmp_path, agent_timeout_s=6, reconnect_grace_s=5)
+
+    async def one_tick() -> None:
+        loops = background_loops(first, settings, Liveness())
+        await loops._flush_and_reconcile()
+        assert loops._reconciling is not None
+        await loops._reconciling
+
+    asyncio.run(one_tick())
+    with first.read() as session:
+        agent = session.get(Agent, moving)
+        assert agent.lost_at is None and agent.stream_replica is None
+        assert agent.online_until >= now + timedelta(seconds=6 + 5 - 1), agent.online_until - now
 
 
 def test_a_replica_whose_connection_is_gone_offers_no_agents_even_while_its_beats_are_fresh(two):
