@@ -109,6 +109,8 @@ class BackgroundLoops:
             ),
             asyncio.create_task(run_every_async(1.0, self._flush_and_reconcile, logger=log)),
         ]
+        if self.scheduler is not None:
+            self._tasks.append(asyncio.create_task(self.scheduler.prepare()))
         if self.settings.telemetry_retention_days > 0:
 
             async def purge() -> None:

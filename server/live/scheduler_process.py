@@ -2,9 +2,9 @@
 
 `SchedulerProcess.run_pass(held)` asks the process for one pass and awaits its answer without holding
 the event loop or the interpreter: the coordinator's process only writes a line and reads one. The
-process is started on the first pass and again after it died (its stderr is the coordinator's log, where
-it says why); a pass it could not answer raises SchedulerProcessError, which the scheduler loop logs and
-retries after its backoff. Only the replica that leads the scheduler asks for passes
+process is started with the coordinator (standing by on a replica that does not lead the scheduler) and
+again after it died (its stderr is the coordinator's log, where it says why); a pass it could not answer
+raises SchedulerProcessError, which the scheduler loop logs and retries after its backoff. Only the replica that leads the scheduler asks for passes
 (server/live/pass_locks.py), so on replicas only the leader's process plans.
 """
 
@@ -39,7 +39,7 @@ class PassResult:
 
 
 class SchedulerProcess:
-    """One scheduler process at a time, started when first needed."""
+    """One scheduler process at a time, started by `prepare` or when first needed."""
 
     def __init__(self, config: dict[str, Any]) -> None:
         self._config = config  # the worker's first line: url, policy, replica_id, log settings
@@ -50,6 +50,18 @@ class SchedulerProcess:
     @property
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
+
+    async def prepare(self) -> None:
+        """Starts the process ahead of the first pass. A replica that takes over the scheduler when its
+        leader dies then plans at its next tick, instead of first starting an interpreter that imports the
+        scheduler (seconds on a loaded machine). Failing here is only logged: the first pass tries again."""
+        async with self._lock:
+            if self._process is not None:
+                return
+            try:
+                await self._running()
+            except SchedulerProcessError as error:
+                log.warning("%s; the first pass tries again", error)
 
     async def run_pass(self, held: frozenset[str]) -> PassResult:
         """One pass in the scheduler process; `held`: agents whose streams this coordinator holds."""
