@@ -103,7 +103,15 @@ def main() -> int:
     from mwms.log_setup import configure_logging
 
     configure_logging(config.get("log_format", "text"), config.get("log_level", "info"))
-    serve(config, sys.stdin, replies)
+    try:
+        serve(config, sys.stdin, replies)
+    except BrokenPipeError:
+        # Its coordinator died (a kill -9) while it answered: nobody reads the reply; the next leader's
+        # scheduler process plans from the database.
+        log.info("the coordinator stopped reading the scheduler process's replies; stopping")
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, replies.fileno())  # flushing it at exit raises nothing more
+        os.close(devnull)
     return 0
 
 
