@@ -26,8 +26,8 @@ from mwms.server.live.scheduler_process import SchedulerProcess, runs_apart, wor
 from mwms.server.live.task_progress import TaskProgress
 from mwms.server.observability.instruments import observe_scheduler_pass
 from mwms.server.services.fleet import replicas
-from mwms.server.services.fleet.agents import record_heartbeats, record_warm_pools
 from mwms.server.services.fleet.command_targets import track_command_targets
+from mwms.server.services.fleet.heard import write_heard
 from mwms.server.services.job_life.hangs import record_progress
 from mwms.server.services.job_life.reconcile import reconcile
 from mwms.server.services.observing.retention import PurgeCursor, cutoff, purge_batch
@@ -138,8 +138,9 @@ class BackgroundLoops:
         beat (or, `stopping`, that it stopped); then, on its own, the progress its tasks reported.
 
         The liveness transaction does not wait for the writer lock (Database.write_unserialised) and
-        updates agent rows only, in id order, as every other writer that locks several agents does (the
-        hello writer, the reconciler), so it never deadlocks with them. Progress is written under the
+        locks the agent rows it writes first, in id order, as every other writer that locks several agents
+        does (the hello writer, the reconciler), so it never closes a cycle with them
+        (server/services/fleet/heard.py). Progress is written under the
         writer lock: decisions lock task rows in no set order. One progress write at a time; what comes
         meanwhile waits for the next flush."""
         seen = self.liveness.take()
@@ -153,12 +154,16 @@ class BackgroundLoops:
                 try:
                     with self.db.write_unserialised() as session:
                         locked = time.monotonic()
-                        record_heartbeats(session, seen, self.settings.agent_timeout_s)
-                        record_warm_pools(session, pools)
-                        if stopping:
-                            replicas.stop(session, self.replica)
-                        else:
-                            replicas.beat(session, self.replica, len(held), ran, streams=held)
+                        write_heard(
+                            session,
+                            self.replica,
+                            seen,
+                            pools,
+                            held,
+                            ran,
+                            self.settings.agent_timeout_s,
+                            stopping,
+                        )
                     return began, locked
                 except OperationalError as error:
                     # A reconciler pass locking lost and moving agents in two batches can still meet

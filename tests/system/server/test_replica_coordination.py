@@ -25,8 +25,10 @@ from mwms.server.live.liveness import Liveness
 from mwms.server.live.pass_locks import PATIENT_TRY_S, PassLocks
 from mwms.server.services.fleet import replicas
 from mwms.server.services.fleet.agents import Registration, record_heartbeats, register_agent
+from mwms.server.services.fleet.heard import write_heard
 from mwms.server.services.job_life.reconcile import reconcile
 from mwms.server.settings import Settings
+from mwms_testkit.cluster import wait_until
 from mwms_testkit.in_process_coordinator import background_loops
 
 
@@ -434,6 +436,51 @@ def test_a_dead_replicas_agents_are_moving_at_once_and_a_live_one_takes_its_stre
         replicas.beat(session, identity("live"), 2, [], now, streams={on_live, on_dead})
     with first.read() as session:
         assert session.get(Agent, on_dead).stream_replica == "live"
+
+
+def test_a_liveness_flush_locks_its_agents_in_one_order_and_never_closes_a_cycle(two):
+    """A flush writes liveness, then claims back the streams it holds: two statements over agent rows. It
+    locks every row it writes first, in id order, so a writer holding a lower agent that then takes a
+    higher one never meets a flush that holds the higher one while it waits for the lower (a deadlock,
+    which PostgreSQL ends by aborting one of them: seen in a kill storm)."""
+    first, second = two
+    low, high = sorted([add_agent(first, "row-one"), add_agent(first, "row-two")])
+    now = utcnow()
+    with first.write() as session:
+        replicas.beat(session, identity("live"), 2, [], now)
+        replicas.claim_stream(session, high, "live")  # low's stream is released: the flush claims it back
+    errors: list[BaseException] = []
+
+    def flush() -> None:
+        try:
+            with first.write_unserialised() as session:
+                write_heard(session, identity("live"), {high: utcnow()}, {}, {low, high}, [], 10)
+        except BaseException as error:  # noqa: BLE001 - asserted below
+            errors.append(error)
+
+    def flush_waits_for_a_row() -> bool:
+        with second.read() as session:
+            return bool(
+                session.execute(
+                    text(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                        "AND wait_event_type = 'Lock'"
+                    )
+                ).scalar()
+            )
+
+    with second.engine.connect() as writer, writer.begin():
+        writer.execute(text("SELECT id FROM agents WHERE id = :id FOR UPDATE"), {"id": low})
+        thread = threading.Thread(target=flush)
+        thread.start()
+        wait_until(flush_waits_for_a_row, 20, "the flush to wait for the lower agent's row")
+        # The flush holds no row yet: the higher one is free at once (before, it held it: NOWAIT failed).
+        writer.execute(text("SELECT id FROM agents WHERE id = :id FOR UPDATE NOWAIT"), {"id": high})
+    thread.join(20)
+    assert not thread.is_alive() and not errors, errors
+    with first.read() as session:
+        assert session.get(Agent, low).stream_replica == "live"
+        assert session.get(Agent, high).last_heartbeat_at > now
 
 
 def test_a_liveness_flush_committing_while_the_reconciler_judges_keeps_the_agent(two):
