@@ -140,9 +140,8 @@ class BackgroundLoops:
         The liveness transaction does not wait for the writer lock (Database.write_unserialised) and
         locks the agent rows it writes first, in id order, as every other writer that locks several agents
         does (the hello writer, the reconciler), so it never closes a cycle with them
-        (server/services/fleet/heard.py). Progress is written under the
-        writer lock: decisions lock task rows in no set order. One progress write at a time; what comes
-        meanwhile waits for the next flush."""
+        (server/services/fleet/heard.py). Progress is written under the writer lock: decisions lock task
+        rows in no set order. One progress write at a time; what comes meanwhile waits for the next flush."""
         seen = self.liveness.take()
         pools = self.liveness.take_pools()
         held = self.hub.connected()

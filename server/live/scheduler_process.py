@@ -4,8 +4,9 @@
 the event loop or the interpreter: the coordinator's process only writes a line and reads one. The
 process is started with the coordinator (standing by on a replica that does not lead the scheduler) and
 again after it died (its stderr is the coordinator's log, where it says why); a pass it could not answer
-raises SchedulerProcessError, which the scheduler loop logs and retries after its backoff. Only the replica that leads the scheduler asks for passes
-(server/live/pass_locks.py), so on replicas only the leader's process plans.
+raises SchedulerProcessError, which the scheduler loop logs and retries after its backoff. Only the replica
+that leads the scheduler asks for passes (server/live/pass_locks.py), so on replicas only the leader's
+process plans.
 """
 
 from __future__ import annotations

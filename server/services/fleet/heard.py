@@ -10,7 +10,7 @@ one order every writer of several agents takes them in.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable
 from datetime import datetime
 
 from sqlalchemy import select
@@ -20,18 +20,16 @@ from mwms.server.db.models import Agent
 from mwms.server.services.fleet import replicas
 from mwms.server.services.fleet.agents import record_heartbeats, record_warm_pools
 
-LOCK_CHUNK = 5000  # agent ids per statement (PostgreSQL takes 65,535 parameters)
-
 
 def lock_agents_in_order(session: Session, agent_ids: Iterable[str]) -> None:
     """Locks the agents' rows in id order (PostgreSQL; SQLite has one writer at a time)."""
     if session.get_bind().dialect.name != "postgresql":
         return
     ids = sorted(set(agent_ids))
-    for start in range(0, len(ids), LOCK_CHUNK):  # ascending chunks: still one order
+    for start in range(0, len(ids), replicas.RECLAIM_CHUNK):  # ascending chunks: still one order
         session.execute(
             select(Agent.id)
-            .where(Agent.id.in_(ids[start : start + LOCK_CHUNK]))
+            .where(Agent.id.in_(ids[start : start + replicas.RECLAIM_CHUNK]))
             .order_by(Agent.id)
             .with_for_update()
         )
@@ -40,8 +38,8 @@ def lock_agents_in_order(session: Session, agent_ids: Iterable[str]) -> None:
 def write_heard(
     session: Session,
     replica: replicas.ReplicaIdentity,
-    seen: Mapping[str, datetime],
-    pools: Mapping[str, tuple[int, int]],
+    seen: dict[str, datetime],
+    pools: dict[str, tuple[int, int]],
     held: Collection[str],
     loops: list[str],
     timeout_s: float,
@@ -51,8 +49,8 @@ def write_heard(
     the streams it holds and the loops it leads; `stopping`: that it stopped instead of a beat."""
     streams: Collection[str] = () if stopping else held
     lock_agents_in_order(session, [*seen, *pools, *streams])
-    record_heartbeats(session, dict(seen), timeout_s)
-    record_warm_pools(session, dict(pools))
+    record_heartbeats(session, seen, timeout_s)
+    record_warm_pools(session, pools)
     if stopping:
         replicas.stop(session, replica)
     else:
