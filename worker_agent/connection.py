@@ -40,6 +40,11 @@ log = logging.getLogger("mwms.agent.connection")
 # Ingest). Other agents wait longer still (OpenTelemetry's log processor and fluent-bit flush every second).
 BATCH_INTERVAL_SECONDS = 0.5
 BATCH_MAX_ITEMS = 500
+# And at most this much of a task's output in one batch, as spooled (worker_agent/outbox.py: not less than on the wire):
+# the coordinator refuses a message past 16 MiB by ending the whole stream, and 500 lines of 64 KiB (a program
+# printing without newlines, cut by worker_agent/output_lines.py) were 32 MiB. The agent resent the batch on
+# every reconnect, so neither that task's output nor any later report of the agent's tasks got through.
+BATCH_MAX_BYTES = 4 * 1024 * 1024
 # Batches sent between two looks at the heartbeat clock, so a backlog never delays a heartbeat long.
 MAX_BATCHES_PER_PASS = 20
 # Silence allowed on a stream beyond 3 heartbeat intervals before it is treated as dead.
@@ -254,7 +259,9 @@ class AgentConnection:
         for record in self._tasks.records():
             task_id = record.task_id
             while True:
-                lines = record.logs.unacked(after=self._sent_log_seq.get(task_id, 0), limit=BATCH_MAX_ITEMS)
+                lines = record.logs.unacked(
+                    after=self._sent_log_seq.get(task_id, 0), limit=BATCH_MAX_ITEMS, max_bytes=BATCH_MAX_BYTES
+                )
                 if not lines:
                     break
                 if budget == 0:
@@ -264,7 +271,9 @@ class AgentConnection:
                 yield agent_pb2.AgentMessage(logs=agent_pb2.LogBatch(task_id=task_id, lines=lines))
             while True:
                 points = record.metrics.unacked(
-                    after=self._sent_metric_seq.get(task_id, 0), limit=BATCH_MAX_ITEMS
+                    after=self._sent_metric_seq.get(task_id, 0),
+                    limit=BATCH_MAX_ITEMS,
+                    max_bytes=BATCH_MAX_BYTES,
                 )
                 if not points:
                     break

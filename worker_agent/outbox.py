@@ -91,13 +91,17 @@ class Outbox(Generic[Item]):
                 return self._drop_oldest()
             return 0
 
-    def unacked(self, after: int = 0, limit: int | None = None) -> list[Item]:
-        """Unacknowledged items with seq > `after`, oldest first, at most `limit` of them."""
+    def unacked(self, after: int = 0, limit: int | None = None, max_bytes: int | None = None) -> list[Item]:
+        """Unacknowledged items with seq > `after`, oldest first: at most `limit` of them, and at most
+        `max_bytes` of them as spooled, but always the first. Spooled, a line's text takes at least the bytes
+        it takes serialized (JSON escapes what is not ASCII as \\uXXXX, where UTF-8 takes 2-4 bytes)."""
         with self._lock:
             start = bisect.bisect_right(self._seqs, after, lo=self._first)
             stop = len(self._seqs) if limit is None else min(len(self._seqs), start + limit)
             if start >= stop:
                 return []
+            if max_bytes is not None:
+                stop = min(stop, self._stop_within(start, max_bytes))
             if self._writer is not None:
                 self._writer.flush()
             end = self._offsets[stop] if stop < len(self._seqs) else self._end
@@ -111,6 +115,15 @@ class Outbox(Generic[Item]):
             except (ValueError, TypeError) as error:
                 log.warning("skipping a damaged line in %s: %s", self._spool, error)
         return items
+
+    def _stop_within(self, start: int, max_bytes: int) -> int:
+        """The end (exclusive) of the longest run of items from `start` whose spooled bytes fit `max_bytes`:
+        at least one item, whatever its size."""
+        limit = self._offsets[start] + max_bytes
+        beyond = bisect.bisect_right(self._offsets, limit, lo=start)  # the first item starting past it
+        if beyond == len(self._offsets) and self._end <= limit:
+            return beyond  # every item to the end fits
+        return max(start + 1, beyond - 1)  # the item starting at beyond - 1 ends past the limit
 
     def ack(self, seq: int) -> None:
         """Forgets every item with seq <= `seq`, on disk too."""

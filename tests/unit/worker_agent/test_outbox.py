@@ -115,3 +115,39 @@ def test_the_spool_is_compacted_once_mostly_acknowledged(tmp_path: Path) -> None
     assert [item.seq for item in outbox.unacked()] == list(range(2991, 3001))
     outbox.close()
     assert [item.seq for item in log_outbox(tmp_path).unacked()] == list(range(2991, 3001))
+
+
+def test_unacked_stops_at_max_bytes_as_spooled_but_hands_out_one_item_whatever_its_size(
+    tmp_path: Path,
+) -> None:
+    outbox = log_outbox(tmp_path)
+    for line in lines(1, 2, 3, 4, 5):
+        outbox.add(line)
+    outbox.unacked(limit=1)  # flushes the writer: the spool's size is on disk now
+    one = (tmp_path / "logs.jsonl").stat().st_size // 5  # every line here spools to the same size
+    assert [x.seq for x in outbox.unacked(max_bytes=2 * one)] == [1, 2]
+    assert [x.seq for x in outbox.unacked(max_bytes=2 * one + one - 1)] == [1, 2]
+    assert [x.seq for x in outbox.unacked(max_bytes=5 * one)] == [1, 2, 3, 4, 5]
+    assert [x.seq for x in outbox.unacked(after=3, max_bytes=10 * one)] == [4, 5]
+    assert [x.seq for x in outbox.unacked(max_bytes=1)] == [1]  # never stuck behind one big item
+    assert [x.seq for x in outbox.unacked(max_bytes=10 * one, limit=3)] == [1, 2, 3]
+    # Items still in the write buffer count too.
+    outbox.add(lines(6)[0])
+    assert [x.seq for x in outbox.unacked(after=4, max_bytes=2 * one)] == [5, 6]
+
+
+def test_a_batch_within_max_bytes_is_never_bigger_on_the_wire(tmp_path: Path) -> None:
+    outbox = log_outbox(tmp_path)
+    # What serializes bigger per character in protobuf than in plain text: non-ASCII (3 bytes in UTF-8).
+    texts = ["x" * 65536, "\ufffd" * 65536, "é" * 40000 + '\t"\\', "🙂" * 20000]
+    for seq, text in enumerate(texts * 3, start=1):
+        outbox.add(
+            agent_pb2.LogLine(seq=seq, stream="stderr", text=text, unix_ms=2**40, replaces_seq=seq - 1)
+        )
+    budget = 300 * 1024
+    after = 0
+    while items := outbox.unacked(after=after, max_bytes=budget):
+        wire = agent_pb2.LogBatch(task_id="t" * 32, lines=items).ByteSize()
+        assert len(items) == 1 or wire <= budget, (len(items), wire)
+        after = items[-1].seq
+    assert after == 12
