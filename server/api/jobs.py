@@ -211,8 +211,9 @@ async def job_logs(
         ),
     ] = False,
 ) -> LogPage | StreamingResponse:
-    """Log lines (tail, or after a cursor). With follow=true: NDJSON lines until the job has finished,
-    or until none has come for MWMS_FOLLOW_IDLE_TIMEOUT_S (follow again from the last line's id); at most
+    """Log lines (tail, or after a cursor), at most 8 MiB of text a page: fewer than `tail` when they are
+    long (the newest that fit, or the first after the cursor). With follow=true: NDJSON lines until the job
+    has finished, or until none has come for MWMS_FOLLOW_IDLE_TIMEOUT_S (follow again from the last line's id); at most
     MWMS_MAX_FOLLOWS_PER_USER follows per user and MWMS_MAX_FOLLOWS_TOTAL in all (429 beyond).
     A line with redraw=true replaces the line before it of its task and stream (a progress bar)."""
 

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, ScalarSelect, func, select
+from sqlalchemy import ColumnElement, ScalarSelect, Select, func, select
 from sqlalchemy.orm import InstrumentedAttribute, Session, aliased
 
 from mwms import metrics_line
@@ -19,6 +19,13 @@ from mwms.server.db.models import Job, LogLine, MetricPoint, Task
 
 # Metric points one read returns at most (GET /jobs/{id}/metrics pages beyond it).
 MAX_METRIC_POINTS_PER_PAGE = 10_000
+# Characters of log text one read returns at most, whatever the lines asked for: a line holds up to 64 KiB
+# (worker_agent/output_lines.py), and 10,000 of them cost the coordinator 1.4 GiB for one request. A page
+# within it holds fewer lines than asked; the cursor goes on from there.
+MAX_LOG_PAGE_CHARS = 8 * 1024 * 1024
+# Rows fetched at a time while a page fills (a server-side cursor on PostgreSQL): what is read past the
+# budget is at most this many lines.
+_LOG_ROWS_PER_FETCH = 64
 
 
 def value_out(stored: float | None) -> float | metrics_line.NonFinite:
@@ -35,9 +42,11 @@ def read_logs(
     after: int,
     tail: int,
     superseded: bool = True,
+    max_chars: int = MAX_LOG_PAGE_CHARS,
 ) -> list[tuple[LogLine, Task]]:
     """Log lines of a job in arrival order; `after` is a cursor (line id), `tail` keeps the newest N;
-    `superseded=False` leaves out the lines a newer state (a redraw) replaced."""
+    `superseded=False` leaves out the lines a newer state (a redraw) replaced. At most `max_chars` of text
+    (but always a line): the first lines after the cursor, or the newest, that fit."""
     query = select(LogLine, Task).join(Task, Task.id == LogLine.task_id).where(LogLine.job_id == job.id)
     if not superseded:
         query = query.where(LogLine.superseded.is_(False))
@@ -46,11 +55,27 @@ def read_logs(
     if attempt is not None:
         query = query.where(Task.attempt_number == attempt)
     if after:
-        query = query.where(LogLine.id > after)
-        rows = session.execute(query.order_by(LogLine.id).limit(tail)).all()
-        return [(line, task) for line, task in rows]
-    rows = session.execute(query.order_by(LogLine.id.desc()).limit(tail)).all()
-    return [(line, task) for line, task in reversed(rows)]
+        query = query.where(LogLine.id > after).order_by(LogLine.id)
+    else:
+        query = query.order_by(LogLine.id.desc())
+    rows = _within(session, query.limit(tail), max_chars)
+    return rows if after else rows[::-1]
+
+
+def _within(session: Session, query: Select[LogLine, Task], max_chars: int) -> list[tuple[LogLine, Task]]:
+    """The rows of `query` in its order up to `max_chars` of text, at least one; the rest is not fetched."""
+    result = session.execute(query.execution_options(yield_per=_LOG_ROWS_PER_FETCH))
+    rows: list[tuple[LogLine, Task]] = []
+    chars = 0
+    try:
+        for line, task in result.tuples():
+            chars += len(line.text)
+            if rows and chars > max_chars:
+                break
+            rows.append((line, task))
+    finally:
+        result.close()
+    return rows
 
 
 def read_metrics(
