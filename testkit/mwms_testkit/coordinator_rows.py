@@ -31,10 +31,10 @@ def register_request(
     )
 
 
-def seeded_database(path: Path | str, digest: str | None, agent_names: Iterable[str]) -> Database:
-    """A migrated database (SQLite at `path`, or the database URL `path`) with bundle `digest` (none when
-    None) and a one-CPU-slot agent per name, online."""
-    database = Database(path if isinstance(path, str) else f"sqlite:///{path}")
+def seeded_database(path: Path, digest: str | None, agent_names: Iterable[str]) -> Database:
+    """A migrated SQLite database at `path` with bundle `digest` (none when None) and a one-CPU-slot agent
+    per name, online."""
+    database = Database(f"sqlite:///{path}")
     upgrade_to_head(database.engine)
     slot = [{"kind": "cpu", "index": 0, "name": "s"}]
     with database.write() as session:

@@ -6,7 +6,7 @@ mwms_job_restarts_total.
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from mwms.server.db.models import Agent, LogLine, Task
@@ -15,6 +15,8 @@ from mwms.server.services.job_life.attempt_endings import AttemptEnding
 from mwms.server.states import TaskState
 
 FAILURE_LOG_LINES = 10
+# Characters of each of those lines a reason quotes (a line holds up to 64 KiB; the log has it whole).
+FAILURE_LINE_CHARS = 1000
 
 
 def worker_failed_reason(failed: Task) -> str:
@@ -33,14 +35,21 @@ def peer_stop_reason(ending: AttemptEnding | None) -> str:
 
 
 def last_log_lines(session: Session, task: Task, count: int = FAILURE_LOG_LINES) -> list[str]:
-    """The task's last `count` log lines, oldest first (each line's newest state: no redrawn ones)."""
+    """The task's last `count` log lines, oldest first (each line's newest state: no redrawn ones), each cut
+    to FAILURE_LINE_CHARS: a reason is stored with the attempt and the job and shown in lists."""
     rows = session.scalars(
-        select(LogLine.text)
+        select(func.substr(LogLine.text, 1, FAILURE_LINE_CHARS + 1))
         .where(LogLine.task_id == task.id, LogLine.superseded.is_(False))
         .order_by(LogLine.seq.desc())
         .limit(count)
     ).all()
-    return list(reversed(rows))
+    return [_quoted(text) for text in reversed(rows)]
+
+
+def _quoted(text: str) -> str:
+    if len(text) <= FAILURE_LINE_CHARS:
+        return text
+    return text[:FAILURE_LINE_CHARS] + " … (line cut: the log has it whole)"
 
 
 def describe_task_failure(session: Session, task: Task, agent_name: str) -> tuple[str, list[str]]:

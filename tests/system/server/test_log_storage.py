@@ -1,5 +1,8 @@
-"""Redrawn log lines (LogLine.replaces_seq, a `\\r` progress bar) in the coordinator's database: the replaced
-state is marked superseded, resends are stored once, pages and failure reasons show each line's newest state.
+"""Log lines in the coordinator's database and read back. Redrawn lines (LogLine.replaces_seq, a `\\r`
+progress bar): the replaced state is marked superseded, resends are stored once, pages and failure reasons show
+each line's newest state. Long lines (up to 64 KiB each): a page holds at most MAX_LOG_PAGE_CHARS of text (a
+job printing them made GET /jobs/{id}/logs?tail=10000 cost the coordinator 1.4 GiB for one request), and a
+failure reason quotes each line cut to FAILURE_LINE_CHARS.
 
 On SQLite and on a real PostgreSQL server (COPY for batches of 8 rows or more); PostgreSQL is skipped where
 no server can start.
@@ -11,17 +14,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from mwms.server.db.engine import Database
 from mwms.server.db.migrate import upgrade_to_head
-from mwms.server.db.models import Agent, LogLine, Task
+from mwms.server.db.models import Agent, Job, LogLine, Task
 from mwms.server.services.fleet.agent_messages import accept_logs
 from mwms.server.services.fleet.agents import Registration, register_agent
 from mwms.server.services.job_life import lifecycle
+from mwms.server.services.job_life.failure_reasons import FAILURE_LINE_CHARS
 from mwms.server.services.observing import log_pages
 from mwms.server.services.observing.telemetry import IncomingLine
+from mwms.server.services.observing.telemetry_reads import MAX_LOG_PAGE_CHARS, read_logs
 from mwms_testkit.coordinator_rows import place_task, seeded_database
 
 AT_MS = 1764500000000
@@ -172,3 +177,39 @@ def test_a_failure_reason_quotes_final_states_only(database: Database, task: Tas
         stored_task = session.get(Task, task.id)
         assert stored_task is not None
         assert lifecycle.last_log_lines(session, stored_task) == ["Epoch 1/1", "50/50", "Traceback: boom"]
+
+
+def test_a_failure_reason_quotes_long_lines_cut(database: Database, task: Task) -> None:
+    cut = FAILURE_LINE_CHARS
+    store(database, task, [line(1, "é" * (64 * 1024)), line(2, "x" * cut), line(3, "Traceback: boom")])
+    with database.read() as session:
+        stored_task = session.get(Task, task.id)
+        assert stored_task is not None
+        quoted = lifecycle.last_log_lines(session, stored_task)
+    assert quoted == ["é" * cut + " … (line cut: the log has it whole)", "x" * cut, "Traceback: boom"]
+
+
+def test_a_page_stops_at_its_text_budget_and_always_holds_a_line(database: Database, task: Task) -> None:
+    width = 1000
+    store(database, task, [line(seq, f"{seq:04d}".ljust(width, "x")) for seq in range(1, 11)])
+    store(database, task, [line(11, "y" * (5 * width))])
+
+    def seqs(after: int = 0, tail: int = 1000, max_chars: int = MAX_LOG_PAGE_CHARS) -> list[int]:
+        with database.read() as session:
+            job = session.get(Job, task.job_id)
+            assert job is not None
+            rows = read_logs(
+                session, job, task_index=None, attempt=None, after=after, tail=tail, max_chars=max_chars
+            )
+            return [line.seq for line, _ in rows]
+
+    assert seqs() == list(range(1, 12))  # far within the budget: every line
+    assert seqs(max_chars=7 * width) == [9, 10, 11]  # the newest that fit, oldest first
+    assert seqs(max_chars=7 * width - 1) == [10, 11]
+    assert seqs(max_chars=width) == [11]  # one line, though longer than the budget
+    assert seqs(tail=1, max_chars=10 * width) == [11]
+    with database.read() as session:
+        first = session.scalars(select(func.min(LogLine.id))).one()
+    assert seqs(after=first, max_chars=3 * width + 10) == [2, 3, 4]  # after a cursor: the first that fit
+    assert seqs(after=first, max_chars=1) == [2]
+    assert seqs(after=first, tail=2) == [2, 3]
