@@ -26,6 +26,8 @@ class MetricsTail:
         self._refused = False
         self._offset = 0
         self._line_number = 0
+        # Inside a line longer than MAX_READ_BYTES, read past up to its newline: no metric is that long.
+        self._skipping = False
 
     def poll(self) -> tuple[list[agent_pb2.MetricPoint], list[str]]:
         """New points, and a warning for every new line that is not a valid metric (its seq is used up)."""
@@ -43,9 +45,24 @@ class MetricsTail:
                 return [], []
             self._refused = True
             return [], [f"mwms-agent: the metrics file is not read: {error.strerror or error}"]
-        complete_end = chunk.rfind(b"\n") + 1
         points: list[agent_pb2.MetricPoint] = []
         warnings: list[str] = []
+        if self._skipping:
+            rest = chunk.find(b"\n") + 1
+            self._offset += rest or len(chunk)
+            if not rest:
+                return [], []
+            self._skipping = False
+            chunk = chunk[rest:]
+        complete_end = chunk.rfind(b"\n") + 1
+        if not complete_end and len(chunk) == MAX_READ_BYTES:  # a line it would wait for for ever
+            self._line_number += 1
+            self._skipping = True
+            self._offset += len(chunk)
+            warnings.append(
+                f"mwms-agent: skipped metrics line {self._line_number} (longer than {MAX_READ_BYTES} bytes)"
+            )
+            return points, warnings
         for raw in chunk[:complete_end].split(b"\n")[:-1]:
             self._line_number += 1
             if not raw.strip():

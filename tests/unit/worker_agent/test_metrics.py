@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
+from mwms.worker_agent import metrics
 from mwms.worker_agent.metrics import MetricsTail
 
 
@@ -40,3 +43,22 @@ def test_malformed_line_is_skipped_with_a_warning_and_uses_its_seq(tmp_path: Pat
     assert len(warnings) == 2
     assert "line 2" in warnings[0] and "not JSON" in warnings[0]
     assert "line 3" in warnings[1] and "value" in warnings[1]
+
+
+def test_a_line_longer_than_a_read_is_skipped_with_a_warning_and_the_next_ones_are_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(metrics, "MAX_READ_BYTES", 100)
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(metric("loss", 1, 0.5) + "x" * 250)
+    tail = MetricsTail(path)
+    points, warnings = tail.poll()
+    assert [p.seq for p in points] == [1] and warnings == []
+    points, warnings = tail.poll()  # 100 bytes and no newline: it can only be skipped
+    assert points == [] and warnings == ["mwms-agent: skipped metrics line 2 (longer than 100 bytes)"]
+    assert tail.poll() == ([], [])  # still inside it
+    with path.open("a") as file:
+        file.write("x" * 30 + "\n" + metric("loss", 3, 0.25))
+    polls = [tail.poll() for _ in range(3)]  # reads of 100 bytes: past its end, then the next line
+    assert [(p.seq, p.step) for points, _ in polls for p in points] == [(3, 3)]
+    assert [w for _, warnings in polls for w in warnings] == []
