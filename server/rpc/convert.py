@@ -60,6 +60,9 @@ def registration(request: pb.RegisterRequest) -> Registration:
 
 MAX_DIGEST_CHARS = 64
 MAX_PLATFORM_CHARS = 100
+# What a task's report says (an exit, a refusal, an environment's build error): kept with the task and quoted
+# in its job's reason, which every jobs list carries.
+MAX_TASK_MESSAGE_CHARS = 4000
 _START_KINDS = {pb.START_KIND_WARM: "warm", pb.START_KIND_COLD: "cold"}
 _ENVIRONMENT_STATUS = {pb.ENVIRONMENT_STATUS_BUILDING: "building", pb.ENVIRONMENT_STATUS_READY: "ready"}
 
@@ -80,7 +83,7 @@ def task_report(report: pb.TaskReport) -> TaskReport | None:
         task_id=report.task_id,
         state=state,
         exit_code=report.exit_code if terminal else None,
-        message=report.message,
+        message=report.message[:MAX_TASK_MESSAGE_CHARS],
         pid=report.pid or None,
         environment=_ENVIRONMENT_STATUS.get(report.environment, ""),
         environment_build_s=_build_seconds(report)

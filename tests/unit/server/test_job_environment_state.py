@@ -146,11 +146,13 @@ def test_an_agents_hostile_environment_report_is_bounded(seconds: float) -> None
         environment_build_seconds=seconds,
         environment_digest="d" * 10_000,
         environment_platform="p" * 10_000,
+        message="m" * 10_000_000,
     )
     read = task_report(hostile)
     assert read is not None and read.environment == "ready"
     assert read.environment_build_s is None  # a non-finite or negative number says nothing
     assert len(read.environment_digest) == 64 and len(read.environment_platform) == 100
+    assert read.message == "m" * 4000  # kept with the task and quoted in its job's reason
     huge = task_report(
         pb.TaskReport(
             task_id="t", state=pb.TASK_STATE_STARTING, environment=2, environment_build_seconds=1e300
