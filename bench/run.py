@@ -22,12 +22,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
 import platform
 import shutil
 import signal
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -41,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 import jobs_at_volume  # noqa: E402
 import scale  # noqa: E402
 from databases import CHOICES, BenchDatabase, bench_database  # noqa: E402
+from machine_speed import machine_speed, speed_line  # noqa: E402
 
 from mwms_testkit.cluster import Cluster, free_port, wait_until  # noqa: E402
 
@@ -250,50 +249,6 @@ def report(scenarios: dict[str, dict[str, object]]) -> list[str]:
         if not ok:
             missed.append(f"{name}.{key}: {shown} (target {op} {target})")
     return missed
-
-
-def machine_speed() -> dict[str, float]:
-    """How fast this machine ran just before a scenario, for comparing figures of different days and hours:
-    the reference VM's speed swings between days and within an hour, and every figure follows it.
-
-    `python_10m_additions_s`: 10 M additions in a pure-Python loop (best of three shorter runs, scaled);
-    `sqlite_insert_us_per_row`: a row of a 20,000-row executemany into an indexed SQLite table in WAL mode,
-    committed (best of three), the ingest process's kind of work."""
-    best_loop = best_insert = math.inf
-    additions, rows = 2_000_000, 20_000
-    with tempfile.TemporaryDirectory() as tmp:
-        db = sqlite3.connect(Path(tmp) / "speed.db", isolation_level=None)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")
-        db.execute(
-            "CREATE TABLE t (id INTEGER PRIMARY KEY, task TEXT, seq INTEGER, text TEXT, UNIQUE (task, seq))"
-        )
-        for round_ in range(3):
-            started = time.perf_counter()
-            total = 0
-            for i in range(additions):
-                total += i
-            best_loop = min(best_loop, time.perf_counter() - started)
-            data = [
-                (f"task-{i % 50}", round_ * rows + i, f"step {i} loss 0.{i % 1000:03d}") for i in range(rows)
-            ]
-            started = time.perf_counter()
-            db.execute("BEGIN IMMEDIATE")
-            db.executemany("INSERT INTO t (task, seq, text) VALUES (?, ?, ?)", data)
-            db.execute("COMMIT")
-            best_insert = min(best_insert, time.perf_counter() - started)
-        db.close()
-    return {
-        "python_10m_additions_s": round(best_loop * 10_000_000 / additions, 3),
-        "sqlite_insert_us_per_row": round(best_insert / rows * 1e6, 3),
-    }
-
-
-def speed_line(speed: dict[str, float]) -> str:
-    return (
-        f"10 M Python additions {speed['python_10m_additions_s']} s, "
-        f"a SQLite row {speed['sqlite_insert_us_per_row']} us"
-    )
 
 
 def machine() -> str:

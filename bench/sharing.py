@@ -44,6 +44,7 @@ import httpx  # noqa: E402
 import run as bench_run  # noqa: E402
 import scale  # noqa: E402
 from databases import CHOICES, BenchDatabase, bench_database  # noqa: E402
+from machine_speed import machine_speed, speed_line  # noqa: E402
 
 from mwms_testkit.cluster import MWMS, Cluster, Process  # noqa: E402
 from mwms_testkit.simulator import SimTask, Simulator  # noqa: E402
@@ -758,10 +759,10 @@ def run_database(db: str, args: argparse.Namespace, chosen: list[str]) -> dict[s
         for name in SCENARIOS:
             if name not in chosen:
                 continue
-            speed = bench_run.machine_speed()
+            speed = machine_speed()
             started = time.monotonic()
             load_before = os.getloadavg()
-            print(f"--- {name} ({args.db}; {bench_run.speed_line(speed)})", file=sys.stderr, flush=True)
+            print(f"--- {name} ({args.db}; {speed_line(speed)})", file=sys.stderr, flush=True)
             scenarios[name] = run_scenario(name, args, database)
             scenarios[name]["scenario_wall_s"] = time.monotonic() - started
             scenarios[name]["load_average_before"] = load_before
