@@ -7,7 +7,6 @@ from typing import Any
 
 from mwms.server.db.models import Attempt, AttemptEvent, Job, StoredFile, Task, Token
 from mwms.server.schemas import (
-    ATTEMPTS_SHOWN,
     AgentOut,
     AgentTaskOut,
     ArtifactOut,
@@ -177,9 +176,9 @@ def environment_out(stored: dict[str, Any] | None) -> EnvironmentOut | None:
 def job_out(view: JobView) -> JobOut:
     """A job in full, from services.views.job_view."""
     job = view.job
-    summary = job_summary(job, len(job.attempts), view.progress)
+    summary = job_summary(job, view.attempt_count, view.progress)
     options = job.options
-    newest = job.attempts[-1] if job.attempts else None
+    newest = view.attempts[-1] if view.attempts else None
     return JobOut(
         **summary.model_dump(),
         command=list(job.command),
@@ -195,7 +194,7 @@ def job_out(view: JobView) -> JobOut:
         environment=environment_out(job.environment),
         tasks=[task_out(t, view, failed_task_index(newest)) for t in newest.tasks] if newest else [],
         latest_stacks=view.latest_stacks,
-        attempt_history=[attempt_out(a, view) for a in job.attempts[-ATTEMPTS_SHOWN:]],
+        attempt_history=[attempt_out(a, view) for a in view.attempts],
         events=[
             JobEventOut(from_state=e.from_state, to_state=e.to_state, reason=e.reason, at=e.at)
             for e in job.events

@@ -11,10 +11,11 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from mwms.server.db.models import Agent, Job, StackDump, StackRequest, Task, utcnow
+from mwms.server.db.models import Agent, Attempt, Job, StackDump, StackRequest, Task, utcnow
+from mwms.server.schemas import ATTEMPTS_SHOWN
 from mwms.server.services.fleet.agents import AgentState, agent_state, capacities, live_tasks_by_agent
 from mwms.server.services.fleet.device_identity import GpuUuids, task_uuids, uuids_by_index
-from mwms.server.services.job_life.jobs import read_job
+from mwms.server.services.job_life.jobs import newest_attempts, read_job
 from mwms.server.services.observing import stacks
 from mwms.server.services.observing.stack_text import DumpReading, ThreadStack, read_dump
 from mwms.server.services.observing.telemetry import Progress, latest_progress
@@ -57,6 +58,8 @@ class JobView:
     """A job to show in full, with the names of the agents its tasks ran on and its latest progress."""
 
     job: Job
+    attempts: list[Attempt]  # its newest ATTEMPTS_SHOWN, oldest first, with their tasks and events
+    attempt_count: int  # all it has had
     agent_names: dict[str, str]
     progress: Progress
     gpu_uuids: GpuUuids = field(default_factory=dict)  # of its tasks' agents, by agent id then index
@@ -163,11 +166,14 @@ def agents_view(session: Session, agent_id: str | None = None) -> list[AgentView
 
 
 def job_view(session: Session, job: Job) -> JobView:
-    """`job` with its agents' names and progress; load it with jobs.read_job so its attempts, tasks and
-    events come in fixed queries."""
-    names, uuids = agent_names_and_gpu_uuids(session, {t.agent_id for a in job.attempts for t in a.tasks})
+    """`job` with its newest attempts, their agents' names and its progress; load it with jobs.read_job so
+    its events come in one query."""
+    attempts, count = newest_attempts(session, job.id, ATTEMPTS_SHOWN)
+    names, uuids = agent_names_and_gpu_uuids(session, {t.agent_id for a in attempts for t in a.tasks})
     return JobView(
         job=job,
+        attempts=attempts,
+        attempt_count=count,
         agent_names=names,
         progress=latest_progress(session, job),
         gpu_uuids=uuids,
