@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from mwms.server.db.models import Agent, Attempt, Job, Task
@@ -61,7 +61,9 @@ from mwms.server.services.job_life.task_stops import request_stop as request_sto
 from mwms.server.services.job_life.task_stops import stop_grace_for as stop_grace_for
 from mwms.server.services.job_life.transitions import transition_attempt, transition_job, transition_task
 from mwms.server.services.wording import count
-from mwms.server.states import AttemptState, JobState, TaskState
+from mwms.server.states import TERMINAL_TASK_STATES, AttemptState, JobState, TaskState
+
+_TERMINAL_TASK_STATES = [state.value for state in TERMINAL_TASK_STATES]
 
 # -- placement and restarts ---------------------------------------------------------------------------
 
@@ -101,9 +103,15 @@ def release_restart(session: Session, job: Job, now: datetime) -> None:
     """A RESTARTING job whose backoff is over and whose old tasks have all ended becomes PENDING."""
     if job.not_before is not None and job.not_before > now:
         return
-    if any(not TaskState(t.state).terminal for a in job.attempts for t in a.tasks):
+    # Asked of the database: a job restarted a thousand times has a thousand attempts' tasks to load.
+    unended = select(Task.state).where(Task.job_id == job.id, Task.state.not_in(_TERMINAL_TASK_STATES))
+    states = session.scalars(unended.distinct()).all()
+    if [
+        TaskState(state) for state in states
+    ]:  # a state this version does not know raises: the job is skipped
         return
-    transition_job(session, job, JobState.PENDING, f"placing attempt {len(job.attempts) + 1}", now)
+    newest = session.scalar(select(func.max(Attempt.number)).where(Attempt.job_id == job.id)) or 0
+    transition_job(session, job, JobState.PENDING, f"placing attempt {newest + 1}", now)
 
 
 # -- ending a job -------------------------------------------------------------------------------------

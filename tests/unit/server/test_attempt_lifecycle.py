@@ -4,17 +4,17 @@ change the table refuses raises. Runs the services on a real SQLite database."""
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import event, select
 
 from mwms.server.api.views import job_out
 from mwms.server.db.engine import Database
-from mwms.server.db.models import Agent, Attempt, AttemptEvent, Job
+from mwms.server.db.models import Agent, Attempt, AttemptEvent, Job, utcnow
 from mwms.server.schemas import JobCreate
 from mwms.server.services.job_life.jobs import cancel_job, create_job
 from mwms.server.services.job_life.lifecycle import end_job, restart_policy_value
 from mwms.server.services.job_life.tasks import TaskReport, apply_report
 from mwms.server.services.job_life.transitions import transition_attempt
-from mwms.server.services.scheduler.scheduling import schedule_pending
+from mwms.server.services.scheduler.scheduling import release_waiting, schedule_pending
 from mwms.server.services.views import read_job_view
 from mwms.server.states import AttemptState, InvalidTransition, JobState, TaskState
 
@@ -96,6 +96,30 @@ def test_a_restart_fails_one_attempt_and_opens_the_next(db):
         (2, None, "ACTIVE"),
     ]
     assert "exited with code 137" in events[1][3]
+
+
+def test_a_restart_waits_for_every_older_task_asking_the_database_not_the_attempts(db):
+    job_id = submit(db, restart={"max_restarts": 100})
+    for round_ in range(6):  # five failed attempts, then a sixth whose worker 1 is slow to stop
+        for index in (0, 1):
+            report(db, job_id, index, TaskState.RUNNING)
+        report(db, job_id, 0, TaskState.FAILED, 137)
+        if round_ < 5:
+            report(db, job_id, 1, TaskState.STOPPED, 143)
+            with db.write() as session:
+                schedule_pending(session)
+    loaded: list[object] = []
+    with db.write() as session:
+        event.listen(session, "loaded_as_persistent", lambda _, instance: loaded.append(instance))
+        release_waiting(session, utcnow())
+        assert session.get(Job, job_id).state == "RESTARTING"  # attempt 6's worker 1 is still stopping
+    # Only the job: one restarted a thousand times has a thousand attempts' tasks.
+    assert [type(o).__name__ for o in loaded] == ["Job"]
+    report(db, job_id, 1, TaskState.STOPPED, 143)
+    with db.write() as session:
+        release_waiting(session, utcnow())
+        job = session.get(Job, job_id)
+        assert job.state == "PENDING" and job.events[-1].reason == "placing attempt 7"
 
 
 def test_a_refused_task_replaces_the_attempt(db):
