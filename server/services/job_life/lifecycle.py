@@ -105,10 +105,8 @@ def release_restart(session: Session, job: Job, now: datetime) -> None:
         return
     # Asked of the database: a job restarted a thousand times has a thousand attempts' tasks to load.
     unended = select(Task.state).where(Task.job_id == job.id, Task.state.not_in(_TERMINAL_TASK_STATES))
-    states = session.scalars(unended.distinct()).all()
-    if [
-        TaskState(state) for state in states
-    ]:  # a state this version does not know raises: the job is skipped
+    # A state this version does not know raises: the job is skipped, counted as poison (server/poison.py).
+    if [TaskState(state) for state in session.scalars(unended.distinct())]:
         return
     newest = session.scalar(select(func.max(Attempt.number)).where(Attempt.job_id == job.id)) or 0
     transition_job(session, job, JobState.PENDING, f"placing attempt {newest + 1}", now)
