@@ -254,5 +254,8 @@ def test_a_straggler_before_its_first_all_reduce_is_named_and_the_job_restarts_t
 
     job = stk.wait_for(job_id, {"FAILED", "SUCCEEDED", "CANCELLED"}, timeout=240)
     assert job["state"] == "FAILED" and "(all 1 restarts used)" in job["reason"], job["reason"]
-    assert "not in a collective: worker 1 on agent" in job["reason"], job["reason"]
+    # The second attempt's check counts from its start: on a slow machine worker 0 may still be importing
+    # TensorFlow then, and is named too; worker 1, sleeping or importing, is outside a collective either way.
+    outside = job["reason"].split("not in a collective: ", 1)
+    assert len(outside) == 2 and "worker 1 on agent" in outside[1], job["reason"]
     assert len(job["attempt_history"]) == 2
