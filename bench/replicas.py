@@ -221,6 +221,8 @@ class LossWatch:
         self.offline: list[tuple[float, int]] = []
         self.lost: list[tuple[float, int]] = []
         self.lost_names: set[str] = set()
+        # For each poll that showed agents offline: what the database held for them, counted by kind.
+        self.offline_why: list[tuple[float, dict[str, int]]] = []
         self.errors = 0
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -238,10 +240,41 @@ class LossWatch:
                     self.errors += 1
                     continue
                 rows = response.json()
-                offline = sum(1 for a in rows if a["name"] in names and not a["online"])
-                self.offline.append((time.monotonic(), offline))
+                shown = [a["name"] for a in rows if a["name"] in names and not a["online"]]
+                at = time.monotonic()
+                self.offline.append((at, len(shown)))
+                if shown:
+                    try:
+                        kinds = await asyncio.to_thread(self._why_offline, shown)
+                        self.offline_why.append((at, kinds))
+                    except Exception:  # noqa: BLE001 - a diagnosis that fails leaves the count
+                        self.errors += 1
                 break
             await asyncio.sleep(2.0)
+
+    def _why_offline(self, names: list[str]) -> dict[str, int]:
+        """Agents shown offline, counted by where their stream is (no replica, or a replica by name and
+        whether it still beats), how long ago their liveness ran out and how old their last heartbeat is."""
+        from sqlalchemy import bindparam, text
+
+        query = text(
+            "SELECT r.name, EXTRACT(EPOCH FROM now() - a.online_until), "
+            "EXTRACT(EPOCH FROM now() - a.last_heartbeat_at), EXTRACT(EPOCH FROM now() - r.seen_at), "
+            "r.stopped_at IS NOT NULL FROM agents a LEFT JOIN replicas r ON r.id = a.stream_replica "
+            "WHERE a.name IN :names"
+        ).bindparams(bindparam("names", expanding=True))
+        kinds: dict[str, int] = {}
+        with self.engine.connect() as connection:
+            for replica, lapsed, heard, beat, stopped in connection.execute(query, {"names": names}):
+                if replica is None:
+                    where = "no stream"
+                elif stopped:
+                    where = f"{replica} stopped"
+                else:
+                    where = f"{replica} beat {float(beat):.0f}s ago"
+                kind = f"{where}; lapsed {float(lapsed or 0):.0f}s ago; heard {float(heard or 0):.0f}s ago"
+                kinds[kind] = kinds.get(kind, 0) + 1
+        return kinds
 
     def _lost_now(self) -> list[str]:
         from sqlalchemy import text
@@ -270,6 +303,9 @@ class LossWatch:
             # When agents read offline (seconds into the window) and how many: to tell which window it is.
             "offline_at_s": [
                 (round(at - since, 1), n) for at, n in self.offline if since <= at <= until and n
+            ],
+            "offline_why": [
+                (round(at - since, 1), kinds) for at, kinds in self.offline_why if since <= at <= until
             ],
             "agents_lost_at_set": max(lost, default=None),
             "lost_at_polls": len(lost),
