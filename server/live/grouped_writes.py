@@ -47,9 +47,11 @@ class GroupedWrites(Generic[Item, Outcome]):
         wake_agents: Callable[[Iterable[str]], None],
         max_per_transaction: int,
         committed: Callable[[Sequence[Outcome | BaseException]], None] = lambda outcomes: None,
+        prepare: Callable[[Session, list[tuple[str, Item]]], object] = lambda session, items: None,
     ) -> None:
         self._db = db
         self._apply = apply
+        self._prepare = prepare  # reads the group's rows in bulk; what it returns is held until the commit
         self._wake_agents = wake_agents
         self._max = max_per_transaction
         self._committed = committed  # told every group's outcomes once committed
@@ -99,6 +101,9 @@ class GroupedWrites(Generic[Item, Outcome]):
         outcomes: dict[int, Outcome | Exception] = {}
         with self._db.write() as session:
             targets = track_command_targets(session)
+            # What `prepare` loaded stays referenced, so the session's identity map (weak references)
+            # answers the items' reads of those rows instead of a round trip each.
+            loaded = self._prepare(session, [(q.agent_id, q.item) for q in group])
             # A stable sort: one agent's items keep the order its streams queued them in.
             for at in sorted(range(len(group)), key=lambda i: group[i].agent_id):
                 queued = group[at]
@@ -109,4 +114,5 @@ class GroupedWrites(Generic[Item, Outcome]):
                     if is_transient(error):
                         raise
                     outcomes[at] = error
+            del loaded
         return [outcomes[at] for at in range(len(group))], targets

@@ -35,6 +35,9 @@ class HelloWriter(GroupedWrites[list[TaskReport], Accepted]):
         on_change: Callable[[], None],
     ) -> None:
         def apply(session: Session, agent_id: str, reports: list[TaskReport]) -> Accepted:
+            # The stream is claimed first, so the agent's row is written once, with its liveness, when
+            # the hello's read of its tasks flushes the session.
+            epoch = replicas.claim_stream(session, agent_id, replica_id)
             replies = agent_messages.accept_hello(
                 session,
                 agent_id,
@@ -42,10 +45,17 @@ class HelloWriter(GroupedWrites[list[TaskReport], Accepted]):
                 timeout_s=settings.agent_timeout_s,
                 backoff_base_s=settings.restart_backoff_s,
             )
-            return replies, replicas.claim_stream(session, agent_id, replica_id)
+            return replies, epoch
 
         def committed(outcomes: Sequence[Accepted | BaseException]) -> None:
             if any(not isinstance(o, BaseException) and o[0].changed for o in outcomes):
                 on_change()
 
-        super().__init__(db, apply, wake_agents, MAX_HELLOS_PER_TRANSACTION, committed)
+        super().__init__(
+            db,
+            apply,
+            wake_agents,
+            MAX_HELLOS_PER_TRANSACTION,
+            committed,
+            prepare=agent_messages.hold_agents_of_hellos,
+        )

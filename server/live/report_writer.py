@@ -30,4 +30,10 @@ class ReportWriter(GroupedWrites[TaskReport, agent_messages.Replies]):
         def apply(session: Session, agent_id: str, report: TaskReport) -> agent_messages.Replies:
             return agent_messages.accept_report(session, agent_id, report, backoff_base_s=backoff_base_s)
 
-        super().__init__(db, apply, wake_agents, MAX_REPORTS_PER_TRANSACTION)
+        super().__init__(
+            db,
+            apply,
+            wake_agents,
+            MAX_REPORTS_PER_TRANSACTION,
+            prepare=agent_messages.hold_rows_of_reports,
+        )

@@ -147,7 +147,7 @@ def accept_telemetry(session: Session, batches: list[TelemetryBatch]) -> list[St
     when its agent was removed); the others are stored. A database that cannot be written at all
     (a transient error) fails the whole call, so every agent resends.
     """
-    held = _hold_rows(session, Agent, {b.agent_id for b in batches}) + _hold_rows(
+    held = hold_rows(session, Agent, {b.agent_id for b in batches}) + hold_rows(
         session, Task, {b.task_id for b in batches}
     )
     outcomes: list[StoreOutcome | Exception] = []
@@ -172,16 +172,29 @@ def accept_telemetry(session: Session, batches: list[TelemetryBatch]) -> list[St
 IDS_PER_QUERY = 500
 
 
-def _hold_rows(session: Session, model: type[Agent] | type[Task], ids: set[str]) -> list[Any]:
+def hold_rows(session: Session, model: type[Agent] | type[Task], ids: set[str]) -> list[Any]:
     """Reads the rows of `ids` in a few queries and returns them, for the caller to hold: while held, the
     session's `get` finds them without a query (it keeps only the objects something references), so a
-    transaction of hundreds of batches reads each batch's agent and task once, not twice per batch."""
+    transaction of hundreds of batches, hellos or reports reads each one's agent and task once, not once
+    or twice per item."""
     ordered = sorted(ids)
     rows: list[Any] = []
     for start in range(0, len(ordered), IDS_PER_QUERY):
         chunk = ordered[start : start + IDS_PER_QUERY]
         rows += session.scalars(select(model).where(model.id.in_(chunk))).all()
     return rows
+
+
+def hold_agents_of_hellos(session: Session, hellos: list[tuple[str, Any]]) -> list[Any]:
+    """For a transaction of hellos (server/live/hello_writer.py): their agents, to hold."""
+    return hold_rows(session, Agent, {agent_id for agent_id, _ in hellos})
+
+
+def hold_rows_of_reports(session: Session, reports: list[tuple[str, TaskReport]]) -> list[Any]:
+    """For a transaction of task reports (server/live/report_writer.py): their agents and tasks, to hold."""
+    return hold_rows(session, Agent, {agent_id for agent_id, _ in reports}) + hold_rows(
+        session, Task, {report.task_id for _, report in reports}
+    )
 
 
 def accept_logs(session: Session, agent_id: str, task_id: str, lines: list[IncomingLine]) -> StoreOutcome:
