@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from mwms.server.db.engine import Database
 from mwms.server.live.grouped_writes import GroupedWrites
 from mwms.server.services.fleet import agent_messages, replicas
-from mwms.server.services.job_life.tasks import TaskReport
+from mwms.server.services.job_life.tasks import TaskReport, agents_with_active_tasks
 from mwms.server.settings import Settings
 
 MAX_HELLOS_PER_TRANSACTION = 200
@@ -44,8 +44,19 @@ class HelloWriter(GroupedWrites[list[TaskReport], Accepted]):
                 reports,
                 timeout_s=settings.agent_timeout_s,
                 backoff_base_s=settings.restart_backoff_s,
+                had_active_tasks=agent_id in busy,
             )
             return replies, epoch
+
+        # The agents of the group being written that had a task STARTING or RUNNING when its
+        # transaction took the writer lock; groups are written one at a time, by one thread.
+        busy: set[str] = set()
+
+        def prepare(session: Session, hellos: list[tuple[str, list[TaskReport]]]) -> object:
+            held = agent_messages.hold_agents_of_hellos(session, hellos)
+            busy.clear()
+            busy.update(agents_with_active_tasks(session, sorted({agent_id for agent_id, _ in hellos})))
+            return held
 
         def committed(outcomes: Sequence[Accepted | BaseException]) -> None:
             if any(not isinstance(o, BaseException) and o[0].changed for o in outcomes):
@@ -57,5 +68,5 @@ class HelloWriter(GroupedWrites[list[TaskReport], Accepted]):
             wake_agents,
             MAX_HELLOS_PER_TRANSACTION,
             committed,
-            prepare=agent_messages.hold_agents_of_hellos,
+            prepare=prepare,
         )

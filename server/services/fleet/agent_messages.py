@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
-from mwms.server.db.models import Agent, Job, Task, utcnow
+from mwms.server.db.models import Agent, Attempt, Job, Task, utcnow
 from mwms.server.observability.event_log import log_after_commit
 from mwms.server.poison import is_transient, isolated
 from mwms.server.services.fleet import replicas
@@ -59,9 +59,19 @@ class Replies:
 
 
 def accept_hello(
-    session: Session, agent_id: str, reports: list[TaskReport], *, timeout_s: float, backoff_base_s: float
+    session: Session,
+    agent_id: str,
+    reports: list[TaskReport],
+    *,
+    timeout_s: float,
+    backoff_base_s: float,
+    had_active_tasks: bool = True,
 ) -> Replies:
-    """An agent (re)connected: apply what it reports; tasks it should run but does not know are lost."""
+    """An agent (re)connected: apply what it reports; tasks it should run but does not know are lost.
+
+    `had_active_tasks` False: the caller read, in this transaction under the writer lock, that the agent
+    had no task STARTING or RUNNING; none can become so but by this hello's own reports, so there is none
+    to lose and they are not read again (a hello of a fresh agent costs a round trip less)."""
     now = utcnow()
     agent = get_agent(session, agent_id)
     touch_agent(agent, timeout_s, now)
@@ -72,7 +82,7 @@ def accept_hello(
             outcome = apply_report(session, agent, report, backoff_base_s=backoff_base_s, now=now)
             replies.add(report.task_id, outcome)
     known = {r.task_id for r in reports}
-    for task in active_tasks_on_agent(session, agent_id):
+    for task in active_tasks_on_agent(session, agent_id) if had_active_tasks else []:
         if task.id not in known:
             mark_task_lost(
                 session,
@@ -172,7 +182,9 @@ def accept_telemetry(session: Session, batches: list[TelemetryBatch]) -> list[St
 IDS_PER_QUERY = 500
 
 
-def hold_rows(session: Session, model: type[Agent] | type[Task], ids: set[str]) -> list[Any]:
+def hold_rows(
+    session: Session, model: type[Agent] | type[Task] | type[Attempt] | type[Job], ids: set[str]
+) -> list[Any]:
     """Reads the rows of `ids` in a few queries and returns them, for the caller to hold: while held, the
     session's `get` finds them without a query (it keeps only the objects something references), so a
     transaction of hundreds of batches, hellos or reports reads each one's agent and task once, not once
@@ -191,10 +203,13 @@ def hold_agents_of_hellos(session: Session, hellos: list[tuple[str, Any]]) -> li
 
 
 def hold_rows_of_reports(session: Session, reports: list[tuple[str, TaskReport]]) -> list[Any]:
-    """For a transaction of task reports (server/live/report_writer.py): their agents and tasks, to hold."""
-    return hold_rows(session, Agent, {agent_id for agent_id, _ in reports}) + hold_rows(
-        session, Task, {report.task_id for _, report in reports}
-    )
+    """For a transaction of task reports (server/live/report_writer.py): their agents, tasks, and the
+    tasks' attempts and jobs, to hold. A gang's 64 reports share one attempt and one job, which each
+    report read again (and an attempt's ending, its tasks again) once the last had left the session."""
+    agents = hold_rows(session, Agent, {agent_id for agent_id, _ in reports})
+    tasks = hold_rows(session, Task, {report.task_id for _, report in reports})
+    attempts = hold_rows(session, Attempt, {task.attempt_id for task in tasks})
+    return agents + tasks + attempts + hold_rows(session, Job, {task.job_id for task in tasks})
 
 
 def accept_logs(session: Session, agent_id: str, task_id: str, lines: list[IncomingLine]) -> StoreOutcome:

@@ -274,25 +274,35 @@ def _group(items: list[tuple[str, Any]]) -> list[Any]:
 
 def test_hellos_and_reports_of_a_transaction_read_their_rows_once(cluster: tuple[Coordinator, Any]) -> None:
     """Hundreds of hellos arrive together after a replica dies or the coordinator restarts, a gang's reports
-    within a second: each item read its agent (a hello twice) and its task one by one, a round trip each on
-    PostgreSQL (1,000 hellos: 2.0 s, 7 statements each; now 1.0 s, 4). The group's rows are read in one
-    query each, and every item is applied as it would be alone."""
+    within a second: each item read its agent (a hello twice), its task, attempt and job one by one, a round
+    trip each on PostgreSQL (1,000 hellos: 2.0 s, 7 statements each; now 1.0 s, 4). The group's rows are
+    read in one query a table, and every item is applied as it would be alone."""
     coordinator, app = cluster
     wiring = app.state.wiring
     joined = [coordinator.join(f"hello-group-{i}")[0] for i in range(12)]
+    # Two of them run a task: one says so in its hello, the other restarted and no longer knows its own.
+    kept, forgotten = coordinator.running_job(joined[3]), coordinator.running_job(joined[7])
+    kept_report = TaskReport(task_id=kept.id, state=TaskState.RUNNING, pid=4242)
+    hellos = [(agent_id, [kept_report] if agent_id == joined[3] else []) for agent_id in joined]
     # This thread's statements only: the coordinator answers the streams' own calls meanwhile.
     here = threading.current_thread().name
     with recorded(coordinator.db.engine, starting("SELECT", "UPDATE"), threads=here) as statements:
-        outcomes, _ = wiring.hellos._write(_group([(agent_id, []) for agent_id in joined]))
+        outcomes, _ = wiring.hellos._write(_group(hellos))
     assert all(isinstance(o, tuple) and o[1] >= 1 for o in outcomes), outcomes  # each stream's epoch
-    agent_reads = [s for s in statements if s.lstrip().upper().startswith("SELECT AGENTS")]
-    assert len(agent_reads) == 1, agent_reads
+    by_key = [s.lstrip().upper() for s in statements]
+    assert sum(1 for s in by_key if s.startswith("SELECT AGENTS")) == 1, statements
     # Liveness and the stream's holder written together: one UPDATE an agent.
-    assert sum(1 for s in statements if s.lstrip().upper().startswith("UPDATE AGENTS")) == 12, statements
+    assert sum(1 for s in by_key if s.startswith("UPDATE AGENTS")) == 12, statements
+    # Which agents run tasks: one query; the tasks of each of those two alone are read again.
+    assert sum(1 for s in by_key if s.startswith("SELECT DISTINCT TASKS.AGENT_ID")) == 1, statements
+    assert sum(1 for s in by_key if s.startswith("SELECT TASKS.ID,") and "TASKS.AGENT_ID = ?" in s) == 2
     with coordinator.db.read() as session:
         rows = session.scalars(select(Agent).where(Agent.id.in_(joined))).all()
         assert {a.stream_replica for a in rows} == {wiring.replica.id}
         assert all(a.online_until is not None and a.online_until > utcnow() for a in rows)
+        assert session.get(Task, kept.id).state == "RUNNING"
+        lost = session.get(Task, forgotten.id)
+        assert lost.state == "LOST" and "no longer runs it" in lost.message, (lost.state, lost.message)
 
     streams = streams_running_a_task(coordinator, "report-group", 6)
     reports = [
@@ -305,6 +315,12 @@ def test_hellos_and_reports_of_a_transaction_read_their_rows_once(cluster: tuple
     by_key = [s.lstrip().upper() for s in statements]
     assert sum(1 for s in by_key if s.startswith("SELECT AGENTS")) == 1, statements
     assert sum(1 for s in by_key if s.startswith("SELECT TASKS") and "TASKS.ID IN" in s) == 1, statements
+    # Their attempts and jobs too: none read by id, report by report.
+    for table in ("ATTEMPTS", "JOBS"):
+        assert sum(1 for s in by_key if s.startswith(f"SELECT {table}.ID,") and f"{table}.ID IN" in s) == 1
+        assert not [s for s in by_key if s.startswith(f"SELECT {table}.") and f"{table}.ID = ?" in s], (
+            statements
+        )
     with coordinator.db.read() as session:
         states = session.scalars(select(Task.state).where(Task.id.in_([t.id for t, _ in streams]))).all()
     assert sorted(states) == ["SUCCEEDED"] * 6
