@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from sqlalchemy.orm import Session
 
 from mwms.server.db.engine import Database
+from mwms.server.db.models import Agent
 from mwms.server.live.grouped_writes import GroupedWrites
 from mwms.server.services.fleet import agent_messages, replicas
 from mwms.server.services.job_life.tasks import TaskReport, agents_with_active_tasks
@@ -53,10 +54,10 @@ class HelloWriter(GroupedWrites[list[TaskReport], Accepted]):
         busy: set[str] = set()
 
         def prepare(session: Session, hellos: list[tuple[str, list[TaskReport]]]) -> object:
-            held = agent_messages.hold_agents_of_hellos(session, hellos)
+            ids = {agent_id for agent_id, _ in hellos}
             busy.clear()
-            busy.update(agents_with_active_tasks(session, sorted({agent_id for agent_id, _ in hellos})))
-            return held
+            busy.update(agents_with_active_tasks(session, sorted(ids)))
+            return agent_messages.hold_rows(session, Agent, ids)
 
         def committed(outcomes: Sequence[Accepted | BaseException]) -> None:
             if any(not isinstance(o, BaseException) and o[0].changed for o in outcomes):

@@ -197,11 +197,6 @@ def hold_rows(
     return rows
 
 
-def hold_agents_of_hellos(session: Session, hellos: list[tuple[str, Any]]) -> list[Any]:
-    """For a transaction of hellos (server/live/hello_writer.py): their agents, to hold."""
-    return hold_rows(session, Agent, {agent_id for agent_id, _ in hellos})
-
-
 def hold_rows_of_reports(session: Session, reports: list[tuple[str, TaskReport]]) -> list[Any]:
     """For a transaction of task reports (server/live/report_writer.py): their agents, tasks, and the
     tasks' attempts and jobs, to hold. A gang's 64 reports share one attempt and one job, which each

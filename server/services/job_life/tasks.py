@@ -104,6 +104,10 @@ def note_memory(task: Task, report: TaskReport) -> None:
         task.memory_limit_bytes = report.memory_limit_bytes
 
 
+# An agent's tasks it should be running or starting: one it no longer knows of is lost.
+_ACTIVE_STATES = [TaskState.STARTING.value, TaskState.RUNNING.value]
+
+
 def agents_with_active_tasks(session: Session, agent_ids: list[str]) -> set[str]:
     """Which of the agents have a task STARTING or RUNNING, in one query a thousand agents."""
     busy: set[str] = set()
@@ -113,7 +117,7 @@ def agents_with_active_tasks(session: Session, agent_ids: list[str]) -> set[str]
                 select(Task.agent_id)
                 .where(
                     Task.agent_id.in_(agent_ids[start : start + 1000]),
-                    Task.state.in_([TaskState.STARTING.value, TaskState.RUNNING.value]),
+                    Task.state.in_(_ACTIVE_STATES),
                 )
                 .distinct()
             ).all()
@@ -127,7 +131,7 @@ def active_tasks_on_agent(session: Session, agent_id: str) -> list[Task]:
         session.scalars(
             select(Task).where(
                 Task.agent_id == agent_id,
-                Task.state.in_([TaskState.STARTING.value, TaskState.RUNNING.value]),
+                Task.state.in_(_ACTIVE_STATES),
             )
         ).all()
     )
